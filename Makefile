@@ -1,0 +1,34 @@
+# Two commands: `make demo` and `make test`. Each creates .venv if missing and installs what it needs.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.grpolab-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	# the CPU build of torch first: a bare `torch` requirement would pull a several-GB CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) -m grpolab demo
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/vs_trl.py
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,23 @@
+"""grpolab: GRPO (DeepSeekMath, arXiv 2402.03300) and the PPO it is a variant of, for causal LMs.
+
+The top-level names are imported lazily so that ``import grpolab.algo`` stays free of transformers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["load_config", "train"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "load_config":
+        from grpolab.config import load_config
+
+        return load_config
+    if name == "train":
+        from grpolab.train.loop import train
+
+        return train
+    raise AttributeError(f"module 'grpolab' has no attribute {name!r}")

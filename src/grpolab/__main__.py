@@ -1,0 +1,5 @@
+import sys
+
+from grpolab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,49 @@
+"""The pure math of grpolab: advantages, KL estimators, losses and masked reductions.
+
+Tensors and scalars in, tensors out; nothing here sees a model, a tokenizer or a config, and nothing
+here imports transformers.
+"""
+
+from grpolab.algo.advantages import (
+    OUTCOME_ESTIMATORS,
+    gae_advantages,
+    grpo_advantages,
+    grpo_process_advantages,
+    kl_shaped_token_rewards,
+    rft_advantages,
+    rloo_advantages,
+)
+from grpolab.algo.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
+from grpolab.algo.losses import (
+    AGGREGATIONS,
+    SurrogateLoss,
+    aggregate,
+    clipped_surrogate_loss,
+    dpo_loss,
+    value_loss,
+)
+from grpolab.algo.masked import masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "OUTCOME_ESTIMATORS",
+    "SurrogateLoss",
+    "aggregate",
+    "clipped_surrogate_loss",
+    "dpo_loss",
+    "gae_advantages",
+    "grpo_advantages",
+    "grpo_process_advantages",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "kl_shaped_token_rewards",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "rft_advantages",
+    "rloo_advantages",
+    "value_loss",
+]

@@ -1,0 +1,295 @@
+"""Policy, value and preference losses, and how per-token losses are reduced to a scalar.
+
+Every loss here is the quantity to MINIMISE (``L = -J``). Per-token losses are ``[N, T]``; ``aggregate``
+turns them into a scalar with one of the named normalisations.
+
+Where the code departs from the papers, and why:
+* The log-ratio ``logprobs - old_logprobs`` is clamped to [-20, 20] before the exp (verl does the
+  same), so a single badly-off token cannot overflow the ratio to inf. GSPO's sequence log-ratio is
+  clamped the same way (verl clamps it at 10 from above only).
+* Dual clip (verl; Ye et al., arXiv 1912.09729) is offered for ``A < 0``: the loss is capped at
+  ``-c * A``, which bounds how hard a very large ratio on a negative-advantage token can push.
+* GSPO (arXiv 2507.18071) is computed in its token form, ``s_{i,t} = sg[s_i] * pi/sg[pi]``, which has
+  the value of ``s_i`` and the gradient of the paper's sequence-level objective once the per-token
+  losses are averaged with ``"seq-mean-token-mean"``, and which also accepts per-token advantages.
+* ``aggregate`` takes optional ``total_seqs`` / ``total_tokens``: the normalisers of the whole
+  (gradient-accumulated) batch. With them, the micro-batch losses sum exactly to the full-batch loss,
+  whereas averaging per-micro-batch means (a common bug) re-weights tokens by micro-batch composition.
+* In ``"seq-mean-token-mean"`` a row with no counted token contributes 0 but still counts in ``N``
+  (TRL ``loss_type="grpo"``), so filtering a sequence's tokens does not change the other rows' weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from grpolab.algo.masked import masked_mean, masked_sum
+
+__all__ = [
+    "AGGREGATIONS",
+    "AggregationMode",
+    "SurrogateLoss",
+    "aggregate",
+    "clipped_surrogate_loss",
+    "dpo_loss",
+    "value_loss",
+]
+
+LOG_RATIO_CLAMP = 20.0
+AggregationMode = Literal[
+    "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"
+]
+
+
+class SurrogateLoss(NamedTuple):
+    """Per-token clipped surrogate loss and where each clip bound is active (all ``[N, T]``)."""
+
+    loss: Tensor
+    """``[N, T]`` float, the loss to minimise, 0 outside the mask."""
+    clipped_low: Tensor
+    """``[N, T]`` bool: A < 0 and ratio < 1 - clip_low (gradient zeroed by the clip)."""
+    clipped_high: Tensor
+    """``[N, T]`` bool: A > 0 and ratio > 1 + clip_high (gradient zeroed by the clip)."""
+
+
+def _check_surrogate_inputs(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor | None
+) -> Tensor:
+    """Validate shapes and return the advantages as ``[N, T]``."""
+    if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape:
+        raise ValueError(
+            f"logprobs and old_logprobs must both be [N, T], got {tuple(logprobs.shape)} "
+            f"and {tuple(old_logprobs.shape)}"
+        )
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != logprobs.shape):
+        raise ValueError(
+            f"mask must be bool [N, T] = {tuple(logprobs.shape)}, got {mask.dtype} {tuple(mask.shape)}"
+        )
+    if advantages.shape == logprobs.shape[:1]:
+        return advantages.unsqueeze(-1).expand_as(logprobs)
+    if advantages.shape != logprobs.shape:
+        raise ValueError(
+            f"advantages must be [N] or [N, T] with N, T = {tuple(logprobs.shape)}, got {tuple(advantages.shape)}"
+        )
+    return advantages
+
+
+def clipped_surrogate_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    level: Literal["token", "sequence"] = "token",
+    mask: Tensor | None = None,
+) -> SurrogateLoss:
+    """PPO/GRPO clipped surrogate per token (PPO, arXiv 1707.06347; DeepSeekMath Eq. 3, arXiv 2402.03300).
+
+    ``loss = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``. ``clip_high > clip_low`` is
+    DAPO's Clip-Higher (arXiv 2503.14476). With ``dual_clip=c`` (c > 1, verl), tokens with ``A < 0`` have
+    their loss capped at ``-c * A``. ``level="sequence"`` is GSPO (arXiv 2507.18071): the ratio of every
+    token of row i is ``s_i = exp(masked mean_t (logprobs - old_logprobs))``, with the gradient of
+    ``sg[s_i] * exp(logprobs - sg[logprobs])``; it needs ``mask``.
+
+    Args:
+        logprobs: ``[N, T]`` under the current policy (with grad).
+        old_logprobs: ``[N, T]`` under the sampling policy (no grad).
+        advantages: ``[N]`` (one per sequence) or ``[N, T]``.
+        clip_low, clip_high: the clip range is ``[1 - clip_low, 1 + clip_high]``.
+        dual_clip: the cap ``c`` for ``A < 0``, or None.
+        level: ``"token"`` (PPO/GRPO) or ``"sequence"`` (GSPO).
+        mask: ``[N, T]`` bool, True = token counts; outputs are 0/False outside it.
+
+    Returns:
+        ``SurrogateLoss(loss [N, T], clipped_low [N, T], clipped_high [N, T])``.
+    """
+    adv = _check_surrogate_inputs(logprobs, old_logprobs, advantages, mask).detach()
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}")
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"dual_clip must be > 1 (verl uses 3.0), got {dual_clip}")
+    log_ratio = logprobs - old_logprobs.detach()
+    if level == "sequence":
+        if mask is None:
+            raise ValueError('level="sequence" (GSPO) needs mask to average the log-ratio over each sequence')
+        seq_log_ratio = masked_mean(log_ratio, mask, dim=-1).detach().unsqueeze(-1)  # [N, 1]
+        log_ratio = seq_log_ratio + logprobs - logprobs.detach()
+    elif level != "token":
+        raise ValueError(f'level must be "token" or "sequence", got {level!r}')
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high))
+    if dual_clip is not None:
+        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
+    clipped_low = (adv < 0) & (ratio < 1 - clip_low)
+    clipped_high = (adv > 0) & (ratio > 1 + clip_high)
+    if mask is not None:
+        loss = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+        clipped_low, clipped_high = clipped_low & mask, clipped_high & mask
+    return SurrogateLoss(loss, clipped_low, clipped_high)
+
+
+def _rows(mask: Tensor, total_seqs: float | None) -> float | Tensor:
+    return mask.shape[0] if total_seqs is None else total_seqs
+
+
+def _seq_mean_token_mean(
+    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None
+) -> Tensor:
+    per_seq = masked_mean(loss, mask, dim=-1)  # [N]
+    return per_seq.sum() / _rows(mask, total_seqs)
+
+
+def _token_mean(
+    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None
+) -> Tensor:
+    tokens = mask.sum().clamp(min=1) if total_tokens is None else total_tokens
+    return masked_sum(loss, mask) / tokens
+
+
+def _seq_mean_token_sum_norm(
+    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None
+) -> Tensor:
+    if norm_len is None or norm_len < 1:
+        raise ValueError(
+            'mode "seq-mean-token-sum-norm" (Dr. GRPO) needs norm_len >= 1: pass the max completion length'
+        )
+    longest = int(mask.sum(-1).max()) if mask.numel() else 0
+    if longest > norm_len:
+        raise ValueError(
+            f"norm_len={norm_len} is shorter than a completion ({longest} tokens); use the max length"
+        )
+    return masked_sum(loss, mask) / (_rows(mask, total_seqs) * norm_len)
+
+
+def _seq_mean_token_sum(
+    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None
+) -> Tensor:
+    return masked_sum(loss, mask) / _rows(mask, total_seqs)
+
+
+AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "token-mean": _token_mean,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+}
+"""Aggregations by name, all ``(loss [N, T], mask [N, T], *, norm_len, total_seqs, total_tokens) -> []``.
+
+* "seq-mean-token-mean": ``(1/N) sum_i (1/|o_i|) sum_t l`` (GRPO, DeepSeekMath Eq. 3; TRL "grpo").
+* "token-mean": ``sum_i sum_t l / sum_i |o_i|`` (DAPO Eq. 12, arXiv 2503.14476; TRL "dapo"/"bnpo").
+* "seq-mean-token-sum-norm": ``sum_i sum_t l / (N * norm_len)`` (Dr. GRPO, arXiv 2503.20783).
+* "seq-mean-token-sum": ``sum_i sum_t l / N`` (verl).
+"""
+
+
+def aggregate(
+    loss: Tensor,
+    mask: Tensor,
+    mode: AggregationMode,
+    *,
+    norm_len: int | None = None,
+    total_seqs: float | None = None,
+    total_tokens: float | None = None,
+) -> Tensor:
+    """Reduce a per-token loss to a scalar with a named normalisation (see ``AGGREGATIONS``).
+
+    Args:
+        loss: ``[N, T]`` per-token loss.
+        mask: ``[N, T]`` bool, True = token counts.
+        mode: a key of ``AGGREGATIONS``.
+        norm_len: the constant length of "seq-mean-token-sum-norm" (the max completion length); required
+            there, ignored elsewhere.
+        total_seqs: the number of sequences N of the whole gradient-accumulated batch (default: this
+            micro-batch's rows). Used by the "seq-mean-*" modes.
+        total_tokens: the number of counted tokens of the whole batch (default: this micro-batch's).
+            Used by "token-mean". With both totals passed, the micro-batch values sum to the full-batch
+            value exactly.
+
+    Returns:
+        A scalar tensor.
+    """
+    if mask.dtype != torch.bool or mask.dim() != 2 or loss.shape != mask.shape:
+        raise ValueError(
+            f"loss and mask must be [N, T] (mask bool), got {tuple(loss.shape)} and {mask.dtype} {tuple(mask.shape)}"
+        )
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"mode must be one of {tuple(AGGREGATIONS)}, got {mode!r}")
+    for name, total in (("total_seqs", total_seqs), ("total_tokens", total_tokens)):
+        if total is not None and total <= 0:
+            raise ValueError(f"{name} must be > 0 when given, got {total}")
+    return AGGREGATIONS[mode](loss, mask, norm_len=norm_len, total_seqs=total_seqs, total_tokens=total_tokens)
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float | None = 0.2
+) -> tuple[Tensor, Tensor]:
+    """Clipped value loss (PPO as in verl/TRL; ALGORITHMS 2).
+
+    ``0.5 * masked_mean(max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2))``.
+
+    Args:
+        values: ``[N, T]`` current value predictions (with grad).
+        old_values: ``[N, T]`` predictions at rollout time.
+        returns: ``[N, T]`` value targets (e.g. from ``gae_advantages``).
+        mask: ``[N, T]`` bool, True = token counts.
+        clip: ``c``; None disables clipping.
+
+    Returns:
+        ``(loss, clip_frac)``: scalars; ``clip_frac`` is the share of counted tokens where the clipped term
+        is the larger one (the clip is active).
+    """
+    if mask.dtype != torch.bool or mask.dim() != 2:
+        raise ValueError(f"mask must be a bool [N, T] tensor, got {mask.dtype} {tuple(mask.shape)}")
+    for name, x in (("values", values), ("old_values", old_values), ("returns", returns)):
+        if x.shape != mask.shape:
+            raise ValueError(f"{name} must be [N, T] = {tuple(mask.shape)}, got {tuple(x.shape)}")
+    returns, old_values = returns.detach(), old_values.detach()
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * masked_mean(unclipped, mask), torch.zeros((), dtype=values.dtype, device=values.device)
+    clipped_values = old_values + (values - old_values).clamp(-clip, clip)
+    clipped = (clipped_values - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+    clip_frac = masked_mean((clipped > unclipped).to(values.dtype), mask)
+    return loss, clip_frac.detach()
+
+
+def dpo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    *,
+    beta: float,
+) -> Tensor:
+    """DPO loss per pair (Rafailov et al., arXiv 2305.18290; DeepSeekMath Eq. 12).
+
+    ``-log sigmoid(beta * ((pc - rc) - (pr - rr)))``, with sequence log-probs (summed, or length-averaged
+    as DeepSeekMath Eq. 12 writes it; the caller chooses).
+
+    Args:
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps: ``[P]``.
+        beta: inverse temperature of the implicit reward.
+
+    Returns:
+        ``[P]`` losses.
+    """
+    shapes = {
+        tuple(x.shape)
+        for x in (policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    }
+    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
+        raise ValueError(
+            f"all four log-prob tensors must be [P] with the same P, got shapes {sorted(shapes)}"
+        )
+    margin = (policy_chosen_logps - ref_chosen_logps.detach()) - (
+        policy_rejected_logps - ref_rejected_logps.detach()
+    )
+    return -F.logsigmoid(beta * margin)

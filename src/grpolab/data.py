@@ -1,0 +1,160 @@
+"""Examples from a source, tokenized once, served in a seeded order that can be saved and resumed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpolab.config import DataConfig
+from grpolab.types import Example
+
+
+class DataError(ValueError):
+    """A dataset problem; the message names the file, row or field and says how to fix it."""
+
+
+def load_examples(cfg: DataConfig, *, seed: int) -> list[Example]:
+    """All examples of the configured source, with the prompt template applied."""
+    if cfg.source == "jsonl":
+        rows = _read_jsonl(Path(cfg.path))
+        return _rows_to_examples(rows, cfg, origin=cfg.path)
+    if cfg.source == "hf":
+        return _rows_to_examples(_read_hf(cfg), cfg, origin=cfg.path)
+    if cfg.source == "reasoning_gym":
+        from grpolab.tasks.gym import gym_examples
+
+        if not cfg.name:
+            raise DataError(
+                "data.source=reasoning_gym needs data.name, a reasoning-gym dataset such as 'chain_sum'"
+            )
+        return gym_examples(cfg.name, size=cfg.size, seed=seed, params=cfg.params, template=cfg.template)
+    if cfg.source == "arithmetic":
+        from grpolab.tasks.arithmetic import arithmetic_examples
+
+        return arithmetic_examples(size=cfg.size, seed=seed, **dict(cfg.params))
+    raise DataError(f"unknown data.source '{cfg.source}'")
+
+
+def split_eval(examples: Sequence[Example], eval_size: int) -> tuple[list[Example], list[Example]]:
+    """(train, eval): the last ``eval_size`` examples are held out and never drawn for training."""
+    if eval_size >= len(examples):
+        raise DataError(f"data.eval_size={eval_size} leaves no training examples out of {len(examples)}")
+    cut = len(examples) - eval_size
+    return list(examples[:cut]), list(examples[cut:])
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        raise DataError(f"data.path: {path} does not exist")
+    rows = []
+    with path.open() as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{lineno} is not valid JSON: {err}") from err
+            if not isinstance(row, dict):
+                raise DataError(
+                    f"{path}:{lineno} must be a JSON object with the prompt field, got {type(row).__name__}"
+                )
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path} holds no rows")
+    return rows
+
+
+def _read_hf(cfg: DataConfig) -> list[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError as err:
+        raise DataError("data.source=hf needs the 'datasets' package: pip install datasets") from err
+    ds = datasets.load_dataset(cfg.path, cfg.name, split=cfg.split)
+    return [dict(row) for row in ds]
+
+
+def _rows_to_examples(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, origin: str) -> list[Example]:
+    from grpolab.tasks.templates import apply_template
+
+    examples = []
+    for i, row in enumerate(rows):
+        where = f"{origin} row {i + 1}"
+        if cfg.prompt_field not in row:
+            raise DataError(
+                f"{where} has no field '{cfg.prompt_field}' (data.prompt_field); its fields are {sorted(row)}"
+            )
+        answer = None
+        if cfg.answer_field is not None:
+            if cfg.answer_field not in row:
+                raise DataError(
+                    f"{where} has no field '{cfg.answer_field}' (data.answer_field); its fields are {sorted(row)}. "
+                    "Set data.answer_field=null if your rewards need no reference answer."
+                )
+            answer = str(row[cfg.answer_field])
+        question = str(row[cfg.prompt_field])
+        prompt = apply_template(cfg.template, question, None if cfg.chat_template else cfg.system_prompt)
+        examples.append(Example(prompt=prompt, answer=answer, meta={"row": dict(row), "question": question}))
+    return examples
+
+
+def tokenize_prompts(examples: Sequence[Example], tokenizer, cfg: DataConfig) -> list[list[int]]:
+    """Token ids of every prompt, computed once. A prompt over data.max_prompt_length is an error naming it."""
+    texts = [_chat(e.prompt, tokenizer, cfg) if cfg.chat_template else e.prompt for e in examples]
+    encoded = tokenizer(texts, add_special_tokens=not cfg.chat_template)["input_ids"]
+    for i, ids in enumerate(encoded):
+        if len(ids) > cfg.max_prompt_length:
+            raise DataError(
+                f"example {i} has a prompt of {len(ids)} tokens, over data.max_prompt_length="
+                f"{cfg.max_prompt_length}: raise the limit or shorten the prompt ({examples[i].prompt[:60]!r}...)"
+            )
+        if not ids:
+            raise DataError(f"example {i} has an empty prompt")
+    return [list(ids) for ids in encoded]
+
+
+def _chat(prompt: str, tokenizer, cfg: DataConfig) -> str:
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise DataError("data.chat_template=true but the tokenizer has no chat template; set it to false")
+    messages = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+    messages.append({"role": "user", "content": prompt})
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+@dataclass
+class PromptSampler:
+    """Draws prompts without replacement, reshuffling each epoch; its state resumes exactly."""
+
+    size: int
+    seed: int
+    shuffle: bool = True
+    epoch: int = 0
+    position: int = 0
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.size))
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.size, generator=gen).tolist()
+
+    def next(self, count: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < count:
+            order = self._order()
+            take = order[self.position : self.position + count - len(out)]
+            out.extend(take)
+            self.position += len(take)
+            if self.position >= self.size:
+                self.epoch, self.position = self.epoch + 1, 0
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

@@ -1,0 +1,140 @@
+"""Rewards: the contract (base), rule rewards, and the registry that builds them from a config.
+
+``build_reward(name, weight=, kwargs=)`` takes either a ``REWARDS`` key, whose factory is called
+with ``kwargs``, or ``"package.module:attribute"`` naming one of:
+
+* a class: instantiated with ``kwargs``; the instance must have a str ``name`` (else the class
+  name is used) and a batched call ``(completions, examples) -> list[float | None]``;
+* a reward object (anything with a str ``name`` and that batched call, e.g. a function decorated
+  with ``@per_sample``): used as is, so ``kwargs`` must be empty;
+* a plain function ``fn(completion, example, **kwargs) -> float | None``: a per-sample reward,
+  named after the function, with ``kwargs`` bound as keyword arguments.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from grpolab.rewards import rules
+from grpolab.rewards.base import (
+    PerSample,
+    Reward,
+    RewardError,
+    SampleError,
+    ScoreResult,
+    WeightedReward,
+    dry_run,
+    per_sample,
+    score_batch,
+)
+from grpolab.rewards.math_answer import make_math_accuracy
+
+
+def _make_gym_score() -> PerSample:
+    from grpolab.tasks.gym import make_gym_score  # tasks.gym imports this package
+
+    return make_gym_score()
+
+
+REWARDS: dict[str, Callable[..., Reward]] = {
+    "exact_match": rules.make_exact_match,
+    "math_accuracy": make_math_accuracy,
+    "r1_format": rules.make_r1_format,
+    "soft_overlong": rules.make_soft_overlong,
+    "length_penalty": rules.make_length_penalty,
+    "truncation_penalty": rules.make_truncation_penalty,
+    "reasoning_gym": _make_gym_score,
+}
+
+
+def _check_kwargs(label: str, fn: Callable[..., Any], kwargs: Mapping[str, Any], *args: Any) -> None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have none; the call itself will complain
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise ValueError(
+            f"reward {label!r} does not accept kwargs {dict(kwargs)} ({exc}); its signature is {signature}"
+        ) from exc
+
+
+def _call_factory(label: str, factory: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
+    _check_kwargs(label, factory, kwargs)
+    return factory(**kwargs)
+
+
+def _import_attr(spec: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"reward {spec!r}: write a user reward as 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ValueError(
+            f"reward {spec!r}: cannot import module {module_name!r} ({exc}); install it or put its "
+            "folder on PYTHONPATH"
+        ) from exc
+    if not hasattr(module, attr):
+        public = [n for n in dir(module) if not n.startswith("_")]
+        close = difflib.get_close_matches(attr, public, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}{hint}")
+    return getattr(module, attr)
+
+
+def _user_reward(spec: str, kwargs: Mapping[str, Any]) -> Reward:
+    obj = _import_attr(spec)
+    if inspect.isclass(obj):
+        reward = _call_factory(spec, obj, kwargs)
+        if not isinstance(getattr(reward, "name", None), str):
+            reward.name = obj.__name__
+        return reward
+    if isinstance(getattr(obj, "name", None), str) and callable(obj):
+        if kwargs:
+            raise ValueError(
+                f"reward {spec!r} is already a reward object; it takes no kwargs, got {dict(kwargs)}"
+            )
+        return obj
+    if callable(obj):
+        _check_kwargs(spec, obj, kwargs, None, None)
+        return per_sample(partial(obj, **kwargs), name=getattr(obj, "__name__", spec))
+    raise ValueError(f"reward {spec!r} is a {type(obj).__name__}, not a function, class or reward object")
+
+
+def build_reward(
+    name: str, *, weight: float = 1.0, kwargs: Mapping[str, Any] | None = None
+) -> WeightedReward:
+    """A ``REWARDS`` key or ``"package.module:attribute"`` (see the module docstring), with its weight."""
+    kwargs = dict(kwargs or {})
+    if ":" in name:
+        return WeightedReward(_user_reward(name, kwargs), weight)
+    if name not in REWARDS:
+        close = difflib.get_close_matches(name, REWARDS, n=3)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+        raise ValueError(
+            f"unknown reward {name!r}; {hint}known rewards: {', '.join(REWARDS)}; "
+            "or give your own as 'package.module:function'"
+        )
+    return WeightedReward(_call_factory(name, REWARDS[name], kwargs), weight)
+
+
+__all__ = [
+    "REWARDS",
+    "PerSample",
+    "Reward",
+    "RewardError",
+    "SampleError",
+    "ScoreResult",
+    "WeightedReward",
+    "build_reward",
+    "dry_run",
+    "per_sample",
+    "score_batch",
+]

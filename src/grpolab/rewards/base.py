@@ -1,0 +1,262 @@
+"""The reward contract, and the one function that scores a batch and checks every value.
+
+A reward is an object with a ``name`` and a batched call
+``reward(completions, examples) -> list[float | None]``: one value per completion, in order, where
+``examples[i]`` is the example that ``completions[i]`` answers (the trainer repeats each prompt's
+example G times). ``None`` means "does not apply"; the trainer gives that sample zero advantage.
+Rewards know nothing of tensors or models.
+
+Timeouts run the reward in a daemon ``threading.Thread`` rather than a ``concurrent.futures``
+pool: a pool's worker threads are joined at interpreter exit, so one reward stuck forever (a
+math-verify parse on an adversarial string) would keep the process from exiting after the error.
+A daemon thread is abandoned instead.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from grpolab.types import Completion, Example
+
+SampleFn = Callable[[Completion, Example], "float | None"]
+
+
+class RewardError(RuntimeError):
+    """A reward failed, returned a bad value, or took too long. The message says how to fix it."""
+
+
+class SampleError(RewardError):
+    """A per-sample reward raised on one example; chained from the original exception."""
+
+    def __init__(self, name: str, index: int, example: Example, exc: Exception) -> None:
+        super().__init__(
+            f"reward '{name}' raised {type(exc).__name__} on {describe_example(example, index)}: {exc}. "
+            "Fix the reward function, or the dataset row it cannot handle."
+        )
+        self.name, self.index, self.example, self.exc = name, index, example, exc
+
+
+@runtime_checkable
+class Reward(Protocol):
+    name: str
+
+    def __call__(self, completions: list[Completion], examples: list[Example]) -> list[float | None]: ...
+
+
+def describe_example(example: Example, index: int, width: int = 80) -> str:
+    """``example 3 (prompt: '...')``, the prompt cut to about ``width`` characters.
+
+    Templated prompts share their first few hundred characters, so the head and the tail are shown.
+    """
+    prompt = " ".join(example.prompt.split())
+    if len(prompt) > width:
+        head = width * 3 // 8
+        prompt = prompt[:head] + " ... " + prompt[-(width - head - 5) :]
+    return f"example {index} (prompt: {prompt!r})"
+
+
+class PerSample:
+    """A per-sample function ``fn(completion, example) -> float | None`` seen as a batched reward."""
+
+    def __init__(self, fn: SampleFn, name: str | None = None) -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
+
+    def __call__(self, completions: list[Completion], examples: list[Example]) -> list[float | None]:
+        out: list[float | None] = []
+        for i, (completion, example) in enumerate(zip(completions, examples, strict=True)):
+            try:
+                out.append(self.fn(completion, example))
+            except RewardError:
+                raise
+            except Exception as exc:
+                raise SampleError(self.name, i, example, exc) from exc
+        return out
+
+    def __repr__(self) -> str:
+        return f"PerSample({self.name!r})"
+
+
+def per_sample(fn: SampleFn | None = None, *, name: str | None = None):
+    """Lift ``fn(completion, example) -> float | None`` to a batched reward.
+
+    Use as ``per_sample(fn)``, ``per_sample(fn, name="x")``, ``@per_sample`` or ``@per_sample(name="x")``.
+    """
+    if fn is None:
+        return lambda f: PerSample(f, name)
+    return PerSample(fn, name)
+
+
+@dataclass(frozen=True)
+class WeightedReward:
+    reward: Reward
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.weight, numbers.Real) or not math.isfinite(self.weight):
+            raise ValueError(f"reward '{self.name}' has weight {self.weight!r}; give a finite number")
+        if not callable(self.reward) or not isinstance(getattr(self.reward, "name", None), str):
+            raise ValueError(
+                f"{self.reward!r} is not a reward: it needs a str `name` and a batched call "
+                "(completions, examples) -> list[float | None]; wrap a per-sample function with per_sample()"
+            )
+
+    @property
+    def name(self) -> str:
+        return self.reward.name
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    total: list[float | None]
+    """[N] weighted sum of the components that apply; None only where no component applies."""
+    components: dict[str, list[float | None]]
+    """Per reward name, [N] unweighted values, for logging."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Per reward name, wall-clock seconds of its call."""
+
+
+def _call(reward: Reward, completions: list, examples: list, timeout_s: float | None, first_index: int):
+    if timeout_s is None:
+        return reward(completions, examples)
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = reward(completions, examples)
+        except BaseException as exc:  # handed to the caller's thread, re-raised there
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name=f"reward-{reward.name}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise RewardError(
+            f"reward '{reward.name}' took longer than {timeout_s:g} s on a batch of {len(completions)} "
+            f"completions (first {describe_example(examples[0], first_index)}); raise reward.timeout_s or make it faster"
+        )
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]
+
+
+def _checked_values(name: str, values: object, examples: Sequence[Example], first_index: int) -> list:
+    if isinstance(values, str | bytes | Mapping) or not hasattr(values, "__len__"):
+        raise RewardError(
+            f"reward '{name}' returned {type(values).__name__}; a batched reward must return a list "
+            f"with one float (or None) per completion"
+        )
+    values = list(values)  # type: ignore[call-overload]
+    if len(values) != len(examples):
+        raise RewardError(
+            f"reward '{name}' returned {len(values)} values for {len(examples)} completions; it must "
+            "return exactly one value (or None) per completion, in order"
+        )
+    out: list[float | None] = []
+    for i, value in enumerate(values):
+        if value is None:
+            out.append(None)
+            continue
+        where = describe_example(examples[i], first_index + i)
+        if not isinstance(value, numbers.Real):
+            raise RewardError(
+                f"reward '{name}' returned {value!r} ({type(value).__name__}) for {where}; "
+                "return a float, or None when the reward does not apply"
+            )
+        if not math.isfinite(value):
+            raise RewardError(
+                f"reward '{name}' returned {value!r} for {where}; return a finite float "
+                "(guard divisions and logs), or None when the reward does not apply"
+            )
+        out.append(float(value))
+    return out
+
+
+def _score_one(
+    wr: WeightedReward, completions: list, examples: list, timeout_s: float | None, first_index: int = 0
+) -> list[float | None]:
+    if not completions:
+        return []
+    try:
+        values = _call(wr.reward, completions, examples, timeout_s, first_index)
+    except SampleError as err:
+        if first_index == 0:
+            raise
+        raise SampleError(err.name, err.index + first_index, err.example, err.exc) from err.exc
+    except RewardError:
+        raise
+    except Exception as exc:
+        where = (
+            describe_example(examples[0], first_index)
+            if len(examples) == 1
+            else (f"a batch of {len(examples)} (first {describe_example(examples[0], first_index)})")
+        )
+        raise RewardError(
+            f"reward '{wr.name}' raised {type(exc).__name__} on {where}: {exc}. Fix the reward; "
+            "run grpolab.rewards.dry_run to find the exact example"
+        ) from exc
+    return _checked_values(wr.name, values, examples, first_index)
+
+
+def _check_inputs(rewards: Sequence[WeightedReward], completions: Sequence, examples: Sequence) -> None:
+    if len(completions) != len(examples):
+        raise ValueError(
+            f"{len(completions)} completions but {len(examples)} examples; pass one example per "
+            "completion (repeat each prompt's example G times)"
+        )
+    names = [wr.name for wr in rewards]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"two rewards are named '{name}'; give each reward a distinct name")
+
+
+def score_batch(
+    rewards: Sequence[WeightedReward],
+    completions: Sequence[Completion],
+    examples: Sequence[Example],
+    *,
+    timeout_s: float | None,
+) -> ScoreResult:
+    """Score N completions with every reward; each call is checked and bounded by ``timeout_s``."""
+    _check_inputs(rewards, completions, examples)
+    completions, examples = list(completions), list(examples)
+    components: dict[str, list[float | None]] = {}
+    seconds: dict[str, float] = {}
+    for wr in rewards:
+        start = time.perf_counter()
+        components[wr.name] = _score_one(wr, completions, examples, timeout_s)
+        seconds[wr.name] = time.perf_counter() - start
+    total: list[float | None] = []
+    for i in range(len(completions)):
+        parts = [wr.weight * v for wr in rewards if (v := components[wr.name][i]) is not None]
+        total.append(sum(parts) if parts else None)
+    return ScoreResult(total=total, components=components, seconds=seconds)
+
+
+def dry_run(
+    rewards: Sequence[WeightedReward],
+    completions: Sequence[Completion],
+    examples: Sequence[Example],
+    *,
+    timeout_s: float | None,
+    max_examples: int = 4,
+) -> dict[str, float]:
+    """Run each reward one example at a time on the first ``max_examples``, before training.
+
+    Raises the first failure with the exact example named. Returns seconds per sample, per reward.
+    """
+    _check_inputs(rewards, completions, examples)
+    count = min(max_examples, len(completions))
+    per_sample_s: dict[str, float] = {}
+    for wr in rewards:
+        start = time.perf_counter()
+        for j in range(count):
+            _score_one(wr, [completions[j]], [examples[j]], timeout_s, first_index=j)
+        per_sample_s[wr.name] = (time.perf_counter() - start) / max(count, 1)
+    return per_sample_s

@@ -1,0 +1,258 @@
+"""Sampling G completions per prompt from a transformers causal LM, with the sampling log-probs.
+
+Our own decoding loop over ``model.forward`` with a ``DynamicCache``, not ``model.generate``:
+generate only returns per-token scores by keeping [N, V] logits for every step, and GRPO needs just
+the log-prob of each sampled token. Each prompt is prefilled once (P rows), the cache and last
+logits are then expanded to its G rows, and N rows decode one token per step.
+
+Departures from ``model.generate`` (and why):
+- ``logprobs`` are ``log_softmax(logits.float() / temperature)`` of the sampled token over the FULL
+  vocabulary: top-k / top-p shape only the distribution we draw from. The trainer computes its
+  log-probs from ``logits / temperature`` the same way, so the importance ratio is exactly 1 on the
+  first update (mu = 1). With temperature 0 (greedy) the log-probs use temperature 1.
+- With ``max_batch_sequences`` the rows are processed in blocks; greedy results are identical to
+  one batch, but a seeded sampling run draws a different random stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from grpolab.types import Completions, FinishReason
+
+
+class HFSampler:
+    """Implements ``grpolab.rollout.Sampler`` for a transformers (or PEFT-wrapped) causal LM.
+
+    The returned tensors live on the model's device and are ordinary tensors (not inference
+    tensors), so the trainer can index with them under autograd.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        max_completion_length: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        autocast_dtype: torch.dtype | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+        max_batch_sequences: int | None = None,
+    ) -> None:
+        if max_completion_length < 1:
+            raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+        if max_batch_sequences is not None and max_batch_sequences < 1:
+            raise ValueError(f"max_batch_sequences must be >= 1 or None, got {max_batch_sequences}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_completion_length = max_completion_length
+        self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.autocast_dtype = autocast_dtype
+        self.max_batch_sequences = max_batch_sequences
+        self.eos_token_ids = _resolve_eos(model, tokenizer, eos_token_ids)
+        self.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        )
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(base.forward).parameters
+        # transformers >= 5 names the cache argument `cache`; 4.x calls it `past_key_values`.
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._prefill_extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self._config = base.config
+
+    def sample(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        num_generations: int,
+        generator: torch.Generator | None = None,
+    ) -> Completions:
+        """G completions for each prompt, prompt-major (row p*G + g is sample g of prompt p)."""
+        device = next(self.model.parameters()).device
+        _check_inputs(prompt_ids, num_generations, generator, device)
+        n = len(prompt_ids) * num_generations
+        block = self.max_batch_sequences or n
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode(), self._autocast(device):
+                parts = [
+                    self._sample_rows(prompt_ids, start, min(start + block, n), num_generations, generator)
+                    for start in range(0, n, block)
+                ]
+        finally:
+            self.model.train(was_training)
+        ids, mask, logprobs = _concat_right_padded(parts, self.pad_token_id)
+        return self._package(prompt_ids, num_generations, ids, mask, logprobs)
+
+    def _autocast(self, device: torch.device):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+
+    def _sample_rows(self, prompt_ids, start: int, stop: int, group: int, generator):
+        """Rows [start, stop) of the N rows: prefill their distinct prompts once, then decode."""
+        first, last = start // group, (stop - 1) // group
+        cache, logits, attention = self._prefill(prompt_ids[first : last + 1])
+        rows = torch.arange(start, stop, device=logits.device) // group - first  # [n] -> prompt
+        cache.batch_select_indices(rows)
+        return self._decode(logits[rows], cache, attention[rows], generator)
+
+    def _prefill(self, prompts: list[list[int]]):
+        """Left-padded forward of the prompts; returns the cache, last logits [P, V], mask [P, S]."""
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attention[i, width - len(p) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)  # equal to an unpadded forward
+        cache = DynamicCache(config=self._config)
+        out = self._forward(input_ids, attention, positions, cache, **self._prefill_extra)
+        return cache, out.logits[:, -1], attention
+
+    def _forward(self, input_ids, attention, positions, cache, **extra):
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_arg: cache},
+            **extra,
+        )
+
+    def _decode(self, logits, cache, prompt_attention, generator):
+        """One token per step for n rows until every row emitted EOS or the length limit."""
+        n, steps, device = logits.shape[0], self.max_completion_length, logits.device
+        ids = torch.full((n, steps), self.pad_token_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device)
+        mask = torch.zeros((n, steps), dtype=torch.bool, device=device)
+        prompt_width = prompt_attention.shape[1]
+        attention = torch.cat([prompt_attention, prompt_attention.new_ones(n, steps)], dim=1)
+        next_position = prompt_attention.sum(-1, keepdim=True)  # [n, 1]
+        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        finished = torch.zeros(n, dtype=torch.bool, device=device)
+        for t in range(steps):
+            token, token_logprob = self._pick(logits, generator)
+            active = ~finished
+            ids[:, t] = torch.where(active, token, self.pad_token_id)
+            logprobs[:, t] = torch.where(active, token_logprob, 0.0)
+            mask[:, t] = active
+            finished = finished | torch.isin(token, eos)
+            if t + 1 == steps or bool(finished.all()):
+                break
+            out = self._forward(
+                ids[:, t : t + 1], attention[:, : prompt_width + t + 1], next_position + t, cache
+            )
+            logits = out.logits[:, -1]
+        return ids[:, : t + 1], mask[:, : t + 1], logprobs[:, : t + 1]
+
+    def _pick(self, logits: torch.Tensor, generator):
+        """[n, V] logits -> sampled token [n] and its log-prob [n] under softmax(logits / T)."""
+        logits = logits.float()
+        if self.temperature == 0:
+            token = logits.argmax(-1)
+            logprobs = torch.log_softmax(logits, dim=-1)
+        else:
+            scaled = logits / self.temperature
+            logprobs = torch.log_softmax(scaled, dim=-1)
+            filtered = filter_logits(scaled, top_k=self.top_k, top_p=self.top_p)
+            probs = logprobs.exp() if filtered is scaled else torch.softmax(filtered, dim=-1)
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
+
+    def _package(self, prompt_ids, group, ids, mask, logprobs) -> Completions:
+        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=ids.device)
+        stopped = (torch.isin(ids, eos) & mask).any(-1).tolist()
+        lengths = mask.sum(-1).tolist()
+        rows = ids.tolist()
+        text_ids = [row[: n - int(s)] for row, n, s in zip(rows, lengths, stopped, strict=True)]
+        reasons: list[FinishReason] = ["stop" if s else "length" for s in stopped]
+        return Completions(
+            prompt_ids=[list(p) for p in prompt_ids for _ in range(group)],
+            completion_ids=ids,
+            completion_mask=mask,
+            logprobs=logprobs,
+            texts=self.tokenizer.batch_decode(text_ids, skip_special_tokens=True),
+            finish_reasons=reasons,
+            num_generations=group,
+        )
+
+
+def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
+    """[n, V] logits with tokens outside the top-k, then the top-p nucleus, set to -inf.
+
+    Returns ``logits`` itself when neither filter is on. The most likely token is always kept.
+    """
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p  # mass strictly before a token already >= p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def _resolve_eos(model, tokenizer, eos_token_ids: Sequence[int] | None) -> list[int]:
+    if eos_token_ids is not None:
+        ids = list(eos_token_ids)
+    else:
+        ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        ids += config_eos if isinstance(config_eos, list) else [config_eos] if config_eos is not None else []
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    if not ids:
+        raise ValueError(
+            "no EOS token: the tokenizer and generation_config have none; pass eos_token_ids=[...]"
+        )
+    return ids
+
+
+def _check_inputs(prompt_ids, num_generations: int, generator, device: torch.device) -> None:
+    if num_generations < 1:
+        raise ValueError(f"num_generations must be >= 1, got {num_generations}")
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty: pass at least one prompt")
+    empty = [i for i, p in enumerate(prompt_ids) if len(p) == 0]
+    if empty:
+        raise ValueError(
+            f"prompts {empty} have no tokens: start every prompt with at least one token (e.g. BOS)"
+        )
+    if generator is not None and generator.device.type != device.type:
+        raise ValueError(
+            f"generator is on {generator.device} but the model on {device}: create it on {device}"
+        )
+
+
+def _concat_right_padded(parts, pad_token_id: int):
+    """Concatenate (ids, mask, logprobs) blocks along rows, right-padding to the longest T."""
+    width = max(ids.shape[1] for ids, _, _ in parts)
+
+    def pad(x: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    # Outside inference mode: cat returns ordinary tensors that autograd can save (e.g. as gather index).
+    ids = torch.cat([pad(p[0], pad_token_id) for p in parts])
+    mask = torch.cat([pad(p[1], False) for p in parts])
+    logprobs = torch.cat([pad(p[2], 0.0) for p in parts])
+    return ids, mask, logprobs

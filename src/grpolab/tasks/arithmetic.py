@@ -1,0 +1,35 @@
+"""The embedded default task: n-digit addition with the sum written least-significant digit first.
+
+Writing the sum reversed makes each carry local, so a 2-layer model learns it quickly (ALGORITHMS.md
+6.1, design A). Prompts look like ``123+456=`` and the reference answer is the zero-padded sum,
+reversed: 123 + 456 = 579 -> ``0579`` -> ``9750``. The reward is exact match of the completion.
+"""
+
+from __future__ import annotations
+
+import random
+
+from grpolab.types import Example
+
+
+def make_problem(a: int, b: int, *, digits: int = 3, reverse: bool = True) -> Example:
+    total = str(a + b).zfill(digits + 1)
+    answer = total[::-1] if reverse else total
+    prompt = f"{str(a).zfill(digits)}+{str(b).zfill(digits)}="
+    return Example(prompt=prompt, answer=answer, meta={"a": a, "b": b})
+
+
+def arithmetic_examples(*, size: int, seed: int, digits: int = 3, reverse: bool = True) -> list[Example]:
+    """``size`` distinct problems drawn with a seeded RNG."""
+    space = (10**digits) ** 2
+    if size > space:
+        raise ValueError(f"only {space} distinct {digits}-digit problems exist; asked for {size}")
+    rng = random.Random(seed)
+    seen: set[tuple[int, int]] = set()
+    out = []
+    while len(out) < size:
+        a, b = rng.randrange(10**digits), rng.randrange(10**digits)
+        if (a, b) not in seen:
+            seen.add((a, b))
+            out.append(make_problem(a, b, digits=digits, reverse=reverse))
+    return out

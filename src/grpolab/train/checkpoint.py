@@ -1,0 +1,132 @@
+"""Checkpoints that resume exactly: weights (safetensors), optimizer, scheduler, RNG and data position.
+
+A checkpoint folder ``checkpoints/step_N`` is written under a temporary name and renamed into place,
+so a kill during a write leaves the previous checkpoint intact. The weights are saved with
+``save_pretrained`` (the adapter alone under LoRA), so a checkpoint is also a model folder that
+``grpolab eval`` and ``from_pretrained`` can load.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpolab.models import is_peft
+
+_STEP = re.compile(r"^step_(\d+)$")
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    root = checkpoint_root(run_dir)
+    if not root.exists():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()]
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer,
+    state: dict[str, Any],
+    extra_models: dict[str, torch.nn.Module] | None = None,
+    keep_last: int,
+) -> Path:
+    """Write checkpoints/step_<step> atomically and keep the newest ``keep_last``.
+
+    ``state`` holds everything else that must resume (optimizer and scheduler state dicts, RNG
+    states, data position, step); it is saved with torch.save. ``extra_models`` (a value head, a
+    reset reference) are saved as <name>.safetensors.
+    """
+    from safetensors.torch import save_model
+
+    root = checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step}"
+    tmp = root / f".tmp_step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    for name, extra in (extra_models or {}).items():
+        save_model(extra, str(tmp / f"{name}.safetensors"))
+    torch.save(state, tmp / "trainer_state.pt")
+    _fsync_dir(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    for _, old in list_checkpoints(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_weights_into(model: torch.nn.Module, path: Path) -> None:
+    """Load a checkpoint's weights into an existing model in place (the optimizer keeps its parameters)."""
+    if is_peft(model):
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(str(Path(path) / "adapter_model.safetensors")))
+        return
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=next(model.parameters()).dtype)
+    model.load_state_dict(loaded.state_dict())
+
+
+def load_extra(module: torch.nn.Module, path: Path, name: str) -> bool:
+    from safetensors.torch import load_model
+
+    file = Path(path) / f"{name}.safetensors"
+    if not file.exists():
+        return False
+    load_model(module, str(file))
+    return True
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    return torch.load(Path(path) / "trainer_state.pt", weights_only=False)
+
+
+def _fsync_dir(path: Path) -> None:
+    for p in [path, *path.iterdir()] if path.is_dir() else [path]:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

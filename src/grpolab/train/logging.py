@@ -1,0 +1,77 @@
+"""Run outputs: metrics.jsonl (one object per step), TensorBoard events, samples.jsonl."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak process RSS on CPU; peak allocated memory on a GPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class RunLogger:
+    """Appends metrics and samples to the run directory; on resume, drops rows past the resumed step."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool, resume_step: int | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.samples_path = self.run_dir / "samples.jsonl"
+        if resume_step is not None:
+            for path in (self.metrics_path, self.samples_path):
+                _truncate_after(path, resume_step)
+        else:
+            for path in (self.metrics_path, self.samples_path):
+                path.unlink(missing_ok=True)
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=resume_step)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, int | float) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        with self.samples_path.open("a") as fh:
+            for row in rows:
+                fh.write(json.dumps({"step": step, **row}) + "\n")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    keep = [
+        line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step
+    ]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []

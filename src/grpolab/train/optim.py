@@ -1,0 +1,34 @@
+"""AdamW over the trainable parameters, with warm-up and a constant, linear or cosine schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grpolab.config import Config
+
+
+def lr_lambda(step: int, *, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier of the peak learning rate after ``step`` optimizer steps."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Config):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    o = cfg.optim
+    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+    total = cfg.train.num_steps * cfg.optimizer_steps_per_generation
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_lambda(s, warmup=o.warmup_steps, total=total, schedule=o.schedule)
+    )
+    return optimizer, scheduler

@@ -1,0 +1,193 @@
+"""One policy update on a generation batch: mu passes, minibatches, gradient accumulation.
+
+The per-token objective is DeepSeekMath eq. 3: the clipped surrogate minus beta * KL (k3 by default),
+aggregated by the configured mode. The math lives in grpolab.algo; this module only feeds it.
+
+Why the loss reads about 0 at mu = 1: the ratio is exactly 1 (old = sg[new]), so the surrogate's
+value is sum(A) over a group, and group-relative advantages sum to zero. Its gradient is not zero:
+it is A * grad log pi, the policy gradient. Watch reward, KL and clip fractions, not the loss value.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from grpolab.algo.kl import KL_ESTIMATORS
+from grpolab.algo.losses import aggregate, clipped_surrogate_loss
+from grpolab.config import Config
+from grpolab.train.logprobs import completion_logprobs
+from grpolab.types import RolloutBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """The loss choices, resolved once from config (no string dispatch in the per-step path)."""
+
+    kl_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+    beta: float
+    agg_mode: str
+    norm_len: int
+    clip_low: float
+    clip_high: float
+    dual_clip: float | None
+    level: str
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> PolicyLossSpec:
+        a = cfg.algo
+        kl_in_loss = a.resolved_kl_in == "loss" and a.beta > 0
+        return cls(
+            kl_fn=KL_ESTIMATORS[a.kl_estimator] if kl_in_loss else None,
+            beta=a.beta,
+            agg_mode=a.resolved_loss_agg,
+            norm_len=cfg.rollout.max_completion_length,
+            clip_low=a.clip_low,
+            clip_high=a.resolved_clip_high,
+            dual_clip=a.dual_clip,
+            level=a.importance_level,
+        )
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mb: RolloutBatch,
+    spec: PolicyLossSpec,
+    *,
+    total_seqs: float,
+    total_tokens: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scalar loss for a micro-batch, scaled so that micro-batches sum to the minibatch loss."""
+    mask = mb.loss_mask
+    sur = clipped_surrogate_loss(
+        logprobs,
+        old_logprobs,
+        mb.advantages,
+        clip_low=spec.clip_low,
+        clip_high=spec.clip_high,
+        dual_clip=spec.dual_clip,
+        level=spec.level,
+        mask=mask,
+    )
+    per_token = sur.loss
+    stats = {
+        "clip_frac_low": _masked_sum(sur.clipped_low.float(), mask),
+        "clip_frac_high": _masked_sum(sur.clipped_high.float(), mask),
+        "approx_kl_old": _masked_sum(0.5 * (logprobs.detach() - old_logprobs) ** 2, mask),
+    }
+    if spec.kl_fn is not None:
+        kl = spec.kl_fn(logprobs, mb.ref_logprobs)
+        per_token = per_token + spec.beta * kl
+        stats["kl"] = _masked_sum(kl.detach(), mask)
+    loss = aggregate(
+        per_token,
+        mask,
+        spec.agg_mode,
+        norm_len=spec.norm_len,
+        total_seqs=total_seqs,
+        total_tokens=total_tokens,
+    )
+    return loss, stats
+
+
+def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum().item())
+
+
+def minibatch_order(n: int, num_minibatches: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Row indices of each minibatch: a seeded shuffle split into equal parts."""
+    perm = torch.randperm(n, generator=generator) if num_minibatches > 1 else torch.arange(n)
+    return list(perm.chunk(num_minibatches))
+
+
+def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """Split rows into micro-batches of similar length (less padding in each forward)."""
+    order = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
+    return list(order.split(size))
+
+
+def update_policy(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: RolloutBatch,
+    cfg: Config,
+    spec: PolicyLossSpec,
+    *,
+    pad_id: int,
+    autocast_dtype: torch.dtype | None,
+    generator: torch.Generator,
+) -> dict[str, float]:
+    """mu passes over the batch, num_minibatches optimizer steps each. Returns averaged metrics."""
+    sums: dict[str, float] = defaultdict(float)
+    counts = {"tokens": 0.0, "updates": 0, "skipped": 0}
+    lengths = batch.completion_mask.sum(-1)
+    model.train()
+    for _ in range(cfg.algo.mu):
+        for rows in minibatch_order(batch.num_sequences, cfg.algo.num_minibatches, generator):
+            total_tokens = float(batch.loss_mask[rows].sum().item())
+            optimizer.zero_grad(set_to_none=True)
+            for micro in micro_batches(rows, lengths, cfg.train.micro_batch_size):
+                mb = batch.select(micro)
+                logprobs, entropy = completion_logprobs(
+                    model,
+                    mb.prompt_ids,
+                    mb.completion_ids,
+                    mb.completion_mask,
+                    pad_id=pad_id,
+                    temperature=cfg.rollout.temperature,
+                    autocast_dtype=autocast_dtype,
+                    with_entropy=True,
+                )
+                old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+                loss, stats = policy_loss(
+                    logprobs, old, mb, spec, total_seqs=float(len(rows)), total_tokens=max(total_tokens, 1.0)
+                )
+                loss.backward()
+                sums["loss"] += float(loss.item())
+                sums["entropy"] += _masked_sum(entropy, mb.loss_mask)
+                for k, v in stats.items():
+                    sums[k] += v
+            counts["tokens"] += total_tokens
+            _optimizer_step(model, optimizer, scheduler, cfg.optim.max_grad_norm, sums, counts)
+    return _summarise(sums, counts, scheduler)
+
+
+def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, counts) -> None:
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
+    if not torch.isfinite(norm):
+        log.warning("non-finite gradient norm (%s): update skipped", norm.item())
+        optimizer.zero_grad(set_to_none=True)
+        counts["skipped"] += 1
+        return
+    sums["grad_norm"] += float(norm.item())
+    optimizer.step()
+    scheduler.step()
+    counts["updates"] += 1
+
+
+def _summarise(sums, counts, scheduler) -> dict[str, float]:
+    tokens = max(counts["tokens"], 1.0)
+    passes = max(counts["updates"] + counts["skipped"], 1)
+    out = {
+        "loss/policy": sums["loss"] / passes,
+        "loss/clip_frac_low": sums["clip_frac_low"] / tokens,
+        "loss/clip_frac_high": sums["clip_frac_high"] / tokens,
+        "loss/approx_kl_old": sums["approx_kl_old"] / tokens,
+        "loss/entropy": sums["entropy"] / tokens,
+        "train/grad_norm": sums["grad_norm"] / max(counts["updates"], 1),
+        "train/lr": scheduler.get_last_lr()[0],
+        "train/skipped_updates": float(counts["skipped"]),
+    }
+    if "kl" in sums:
+        out["loss/kl"] = sums["kl"] / tokens
+    return out

@@ -1,0 +1,132 @@
+"""The objects that flow through one training step, and the shape glossary.
+
+Shapes, everywhere in grpolab:
+    P  prompts in a step            G  completions per prompt (num_generations)
+    N  = P * G sequences            T  completion tokens (right-padded)
+    S  full sequence (prompt + completion)                V  vocabulary
+
+Log-prob alignment, stated once:
+    logprobs[:, t] = log pi(completion_ids[:, t] | prompt, completion_ids[:, :t])
+
+Masks say what True means: ``completion_mask`` is True for tokens that count, i.e. every
+generated token up to and including the first EOS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One task item: what the model is asked, and what the rewards need to grade it."""
+
+    prompt: str
+    """The prompt text, already templated (system prompt / chat template applied)."""
+    answer: str | None = None
+    """The reference answer, when the task has one."""
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    """Anything else a reward needs (test cases, a reasoning-gym entry, ...)."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion, as a reward sees it: text and the facts a length reward needs."""
+
+    text: str
+    num_tokens: int
+    """Counted tokens, EOS included when produced."""
+    finish_reason: FinishReason = "stop"
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass
+class Completions:
+    """What a sampler returns for P prompts x G samples, grouped prompt-major (row p*G + g)."""
+
+    prompt_ids: list[list[int]]
+    """[N] prompt token ids, unpadded; never re-derived from text."""
+    completion_ids: torch.Tensor
+    """[N, T] long, right-padded with the pad token."""
+    completion_mask: torch.Tensor
+    """[N, T] bool, True for generated tokens up to and including the first EOS."""
+    logprobs: torch.Tensor
+    """[N, T] float32, log-probs of the sampled tokens under softmax(logits / temperature)."""
+    texts: list[str]
+    """[N] decoded completions (EOS and padding removed)."""
+    finish_reasons: list[FinishReason]
+    """[N] "stop" when EOS was produced, "length" when cut at max_completion_length."""
+    num_generations: int
+    """G."""
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.texts)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[N] number of counted completion tokens."""
+        return self.completion_mask.sum(-1)
+
+    def items(self) -> list[Completion]:
+        """[N] per-sample views for rewards (which know nothing of tensors)."""
+        lengths = self.lengths.tolist()
+        return [Completion(t, n, r) for t, n, r in zip(self.texts, lengths, self.finish_reasons, strict=True)]
+
+    @property
+    def truncated(self) -> torch.Tensor:
+        """[N] bool, True where no EOS was produced."""
+        return torch.tensor([r == "length" for r in self.finish_reasons], dtype=torch.bool)
+
+
+@dataclass
+class RolloutBatch:
+    """Everything the train step needs for N sequences, prompt-major (row p*G + g)."""
+
+    prompt_ids: list[list[int]]
+    """[N] prompt token ids."""
+    completion_ids: torch.Tensor
+    """[N, T] long."""
+    completion_mask: torch.Tensor
+    """[N, T] bool, True for generated tokens up to and including EOS."""
+    loss_mask: torch.Tensor
+    """[N, T] bool, True for tokens that count in the loss (completion_mask, less any filtered rows)."""
+    advantages: torch.Tensor
+    """[N, T] float; outcome supervision repeats one value along T."""
+    old_logprobs: torch.Tensor | None = None
+    """[N, T] log pi_old, when the policy moves before this batch is used up (mu > 1 or minibatches)."""
+    ref_logprobs: torch.Tensor | None = None
+    """[N, T] log pi_ref, when beta > 0."""
+    old_values: torch.Tensor | None = None
+    """[N, T] value estimates at rollout time (PPO)."""
+    returns: torch.Tensor | None = None
+    """[N, T] value targets (PPO)."""
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.prompt_ids)
+
+    def select(self, rows: torch.Tensor) -> RolloutBatch:
+        """The sub-batch of the given row indices."""
+        idx = rows.tolist()
+        pick = lambda x: None if x is None else x[rows]  # noqa: E731
+        return RolloutBatch(
+            prompt_ids=[self.prompt_ids[i] for i in idx],
+            completion_ids=self.completion_ids[rows],
+            completion_mask=self.completion_mask[rows],
+            loss_mask=self.loss_mask[rows],
+            advantages=self.advantages[rows],
+            old_logprobs=pick(self.old_logprobs),
+            ref_logprobs=pick(self.ref_logprobs),
+            old_values=pick(self.old_values),
+            returns=pick(self.returns),
+        )

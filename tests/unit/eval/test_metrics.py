@@ -1,0 +1,91 @@
+import itertools
+import random
+
+import pytest
+
+from grpolab.eval.metrics import maj_at_k, mean_at_n, pass_at_k, pass_maj_curves
+
+
+def _brute_pass_at_k(n: int, c: int, k: int) -> float:
+    samples = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(samples[i] for i in s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_matches_enumeration():
+    for n in range(1, 8):
+        for c, k in itertools.product(range(n + 1), range(1, n + 1)):
+            assert pass_at_k(n, c, k) == pytest.approx(_brute_pass_at_k(n, c, k), abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_hand_values_and_large_n():
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(200, 1, 1) == pytest.approx(0.005)
+    assert pass_at_k(1000, 3, 500) == pytest.approx(1 - (500 * 499 * 498) / (1000 * 999 * 998))
+
+
+def test_pass_at_k_errors():
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(4, 1, 5)
+    with pytest.raises(ValueError, match="c <= n"):
+        pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(4, 1, 0)
+
+
+ANSWERS = ["1", "2", "1", "3"]
+CORRECT = [True, False, True, False]
+
+
+def test_maj_at_k_hand_values():
+    assert maj_at_k(ANSWERS, CORRECT, 4) == 1.0  # "1" wins 2-1-1
+    assert maj_at_k(ANSWERS, CORRECT, 3) == 1.0  # one subset ["1", "2", "1"]
+    assert maj_at_k(ANSWERS, CORRECT, 2) == 0.5  # two ties, each half correct
+    assert maj_at_k(ANSWERS, CORRECT, 1) == 0.5
+
+
+def test_maj_at_k_unparsed_answers_do_not_vote():
+    answers = [None, None, "7", "8", "8", "7"]
+    correct = [False, False, True, False, False, True]
+    assert maj_at_k(answers, correct, 2) == pytest.approx((0 + 0.5 + 0.5) / 3)
+    assert maj_at_k(answers, correct, 3) == pytest.approx((1 + 0) / 2)  # [None, None, "7"] -> "7"
+    assert maj_at_k(answers, correct, 6) == 0.5
+
+
+def test_maj_at_k_uses_disjoint_consecutive_subsets_only():
+    assert maj_at_k(["a", "a", "b", "b", "a"], [True, True, False, False, True], 2) == 0.5
+
+
+def test_maj_at_one_is_mean_correctness():
+    rng = random.Random(0)
+    truth = {"a": True, "b": False, "c": False, None: False}
+    answers = [rng.choice(["a", "b", "c", None]) for _ in range(37)]
+    correct = [truth[a] for a in answers]
+    assert maj_at_k(answers, correct, 1) == pytest.approx(mean_at_n(correct))
+
+
+def test_maj_at_k_errors():
+    with pytest.raises(ValueError, match="both correct and incorrect"):
+        maj_at_k(["1", "1"], [True, False], 1)
+    with pytest.raises(ValueError, match="None"):
+        maj_at_k([None, "1"], [True, False], 1)
+    with pytest.raises(ValueError, match="same length"):
+        maj_at_k(["1"], [True, False], 1)
+    with pytest.raises(ValueError, match="k <= n"):
+        maj_at_k(ANSWERS, CORRECT, 5)
+
+
+def test_mean_at_n():
+    assert mean_at_n([True, False, False, True]) == 0.5
+    with pytest.raises(ValueError):
+        mean_at_n([])
+
+
+def test_pass_maj_curves():
+    problems = [(ANSWERS, CORRECT), (["y", "y", "y", "x"], [True, True, True, False])]
+    curves = pass_maj_curves(problems, [1, 2])
+    assert curves["pass"] == pytest.approx({1: (0.5 + 0.75) / 2, 2: (5 / 6 + 1.0) / 2})
+    assert curves["maj"] == pytest.approx({1: (0.5 + 0.75) / 2, 2: (0.5 + 0.75) / 2})
+    with pytest.raises(ValueError):
+        pass_maj_curves([], [1])
