@@ -75,7 +75,15 @@ def _read_hf(cfg: DataConfig) -> list[dict[str, Any]]:
         import datasets
     except ImportError as err:
         raise DataError("data.source=hf needs the 'datasets' package: pip install datasets") from err
-    ds = datasets.load_dataset(cfg.path, cfg.name, split=cfg.split)
+    local = Path(cfg.path)
+    if local.is_dir() and any((local / f).exists() for f in ("dataset_dict.json", "state.json")):
+        ds = datasets.load_from_disk(str(local))  # a folder written by save_to_disk
+        if isinstance(ds, datasets.DatasetDict):
+            if cfg.split not in ds:
+                raise DataError(f"{cfg.path} has no split '{cfg.split}' (data.split); it has {sorted(ds)}")
+            ds = ds[cfg.split]
+    else:
+        ds = datasets.load_dataset(cfg.path, cfg.name, split=cfg.split)
     return [dict(row) for row in ds]
 
 
