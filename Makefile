@@ -23,9 +23,12 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
+# grpolab against TRL's GRPOTrainer (TRL from the optional `bench` extra; it leaves torch and
+# transformers as they are), then grpolab's sampler against model.generate. BENCH_ARGS e.g. --rounds 3.
 bench: setup
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) benchmarks/vs_trl.py
+	$(PY) benchmarks/vs_trl.py $(BENCH_ARGS)
+	$(PY) benchmarks/sampler_vs_generate.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["load_config", "train"]
+__all__ = ["evaluate", "load_config", "run_demo", "sft", "train"]
 __version__ = "0.1.0"
 
 
@@ -20,4 +20,16 @@ def __getattr__(name: str) -> Any:
         from grpolab.train.loop import train
 
         return train
+    if name == "sft":
+        from grpolab.train.sft import sft
+
+        return sft
+    if name == "evaluate":
+        from grpolab.eval.runner import evaluate
+
+        return evaluate
+    if name == "run_demo":
+        from grpolab.demo import run_demo
+
+        return run_demo
     raise AttributeError(f"module 'grpolab' has no attribute {name!r}")

@@ -1,16 +1,24 @@
 """The command line: each verb parses, loads the config with dotted overrides, and calls one library function.
 
-A bad config fails here, before any model loads.
+A bad config fails here, before any model loads. The errors a user is expected to fix (ConfigError,
+DataError, ModelLoadError, RewardError, TrainingError: any grpolab.errors.GrpolabError) print as one
+line, ``grpolab: error: ...``, with exit status 2; any other exception keeps its traceback.
+
+Exit status of ``grpolab train``: 0 when done; 2 for a known error; 130 (SIGINT) or 143 (SIGTERM)
+when a signal stopped it after saving a checkpoint at the end of the current step (128 + signal
+number, the shell convention): ``grpolab train --resume`` with the same config continues it exactly.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
 from grpolab.config import ConfigError, dump_config, load_config
+from grpolab.errors import GrpolabError, one_line
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -25,6 +33,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="GRPO, PPO and variants (algo.name=...)")
     _config_args(p)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of the run")
+    p = sub.add_parser("compare", help="GRPO vs PPO side by side: models, parameters, peak memory, time, reward")
+    _config_args(p)
+    p.add_argument("--algos", default="grpo,ppo", help="comma-separated algo.name values, run in this order")
+    p = sub.add_parser("train-rm", help="a neural reward model from pairwise comparisons (Bradley-Terry)")
+    _config_args(p)
+    p = sub.add_parser(
+        "train-iterative", help="iterative RL: GRPO and reward-model updates in turn (DeepSeekMath Alg. 1)"
+    )
+    _config_args(p)
+    p = sub.add_parser("sft", help="supervised warm start on (prompt, answer) examples, accuracy early stop")
+    _config_args(p)
+    p = sub.add_parser("eval", help="Pass@K / Maj@K of checkpoints (eval.checkpoints=[...]), with plots")
+    _config_args(p)
+    p = sub.add_parser("demo", help="the embedded default: SFT, GRPO and Pass@K / Maj@K on a tiny model, CPU")
+    p.add_argument("--out", default="runs/demo", help="run folder of the demo")
+    p.add_argument("--size", default="full", choices=["full", "tiny"], help="tiny = a seconds-long smoke run")
+    p.add_argument("overrides", nargs="*", help="dotted overrides of the demo config (train.num_steps=50)")
     p = sub.add_parser("config", help="print the resolved, validated config and exit")
     _config_args(p)
     return parser
@@ -34,10 +59,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"grpolab: config error: {err}", file=sys.stderr)
+        return _run(args)
+    except GrpolabError as err:
+        print(f"grpolab: error: {one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outside train()'s own handling, e.g. while a model loads
+        print("grpolab: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.verb == "demo":
+        from grpolab.demo import demo_config, print_summary, run_demo
+
+        demo_config(args.out, args.size, args.overrides)  # a bad override fails before any work
+        print_summary(run_demo(args.out, args.size, args.overrides))
+        return 0
+    cfg = load_config(args.config, args.overrides)
     if args.verb == "config":
         print(dump_config(cfg), end="")
         return 0
@@ -45,9 +83,67 @@ def main(argv: Sequence[str] | None = None) -> int:
         from grpolab.train.loop import train
 
         result = train(cfg, resume=args.resume)
+        if result.stopped_by is not None:
+            print(
+                f"grpolab: stopped by {signal.Signals(result.stopped_by).name} after step {result.final_step}; "
+                f"checkpoint saved in {result.run_dir}; continue with: grpolab train --resume (same config)",
+                file=sys.stderr,
+            )
+            return 128 + result.stopped_by
         print(f"grpolab: trained to step {result.final_step}; run written to {result.run_dir}")
         return 0
+    if args.verb == "compare":
+        return _compare(cfg, args.algos)
+    if args.verb == "sft":
+        from grpolab.train.sft import sft
+
+        done = sft(cfg)
+        print(f"grpolab: SFT {done.steps} steps, dev accuracy {done.dev_accuracy}; saved {done.output_dir}")
+        return 0
+    if args.verb == "eval":
+        from grpolab.eval.runner import evaluate
+
+        for e in evaluate(cfg):
+            k = e.ks[-1]
+            print(
+                f"grpolab: {e.label}: pass@1 {e.pass_at[1]:.3f}, maj@{k} {e.maj_at[k]:.3f}, "
+                f"pass@{k} {e.pass_at[k]:.3f}, greedy {e.greedy_accuracy}"
+            )
+        print(f"grpolab: eval written to {cfg.eval_dir}")
+        return 0
+    if args.verb == "train-rm":
+        from grpolab.train.reward_model import train_reward_model
+
+        rm = train_reward_model(cfg)
+        accuracy = rm.metrics.get("eval/pair_accuracy")
+        print(f"grpolab: reward model saved to {rm.output_dir}; held-out pair accuracy {accuracy}")
+        return 0
+    if args.verb == "train-iterative":
+        from grpolab.train.iterative import iterative_rl
+
+        done = iterative_rl(cfg)
+        print(f"grpolab: {len(done.iterations)} iterations; policy {done.policy_path}")
+        print(f"grpolab: reward model {done.reward_model_path}")
+        return 0
     raise AssertionError(args.verb)
+
+
+def _compare(cfg, algos_arg: str) -> int:
+    from grpolab.compare import CompareError, compare, validate_algos
+
+    algos = [a.strip() for a in algos_arg.split(",") if a.strip()]
+    try:
+        validate_algos(cfg, algos)
+    except (ConfigError, ValueError) as err:
+        print(f"grpolab: compare: {err}", file=sys.stderr)
+        return 2
+    try:
+        result = compare(cfg, algos)
+    except CompareError as err:
+        print(f"grpolab: compare: {err}", file=sys.stderr)
+        return 1
+    print(f"grpolab: compared {', '.join(algos)}; report written to {result.report}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ from typing import Any, Literal
 
 import yaml
 
+from grpolab.errors import GrpolabError
 
-class ConfigError(ValueError):
+
+class ConfigError(GrpolabError, ValueError):
     """A configuration problem, with the key and a fix in the message."""
 
 
@@ -39,7 +41,9 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
     "rloo": {"advantage": "rloo", "loss_agg": "seq-mean-token-sum", "kl_in": "reward"},
     "online_rft": {"advantage": "online_rft", "loss_agg": "seq-mean-token-mean", "kl_in": "loss"},
     "reinforce_pp": {"advantage": "reinforce_pp_baseline", "loss_agg": "token-mean", "kl_in": "loss"},
-    "ppo": {"advantage": "gae", "loss_agg": "token-mean", "kl_in": "reward"},
+    # PPO as DeepSeekMath Eq. 1 writes it: (1/|o|) sum_t per completion, the same aggregation as GRPO,
+    # so `grpolab compare` isolates the critic (TRL and verl use token-mean; set algo.loss_agg for that).
+    "ppo": {"advantage": "gae", "loss_agg": "seq-mean-token-mean", "kl_in": "reward"},
 }
 
 
@@ -161,6 +165,30 @@ class AlgoConfig:
     """Reset the reference to the current policy every N steps (DeepSeek-R1: 400); 0 = never."""
     mask_truncated: bool = False
     """DAPO overlong filtering: completions without EOS get no loss."""
+    supervision: Literal["outcome", "process"] = "outcome"
+    """outcome: one advantage per completion from reward.functions; process: per-step advantages from
+    reward.process (DeepSeekMath Sec. 4.1.3), with reward.functions only logged."""
+    gamma: float = 1.0
+    """PPO: GAE discount (TRL, verl: 1.0); a completion is one episode scored at its end."""
+    lam: float = 1.0
+    """PPO: GAE lambda. 1.0, not TRL's 0.95: DeepSeek-R1 supp. A.3 found PPO close to GRPO only with lambda = 1.0
+    (0.95 was clearly worse); with gamma = lambda = 1, A_t = (score - sum of later KL penalties) - V(s_t)."""
+    vf_coef: float = 0.1
+    """PPO: value-loss coefficient (TRL: 0.1). The critic has its own AdamW, so this scales its gradient
+    before the optim.max_grad_norm clip rather than its step size."""
+    value_clip: float | None = 0.2
+    """PPO: c_v of the clipped value loss, clip(V, V_old - c_v, V_old + c_v) (verl, TRL: 0.2); null = unclipped."""
+    value_lr: float | None = None
+    """PPO: learning rate of the critic's own optimizer (OpenRLHF: 9x the actor's); null = optim.lr."""
+    critic_warmup_steps: int = 0
+    """PPO: for the first N steps only the critic is trained; the policy is left unchanged."""
+    whiten_advantages: bool = True
+    """PPO: whiten the GAE advantages over the batch's counted tokens (masked mean and std, as verl and TRL)."""
+    value_init: Literal["policy", "reward_model"] = "policy"
+    """PPO: the value model's body starts from the policy checkpoint (with a zero scalar head) or from a
+    reward model (body and head)."""
+    value_init_path: str | None = None
+    """PPO: reward-model folder or hub id (AutoModelForSequenceClassification, 1 label) for value_init=reward_model."""
 
     @property
     def preset(self) -> dict[str, Any]:
@@ -186,6 +214,11 @@ class AlgoConfig:
     def needs_reference(self) -> bool:
         return self.beta > 0
 
+    @property
+    def needs_critic(self) -> bool:
+        """True for PPO: GAE needs a learned value model."""
+        return self.resolved_advantage == "gae"
+
 
 @dataclass(frozen=True)
 class RewardSpec:
@@ -198,6 +231,20 @@ class RewardSpec:
 
 
 @dataclass(frozen=True)
+class ProcessRewardSpec:
+    """A process reward (algo.supervision=process): one value per reasoning step of a completion."""
+
+    name: str = ""
+    """A key of grpolab.rewards.process.PROCESS_REWARDS ("reward_model": a neural model scoring each step
+    prefix), or "package.module:function" for a rule fn(steps: list[str], example) -> list[float]."""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Arguments for the process reward factory (or bound into the rule function)."""
+    delimiter: str = "\n"
+    """Text that ends a step. Step ends are found in the completion's token ids (the delimiter's token ids,
+    or, for a one-token delimiter, any token whose text contains it), never by re-tokenizing text."""
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     functions: tuple[RewardSpec, ...] = ()
     """Rewards summed with their weights; each component is logged as train/reward/<name>."""
@@ -205,6 +252,8 @@ class RewardConfig:
     """Per-call time limit for a reward on one batch."""
     dry_run_examples: int = 4
     """Examples each reward is tried on before training starts (0 = skip)."""
+    process: ProcessRewardSpec | None = None
+    """The step-level reward used when algo.supervision=process; null otherwise."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +280,9 @@ class TrainConfig:
     """P, prompts per generation batch (completions per step = P * G)."""
     micro_batch_size: int = 64
     """Sequences per forward/backward (gradient accumulation over a minibatch)."""
+    max_bad_steps: int = 3
+    """Stop (TrainingError, last good checkpoint kept) after this many steps in a row whose update was
+    skipped for a NaN or infinite loss or gradient; 0 = never stop, only skip."""
 
 
 @dataclass(frozen=True)
@@ -245,6 +297,112 @@ class EvalConfig:
     """Evaluate on at most this many held-out prompts (0 = all)."""
     greedy: bool = True
     """Also report greedy accuracy."""
+    checkpoints: tuple[str, ...] = ()
+    """Model folders (or hub ids) that ``grpolab eval`` compares; empty = model.name_or_path."""
+    ks: tuple[int, ...] = ()
+    """K values for Pass@K / Maj@K; empty = 1, 2, 4, ... up to num_samples."""
+    correct_threshold: float = 0.5
+    """A sample counts as correct when its total reward is above this."""
+    prompts_per_batch: int = 32
+    """Eval prompts sampled together (each with num_samples completions)."""
+    output_dir: str = ""
+    """Where eval JSON and plots go; empty = <log.output_dir>/<log.run_name>/eval."""
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm start (``grpolab sft``): cross-entropy on the answer tokens and EOS only."""
+
+    steps: int = 1000
+    """Maximum optimizer steps; fewer when target_accuracy is reached first."""
+    batch_size: int = 64
+    """Examples per optimizer step (split into train.micro_batch_size forwards)."""
+    lr: float = 1e-5
+    """AdamW learning rate (a 0.5M-parameter model trained from scratch: 1e-3)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    completion_format: str = "{answer}"
+    """Target text, with {answer} replaced by the example's answer; EOS is appended."""
+    target_accuracy: float | None = None
+    """Stop once greedy dev accuracy reaches this (ALGORITHMS 6.0); null = run all steps."""
+    check_every: int = 25
+    """Steps between dev-accuracy checks."""
+    dev_size: int = 200
+    """Training examples set aside, never trained on, to check target_accuracy."""
+    output_dir: str = ""
+    """Model folder the result is saved to; empty = <log.output_dir>/<log.run_name>/sft."""
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """``grpolab train-rm``: a neural reward model trained on pairwise comparisons (Bradley-Terry)."""
+
+    base_model: str = ""
+    """Starting weights, folder or hub id: a causal LM (a new one-output head is added) or a reward model
+    (AutoModelForSequenceClassification, num_labels=1), whose training then continues."""
+    tokenizer: str | None = None
+    """Tokenizer path or id; defaults to base_model."""
+    data_path: str = ""
+    """JSONL, one comparison per line: {"prompt": ..., "chosen": ..., "rejected": ...}."""
+    eval_fraction: float = 0.1
+    """Share of the prompts (all their pairs) held out, seeded, to report eval/pair_accuracy."""
+    lr: float = 1e-5
+    """AdamW learning rate (a tiny model trained from scratch: ~1e-3)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    epochs: int = 1
+    """Passes over the training pairs."""
+    batch_size: int = 8
+    """Comparisons per optimizer step (each is two forward sequences)."""
+    max_length: int = 1024
+    """Tokens of prompt + response; longer texts keep their end (the response) and lose their start."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip (0 = off)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: auto picks cuda when available."""
+    autocast: Literal["auto", "bf16", "none"] = "auto"
+    """bf16 autocast for forward passes, as model.autocast."""
+    output_dir: str = ""
+    """Model folder the trained reward model is saved to; empty = <log.output_dir>/<log.run_name>/reward_model."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (not 0 <= self.eval_fraction < 1, "reward_model.eval_fraction must be in [0, 1) (0.1 = 10% held out)"),
+            (self.lr <= 0, "reward_model.lr must be > 0"),
+            (self.epochs < 1, "reward_model.epochs must be >= 1"),
+            (self.batch_size < 1, "reward_model.batch_size must be >= 1"),
+            (self.max_length < 2, "reward_model.max_length must be >= 2"),
+        ]
+        for bad, message in checks:
+            if bad:
+                raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class IterativeConfig:
+    """Iterative RL (DeepSeekMath Algorithm 1, ``grpolab train-iterative``): policy and reward model in turn."""
+
+    iterations: int = 2
+    """Outer iterations I (DeepSeekMath ran two; the first gave most of the gain)."""
+    steps_per_iteration: int = 100
+    """GRPO steps M per iteration; the reference is reset to the policy at the start of each."""
+    replay_fraction: float = 0.1
+    """Share of the historical comparisons replayed with each iteration's new ones (DeepSeekMath: 10%)."""
+    label_rewards: tuple[RewardSpec, ...] = ()
+    """Gold signal (e.g. exact_match) that ranks a group's completions to make new comparisons."""
+    pairs_per_group: int = 1
+    """At most this many (higher, lower) comparisons per prompt group and step."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.iterations < 1, "iterative.iterations must be >= 1"),
+            (self.steps_per_iteration < 1, "iterative.steps_per_iteration must be >= 1"),
+            (not 0 <= self.replay_fraction <= 1, "iterative.replay_fraction must be in [0, 1] (DeepSeekMath: 0.1)"),
+            (self.pairs_per_group < 1, "iterative.pairs_per_group must be >= 1"),
+        ]
+        for bad, message in checks:
+            if bad:
+                raise ConfigError(message)
 
 
 @dataclass(frozen=True)
@@ -263,6 +421,9 @@ class LogConfig:
     """Also write TensorBoard events."""
     progress: bool = True
     """Show a progress bar."""
+    overwrite: bool = False
+    """Let a fresh run (no --resume) start in a run directory that holds checkpoints, deleting them;
+    without it that is an error, so that no saved run is lost by mistake."""
 
 
 @dataclass(frozen=True)
@@ -275,6 +436,9 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    iterative: IterativeConfig = field(default_factory=IterativeConfig)
     log: LogConfig = field(default_factory=LogConfig)
     seed: int = 0
     """Seeds every RNG (python, torch, sampling, data order)."""
@@ -293,6 +457,22 @@ class Config:
     @property
     def run_dir(self) -> Path:
         return Path(self.log.output_dir) / self.log.run_name
+
+    @property
+    def sft_dir(self) -> Path:
+        """The model folder ``grpolab sft`` writes."""
+        return Path(self.sft.output_dir) if self.sft.output_dir else self.run_dir / "sft"
+
+    @property
+    def reward_model_dir(self) -> Path:
+        """The model folder ``grpolab train-rm`` writes."""
+        rm = self.reward_model
+        return Path(rm.output_dir) if rm.output_dir else self.run_dir / "reward_model"
+
+    @property
+    def eval_dir(self) -> Path:
+        """The folder ``grpolab eval`` writes."""
+        return Path(self.eval.output_dir) if self.eval.output_dir else self.run_dir / "eval"
 
     def derived(self) -> dict[str, int]:
         """The quantities a user should see at start."""
@@ -328,7 +508,15 @@ def _check_cross_fields(cfg: Config) -> None:
         (a.dual_clip is not None and a.dual_clip <= 1, "algo.dual_clip must be > 1 (verl uses 3.0), or null"),
         (cfg.optim.lr <= 0, "optim.lr must be > 0"),
         (cfg.eval.num_samples < 1, "eval.num_samples must be >= 1"),
+        (any(not 0 < k <= cfg.eval.num_samples for k in cfg.eval.ks), "eval.ks must be in 1..eval.num_samples"),
+        (cfg.eval.prompts_per_batch < 1, "eval.prompts_per_batch must be >= 1"),
+        (cfg.sft.steps < 0 or cfg.sft.batch_size < 1, "sft.steps must be >= 0 and sft.batch_size >= 1"),
+        (cfg.sft.check_every < 1, "sft.check_every must be >= 1"),
+        ("{answer}" not in cfg.sft.completion_format, "sft.completion_format must contain {answer}"),
         (cfg.log.keep_last < 1, "log.keep_last must be >= 1"),
+        (cfg.log.checkpoint_every < 0, "log.checkpoint_every must be >= 0 (0 = only at the end)"),
+        (t.max_bad_steps < 0, "train.max_bad_steps must be >= 0 (0 = skip bad updates but never stop)"),
+        (cfg.reward.timeout_s <= 0, "reward.timeout_s must be > 0 (seconds per reward call on a batch)"),
     ]
     for bad, message in checks:
         if bad:
@@ -342,6 +530,45 @@ def _check_cross_fields(cfg: Config) -> None:
         )
     if a.resolved_advantage == "gae" and a.name != "ppo":
         raise ConfigError("algo.advantage='gae' needs a value model: set algo.name=ppo.")
+    if a.name == "ppo" or a.needs_critic:
+        _check_ppo(a)
+    if a.supervision == "process":
+        _check_process(cfg)
+
+
+def _check_process(cfg: Config) -> None:
+    a, spec = cfg.algo, cfg.reward.process
+    if spec is None or not spec.name:
+        raise ConfigError(
+            "algo.supervision=process needs reward.process, e.g. "
+            "reward.process={name: 'my_module:step_scores', delimiter: '\\n'}"
+        )
+    if not spec.delimiter:
+        raise ConfigError("reward.process.delimiter is empty: give the text that ends a step, e.g. '\\n'")
+    if a.resolved_advantage != "grpo" or a.resolved_kl_in != "loss":
+        raise ConfigError(
+            "algo.supervision=process implements GRPO with process supervision (DeepSeekMath Sec. 4.1.3): "
+            "use algo.name=grpo (or dapo) with algo.advantage=grpo and the KL in the loss"
+        )
+
+
+def _check_ppo(a: AlgoConfig) -> None:
+    checks = [
+        (not 0 <= a.gamma <= 1, "algo.gamma must be in [0, 1] (1.0 = undiscounted, as TRL and verl)"),
+        (not 0 <= a.lam <= 1, "algo.lam must be in [0, 1] (DeepSeek-R1 supp. A.3: 1.0; TRL: 0.95)"),
+        (a.vf_coef <= 0, "algo.vf_coef must be > 0 (TRL: 0.1)"),
+        (a.value_clip is not None and a.value_clip <= 0, "algo.value_clip must be > 0 (0.2), or null for no clip"),
+        (a.value_lr is not None and a.value_lr <= 0, "algo.value_lr must be > 0, or null for optim.lr"),
+        (a.critic_warmup_steps < 0, "algo.critic_warmup_steps must be >= 0 (0 = no critic warm-up)"),
+        (
+            a.value_init == "reward_model" and not a.value_init_path,
+            "algo.value_init=reward_model needs algo.value_init_path, the reward model's folder or hub id "
+            "(or use algo.value_init=policy)",
+        ),
+    ]
+    for bad, message in checks:
+        if bad:
+            raise ConfigError(message)
 
 
 # ----------------------------------------------------------------------------------- loading

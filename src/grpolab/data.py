@@ -11,10 +11,11 @@ from typing import Any
 import torch
 
 from grpolab.config import DataConfig
+from grpolab.errors import GrpolabError
 from grpolab.types import Example
 
 
-class DataError(ValueError):
+class DataError(GrpolabError, ValueError):
     """A dataset problem; the message names the file, row or field and says how to fix it."""
 
 

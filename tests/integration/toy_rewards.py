@@ -5,3 +5,13 @@ def digit_fraction(completion, example) -> float:
     """Fraction of the completion's characters that are digits (0 for an empty completion)."""
     text = completion.text
     return sum(c.isdigit() for c in text) / len(text) if text else 0.0
+
+
+def digit_steps(steps, example) -> list[float]:
+    """A per-step process rule: 1.0 for a step that holds a digit, else 0.0."""
+    return [float(any(c.isdigit() for c in step)) for step in steps]
+
+
+def broken_steps(steps, example) -> list[float]:
+    """A process rule that fails on every example (for the dry-run test)."""
+    return [{}["missing"] for _ in steps]

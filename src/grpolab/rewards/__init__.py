@@ -32,6 +32,7 @@ from grpolab.rewards.base import (
     per_sample,
     score_batch,
 )
+from grpolab.rewards.code import make_code_tests
 from grpolab.rewards.math_answer import make_math_accuracy
 
 
@@ -39,6 +40,22 @@ def _make_gym_score() -> PerSample:
     from grpolab.tasks.gym import make_gym_score  # tasks.gym imports this package
 
     return make_gym_score()
+
+
+def _make_reward_model(
+    path: str,
+    batch_size: int = 16,
+    max_length: int = 1024,
+    autocast: str = "auto",
+    device: str = "auto",
+    name: str = "reward_model",
+) -> Reward:
+    """A neural reward model (AutoModelForSequenceClassification, one output); see rewards.neural."""
+    from grpolab.rewards.neural import RewardModel  # imports transformers: only when asked for
+
+    return RewardModel(
+        path, batch_size=batch_size, max_length=max_length, autocast=autocast, device=device, name=name
+    )
 
 
 REWARDS: dict[str, Callable[..., Reward]] = {
@@ -49,6 +66,8 @@ REWARDS: dict[str, Callable[..., Reward]] = {
     "length_penalty": rules.make_length_penalty,
     "truncation_penalty": rules.make_truncation_penalty,
     "reasoning_gym": _make_gym_score,
+    "reward_model": _make_reward_model,
+    "code_tests": make_code_tests,
 }
 
 

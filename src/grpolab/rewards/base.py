@@ -22,12 +22,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from grpolab.errors import GrpolabError
 from grpolab.types import Completion, Example
 
 SampleFn = Callable[[Completion, Example], "float | None"]
 
 
-class RewardError(RuntimeError):
+class RewardError(GrpolabError, RuntimeError):
     """A reward failed, returned a bad value, or took too long. The message says how to fix it."""
 
 

@@ -12,6 +12,12 @@ Departures from ``model.generate`` (and why):
   first update (mu = 1). With temperature 0 (greedy) the log-probs use temperature 1.
 - With ``max_batch_sequences`` the rows are processed in blocks; greedy results are identical to
   one batch, but a seeded sampling run draws a different random stream.
+
+Speed (grpolab.inference has the measurements): after the prefill, each layer's cache moves into
+buffers reserved for the whole completion, written in place (``DynamicCache`` concatenates, copying
+the whole cache at every token). With autocast on a CPU the sampler decodes from a copy of the
+model whose Linear weights are stored in the autocast dtype, refreshed at every ``sample`` call,
+and uses the plain attention where SDPA is slow; both compute what autocast computes.
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
+from grpolab.inference import WeightCopy, attention_for
+from grpolab.models import is_peft
 from grpolab.types import Completions, FinishReason
 
 
@@ -45,7 +54,11 @@ class HFSampler:
         autocast_dtype: torch.dtype | None = None,
         eos_token_ids: Sequence[int] | None = None,
         max_batch_sequences: int | None = None,
+        cast_weights: bool | None = None,
     ) -> None:
+        """``cast_weights``: sample from a copy whose Linear weights are stored in ``autocast_dtype``
+        (refreshed from the model at each call; one more copy of those weights in memory). None = on
+        for a CPU model under autocast without LoRA."""
         if max_completion_length < 1:
             raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
         if temperature < 0:
@@ -74,6 +87,12 @@ class HFSampler:
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._prefill_extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self._config = base.config
+        if cast_weights is None:
+            on_cpu = next(model.parameters()).device.type == "cpu"
+            cast_weights = autocast_dtype is not None and on_cpu and not is_peft(model)
+        self._weights = WeightCopy(model, autocast_dtype) if cast_weights and autocast_dtype else None
+        self._net = model
+        """The module that runs the forward passes: the model, or its low-precision copy."""
 
     def sample(
         self,
@@ -89,6 +108,7 @@ class HFSampler:
         block = self.max_batch_sequences or n
         was_training = self.model.training
         self.model.eval()
+        self._net = self._weights.refresh() if self._weights is not None else self.model
         try:
             with torch.inference_mode(), self._autocast(device):
                 parts = [
@@ -110,7 +130,7 @@ class HFSampler:
         first, last = start // group, (stop - 1) // group
         cache, logits, attention = self._prefill(prompt_ids[first : last + 1])
         rows = torch.arange(start, stop, device=logits.device) // group - first  # [n] -> prompt
-        cache.batch_select_indices(rows)
+        _reserve(cache, rows, attention.shape[1] + self.max_completion_length, self.autocast_dtype)
         return self._decode(logits[rows], cache, attention[rows], generator)
 
     def _prefill(self, prompts: list[list[int]]):
@@ -125,11 +145,13 @@ class HFSampler:
         input_ids, attention = input_ids.to(device), attention.to(device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)  # equal to an unpadded forward
         cache = DynamicCache(config=self._config)
-        out = self._forward(input_ids, attention, positions, cache, **self._prefill_extra)
+        rows, width = input_ids.shape
+        with attention_for(self._net, device, self.autocast_dtype, rows=rows, q_len=width, kv_len=width):
+            out = self._forward(input_ids, attention, positions, cache, **self._prefill_extra)
         return cache, out.logits[:, -1], attention
 
     def _forward(self, input_ids, attention, positions, cache, **extra):
-        return self.model(
+        return self._net(
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
@@ -149,19 +171,21 @@ class HFSampler:
         next_position = prompt_attention.sum(-1, keepdim=True)  # [n, 1]
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         finished = torch.zeros(n, dtype=torch.bool, device=device)
-        for t in range(steps):
-            token, token_logprob = self._pick(logits, generator)
-            active = ~finished
-            ids[:, t] = torch.where(active, token, self.pad_token_id)
-            logprobs[:, t] = torch.where(active, token_logprob, 0.0)
-            mask[:, t] = active
-            finished = finished | torch.isin(token, eos)
-            if t + 1 == steps or bool(finished.all()):
-                break
-            out = self._forward(
-                ids[:, t : t + 1], attention[:, : prompt_width + t + 1], next_position + t, cache
-            )
-            logits = out.logits[:, -1]
+        kv_len = prompt_width + steps
+        with attention_for(self._net, device, self.autocast_dtype, rows=n, q_len=1, kv_len=kv_len):
+            for t in range(steps):
+                token, token_logprob = self._pick(logits, generator)
+                active = ~finished
+                ids[:, t] = torch.where(active, token, self.pad_token_id)
+                logprobs[:, t] = torch.where(active, token_logprob, 0.0)
+                mask[:, t] = active
+                finished = finished | torch.isin(token, eos)
+                if t + 1 == steps or bool(finished.all()):
+                    break
+                out = self._forward(
+                    ids[:, t : t + 1], attention[:, : prompt_width + t + 1], next_position + t, cache
+                )
+                logits = out.logits[:, -1]
         return ids[:, : t + 1], mask[:, : t + 1], logprobs[:, : t + 1]
 
     def _pick(self, logits: torch.Tensor, generator):
@@ -242,6 +266,53 @@ def _check_inputs(prompt_ids, num_generations: int, generator, device: torch.dev
         raise ValueError(
             f"generator is on {generator.device} but the model on {device}: create it on {device}"
         )
+
+
+class _ReservedLayer(DynamicLayer):
+    """A cache layer with zeroed buffers reserved for the whole completion, written in place.
+
+    ``DynamicLayer.update`` concatenates, copying the whole cache at every decoded token; returning
+    views of a longer buffer instead makes the attention matmuls copy them. So, as transformers'
+    ``StaticLayer`` does, the full buffers are returned and the attention mask (padded with zeros to
+    ``capacity`` by transformers) hides the slots not yet written. The buffers hold the compute dtype
+    (what autocast would cast the keys and values to before the attention anyway).
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int, dtype: torch.dtype):
+        super().__init__()
+        self.device = keys.device
+        self.capacity = capacity
+        self.filled = 0
+        self.keys = keys.new_zeros((*keys.shape[:2], capacity, keys.shape[3]), dtype=dtype)
+        self.values = values.new_zeros((*values.shape[:2], capacity, values.shape[3]), dtype=dtype)
+        self.is_initialized = True
+        self.update(keys, values)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        stop = self.filled + key_states.shape[2]
+        self.keys[:, :, self.filled : stop] = key_states
+        self.values[:, :, self.filled : stop] = value_states
+        self.filled = stop
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.filled
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.capacity, 0
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+
+def _reserve(cache, rows: torch.Tensor, capacity: int, dtype: torch.dtype | None) -> None:
+    """Keep cache rows ``rows`` (each prompt's row repeated for its samples), with room for ``capacity``."""
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
+        cache.batch_select_indices(rows)  # sliding-window or other layer types: the plain path
+        return
+    for i, layer in enumerate(layers):
+        layers[i] = _ReservedLayer(layer.keys[rows], layer.values[rows], capacity, dtype or layer.keys.dtype)
 
 
 def _concat_right_padded(parts, pad_token_id: int):

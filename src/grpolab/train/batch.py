@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
-from grpolab.algo.advantages import OUTCOME_ESTIMATORS
+from grpolab.algo.advantages import OUTCOME_ESTIMATORS, grpo_process_advantages
 from grpolab.config import Config
 from grpolab.models import Reference
 from grpolab.train.logprobs import completion_logprobs
+from grpolab.train.process import StepRewards
 from grpolab.types import Completions, RolloutBatch
 
 AdvantageFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -73,10 +74,14 @@ def build_rollout_batch(
     policy: torch.nn.Module,
     reference: Reference | None,
     ctx: LogprobContext,
+    steps: StepRewards | None = None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
-    """Advantages (outcome supervision), reference log-probs and, when needed, old log-probs.
+    """Advantages, reference log-probs and, when needed, old log-probs.
 
     prompt_ids is [P]; each prompt is repeated G times, prompt-major, to match completions.
+    Outcome supervision: ``estimator`` on the rewards [P, G], one value along T. Process supervision
+    (``steps`` given): ``grpo_process_advantages`` on the step rewards, [N, T]; the logged [P, G]
+    advantages are then each completion's first-token advantage.
     """
     g = completions.num_generations
     ids = [list(p) for p in prompt_ids for _ in range(g)]
@@ -92,8 +97,14 @@ def build_rollout_batch(
         # RLOO-style: r_i - beta * sum_t log(pi/pi_ref), with the sampling log-probs as pi (no grad).
         seq_kl = ((completions.logprobs.to(device) - ref_logprobs) * mask).sum(-1).view_as(rewards).cpu()
         shaped = rewards - cfg.algo.beta * seq_kl
-    advantages = estimator(shaped, valid)  # [P, G]
-    adv_tokens = advantages.reshape(-1, 1).to(device).expand_as(mask).float() * mask
+    if steps is None:
+        advantages = estimator(shaped, valid)  # [P, G]
+        adv_tokens = advantages.reshape(-1, 1).to(device).expand_as(mask).float() * mask
+    else:
+        adv_tokens = grpo_process_advantages(
+            steps.step_rewards, steps.step_end_mask, mask, num_generations=g, std=cfg.algo.std, eps=cfg.algo.eps
+        )
+        advantages = adv_tokens[:, 0].reshape_as(rewards).cpu()
     old_logprobs = None
     if cfg.algo.mu > 1 or cfg.algo.num_minibatches > 1:
         old_logprobs = ctx.logprobs(policy, ids, completions.completion_ids, mask)
@@ -106,7 +117,8 @@ def build_rollout_batch(
         old_logprobs=old_logprobs,
         ref_logprobs=ref_logprobs,
     )
-    return batch, rollout_metrics(completions, rewards, valid, advantages)
+    metrics = rollout_metrics(completions, rewards, valid, advantages)
+    return batch, metrics if steps is None else {**metrics, **steps.metrics}
 
 
 def rollout_metrics(

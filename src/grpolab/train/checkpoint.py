@@ -1,7 +1,10 @@
 """Checkpoints that resume exactly: weights (safetensors), optimizer, scheduler, RNG and data position.
 
-A checkpoint folder ``checkpoints/step_N`` is written under a temporary name and renamed into place,
-so a kill during a write leaves the previous checkpoint intact. The weights are saved with
+A checkpoint folder ``checkpoints/step_N`` is written under a temporary name (``.tmp_step_N``) and
+renamed into place, so a kill during a write leaves the previous checkpoint intact; ``remove_partial``
+deletes such leftovers (train() calls it at start). Only ``step_N`` folders are ever resumed from.
+A kill between the rename and the pruning of old checkpoints leaves one checkpoint too many, pruned
+by the next save. The weights are saved with
 ``save_pretrained`` (the adapter alone under LoRA), so a checkpoint is also a model folder that
 ``grpolab eval`` and ``from_pretrained`` can load.
 """
@@ -83,13 +86,27 @@ def save_checkpoint(
         save_model(extra, str(tmp / f"{name}.safetensors"))
     torch.save(state, tmp / "trainer_state.pt")
     _fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
+    trash = root / f".old_step_{step}"
+    if final.exists():  # rewriting a step: move the old one aside first, so step_N is never half-deleted
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(final, trash)
     os.replace(tmp, final)
     _fsync_dir(root)
+    shutil.rmtree(trash, ignore_errors=True)
     for _, old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def remove_partial(run_dir: Path) -> list[Path]:
+    """Delete the ``.tmp_step_N`` / ``.old_step_N`` folders a killed save left behind; returns them."""
+    root = checkpoint_root(run_dir)
+    if not root.exists():
+        return []
+    partial = [p for p in root.iterdir() if p.name.startswith((".tmp_step_", ".old_step_"))]
+    for p in partial:
+        shutil.rmtree(p, ignore_errors=True)
+    return partial
 
 
 def load_weights_into(model: torch.nn.Module, path: Path) -> None:

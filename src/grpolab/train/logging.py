@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 from pathlib import Path
 from typing import Any
@@ -64,12 +65,23 @@ class RunLogger:
 
 
 def _truncate_after(path: Path, step: int) -> None:
+    """Keep the rows up to ``step``. A kill mid-write leaves a torn last line: it is dropped too.
+
+    Rewritten through a temporary file and os.replace, so a kill here loses no row.
+    """
     if not path.exists():
         return
-    keep = [
-        line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step
-    ]
-    path.write_text("".join(line + "\n" for line in keep))
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("step", 0) <= step:
+            keep.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -19,20 +19,20 @@ import torch
 
 from grpolab.config import Config, dump_config
 from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
+from grpolab.inference import limit_cpu_threads
 from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
-from grpolab.rewards import build_reward, dry_run, score_batch
+from grpolab.rewards import dry_run, score_batch
 from grpolab.rollout.hf import HFSampler
 from grpolab.train import checkpoint as ckpt
-from grpolab.train.batch import (
-    LogprobContext,
-    build_rollout_batch,
-    length_by_correctness,
-    outcome_estimator,
-    rewards_tensor,
-)
+from grpolab.train.batch import LogprobContext, length_by_correctness, rewards_tensor
+from grpolab.train.guards import BadSteps, GracefulStop
 from grpolab.train.logging import RunLogger, peak_memory_mb
 from grpolab.train.optim import build_optimizer
+from grpolab.train.ppo import Critic, rollout_batch_builder
+from grpolab.train.preflight import build_rewards, check_context, check_model_source, prepare_run_dir
+from grpolab.train.process import build_process_supervision
 from grpolab.train.progress import Progress
+from grpolab.train.run_info import write_run_info
 from grpolab.train.step import PolicyLossSpec, update_policy
 from grpolab.types import Completion
 
@@ -44,26 +44,39 @@ class TrainResult:
     run_dir: Path
     final_step: int
     last_metrics: dict[str, float]
+    stopped_by: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped the run before train.num_steps, after a checkpoint."""
 
 
 def train(cfg: Config, *, resume: bool = False) -> TrainResult:
-    """Run GRPO (or a variant chosen by cfg.algo) and return where the run was written."""
+    """Run GRPO (or a variant chosen by cfg.algo) and return where the run was written.
+
+    SIGINT / SIGTERM while it runs: the current step finishes, a checkpoint is saved, and the result
+    has ``stopped_by`` set (guards.py). Bad input fails before the model loads where it can.
+    """
+    with GracefulStop() as stop:
+        return _train(cfg, resume=resume, stop=stop)
+
+
+def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     run_dir = cfg.run_dir
-    resume_from = ckpt.latest_checkpoint(run_dir) if resume else None
-    if resume and resume_from is None:
-        log.warning("--resume: no checkpoint in %s, starting from step 0", run_dir)
+    resume_from = prepare_run_dir(cfg, resume=resume)
+    check_model_source(cfg.model)
+    rewards = build_rewards(cfg)
+    examples, _eval_examples = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
+    _dry_run(cfg, rewards, examples)
     _seed_everything(cfg.seed)
+    baseline_mem_mb = peak_memory_mb(resolve_device(cfg.model))  # before any model loads
 
     model, tok = load_policy(cfg.model)
     device = resolve_device(cfg.model)
     amp = resolve_autocast(cfg.model, device)
-    reference = Reference(model) if cfg.algo.needs_reference else None
-    examples, _eval_examples = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
+    if device.type == "cpu":
+        limit_cpu_threads()  # no more threads than the cores this process may use
+    reference = Reference(model, amp) if cfg.algo.needs_reference else None
     prompt_ids = tokenize_prompts(examples, tok, cfg.data)
-    rewards = [build_reward(s.name, weight=s.weight, kwargs=s.kwargs) for s in cfg.reward.functions]
-    if not rewards:
-        raise ValueError("reward.functions is empty: name at least one reward, e.g. [{name: math_accuracy}]")
-    _dry_run(cfg, rewards, examples)
+    check_context(cfg, prompt_ids, model.config)
+    process = build_process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
 
     sampler = HFSampler(
         model,
@@ -77,23 +90,41 @@ def train(cfg: Config, *, resume: bool = False) -> TrainResult:
     )
     optimizer, scheduler = build_optimizer(model, cfg)
     spec = PolicyLossSpec.from_config(cfg)
-    estimator = outcome_estimator(cfg)
     ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, cfg.train.micro_batch_size)
+    critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
+    make_batch = rollout_batch_builder(cfg, critic)
     data = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed)
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
 
+    bad_steps = BadSteps(cfg.train.max_bad_steps, run_dir)
     start = 0
     if resume_from is not None:
-        start = _restore(resume_from, model, optimizer, scheduler, reference, data, sample_gen, minibatch_gen)
+        start = _restore(
+            resume_from, model, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, bad_steps
+        )
+        if critic is not None:
+            _restore_critic(resume_from, critic)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
+    write_run_info(
+        cfg,
+        policy=model,
+        reference=reference,
+        critic=critic,
+        rewards=rewards,
+        baseline_mem_mb=baseline_mem_mb,
+        device=device,
+    )
     logger = RunLogger(run_dir, tensorboard=cfg.log.tensorboard, resume_step=start if resume_from else None)
     _announce(cfg, model, reference, start)
 
     metrics: dict[str, float] = {}
-    progress = Progress(total=cfg.train.num_steps, start=start, enabled=cfg.log.progress, title="GRPO")
+    progress = Progress(total=cfg.train.num_steps, start=start, enabled=cfg.log.progress, title=cfg.algo.name.upper())
+    last_step = start
     for step in range(start + 1, cfg.train.num_steps + 1):
+        if stop.requested:  # SIGINT / SIGTERM: the previous step saved a checkpoint
+            break
         t0 = time.perf_counter()
         rows = data.next(cfg.train.prompts_per_step)
         batch_examples = [examples[i] for i in rows]
@@ -104,32 +135,36 @@ def train(cfg: Config, *, resume: bool = False) -> TrainResult:
         repeated = [e for e in batch_examples for _ in range(completions.num_generations)]
         scores = score_batch(rewards, completions.items(), repeated, timeout_s=cfg.reward.timeout_s)
         reward_t, valid = rewards_tensor(scores.total, len(rows), completions.num_generations)
+        by_step = {} if process is None else {"steps": process.score(completions, repeated)}
         t2 = time.perf_counter()
-        batch, metrics = build_rollout_batch(
+        batch, metrics = make_batch(
             cfg,
             completions,
             [prompt_ids[i] for i in rows],
             reward_t,
             valid,
-            estimator=estimator,
             policy=model,
             reference=reference,
             ctx=ctx,
+            **by_step,
         )
         t3 = time.perf_counter()
-        metrics.update(
-            update_policy(
-                model,
-                optimizer,
-                scheduler,
-                batch,
-                cfg,
-                spec,
-                pad_id=tok.pad_token_id,
-                autocast_dtype=amp,
-                generator=minibatch_gen,
+        if critic is None or not critic.warming_up(step):
+            metrics.update(
+                update_policy(
+                    model,
+                    optimizer,
+                    scheduler,
+                    batch,
+                    cfg,
+                    spec,
+                    pad_id=tok.pad_token_id,
+                    autocast_dtype=amp,
+                    generator=minibatch_gen,
+                )
             )
-        )
+        if critic is not None:
+            metrics.update(critic.update(batch))
         t4 = time.perf_counter()
         metrics.update(length_by_correctness(completions, reward_t))
         metrics.update(_component_means(scores.components))
@@ -147,14 +182,20 @@ def train(cfg: Config, *, resume: bool = False) -> TrainResult:
         logger.log(step, metrics)
         if cfg.log.samples_every and step % cfg.log.samples_every == 0:
             logger.samples(step, _sample_rows(batch_examples, completions, scores.total, batch.advantages))
+        bad_steps.observe(step, metrics.get("train/skipped_updates", 0.0), model)  # raises to stop the run
         if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0 and reference is not None:
             reference.reset_to(model)
-        if step == cfg.train.num_steps or (cfg.log.checkpoint_every and step % cfg.log.checkpoint_every == 0):
-            _save(cfg, step, model, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen)
+        every = cfg.log.checkpoint_every
+        if step == cfg.train.num_steps or (every and step % every == 0) or stop.requested:
+            _save(
+                cfg, step, model, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps
+            )
+        last_step = step
         progress.update(step, reward=metrics["train/reward_mean"], step_time=t4 - t0)
     progress.close()
     logger.close()
-    return TrainResult(run_dir=run_dir, final_step=cfg.train.num_steps, last_metrics=metrics)
+    stopped_by = stop.signum if last_step < cfg.train.num_steps else None
+    return TrainResult(run_dir=run_dir, final_step=last_step, last_metrics=metrics, stopped_by=stopped_by)
 
 
 def _seed_everything(seed: int) -> None:
@@ -176,8 +217,9 @@ def _dry_run(cfg: Config, rewards, examples) -> None:
 def _component_means(components: dict[str, list[float | None]]) -> dict[str, float]:
     out = {}
     for name, values in components.items():
-        vals = [v for v in values if v is not None]
-        out[f"train/reward/{name}"] = sum(vals) / len(vals) if vals else math.nan
+        vals = torch.tensor([v for v in values if v is not None], dtype=torch.float64)
+        out[f"train/reward/{name}"] = float(vals.mean()) if len(vals) else math.nan
+        out[f"train/reward/{name}_std"] = float(vals.std()) if len(vals) > 1 else 0.0
     return out
 
 
@@ -190,6 +232,7 @@ def _sample_rows(examples, completions, totals, advantages) -> list[dict[str, An
             "reward": totals[i],
             "advantage": float(advantages[i, 0]) if advantages.shape[1] else 0.0,
             "finish_reason": completions.finish_reasons[i],
+            "num_tokens": int(completions.lengths[i]),
         }
         for i in range(completions.num_sequences)
     ]
@@ -218,10 +261,18 @@ def _state(optimizer, scheduler, data, sample_gen, minibatch_gen, step: int) -> 
     }
 
 
-def _save(cfg, step, model, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen) -> None:
+def _save(
+    cfg, step, model, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps=None
+) -> None:
     extra = {}
+    state = _state(optimizer, scheduler, data, sample_gen, minibatch_gen, step)
+    if bad_steps is not None:
+        state["bad_steps"] = bad_steps.state_dict()
     if reference is not None and cfg.algo.ref_reset_every and step >= cfg.algo.ref_reset_every:
         extra["reference"] = reference.frozen_model
+    if critic is not None:  # PPO: the value model and its optimizer resume with the rest
+        extra["value"] = critic.model
+        state["critic"] = critic.state_dict()
     ckpt.save_checkpoint(
         cfg.run_dir,
         step,
@@ -229,11 +280,11 @@ def _save(cfg, step, model, tok, optimizer, scheduler, reference, data, sample_g
         tokenizer=tok,
         keep_last=cfg.log.keep_last,
         extra_models=extra,
-        state=_state(optimizer, scheduler, data, sample_gen, minibatch_gen, step),
+        state=state,
     )
 
 
-def _restore(path, model, optimizer, scheduler, reference, data, sample_gen, minibatch_gen) -> int:
+def _restore(path, model, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, bad_steps=None) -> int:
     ckpt.load_weights_into(model, path)
     if reference is not None and reference.frozen_model is not None:
         ckpt.load_extra(reference.frozen_model, path, "reference")
@@ -244,5 +295,13 @@ def _restore(path, model, optimizer, scheduler, reference, data, sample_gen, min
     ckpt.set_rng_state(state["rng"])
     sample_gen.set_state(state["sample_gen"])
     minibatch_gen.set_state(state["minibatch_gen"])
+    if bad_steps is not None:
+        bad_steps.load_state_dict(state.get("bad_steps", {}))
     log.info("resumed from %s at step %d", path, state["step"])
     return int(state["step"])
+
+
+def _restore_critic(path, critic) -> None:
+    if not ckpt.load_extra(critic.model, path, "value") or "critic" not in ckpt.load_state(path):
+        raise FileNotFoundError(f"checkpoint {path} has no value model (value.safetensors): was it a PPO run?")
+    critic.load_state_dict(ckpt.load_state(path)["critic"])

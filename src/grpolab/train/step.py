@@ -135,6 +135,7 @@ def update_policy(
         for rows in minibatch_order(batch.num_sequences, cfg.algo.num_minibatches, generator):
             total_tokens = float(batch.loss_mask[rows].sum().item())
             optimizer.zero_grad(set_to_none=True)
+            finite = True
             for micro in micro_batches(rows, lengths, cfg.train.micro_batch_size):
                 mb = batch.select(micro)
                 logprobs, entropy = completion_logprobs(
@@ -152,20 +153,23 @@ def update_policy(
                     logprobs, old, mb, spec, total_seqs=float(len(rows)), total_tokens=max(total_tokens, 1.0)
                 )
                 loss.backward()
+                finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
                 sums["entropy"] += _masked_sum(entropy, mb.loss_mask)
                 for k, v in stats.items():
                     sums[k] += v
             counts["tokens"] += total_tokens
-            _optimizer_step(model, optimizer, scheduler, cfg.optim.max_grad_norm, sums, counts)
+            _optimizer_step(model, optimizer, scheduler, cfg.optim.max_grad_norm, sums, counts, loss_finite=finite)
     return _summarise(sums, counts, scheduler)
 
 
-def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, counts) -> None:
+def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, counts, *, loss_finite=True) -> None:
+    """Clip and step; a NaN / infinite loss or gradient norm skips the update (weights, optimizer and
+    schedule untouched) and counts it in ``counts["skipped"]`` (train/skipped_updates; see guards.py)."""
     params = [p for p in model.parameters() if p.requires_grad]
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
-    if not torch.isfinite(norm):
-        log.warning("non-finite gradient norm (%s): update skipped", norm.item())
+    if not loss_finite or not torch.isfinite(norm):
+        log.warning("non-finite loss or gradient norm (%s): update skipped", norm.item())
         optimizer.zero_grad(set_to_none=True)
         counts["skipped"] += 1
         return

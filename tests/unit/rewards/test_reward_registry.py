@@ -53,6 +53,8 @@ def test_registry_keys():
         "length_penalty",
         "truncation_penalty",
         "reasoning_gym",
+        "reward_model",
+        "code_tests",
     }
 
 

@@ -1,0 +1,86 @@
+"""What the benchmarks share: the ~33M-parameter bench model, its prompts, and measurement helpers."""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from grpolab.tasks.arithmetic import arithmetic_examples
+from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
+
+END = "<end>"
+"""The bench model's EOS: a token the model cannot emit, so every completion runs to the length limit."""
+
+
+def save_bench_model(path: Path, *, hidden: int = 512, layers: int = 8, heads: int = 8, seed: int = 0) -> str:
+    """Qwen2-style model (hidden 512, 8 layers, 8 heads: ~33.6M parameters) and char tokenizer.
+
+    A random model emits the char tokenizer's EOS about once in 80 tokens, so half the completions of
+    64 tokens would stop early and the two trainers would do different work. The saved tokenizer's EOS
+    is an extra token outside the model's vocabulary instead: both sides generate exactly 64 tokens.
+    """
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=hidden, num_layers=layers, num_heads=heads, seed=seed)
+    tok.add_special_tokens({"eos_token": END})
+    model.config.eos_token_id = tok.eos_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def bench_prompts(count: int, *, seed: int = 0) -> list[dict[str, str]]:
+    """3-digit additions ("123+456="), the demo task's prompts."""
+    return [{"prompt": e.prompt, "answer": e.answer} for e in arithmetic_examples(size=count, seed=seed)]
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def auto_threads() -> int:
+    """The cores that the load average leaves idle, at least one.
+
+    More OpenMP threads than free cores make every thread wait at each barrier for a descheduled
+    peer: on this 2-core machine under other users' load, 2 threads ran a GRPO step 5-10x slower
+    than 1 thread.
+    """
+    busy = int(os.getloadavg()[0] + 0.5)
+    return max(1, available_cores() - busy)
+
+
+def set_threads(threads: int | None = None) -> int:
+    """Intra-op threads: ``threads``, or one per core the process may run on."""
+    threads = threads or available_cores()
+    torch.set_num_threads(threads)
+    return threads
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def bf16_peak_gflops(size: int = 2048, seconds: float = 3.0) -> float:
+    """Best-of-repeats GFLOP/s of a big bf16 matmul loop: the machine's practical bf16 peak."""
+    a = torch.randn(size, size).bfloat16()
+    b = torch.randn(size, size).bfloat16()
+    for _ in range(3):
+        a @ b
+    rates = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        rates.append(4 * 2 * size**3 / (time.perf_counter() - t) / 1e9)
+    return max(rates)
+
+
+def median(xs) -> float:
+    return statistics.median(xs) if xs else float("nan")

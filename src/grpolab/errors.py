@@ -1,0 +1,24 @@
+"""The base class of the errors a user is expected to meet and fix (STYLE.md, "Errors a user will meet").
+
+``ConfigError``, ``DataError``, ``ModelLoadError``, ``RewardError`` and ``TrainingError`` derive from
+``GrpolabError`` (and keep their ``ValueError`` / ``RuntimeError`` bases). Their message names the
+file, row or key and says how to fix it, so the command line prints it as one line,
+``grpolab: error: ...``, and exits with status 2. Any other exception is a bug: its traceback is kept.
+
+This module imports nothing, so the command line can catch these errors without importing torch.
+"""
+
+from __future__ import annotations
+
+
+class GrpolabError(Exception):
+    """A problem the user can fix; the message says which key, file or row, and how."""
+
+
+class TrainingError(GrpolabError, RuntimeError):
+    """Training cannot go on (e.g. too many non-finite losses in a row); the last good checkpoint is kept."""
+
+
+def one_line(err: BaseException) -> str:
+    """The message on one line (YAML and tokenizer errors span several)."""
+    return " ".join(str(err).split())

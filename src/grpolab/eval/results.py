@@ -1,0 +1,62 @@
+"""What evaluating one model produces, as plain data that round-trips through JSON (no torch here)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ModelEval:
+    """Pass@K / Maj@K curves and summary numbers of one model on the held-out prompts."""
+
+    label: str
+    """Short name shown in tables and plots (e.g. "SFT", "GRPO")."""
+    path: str
+    """The model folder or hub id evaluated."""
+    num_prompts: int
+    num_samples: int
+    """n completions sampled per prompt."""
+    temperature: float
+    pass_at: dict[int, float]
+    """K -> mean unbiased pass@K."""
+    maj_at: dict[int, float]
+    """K -> mean maj@K (majority vote over disjoint subsets of K samples)."""
+    greedy_accuracy: float | None = None
+    mean_length: float = 0.0
+    """Mean sampled completion length in tokens (EOS included)."""
+    reward_mean: float = 0.0
+    """Mean total reward of the sampled completions."""
+    seconds: float = 0.0
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    """A few prompts with their reference, greedy completion and some sampled completions."""
+
+    @property
+    def ks(self) -> list[int]:
+        return sorted(self.pass_at)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["pass_at"] = {str(k): v for k, v in self.pass_at.items()}
+        data["maj_at"] = {str(k): v for k, v in self.maj_at.items()}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelEval:
+        data = dict(data)
+        data["pass_at"] = {int(k): float(v) for k, v in data["pass_at"].items()}
+        data["maj_at"] = {int(k): float(v) for k, v in data["maj_at"].items()}
+        return cls(**data)
+
+
+def save_evals(evals: list[ModelEval], path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([e.to_json() for e in evals], indent=1) + "\n")
+    return path
+
+
+def load_evals(path: Path) -> list[ModelEval]:
+    return [ModelEval.from_json(d) for d in json.loads(Path(path).read_text())]

@@ -1,0 +1,237 @@
+"""Pass@K / Maj@K of one or more models on the held-out prompts (``grpolab eval``; DeepSeekMath Fig. 7).
+
+For each model folder: sample n completions per held-out prompt with the HFSampler (batched, KV cache,
+bf16 autocast when configured), grade them with the configured rewards (correct = total reward above
+``eval.correct_threshold``), and compute unbiased pass@K and maj@K for K = 1, 2, 4, ... up to n.
+Every model draws from the same seeded random stream, so two models are compared on equal footing.
+
+Where this departs from a plain definition, and why:
+* The vote of a sample is its extracted final answer: the ``<answer>`` tag content, else the last
+  ``\\boxed{}``, else the stripped text after the reasoning (the extraction math_accuracy grades). If
+  the rewards grade the same answer string both correct and wrong (a format or length term decides),
+  the wrong ones vote for a separate key, so votes never mix grades and maj@1 equals pass@1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from grpolab.config import Config
+from grpolab.data import DataError, load_examples, split_eval, tokenize_prompts
+from grpolab.eval.metrics import pass_maj_curves
+from grpolab.eval.results import ModelEval, save_evals
+from grpolab.models import load_policy, resolve_autocast
+from grpolab.rewards import WeightedReward, build_reward, score_batch
+from grpolab.rewards.math_answer import prediction_text
+from grpolab.rollout.hf import HFSampler
+from grpolab.train.progress import Progress
+from grpolab.types import Completions, Example
+
+log = logging.getLogger(__name__)
+
+NUM_SAMPLE_PROMPTS = 4
+"""Prompts whose completions are kept in the eval JSON (and shown in the report)."""
+
+
+@dataclass(frozen=True)
+class Grader:
+    """Turns completions into correct / wrong with the configured rewards."""
+
+    rewards: Sequence[WeightedReward]
+    threshold: float
+    timeout_s: float | None
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Grader:
+        rewards = [build_reward(s.name, weight=s.weight, kwargs=s.kwargs) for s in cfg.reward.functions]
+        if not rewards:
+            raise ValueError(
+                "reward.functions is empty: evaluation grades with the rewards; name at least one"
+            )
+        return cls(rewards, cfg.eval.correct_threshold, cfg.reward.timeout_s)
+
+    def grade(self, completions: Completions, examples: Sequence[Example]) -> tuple[list[bool], list[float]]:
+        """([N] correct, [N] total reward, None read as 0) for prompt-major completions of ``examples``."""
+        g = completions.num_generations
+        repeated = [e for e in examples for _ in range(g)]
+        totals = score_batch(self.rewards, completions.items(), repeated, timeout_s=self.timeout_s).total
+        correct = [t is not None and t > self.threshold for t in totals]
+        return correct, [0.0 if t is None else float(t) for t in totals]
+
+
+def default_ks(n: int) -> list[int]:
+    """1, 2, 4, ... up to n, and n itself when it is not a power of two."""
+    ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
+    return ks if ks[-1] == n else [*ks, n]
+
+
+def vote_keys(texts: Sequence[str], correct: Sequence[bool]) -> list[str]:
+    """[n] majority-vote keys: the extracted answer, split by grade when the grades disagree."""
+    answers = [prediction_text(t)[0].strip() for t in texts]
+    graded: dict[str, set[bool]] = {}
+    for a, c in zip(answers, correct, strict=True):
+        graded.setdefault(a, set()).add(bool(c))
+    return [
+        a + " [graded wrong]" if len(graded[a]) > 1 and not c else a
+        for a, c in zip(answers, correct, strict=True)
+    ]
+
+
+def greedy_decode(
+    model,
+    tok,
+    prompt_ids,
+    examples,
+    grader: Grader,
+    *,
+    max_completion_length: int,
+    autocast_dtype,
+    batch: int = 256,
+) -> tuple[list[bool], list[str]]:
+    """([P] correct, [P] text) of the greedy completion of every prompt."""
+    sampler = HFSampler(
+        model,
+        tok,
+        max_completion_length=max_completion_length,
+        temperature=0.0,
+        autocast_dtype=autocast_dtype,
+    )
+    correct: list[bool] = []
+    texts: list[str] = []
+    for start in range(0, len(prompt_ids), batch):
+        comps = sampler.sample(prompt_ids[start : start + batch], num_generations=1)
+        c, _ = grader.grade(comps, examples[start : start + batch])
+        correct += c
+        texts += comps.texts
+    return correct, texts
+
+
+def evaluate_model(
+    model, tok, prompt_ids, examples, grader: Grader, cfg: Config, *, label: str, path: str, progress: bool
+) -> ModelEval:
+    """Pass@K, Maj@K, greedy accuracy and mean length of one loaded model."""
+    t0 = time.perf_counter()
+    device = next(model.parameters()).device
+    amp = resolve_autocast(cfg.model, device)
+    n, chunk = cfg.eval.num_samples, cfg.eval.prompts_per_batch
+    sampler = HFSampler(
+        model,
+        tok,
+        max_completion_length=cfg.rollout.max_completion_length,
+        temperature=cfg.eval.temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        autocast_dtype=amp,
+        max_batch_sequences=cfg.rollout.max_batch_sequences,
+    )
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    per_problem, texts, lengths, totals = [], [], [], []
+    bar = Progress(total=len(examples), enabled=progress, title=f"eval {label}")
+    for start in range(0, len(examples), chunk):
+        comps = sampler.sample(prompt_ids[start : start + chunk], num_generations=n, generator=generator)
+        correct, total = grader.grade(comps, examples[start : start + chunk])
+        for p in range(len(comps.texts) // n):
+            rows = slice(p * n, (p + 1) * n)
+            per_problem.append((vote_keys(comps.texts[rows], correct[rows]), correct[rows]))
+        texts += comps.texts
+        lengths += comps.lengths.tolist()
+        totals += total
+        bar.update(min(start + chunk, len(examples)))
+    bar.close()
+    curves = pass_maj_curves(per_problem, cfg.eval.ks or default_ks(n))
+    greedy_ok, greedy_texts = None, None
+    if cfg.eval.greedy:
+        greedy_ok, greedy_texts = greedy_decode(
+            model,
+            tok,
+            prompt_ids,
+            examples,
+            grader,
+            max_completion_length=cfg.rollout.max_completion_length,
+            autocast_dtype=amp,
+        )
+    samples = [
+        {
+            "prompt": examples[p].prompt,
+            "answer": examples[p].answer,
+            "greedy": None if greedy_texts is None else greedy_texts[p],
+            "sampled": texts[p * n : p * n + min(n, 8)],
+            "sampled_correct": per_problem[p][1][: min(n, 8)],
+        }
+        for p in range(min(NUM_SAMPLE_PROMPTS, len(examples)))
+    ]
+    return ModelEval(
+        label=label,
+        path=path,
+        num_prompts=len(examples),
+        num_samples=n,
+        temperature=cfg.eval.temperature,
+        pass_at=curves["pass"],
+        maj_at=curves["maj"],
+        greedy_accuracy=None if greedy_ok is None else sum(greedy_ok) / len(greedy_ok),
+        mean_length=sum(lengths) / len(lengths),
+        reward_mean=sum(totals) / len(totals),
+        seconds=time.perf_counter() - t0,
+        samples=samples,
+    )
+
+
+def held_out_examples(cfg: Config) -> list[Example]:
+    """The fixed held-out examples (data.eval_size, at most eval.max_prompts), never drawn for training."""
+    if cfg.data.eval_size < 1:
+        raise DataError("evaluation needs held-out prompts: set data.eval_size (e.g. 300)")
+    _, held_out = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
+    return held_out[: cfg.eval.max_prompts] if cfg.eval.max_prompts else held_out
+
+
+def evaluate(
+    cfg: Config,
+    checkpoints: Sequence[str] | None = None,
+    *,
+    labels: Sequence[str] | None = None,
+    out_dir: str | Path | None = None,
+    progress: bool | None = None,
+) -> list[ModelEval]:
+    """Evaluate each model folder (default: eval.checkpoints, else model.name_or_path); write JSON and a plot.
+
+    Writes ``<out_dir>/eval.json`` (all models) and ``<out_dir>/pass_maj.png``; returns the results.
+    """
+    paths = list(checkpoints or cfg.eval.checkpoints or [cfg.model.name_or_path])
+    names = list(labels) if labels else [_label(p) for p in paths]
+    if len(names) != len(paths):
+        raise ValueError(f"{len(names)} labels for {len(paths)} checkpoints: give one label per checkpoint")
+    out = Path(out_dir) if out_dir is not None else cfg.eval_dir
+    show = cfg.log.progress if progress is None else progress
+    grader = Grader.from_config(cfg)
+    examples = held_out_examples(cfg)
+    results = []
+    for path, label in zip(paths, names, strict=True):
+        torch.manual_seed(cfg.seed)
+        model_cfg = dataclasses.replace(
+            cfg.model, name_or_path=str(path), lora=dataclasses.replace(cfg.model.lora, enabled=False)
+        )
+        model, tok = load_policy(model_cfg)
+        prompt_ids = tokenize_prompts(examples, tok, cfg.data)
+        result = evaluate_model(
+            model, tok, prompt_ids, examples, grader, cfg, label=label, path=str(path), progress=show
+        )
+        log.info("eval %s: pass@1 %.3f, greedy %s", label, result.pass_at[1], result.greedy_accuracy)
+        results.append(result)
+        del model
+    save_evals(results, out / "eval.json")
+    from grpolab.eval.report import plot_pass_maj
+
+    plot_pass_maj(results, out / "pass_maj.png")
+    return results
+
+
+def _label(path: str) -> str:
+    p = Path(path)
+    return f"{p.parent.parent.name}/{p.name}" if p.parent.name == "checkpoints" else p.name or str(path)

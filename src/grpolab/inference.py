@@ -1,0 +1,133 @@
+"""Forward passes without a graph, made fast: low-precision weight copies and the attention kernel choice.
+
+Two measured facts about CPUs with native bf16 (AVX512-BF16 / AMX), torch 2.13 (benchmarks/README.md):
+
+- Autocast re-casts every fp32 weight to bf16 at every op call. A training forward pays that once
+  (autocast caches the casts inside one forward), but a sampler pays it at every decoded token: for
+  a small batch the casts cost about as much as the matmuls. A copy of the model whose Linear
+  weights are stored in bf16 skips them; under autocast it computes exactly what the fp32 model
+  computes under autocast (both round each weight to the nearest bf16).
+- PyTorch's SDPA kernels are slow in bf16 on these CPUs: ~5x the plain matmul-softmax attention for
+  one-token decoding, and ~5x for forward + backward at a few hundred tokens. The plain ("eager")
+  attention materialises the [rows, heads, q, kv] scores, so it is used only while those stay small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+EAGER_SCORES_BUDGET_BYTES = 64 * 2**20
+"""Largest fp32 attention-score tensor of one layer for which the plain attention is chosen."""
+
+
+def _low_precision_memo(model: torch.nn.Module, dtype: torch.dtype) -> dict[int, torch.nn.Parameter]:
+    """deepcopy memo: every Linear's parameters except the output head's, as frozen ``dtype`` copies."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_params = {id(p) for p in head.parameters()} if head is not None else set()
+    memo: dict[int, torch.nn.Parameter] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            for p in module.parameters(recurse=False):
+                if id(p) not in head_params and p.is_floating_point():
+                    memo[id(p)] = torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
+    return memo
+
+
+def inference_copy(model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """A frozen copy of ``model`` in eval mode.
+
+    With ``dtype``, each Linear weight and bias (not the output head, which stays at full precision
+    for the log-probs) is stored in ``dtype``, and no full-precision duplicate of them is ever made.
+    Run such a copy under autocast to that dtype: norms, embeddings and the head stay in fp32.
+    """
+    memo = _low_precision_memo(model, dtype) if dtype is not None else {}
+    frozen = copy.deepcopy(model, memo)
+    frozen.eval()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    return frozen
+
+
+class WeightCopy:
+    """A low-precision inference copy of a model, refreshed from it on demand (e.g. before sampling)."""
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
+        self.source = model
+        self.model = inference_copy(model, dtype)
+        copies = dict(self.model.named_parameters())
+        self._pairs = [(copies[name], p) for name, p in model.named_parameters()]
+
+    @torch.no_grad()
+    def refresh(self) -> torch.nn.Module:
+        """Copy the source's current weights in (casting them); returns the copy."""
+        for dst, src in self._pairs:
+            dst.copy_(src)
+        return self.model
+
+
+def use_eager_attention(
+    device: torch.device, dtype: torch.dtype | None, *, rows: int, heads: int, q_len: int, kv_len: int
+) -> bool:
+    """True where the plain attention beats SDPA: bf16 on a CPU, with one layer's scores under budget."""
+    scores = rows * heads * q_len * kv_len * 4
+    return device.type == "cpu" and dtype == torch.bfloat16 and scores <= EAGER_SCORES_BUDGET_BYTES
+
+
+@contextlib.contextmanager
+def attention_implementation(model: torch.nn.Module, name: str | None) -> Iterator[None]:
+    """Run ``model``'s forward passes with another attention implementation ("eager" or "sdpa").
+
+    transformers looks the implementation up in the config at every forward, so switching it is
+    cheap. Only a switch between "sdpa" and "eager" is made; flash / flex / custom kernels are kept.
+    """
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if name is None or current == name or current not in ("sdpa", "eager"):
+        yield
+        return
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = current
+
+
+def attention_for(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None, **shape: int):
+    """``attention_implementation(model, "eager")`` when ``use_eager_attention``, else a null context."""
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if heads is None or not use_eager_attention(device, dtype, heads=heads, **shape):
+        return contextlib.nullcontext()
+    return attention_implementation(model, "eager")
+
+
+def available_cpus() -> int:
+    """Cores this process may use: its CPU affinity, capped by a cgroup v2 CPU quota if one is set."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def limit_cpu_threads() -> int:
+    """Lower torch's intra-op threads to ``available_cpus()``; returns the count in use.
+
+    torch starts one thread per physical core of the host, also in a container allowed only a few
+    of them; more threads than cores makes each wait for descheduled peers at every barrier. A lower
+    count set by the user is kept.
+    """
+    cpus = available_cpus()
+    if torch.get_num_threads() > cpus:
+        torch.set_num_threads(cpus)
+    return torch.get_num_threads()

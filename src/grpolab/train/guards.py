@@ -1,0 +1,121 @@
+"""What stops a training run cleanly: SIGINT / SIGTERM, and steps whose loss or gradient is not finite.
+
+Signals. While ``train()`` runs (and only then, and only in the main thread), SIGINT and SIGTERM set a
+flag instead of killing the process: the current step finishes, a checkpoint is written, and
+``train()`` returns with ``stopped_by`` set; the command line then exits with 128 + the signal number
+(130 for SIGINT, 143 for SIGTERM), the shell convention. A second signal acts at once, as it would
+have without grpolab (KeyboardInterrupt for SIGINT, termination for SIGTERM); the last checkpoint
+written is intact either way, since checkpoints are written atomically.
+
+Non-finite steps. An update whose loss or gradient norm is NaN or infinite is skipped (the optimizer
+and weights are left as they were; see step.py). A step with a skipped update is "bad"; after
+``train.max_bad_steps`` bad steps in a row the run stops with a TrainingError. Weights that turn
+non-finite despite finite gradients (a huge learning rate) stop the run at once, before they could be
+checkpointed: the last checkpoint on disk is then the last good one.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import torch
+
+from grpolab.errors import TrainingError
+
+log = logging.getLogger(__name__)
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class GracefulStop:
+    """Context manager: SIGINT / SIGTERM request a stop at the end of the current step."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        """The signal that asked for the stop, or None."""
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:  # the second signal: behave as if grpolab had not caught the first
+            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))  # type: ignore[arg-type]
+            signal.raise_signal(signum)
+            return
+        self.signum = signum
+        log.warning(
+            "%s received: finishing the current step, saving a checkpoint, then stopping "
+            "(send it again to stop at once)",
+            signal.Signals(signum).name,
+        )
+
+
+def weights_finite(model: torch.nn.Module) -> bool:
+    """True when every trainable parameter is finite (one device sync)."""
+    flags = [torch.isfinite(p).all() for p in model.parameters() if p.requires_grad]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+class BadSteps:
+    """Counts steps in a row whose update was skipped for a non-finite loss or gradient."""
+
+    def __init__(self, limit: int, run_dir: Path) -> None:
+        self.limit = limit
+        """train.max_bad_steps; 0 = never stop."""
+        self.run_dir = Path(run_dir)
+        self.in_a_row = 0
+
+    def observe(self, step: int, skipped_updates: float, model: torch.nn.Module) -> None:
+        """Update the count after ``step``; raise TrainingError when the run must stop."""
+        if not weights_finite(model):
+            raise TrainingError(
+                f"the policy weights became NaN or infinite at step {step} although the loss and gradients "
+                f"were finite; {self._last_good()}. Lower optim.lr or set optim.max_grad_norm, then resume."
+            )
+        if skipped_updates <= 0:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        log.warning(
+            "step %d: non-finite loss or gradient, update skipped (%d bad step(s) in a row; the run stops at "
+            "train.max_bad_steps=%d)",
+            step,
+            self.in_a_row,
+            self.limit,
+        )
+        if self.limit and self.in_a_row >= self.limit:
+            raise TrainingError(
+                f"steps {step - self.in_a_row + 1}-{step}: {self.in_a_row} steps in a row had a NaN or infinite "
+                f"loss or gradient (train.max_bad_steps={self.limit}), so their updates were skipped; "
+                f"{self._last_good()}. Lower optim.lr, check the rewards and model.dtype (float16 overflows), "
+                "or raise train.max_bad_steps."
+            )
+
+    def _last_good(self) -> str:
+        from grpolab.train.checkpoint import latest_checkpoint
+
+        last = latest_checkpoint(self.run_dir)
+        return f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+
+    def state_dict(self) -> dict[str, int]:
+        return {"in_a_row": self.in_a_row}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.in_a_row = int(state.get("in_a_row", 0))

@@ -1,0 +1,114 @@
+"""Checks run by ``train()`` before any compute is spent, each failing with a message that says how to fix it.
+
+In the order train() meets them: the run directory (resume or not), the model path, the rewards,
+then (once the tokenizer and model config are loaded) the context length.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from grpolab.config import Config, ConfigError, ModelConfig
+from grpolab.data import DataError
+from grpolab.errors import GrpolabError
+from grpolab.models import ModelLoadError
+from grpolab.rewards import WeightedReward, build_reward
+from grpolab.train import checkpoint as ckpt
+
+log = logging.getLogger(__name__)
+
+
+def prepare_run_dir(cfg: Config, *, resume: bool) -> Path | None:
+    """The checkpoint to resume from, or None; partial checkpoints left by a kill are deleted.
+
+    A fresh run (no --resume) in a run directory that already holds checkpoints is an error, unless
+    log.overwrite: starting over would mix two runs' checkpoints, and --resume would then pick the
+    wrong one.
+    """
+    run_dir = cfg.run_dir
+    for partial in ckpt.remove_partial(run_dir):
+        log.warning("removed %s, a checkpoint whose writing was interrupted", partial)
+    found = ckpt.list_checkpoints(run_dir)
+    if resume:
+        latest = ckpt.latest_checkpoint(run_dir)
+        if latest is None:
+            log.warning("--resume: no checkpoint in %s, starting from step 0", run_dir)
+        return latest
+    if found and not cfg.log.overwrite:
+        raise ConfigError(
+            f"log.run_name: {run_dir} already holds checkpoints (up to {found[-1][1].name}). Pass --resume "
+            "to continue that run, choose another log.run_name, or set log.overwrite=true to start over "
+            "(its checkpoints are then deleted)."
+        )
+    if found:
+        log.warning("log.overwrite=true: deleting the checkpoints of the previous run in %s", run_dir)
+        shutil.rmtree(ckpt.checkpoint_root(run_dir))
+    return None
+
+
+def check_model_source(cfg: ModelConfig) -> None:
+    """A local model path that does not exist fails here, before the data and rewards are loaded.
+
+    An absolute path, or one starting with ``.`` or ``~``, is local; anything else that is not an
+    existing folder is taken for a hub id and left to from_pretrained.
+    """
+    source = cfg.name_or_path
+    if not source:
+        raise ModelLoadError("model.name_or_path is empty: set it to a local model folder or a hub id")
+    path = Path(source).expanduser()
+    if source.startswith(("/", ".", "~")) and not path.exists():
+        raise ModelLoadError(
+            f"model.name_or_path: {source} does not exist. Give the folder that holds config.json and the "
+            "weights (e.g. one written by save_pretrained), or a hub id such as Qwen/Qwen2.5-0.5B"
+        )
+    if path.is_dir() and not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
+        raise ModelLoadError(
+            f"model.name_or_path: {source} is a folder without config.json (or adapter_config.json); "
+            "point it at the model folder itself"
+        )
+
+
+def build_rewards(cfg: Config) -> list[WeightedReward]:
+    """reward.functions built; a bad entry is a ConfigError naming ``reward.functions[i]``."""
+    if not cfg.reward.functions:
+        raise ConfigError(
+            "reward.functions is empty: name at least one reward, e.g. reward.functions=[{name: math_accuracy}]"
+        )
+    rewards = []
+    for i, spec in enumerate(cfg.reward.functions):
+        try:
+            rewards.append(build_reward(spec.name, weight=spec.weight, kwargs=spec.kwargs))
+        except GrpolabError:
+            raise
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"reward.functions[{i}] (name {spec.name!r}): {err}") from err
+    return rewards
+
+
+def check_context(cfg: Config, prompt_ids: Sequence[Sequence[int]], model_config) -> None:
+    """Longest prompt + rollout.max_completion_length against the model's max_position_embeddings.
+
+    Beyond it, a model with learned position embeddings (GPT-2) fails with an index error, so that is
+    an error here; a rotary model (Llama, Qwen) runs but was not trained there, so that is a warning.
+    """
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if not prompt_ids or not isinstance(limit, int):
+        return
+    longest = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    prompt_len = len(prompt_ids[longest])
+    total = prompt_len + cfg.rollout.max_completion_length
+    if total <= limit:
+        return
+    message = (
+        f"the longest prompt (example {longest}, {prompt_len} tokens) + rollout.max_completion_length="
+        f"{cfg.rollout.max_completion_length} = {total} tokens, beyond the model's max_position_embeddings="
+        f"{limit}. Lower rollout.max_completion_length to {max(limit - prompt_len, 0)} or less, or set "
+        f"data.max_prompt_length below {limit - cfg.rollout.max_completion_length} to find the long prompts"
+    )
+    rotary = getattr(model_config, "rope_parameters", None) or getattr(model_config, "rope_theta", None)
+    if rotary is None:
+        raise DataError(message + " (this model's learned position embeddings stop there)")
+    log.warning("%s (a rotary model runs past it, but was not trained there)", message)

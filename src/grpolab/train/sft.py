@@ -1,0 +1,180 @@
+"""Supervised fine-tuning on (prompt, answer) examples: the warm start RL begins from (``grpolab sft``).
+
+DeepSeekMath starts RL from its Instruct (SFT) model. The loss is the mean cross-entropy over the target
+tokens of a batch (``sft.completion_format`` filled with the answer, then EOS); the prompt is context
+only. Log-probs come from the ``completion_logprobs`` the GRPO trainer uses, so SFT and RL see the same
+inputs (left-padded prompt, right-padded target, positions from the attention mask, fp32 head).
+
+Early stop (ALGORITHMS.md 6.0): every ``sft.check_every`` steps, greedy accuracy on a dev set carved
+from the training examples; training stops once it reaches ``sft.target_accuracy``. RL needs a policy
+that sometimes succeeds, and the SFT learning curve is sharp, so a step count is a poor stopping rule.
+The result is a model folder (``save_pretrained`` + tokenizer) that ``grpolab train`` loads by path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from grpolab.config import Config, dump_config
+from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
+from grpolab.models import load_policy, resolve_autocast, resolve_device
+from grpolab.train.logging import RunLogger
+from grpolab.train.logprobs import completion_logprobs
+from grpolab.train.progress import Progress
+from grpolab.types import Example
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTResult:
+    output_dir: Path
+    """The saved model folder."""
+    steps: int
+    """Optimizer steps taken."""
+    dev_accuracy: float | None
+    """Greedy dev accuracy at the end (None without a target)."""
+    reached_target: bool
+    seconds: float
+
+
+def tokenize_targets(examples: Sequence[Example], tokenizer, completion_format: str) -> list[list[int]]:
+    """Token ids of each target: the formatted answer, then EOS."""
+    missing = [i for i, e in enumerate(examples) if e.answer is None]
+    if missing:
+        raise ValueError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
+    texts = [completion_format.replace("{answer}", str(e.answer)) for e in examples]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [[*ids, tokenizer.eos_token_id] for ids in encoded]
+
+
+def pad_targets(targets: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(completion_ids [n, T] right-padded, completion_mask [n, T] bool, True = a target token)."""
+    width = max(len(t) for t in targets)
+    ids = torch.full((len(targets), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(targets), width), dtype=torch.bool)
+    for i, t in enumerate(targets):
+        ids[i, : len(t)] = torch.as_tensor(t, dtype=torch.long)
+        mask[i, : len(t)] = True
+    return ids, mask
+
+
+def sft_loss_step(
+    model, optimizer, prompts, targets, *, pad_id: int, autocast_dtype, micro: int, max_grad_norm: float
+):
+    """One optimizer step of mean token cross-entropy over the batch; returns (loss, grad norm)."""
+    device = next(model.parameters()).device
+    ids, mask = pad_targets(targets, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    total_tokens = float(mask.sum())
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for rows in torch.arange(len(prompts)).split(micro):
+        logprobs, _ = completion_logprobs(
+            model,
+            [prompts[i] for i in rows.tolist()],
+            ids[rows],
+            mask[rows],
+            pad_id=pad_id,
+            autocast_dtype=autocast_dtype,
+        )
+        loss = -(logprobs * mask[rows]).sum() / total_tokens
+        loss.backward()
+        loss_sum += float(loss.detach())
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
+    optimizer.step()
+    return loss_sum, float(norm)
+
+
+def dev_checker(cfg: Config, model, tok, dev: Sequence[Example]) -> Callable[[], float]:
+    """A function returning the greedy accuracy on ``dev`` graded with the configured rewards."""
+    from grpolab.eval.runner import Grader, greedy_decode
+
+    grader = Grader.from_config(cfg)
+    prompt_ids = tokenize_prompts(dev, tok, cfg.data)
+    amp = resolve_autocast(cfg.model, next(model.parameters()).device)
+
+    def check() -> float:
+        correct, _ = greedy_decode(
+            model,
+            tok,
+            prompt_ids,
+            dev,
+            grader,
+            max_completion_length=cfg.rollout.max_completion_length,
+            autocast_dtype=amp,
+        )
+        return sum(correct) / len(correct)
+
+    return check
+
+
+def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
+    """Fine-tune cfg.model on the training examples of cfg.data; save to cfg.sft_dir."""
+    s, t0 = cfg.sft, time.perf_counter()
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model, tok = load_policy(cfg.model)
+    amp = resolve_autocast(cfg.model, resolve_device(cfg.model))
+    examples, _held_out = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
+    dev: list[Example] = []
+    if s.target_accuracy is not None:
+        examples, dev = split_eval(examples, s.dev_size)
+    prompts = tokenize_prompts(examples, tok, cfg.data)
+    targets = tokenize_targets(examples, tok, s.completion_format)
+    check = dev_checker(cfg, model, tok, dev) if dev else None
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=cfg.optim.betas)
+    order = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
+    out = cfg.sft_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(dump_config(cfg))
+    logger = RunLogger(out, tensorboard=False)
+    bar = Progress(total=s.steps, enabled=cfg.log.progress if progress is None else progress, title="SFT")
+    accuracy, step = None, 0
+    for step in range(1, s.steps + 1):
+        rows = order.next(s.batch_size)
+        loss, norm = sft_loss_step(
+            model,
+            optimizer,
+            [prompts[i] for i in rows],
+            [targets[i] for i in rows],
+            pad_id=tok.pad_token_id,
+            autocast_dtype=amp,
+            micro=cfg.train.micro_batch_size,
+            max_grad_norm=cfg.optim.max_grad_norm,
+        )
+        metrics = {"sft/loss": loss, "sft/grad_norm": norm}
+        if check is not None and (step % s.check_every == 0 or step == s.steps):
+            accuracy = metrics["sft/dev_greedy_accuracy"] = check()
+        logger.log(step, metrics)
+        bar.update(step, loss=loss, **({} if accuracy is None else {"dev_greedy": accuracy}))
+        if accuracy is not None and accuracy >= s.target_accuracy:
+            break
+    bar.close()
+    logger.close()
+    reached = accuracy is not None and accuracy >= s.target_accuracy
+    if check is not None and not reached:
+        log.warning("sft: dev accuracy %.3f after %d steps, below sft.target_accuracy", accuracy or 0.0, step)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    result = SFTResult(out, step, accuracy, reached, time.perf_counter() - t0)
+    summary = {
+        "steps": step,
+        "dev_greedy_accuracy": accuracy,
+        "reached_target": reached,
+        "seconds": result.seconds,
+    }
+    (out / "sft_result.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return result

@@ -1,0 +1,30 @@
+"""Rewards that misbehave, for tests of the errors a user meets (named as 'bad_rewards:<name>')."""
+
+import time
+
+
+def raises(completion, example):
+    return 1 / 0
+
+
+def nan(completion, example):
+    return float("nan")
+
+
+def text(completion, example):
+    return "1.0"
+
+
+def slow(completion, example):
+    time.sleep(1.0)
+    return 0.0
+
+
+class _WrongCount:
+    name = "wrong_count"
+
+    def __call__(self, completions, examples):
+        return [0.0] * (len(completions) + 1)
+
+
+wrong_count = _WrongCount()

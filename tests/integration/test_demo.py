@@ -1,0 +1,45 @@
+"""`grpolab demo --size tiny` end to end through the CLI: SFT, GRPO, eval, report and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpolab.config import ConfigError
+from grpolab.demo import demo_config
+
+
+def test_demo_config_is_package_data_and_a_normal_config(tmp_path):
+    cfg = demo_config(tmp_path / "demo")
+    assert cfg.run_dir == tmp_path / "demo" and cfg.data.source == "arithmetic"
+    assert cfg.sft.target_accuracy is not None and cfg.eval.num_samples == 64
+    assert demo_config(tmp_path / "d", "full", ["train.num_steps=7"]).train.num_steps == 7
+    with pytest.raises(ConfigError, match="unknown config key"):
+        demo_config(tmp_path / "d", "full", ["train.num_stepz=7"])
+
+
+def test_tiny_demo_writes_a_consistent_report(tmp_path):
+    out = tmp_path / "demo"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "grpolab", "demo", "--size", "tiny", "--out", str(out), "log.progress=false"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "report.md" in done.stdout and "pass@1" in done.stdout
+
+    report = (out / "report.md").read_text()
+    assert "What the curves show" in report and "| SFT pass@K |" in report and "| GRPO maj@K |" in report
+    for png in ("plots/pass_maj.png", "plots/training.png", "eval/pass_maj.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert (out / "sft" / "model.safetensors").exists() and (out / "checkpoints" / "step_2").is_dir()
+
+    evals = json.loads((out / "eval" / "eval.json").read_text())
+    assert [e["label"] for e in evals] == ["SFT", "GRPO"]
+    for e in evals:
+        passes = [e["pass_at"][k] for k in ("1", "2", "4", "8")]
+        assert e["maj_at"]["1"] == pytest.approx(e["pass_at"]["1"])
+        assert all(a <= b + 1e-12 for a, b in zip(passes, passes[1:], strict=False))
+        assert all(0 <= v <= 1 for v in [*passes, *e["maj_at"].values()])

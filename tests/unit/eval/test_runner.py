@@ -1,0 +1,65 @@
+"""The eval runner on a tiny random model: K values, vote keys, metric invariants, files written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpolab.config import load_config
+from grpolab.eval.runner import default_ks, evaluate, vote_keys
+
+
+def test_default_ks():
+    assert default_ks(1) == [1]
+    assert default_ks(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert default_ks(48) == [1, 2, 4, 8, 16, 32, 48]
+
+
+def test_vote_keys_extract_the_answer_and_split_disagreeing_grades():
+    texts = ["<think>x</think><answer> 12 </answer>", "\\boxed{12}", " 12\n", "<answer>12</answer> junk", "7"]
+    correct = [True, True, True, False, False]
+    assert vote_keys(texts, correct) == ["12", "12", "12", "12 [graded wrong]", "7"]
+
+
+@pytest.fixture(scope="module")
+def results(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval")
+    # "correct" = a completion of at least 3 tokens (length reward > 0.5): about half of a random model's
+    # samples, so every metric is away from 0 and 1.
+    cfg = load_config(
+        None,
+        [
+            "data.source=arithmetic",
+            "data.size=40",
+            "data.eval_size=6",
+            "reward.functions=[{name: length_penalty, kwargs: {coef: -1.0, max_length: 5}}]",
+            "rollout.max_completion_length=5",
+            "eval.num_samples=8",
+            "eval.prompts_per_batch=4",
+            f"eval.output_dir={out}",
+            "log.progress=false",
+        ],
+    )
+    return evaluate(cfg, [tiny_model_dir, tiny_model_dir], labels=["a", "b"]), out
+
+
+def test_metrics_are_consistent(results):
+    evals, _ = results
+    for e in evals:
+        assert e.ks == [1, 2, 4, 8] and e.num_prompts == 6 and e.num_samples == 8
+        assert e.maj_at[1] == pytest.approx(e.pass_at[1])
+        passes = [e.pass_at[k] for k in e.ks]
+        assert passes == sorted(passes) and 0 < passes[0] < 1
+        assert all(e.pass_at[1] <= e.pass_at[k] for k in e.ks)
+        assert 0 <= e.greedy_accuracy <= 1 and 1 <= e.mean_length <= 5
+        assert e.samples[0]["prompt"].endswith("=") and len(e.samples[0]["sampled"]) == 8
+    # same weights and the same seeded stream: identical numbers
+    assert evals[0].pass_at == evals[1].pass_at and evals[0].maj_at == evals[1].maj_at
+
+
+def test_files_written(results):
+    _, out = results
+    data = json.loads((out / "eval.json").read_text())
+    assert [d["label"] for d in data] == ["a", "b"] and set(data[0]["pass_at"]) == {"1", "2", "4", "8"}
+    assert (out / "pass_maj.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,64 @@
+"""The sampler's fast paths: reserved KV cache, bf16 weight copy, plain attention on a CPU."""
+
+from __future__ import annotations
+
+import torch
+
+from grpolab.rollout import HFSampler
+from grpolab.rollout.hf import _ReservedLayer
+
+BF16 = torch.bfloat16
+G = 3
+
+
+def _sample(sampler, prompts, seed=0):
+    return sampler.sample(prompts, num_generations=G, generator=torch.Generator().manual_seed(seed))
+
+
+def test_weight_copy_samples_what_autocast_samples(model, tok, prompts):
+    cast = HFSampler(model, tok, max_completion_length=8, autocast_dtype=BF16)
+    plain = HFSampler(model, tok, max_completion_length=8, autocast_dtype=BF16, cast_weights=False)
+    assert cast._weights is not None and plain._weights is None
+    a, b = _sample(cast, prompts), _sample(plain, prompts)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+
+
+def test_weight_copy_is_off_in_fp32_and_follows_weight_updates(tok, prompts):
+    from grpolab.tasks.tiny import build_tiny_model
+
+    model = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=5)
+    assert HFSampler(model, tok, max_completion_length=4)._weights is None
+    sampler = HFSampler(model, tok, max_completion_length=6, autocast_dtype=BF16)
+    before = _sample(sampler, prompts).logprobs
+    model.load_state_dict(
+        build_tiny_model(tok, hidden_size=64, num_layers=2, seed=6).state_dict()
+    )  # "an update"
+    after = _sample(sampler, prompts).logprobs
+    fresh = _sample(HFSampler(model, tok, max_completion_length=6, autocast_dtype=BF16), prompts).logprobs
+    assert torch.equal(after, fresh) and not torch.allclose(after, before, atol=1e-3)
+
+
+def test_reserved_cache_matches_the_plain_cache_greedy(model, tok, prompts):
+    """Greedy decoding through the reserved buffers equals decoding without them (monkeypatched off)."""
+    import grpolab.rollout.hf as hf
+
+    fast = _sample(HFSampler(model, tok, max_completion_length=10, temperature=0), prompts)
+    original = hf._reserve
+    hf._reserve = lambda cache, rows, capacity, dtype: cache.batch_select_indices(rows)
+    try:
+        slow = _sample(HFSampler(model, tok, max_completion_length=10, temperature=0), prompts)
+    finally:
+        hf._reserve = original
+    assert torch.equal(fast.completion_ids, slow.completion_ids)
+    torch.testing.assert_close(fast.logprobs, slow.logprobs, atol=1e-5, rtol=0)
+
+
+def test_reserved_layer_writes_in_place():
+    keys, values = torch.randn(2, 4, 3, 8), torch.randn(2, 4, 3, 8)
+    layer = _ReservedLayer(keys, values, capacity=6, dtype=BF16)
+    buffer = layer.keys.data_ptr()
+    k, v = layer.update(torch.ones(2, 4, 1, 8), torch.ones(2, 4, 1, 8))
+    assert k.shape == (2, 4, 6, 8) and k.dtype == BF16 and k.data_ptr() == buffer
+    assert layer.get_seq_length() == 4 and layer.get_mask_sizes(1) == (6, 0)
+    assert torch.equal(k[:, :, :3], keys.to(BF16)) and (k[:, :, 3] == 1).all() and (k[:, :, 4:] == 0).all()

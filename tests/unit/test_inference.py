@@ -1,0 +1,115 @@
+"""Low-precision inference copies and the attention choice (grpolab.inference)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpolab.inference import (
+    WeightCopy,
+    attention_for,
+    attention_implementation,
+    inference_copy,
+    use_eager_attention,
+)
+from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=2, num_heads=4, seed=3)
+
+
+def _ids() -> torch.Tensor:
+    return torch.tensor([[5, 9, 12, 7, 30, 31, 2], [8, 8, 40, 41, 42, 6, 9]])
+
+
+def test_copy_stores_linear_weights_in_bf16_and_keeps_the_rest(model):
+    ref = inference_copy(model, BF16)
+    layer = ref.model.layers[0]
+    assert layer.self_attn.q_proj.weight.dtype == BF16 and layer.self_attn.q_proj.bias.dtype == BF16
+    assert layer.mlp.down_proj.weight.dtype == BF16
+    assert ref.lm_head.weight.dtype == torch.float32  # the head stays fp32 (tied to the embeddings here)
+    assert ref.model.embed_tokens.weight.dtype == torch.float32
+    assert layer.input_layernorm.weight.dtype == torch.float32
+    assert not ref.training and not any(p.requires_grad for p in ref.parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the source is untouched
+
+
+def test_bf16_copy_under_autocast_computes_what_autocast_computes(model):
+    ref = inference_copy(model, BF16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+        want = model(input_ids=_ids()).logits.float()
+        got = ref(input_ids=_ids()).logits.float()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_weight_copy_refresh_follows_the_source(model):
+    source = build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=2, num_heads=4, seed=4)
+    copy = WeightCopy(source, BF16)
+    with torch.no_grad():
+        source.model.layers[1].mlp.up_proj.weight.mul_(-2.0)
+        source.lm_head.weight.add_(0.5)
+    assert not torch.equal(
+        copy.model.model.layers[1].mlp.up_proj.weight, source.model.layers[1].mlp.up_proj.weight.to(BF16)
+    )
+    refreshed = copy.refresh()
+    assert refreshed is copy.model
+    assert torch.equal(
+        refreshed.model.layers[1].mlp.up_proj.weight, source.model.layers[1].mlp.up_proj.weight.to(BF16)
+    )
+    assert torch.equal(refreshed.lm_head.weight, source.lm_head.weight)
+
+
+def test_eager_attention_is_chosen_for_small_bf16_work_on_cpu_only():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    small = {"rows": 32, "heads": 8, "q_len": 72, "kv_len": 72}
+    assert use_eager_attention(cpu, BF16, **small)
+    assert not use_eager_attention(cpu, None, **small)  # fp32: SDPA is as fast
+    assert not use_eager_attention(cuda, BF16, **small)
+    assert not use_eager_attention(cpu, BF16, rows=64, heads=16, q_len=2048, kv_len=2048)  # scores too big
+    assert use_eager_attention(cpu, BF16, rows=64, heads=16, q_len=1, kv_len=4096)  # one-token decoding
+
+
+def test_attention_switch_restores_and_keeps_other_kernels(model):
+    assert model.config._attn_implementation == "sdpa"
+    with attention_implementation(model, "eager"):
+        assert model.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == "sdpa"
+    with attention_for(model, torch.device("cpu"), BF16, rows=2, q_len=7, kv_len=7):
+        assert model.config._attn_implementation == "eager"
+    with attention_for(model, torch.device("cpu"), None, rows=2, q_len=7, kv_len=7):
+        assert model.config._attn_implementation == "sdpa"
+    model.config._attn_implementation = "flex_attention"
+    try:
+        with attention_implementation(model, "eager"):
+            assert model.config._attn_implementation == "flex_attention"
+    finally:
+        model.config._attn_implementation = "sdpa"
+
+
+def test_eager_and_sdpa_agree(model):
+    with torch.no_grad():
+        sdpa = model(input_ids=_ids()).logits
+        with attention_implementation(model, "eager"):
+            eager = model(input_ids=_ids()).logits
+    torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_threads_are_capped_at_the_available_cores(monkeypatch):
+    import os
+
+    import grpolab.inference as inference
+
+    assert 1 <= inference.available_cpus() <= (os.cpu_count() or 1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(inference, "available_cpus", lambda: 1)
+        assert inference.limit_cpu_threads() == 1
+        monkeypatch.setattr(inference, "available_cpus", lambda: 8)
+        assert inference.limit_cpu_threads() == 1  # never raised: a lower count set by the user is kept
+    finally:
+        torch.set_num_threads(before)
