@@ -70,6 +70,8 @@ def run_demo(
     out_dir: str | Path = "runs/demo", size: str = "full", overrides: Sequence[str] = ()
 ) -> DemoResult:
     """SFT a tiny model from scratch, GRPO it, evaluate before and after, write the report."""
+    from transformers.utils import logging as hf_logging
+
     from grpolab.eval.report import write_report
     from grpolab.eval.runner import evaluate
     from grpolab.tasks.tiny import save_tiny
@@ -77,6 +79,7 @@ def run_demo(
     from grpolab.train.loop import train
     from grpolab.train.sft import sft
 
+    hf_logging.disable_progress_bar()  # the demo shows its own bars, one per phase
     base = demo_config(out_dir, size, overrides)
     run_dir, seconds = base.run_dir, {}
     t0 = time.perf_counter()
@@ -87,6 +90,8 @@ def run_demo(
     t1 = time.perf_counter()
     trained = train(grpo_cfg)
     seconds["grpo"] = time.perf_counter() - t1
+    if trained.stopped_by is not None:  # Ctrl-C during GRPO: the checkpoint is saved, stop here
+        raise KeyboardInterrupt
     final = trained.run_dir / "checkpoints" / f"step_{trained.final_step}"
     t2 = time.perf_counter()
     evals = evaluate(grpo_cfg, [str(base.sft_dir), str(final)], labels=["SFT", "GRPO"])
@@ -147,9 +152,10 @@ def print_summary(result: DemoResult) -> None:
         table.add_row(f"{e.label} pass@K", *(f"{e.pass_at[k]:.3f}" for k in e.ks))
         table.add_row(f"{e.label} maj@K", *(f"{e.maj_at[k]:.3f}" for k in e.ks))
     console.print(table)
+    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
     console.print(
-        f"SFT: {result.sft_steps} steps, greedy dev accuracy {result.sft_accuracy}. "
-        f"Greedy held-out accuracy {before.greedy_accuracy} -> {after.greedy_accuracy}."
+        f"SFT: {result.sft_steps} steps, greedy dev accuracy {fmt(result.sft_accuracy)}. Greedy held-out "
+        f"accuracy {fmt(before.greedy_accuracy)} -> {fmt(after.greedy_accuracy)}."
     )
     console.print(summary_sentence(before, after))
     times = ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items())

@@ -15,6 +15,10 @@ class GrpolabError(Exception):
     """A problem the user can fix; the message says which key, file or row, and how."""
 
 
+class ConfigError(GrpolabError, ValueError):
+    """A configuration problem, with the key and a fix in the message."""
+
+
 class TrainingError(GrpolabError, RuntimeError):
     """Training cannot go on (e.g. too many non-finite losses in a row); the last good checkpoint is kept."""
 

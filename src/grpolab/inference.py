@@ -56,20 +56,30 @@ def inference_copy(model: torch.nn.Module, dtype: torch.dtype | None = None) -> 
 
 
 class WeightCopy:
-    """A low-precision inference copy of a model, refreshed from it on demand (e.g. before sampling)."""
+    """A low-precision inference copy of a model that holds memory only between refresh and release.
+
+    ``refresh`` casts the source's current weights into it (parameters kept at full precision are
+    shared with the source, not copied); ``release`` frees the cast weights again, so a sampler's copy
+    does not add to the training step's peak memory.
+    """
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
-        self.source = model
         self.model = inference_copy(model, dtype)
         copies = dict(self.model.named_parameters())
         self._pairs = [(copies[name], p) for name, p in model.named_parameters()]
+        self._dtypes = {id(dst): dst.dtype for dst, _ in self._pairs}
+        self.release()
 
     @torch.no_grad()
     def refresh(self) -> torch.nn.Module:
-        """Copy the source's current weights in (casting them); returns the copy."""
+        """Point the copy at the source's current weights, cast where the copy is low-precision."""
         for dst, src in self._pairs:
-            dst.copy_(src)
+            dst.data = src.detach().to(self._dtypes[id(dst)])
         return self.model
+
+    def release(self) -> None:
+        for dst, _ in self._pairs:
+            dst.data = torch.empty(0, dtype=dst.dtype, device=dst.device)
 
 
 def use_eager_attention(
@@ -99,13 +109,18 @@ def attention_implementation(model: torch.nn.Module, name: str | None) -> Iterat
         config._attn_implementation = current
 
 
+def wants_eager_attention(
+    model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None, **shape: int
+) -> bool:
+    """``use_eager_attention`` for ``model``'s head count; ``shape`` gives rows, q_len and kv_len."""
+    heads = getattr(getattr(model, "config", None), "num_attention_heads", None)
+    return heads is not None and use_eager_attention(device, dtype, heads=heads, **shape)
+
+
 def attention_for(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None, **shape: int):
-    """``attention_implementation(model, "eager")`` when ``use_eager_attention``, else a null context."""
-    config = getattr(model, "config", None)
-    heads = getattr(config, "num_attention_heads", None)
-    if heads is None or not use_eager_attention(device, dtype, heads=heads, **shape):
-        return contextlib.nullcontext()
-    return attention_implementation(model, "eager")
+    """``attention_implementation(model, "eager")`` when ``wants_eager_attention``, else a null context."""
+    eager = wants_eager_attention(model, device, dtype, **shape)
+    return attention_implementation(model, "eager" if eager else None)
 
 
 def available_cpus() -> int:

@@ -43,3 +43,36 @@ def test_tiny_demo_writes_a_consistent_report(tmp_path):
         assert e["maj_at"]["1"] == pytest.approx(e["pass_at"]["1"])
         assert all(a <= b + 1e-12 for a, b in zip(passes, passes[1:], strict=False))
         assert all(0 <= v <= 1 for v in [*passes, *e["maj_at"].values()])
+
+
+def test_sft_then_eval_verbs(tiny_model_dir, tmp_path, capsys):
+    from grpolab.cli import main
+
+    common = [
+        "data.source=arithmetic",
+        "data.size=60",
+        "data.params={digits: 1}",
+        "data.eval_size=5",
+        "reward.functions=[{name: exact_match, kwargs: {extract: none}}]",
+        "rollout.max_completion_length=3",
+        f"log.output_dir={tmp_path}",
+        "log.progress=false",
+    ]
+    sft_args = ["sft.steps=3", "sft.batch_size=4", "sft.target_accuracy=0.99", "sft.dev_size=5"]
+    assert main(["sft", f"model.name_or_path={tiny_model_dir}", *common, *sft_args]) == 0
+    sft_dir = tmp_path / "run" / "sft"
+    assert (sft_dir / "model.safetensors").exists() and "SFT 3 steps" in capsys.readouterr().out
+    assert (
+        main(["eval", *common, f"eval.checkpoints=[{tiny_model_dir}, {sft_dir}]", "eval.num_samples=4"]) == 0
+    )
+    assert "pass@1" in capsys.readouterr().out
+    evals = json.loads((tmp_path / "run" / "eval" / "eval.json").read_text())
+    assert [e["path"] for e in evals] == [tiny_model_dir, str(sft_dir)] and set(evals[1]["maj_at"]) == {
+        "1",
+        "2",
+        "4",
+    }
+    assert (
+        main(["eval", *common, "eval.ks=[8]", "eval.num_samples=4"]) == 2
+    )  # a bad config: one line, status 2
+    assert "eval.ks" in capsys.readouterr().err

@@ -46,21 +46,27 @@ def test_bf16_copy_under_autocast_computes_what_autocast_computes(model):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
-def test_weight_copy_refresh_follows_the_source(model):
+def test_weight_copy_refresh_follows_the_source_and_release_frees_it():
     source = build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=2, num_heads=4, seed=4)
     copy = WeightCopy(source, BF16)
+    up = copy.model.model.layers[1].mlp.up_proj.weight
+    assert up.numel() == 0  # nothing held until the first refresh
     with torch.no_grad():
         source.model.layers[1].mlp.up_proj.weight.mul_(-2.0)
-        source.lm_head.weight.add_(0.5)
-    assert not torch.equal(
-        copy.model.model.layers[1].mlp.up_proj.weight, source.model.layers[1].mlp.up_proj.weight.to(BF16)
-    )
     refreshed = copy.refresh()
-    assert refreshed is copy.model
-    assert torch.equal(
-        refreshed.model.layers[1].mlp.up_proj.weight, source.model.layers[1].mlp.up_proj.weight.to(BF16)
-    )
-    assert torch.equal(refreshed.lm_head.weight, source.lm_head.weight)
+    assert refreshed is copy.model and up.dtype == BF16
+    assert torch.equal(up, source.model.layers[1].mlp.up_proj.weight.to(BF16))
+    head = refreshed.lm_head.weight
+    assert (
+        head.dtype == torch.float32 and head.data_ptr() == source.lm_head.weight.data_ptr()
+    )  # shared, not copied
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+        torch.testing.assert_close(
+            refreshed(input_ids=_ids()).logits, source(input_ids=_ids()).logits, atol=1e-5, rtol=0
+        )
+    copy.release()
+    assert up.numel() == 0 and refreshed.lm_head.weight.numel() == 0
+    assert source.lm_head.weight.numel() > 0  # the source keeps its weights
 
 
 def test_eager_attention_is_chosen_for_small_bf16_work_on_cpu_only():

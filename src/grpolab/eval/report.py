@@ -47,22 +47,39 @@ def plot_pass_maj(evals: Sequence[ModelEval], path: str | Path) -> Path:
     return _save(fig, plt, path)
 
 
-def plot_training(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Train reward (with the zero-std group fraction) and KL to the reference against the GRPO step."""
+def plot_training(rows: Sequence[Mapping[str, Any]], path: str | Path, window: int = 20) -> Path:
+    """Train reward, zero-std group fraction and KL to the reference against the GRPO step.
+
+    Each curve is drawn faint per step, with a ``window``-step moving average on top.
+    """
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     steps = [r["step"] for r in rows]
-    for key, label in (("train/reward_mean", "train reward"), ("train/zero_std_frac", "zero-std groups")):
-        left.plot(steps, [r.get(key) for r in rows], label=label)
-    left.set_xlabel("GRPO step")
+    curves = (
+        (left, "train/reward_mean", "train reward", "C0"),
+        (left, "train/zero_std_frac", "zero-std groups", "C1"),
+        (right, "loss/kl", "KL to the reference (k3)", "C3"),
+    )
+    for ax, key, label, color in curves:
+        values = [float("nan") if r.get(key) is None else float(r[key]) for r in rows]
+        ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.8)
+        ax.plot(steps, _moving_average(values, window), color=color, label=label)
     left.set_ylim(0, 1.02)
-    left.legend(fontsize=8)
-    left.grid(alpha=0.3)
-    right.plot(steps, [r.get("loss/kl") for r in rows], color="C3")
-    right.set_xlabel("GRPO step")
-    right.set_ylabel("KL to the reference (nats/token, k3)")
-    right.grid(alpha=0.3)
+    right.set_ylabel("nats / token")
+    for ax in (left, right):
+        ax.set_xlabel("GRPO step")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
     return _save(fig, plt, path)
+
+
+def _moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Trailing mean over up to ``window`` values, NaNs skipped."""
+    out = []
+    for i in range(len(values)):
+        part = [v for v in values[max(0, i - window + 1) : i + 1] if v == v]
+        out.append(sum(part) / len(part) if part else float("nan"))
+    return out
 
 
 def _save(fig, plt, path: str | Path) -> Path:
@@ -99,8 +116,8 @@ def summary_sentence(before: ModelEval, after: ModelEval) -> str:
         text += "RL did not improve pass@1 here."
     elif dmaj > 0 and abs(dpass) < dmaj / 2:
         text += (
-            f"Maj@{k} gained {dmaj / max(abs(dpass), 1e-3):.0f}x more than Pass@{k}: RL made the right answer "
-            "the likely one more often rather than making new answers reachable, as in DeepSeekMath Fig. 7."
+            f"Maj@{k} gained {dmaj:+.3f} while Pass@{k} moved {dpass:+.3f}: RL made the right answer the "
+            "likely one more often rather than making new answers reachable, as in DeepSeekMath Fig. 7."
         )
     elif dpass <= -0.02:
         text += (

@@ -157,16 +157,6 @@ def evaluate_model(
             max_completion_length=cfg.rollout.max_completion_length,
             autocast_dtype=amp,
         )
-    samples = [
-        {
-            "prompt": examples[p].prompt,
-            "answer": examples[p].answer,
-            "greedy": None if greedy_texts is None else greedy_texts[p],
-            "sampled": texts[p * n : p * n + min(n, 8)],
-            "sampled_correct": per_problem[p][1][: min(n, 8)],
-        }
-        for p in range(min(NUM_SAMPLE_PROMPTS, len(examples)))
-    ]
     return ModelEval(
         label=label,
         path=path,
@@ -179,8 +169,22 @@ def evaluate_model(
         mean_length=sum(lengths) / len(lengths),
         reward_mean=sum(totals) / len(totals),
         seconds=time.perf_counter() - t0,
-        samples=samples,
+        samples=_sample_records(examples, texts, [c for _, c in per_problem], greedy_texts, n),
     )
+
+
+def _sample_records(examples, texts, correct, greedy_texts, n: int, shown: int = 8) -> list[dict]:
+    """The first NUM_SAMPLE_PROMPTS prompts with their greedy and first ``shown`` sampled completions."""
+    return [
+        {
+            "prompt": examples[p].prompt,
+            "answer": examples[p].answer,
+            "greedy": None if greedy_texts is None else greedy_texts[p],
+            "sampled": texts[p * n : p * n + min(n, shown)],
+            "sampled_correct": correct[p][: min(n, shown)],
+        }
+        for p in range(min(NUM_SAMPLE_PROMPTS, len(examples)))
+    ]
 
 
 def held_out_examples(cfg: Config) -> list[Example]:
@@ -222,7 +226,7 @@ def evaluate(
         result = evaluate_model(
             model, tok, prompt_ids, examples, grader, cfg, label=label, path=str(path), progress=show
         )
-        log.info("eval %s: pass@1 %.3f, greedy %s", label, result.pass_at[1], result.greedy_accuracy)
+        log.info("eval %s: pass@1 %.3f, greedy %.3f", label, result.pass_at[1], result.greedy_accuracy or 0.0)
         results.append(result)
         del model
     save_evals(results, out / "eval.json")

@@ -13,11 +13,13 @@ Departures from ``model.generate`` (and why):
 - With ``max_batch_sequences`` the rows are processed in blocks; greedy results are identical to
   one batch, but a seeded sampling run draws a different random stream.
 
-Speed (grpolab.inference has the measurements): after the prefill, each layer's cache moves into
-buffers reserved for the whole completion, written in place (``DynamicCache`` concatenates, copying
-the whole cache at every token). With autocast on a CPU the sampler decodes from a copy of the
-model whose Linear weights are stored in the autocast dtype, refreshed at every ``sample`` call,
-and uses the plain attention where SDPA is slow; both compute what autocast computes.
+Speed on a CPU under bf16 autocast (grpolab.inference; measured in benchmarks/README.md): the
+sampler decodes from a copy of the model whose Linear weights are stored in bf16, refreshed at every
+``sample`` call (autocast would re-cast every weight at every token), with the plain attention
+(SDPA's bf16 CPU kernels are slow), and after the prefill each layer's cache moves into buffers
+reserved for the whole completion, written in place (``DynamicCache`` concatenates, copying the
+whole cache at every token). All three compute what autocast computes. Elsewhere (fp32, CUDA) the
+plain ``DynamicCache`` / SDPA path runs.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from grpolab.inference import WeightCopy, attention_for
+from grpolab.inference import WeightCopy, attention_for, wants_eager_attention
 from grpolab.models import is_peft
 from grpolab.types import Completions, FinishReason
 
@@ -117,6 +119,8 @@ class HFSampler:
                 ]
         finally:
             self.model.train(was_training)
+            if self._weights is not None:
+                self._weights.release()
         ids, mask, logprobs = _concat_right_padded(parts, self.pad_token_id)
         return self._package(prompt_ids, num_generations, ids, mask, logprobs)
 
@@ -130,7 +134,12 @@ class HFSampler:
         first, last = start // group, (stop - 1) // group
         cache, logits, attention = self._prefill(prompt_ids[first : last + 1])
         rows = torch.arange(start, stop, device=logits.device) // group - first  # [n] -> prompt
-        _reserve(cache, rows, attention.shape[1] + self.max_completion_length, self.autocast_dtype)
+        capacity = attention.shape[1] + self.max_completion_length
+        shape = {"rows": stop - start, "q_len": 1, "kv_len": capacity}
+        if wants_eager_attention(self._net, logits.device, self.autocast_dtype, **shape):
+            _reserve(cache, rows, capacity, self.autocast_dtype)  # measured: pays off with the plain attention only
+        else:
+            cache.batch_select_indices(rows)
         return self._decode(logits[rows], cache, attention[rows], generator)
 
     def _prefill(self, prompts: list[list[int]]):

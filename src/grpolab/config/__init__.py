@@ -1,0 +1,35 @@
+"""Typed, frozen, validated configuration.
+
+A run is described by one ``Config``: nested dataclasses grouped by concern. YAML files give the
+sections as mappings; dotted overrides (``algo.beta=0.0``) are applied on top. Every value is checked
+against its declared type (``Literal`` choices included) before any model loads, and every error names
+the key and says how to fix it. Derived quantities are properties, never fields mutated later.
+
+Algorithm presets: ``algo.name`` picks defaults for the fields left as ``None`` (advantage estimator,
+loss aggregation, where the KL goes); see ``ALGO_PRESETS``. Anything set explicitly wins.
+"""
+
+from __future__ import annotations
+
+from grpolab.config.loading import config_from_dict, config_to_dict, dump_config, load_config  # noqa: F401
+from grpolab.config.root import Config  # noqa: F401
+from grpolab.config.sections import (  # noqa: F401 - re-exported
+    ALGO_PRESETS,
+    AdvantageName,
+    AlgoConfig,
+    AlgoName,
+    DataConfig,
+    EvalConfig,
+    LogConfig,
+    LoraConfig,
+    LossAgg,
+    ModelConfig,
+    OptimConfig,
+    ProcessRewardSpec,
+    RewardConfig,
+    RewardSpec,
+    RolloutConfig,
+    TrainConfig,
+)
+from grpolab.config.stages import IterativeConfig, RewardModelConfig, SFTConfig  # noqa: F401
+from grpolab.errors import ConfigError  # noqa: F401

@@ -1,0 +1,165 @@
+"""Reading a config: YAML, dotted overrides, type checks against the declared fields, and writing it back."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from grpolab.config.root import Config
+from grpolab.errors import ConfigError
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Read a YAML file (optional), apply ``key.sub=value`` overrides, validate, return a Config."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_yaml(Path(path))
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override '{item}' must look like section.key=value, e.g. algo.beta=0.0")
+        _set_dotted(raw, key.strip(), _parse_scalar(text))
+    return config_from_dict(raw)
+
+
+def config_from_dict(raw: Mapping[str, Any]) -> Config:
+    try:
+        return _build(Config, raw, prefix="")
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:  # a constructor check that is not a ConfigError
+        raise ConfigError(str(err)) from err
+
+
+def config_to_dict(cfg: Any) -> Any:
+    """Plain data (dicts, lists, scalars) for YAML / JSON output."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: config_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, Mapping):
+        return {k: config_to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, tuple | list):
+        return [config_to_dict(v) for v in cfg]
+    return cfg
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, algo:, ...)")
+    return data
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{key}': '{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config key '{prefix.rstrip('.') or '<top>'}' must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
+    values = {k: _coerce(hints[k], v, f"{prefix}{k}") for k, v in raw.items()}
+    return cls(**values)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:  # noqa: C901 - one branch per kind of type
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key + ".")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"config key '{key}': {value!r} is not one of {list(choices)}{hint}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(
+            errors[0] if len(errors) == 1 else f"config key '{key}': {value!r} fits none of {tp}"
+        )
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            value = [value] if isinstance(value, str | Mapping) else value
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"config key '{key}' must be a list, got {value!r}")
+        args = typing.get_args(tp)
+        item_types = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
+        if len(item_types) != len(value):
+            raise ConfigError(f"config key '{key}' needs {len(item_types)} values, got {len(value)}")
+        return tuple(
+            _coerce(t, v, f"{key}[{i}]") for i, (t, v) in enumerate(zip(item_types, value, strict=True))
+        )
+    if origin is Mapping or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"config key '{key}' must be a mapping, got {value!r}")
+        return dict(value)
+    return _coerce_scalar(tp, value, key)
+
+
+def _coerce_scalar(tp: Any, value: Any, key: str) -> Any:
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-6 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise ConfigError(f"config key '{key}': unsupported type {tp}")
+    raise ConfigError(f"config key '{key}' must be {tp.__name__}, got {value!r} ({type(value).__name__})")

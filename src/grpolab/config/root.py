@@ -1,0 +1,174 @@
+"""The whole run config, its derived quantities, and the checks across sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpolab.config.sections import (
+    AlgoConfig,
+    DataConfig,
+    EvalConfig,
+    LogConfig,
+    ModelConfig,
+    OptimConfig,
+    RewardConfig,
+    RolloutConfig,
+    TrainConfig,
+)
+from grpolab.config.stages import IterativeConfig, RewardModelConfig, SFTConfig
+from grpolab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    iterative: IterativeConfig = field(default_factory=IterativeConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    seed: int = 0
+    """Seeds every RNG (python, torch, sampling, data order)."""
+
+    def __post_init__(self) -> None:
+        _check_cross_fields(self)
+
+    @property
+    def completions_per_step(self) -> int:
+        return self.train.prompts_per_step * self.rollout.num_generations
+
+    @property
+    def optimizer_steps_per_generation(self) -> int:
+        return self.algo.mu * self.algo.num_minibatches
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.log.output_dir) / self.log.run_name
+
+    @property
+    def sft_dir(self) -> Path:
+        """The model folder ``grpolab sft`` writes."""
+        return Path(self.sft.output_dir) if self.sft.output_dir else self.run_dir / "sft"
+
+    @property
+    def reward_model_dir(self) -> Path:
+        """The model folder ``grpolab train-rm`` writes."""
+        rm = self.reward_model
+        return Path(rm.output_dir) if rm.output_dir else self.run_dir / "reward_model"
+
+    @property
+    def eval_dir(self) -> Path:
+        """The folder ``grpolab eval`` writes."""
+        return Path(self.eval.output_dir) if self.eval.output_dir else self.run_dir / "eval"
+
+    def derived(self) -> dict[str, int]:
+        """The quantities a user should see at start."""
+        return {
+            "prompts_per_step": self.train.prompts_per_step,
+            "completions_per_step": self.completions_per_step,
+            "optimizer_steps_per_generation": self.optimizer_steps_per_generation,
+            "max_completion_tokens_per_step": self.completions_per_step * self.rollout.max_completion_length,
+        }
+
+
+def _check_cross_fields(cfg: Config) -> None:
+    a, r, t = cfg.algo, cfg.rollout, cfg.train
+    needs_group = a.resolved_advantage in {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
+    if needs_group and r.num_generations < 2:
+        raise ConfigError(
+            f"rollout.num_generations={r.num_generations}: algo '{a.name}' compares completions within a "
+            "group, so it needs at least 2 per prompt. Set rollout.num_generations >= 2 (DeepSeekMath used 64)."
+        )
+    checks = [
+        (r.num_generations < 1, "rollout.num_generations must be >= 1"),
+        (t.prompts_per_step < 1, "train.prompts_per_step must be >= 1"),
+        (t.num_steps < 0, "train.num_steps must be >= 0"),
+        (t.micro_batch_size < 1, "train.micro_batch_size must be >= 1"),
+        (r.max_completion_length < 1, "rollout.max_completion_length must be >= 1"),
+        (r.temperature < 0, "rollout.temperature must be >= 0 (0 = greedy)"),
+        (not 0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]"),
+        (r.top_k < 0, "rollout.top_k must be >= 0 (0 = off)"),
+        (a.mu < 1, "algo.mu must be >= 1 (1 = a single update per generation batch)"),
+        (a.num_minibatches < 1, "algo.num_minibatches must be >= 1"),
+        (a.beta < 0, "algo.beta must be >= 0 (0 = no KL and no reference model)"),
+        (a.clip_low < 0 or a.resolved_clip_high < 0, "algo.clip_low and algo.clip_high must be >= 0"),
+        (a.dual_clip is not None and a.dual_clip <= 1, "algo.dual_clip must be > 1 (verl uses 3.0), or null"),
+        (cfg.optim.lr <= 0, "optim.lr must be > 0"),
+        (cfg.eval.num_samples < 1, "eval.num_samples must be >= 1"),
+        (
+            any(not 0 < k <= cfg.eval.num_samples for k in cfg.eval.ks),
+            "eval.ks must be in 1..eval.num_samples",
+        ),
+        (cfg.eval.prompts_per_batch < 1, "eval.prompts_per_batch must be >= 1"),
+        (cfg.sft.steps < 0 or cfg.sft.batch_size < 1, "sft.steps must be >= 0 and sft.batch_size >= 1"),
+        (cfg.sft.check_every < 1, "sft.check_every must be >= 1"),
+        ("{answer}" not in cfg.sft.completion_format, "sft.completion_format must contain {answer}"),
+        (cfg.log.keep_last < 1, "log.keep_last must be >= 1"),
+        (cfg.log.checkpoint_every < 0, "log.checkpoint_every must be >= 0 (0 = only at the end)"),
+        (t.max_bad_steps < 0, "train.max_bad_steps must be >= 0 (0 = skip bad updates but never stop)"),
+        (cfg.reward.timeout_s <= 0, "reward.timeout_s must be > 0 (seconds per reward call on a batch)"),
+    ]
+    for bad, message in checks:
+        if bad:
+            raise ConfigError(message)
+    n = cfg.completions_per_step
+    if n % a.num_minibatches or (n // a.num_minibatches) % r.num_generations:
+        raise ConfigError(
+            f"algo.num_minibatches={a.num_minibatches} must split the {n} completions per step into whole "
+            f"groups of rollout.num_generations={r.num_generations}: make train.prompts_per_step "
+            f"({t.prompts_per_step}) divisible by algo.num_minibatches."
+        )
+    if a.resolved_advantage == "gae" and a.name != "ppo":
+        raise ConfigError("algo.advantage='gae' needs a value model: set algo.name=ppo.")
+    if a.name == "ppo" or a.needs_critic:
+        _check_ppo(a)
+    if a.supervision == "process":
+        _check_process(cfg)
+
+
+def _check_process(cfg: Config) -> None:
+    a, spec = cfg.algo, cfg.reward.process
+    if spec is None or not spec.name:
+        raise ConfigError(
+            "algo.supervision=process needs reward.process, e.g. "
+            "reward.process={name: 'my_module:step_scores', delimiter: '\\n'}"
+        )
+    if not spec.delimiter:
+        raise ConfigError("reward.process.delimiter is empty: give the text that ends a step, e.g. '\\n'")
+    if a.resolved_advantage != "grpo" or a.resolved_kl_in != "loss":
+        raise ConfigError(
+            "algo.supervision=process implements GRPO with process supervision (DeepSeekMath Sec. 4.1.3): "
+            "use algo.name=grpo (or dapo) with algo.advantage=grpo and the KL in the loss"
+        )
+
+
+def _check_ppo(a: AlgoConfig) -> None:
+    checks = [
+        (not 0 <= a.gamma <= 1, "algo.gamma must be in [0, 1] (1.0 = undiscounted, as TRL and verl)"),
+        (not 0 <= a.lam <= 1, "algo.lam must be in [0, 1] (DeepSeek-R1 supp. A.3: 1.0; TRL: 0.95)"),
+        (a.vf_coef <= 0, "algo.vf_coef must be > 0 (TRL: 0.1)"),
+        (
+            a.value_clip is not None and a.value_clip <= 0,
+            "algo.value_clip must be > 0 (0.2), or null for no clip",
+        ),
+        (a.value_lr is not None and a.value_lr <= 0, "algo.value_lr must be > 0, or null for optim.lr"),
+        (a.critic_warmup_steps < 0, "algo.critic_warmup_steps must be >= 0 (0 = no critic warm-up)"),
+        (
+            a.value_init == "reward_model" and not a.value_init_path,
+            "algo.value_init=reward_model needs algo.value_init_path, the reward model's folder or hub id "
+            "(or use algo.value_init=policy)",
+        ),
+    ]
+    for bad, message in checks:
+        if bad:
+            raise ConfigError(message)
+
+
+# ----------------------------------------------------------------------------------- loading

@@ -1,0 +1,111 @@
+"""Config sections of the stages around RL: SFT, reward-model training, iterative RL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from grpolab.config.sections import RewardSpec
+from grpolab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm start (``grpolab sft``): cross-entropy on the answer tokens and EOS only."""
+
+    steps: int = 1000
+    """Maximum optimizer steps; fewer when target_accuracy is reached first."""
+    batch_size: int = 64
+    """Examples per optimizer step (split into train.micro_batch_size forwards)."""
+    lr: float = 1e-5
+    """AdamW learning rate (a 0.5M-parameter model trained from scratch: 1e-3)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    completion_format: str = "{answer}"
+    """Target text, with {answer} replaced by the example's answer; EOS is appended."""
+    target_accuracy: float | None = None
+    """Stop once greedy dev accuracy reaches this (ALGORITHMS 6.0); null = run all steps."""
+    check_every: int = 25
+    """Steps between dev-accuracy checks."""
+    dev_size: int = 200
+    """Training examples set aside, never trained on, to check target_accuracy."""
+    output_dir: str = ""
+    """Model folder the result is saved to; empty = <log.output_dir>/<log.run_name>/sft."""
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """``grpolab train-rm``: a neural reward model trained on pairwise comparisons (Bradley-Terry)."""
+
+    base_model: str = ""
+    """Starting weights, folder or hub id: a causal LM (a new one-output head is added) or a reward model
+    (AutoModelForSequenceClassification, num_labels=1), whose training then continues."""
+    tokenizer: str | None = None
+    """Tokenizer path or id; defaults to base_model."""
+    data_path: str = ""
+    """JSONL, one comparison per line: {"prompt": ..., "chosen": ..., "rejected": ...}."""
+    eval_fraction: float = 0.1
+    """Share of the prompts (all their pairs) held out, seeded, to report eval/pair_accuracy."""
+    lr: float = 1e-5
+    """AdamW learning rate (a tiny model trained from scratch: ~1e-3)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    epochs: int = 1
+    """Passes over the training pairs."""
+    batch_size: int = 8
+    """Comparisons per optimizer step (each is two forward sequences)."""
+    max_length: int = 1024
+    """Tokens of prompt + response; longer texts keep their end (the response) and lose their start."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip (0 = off)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: auto picks cuda when available."""
+    autocast: Literal["auto", "bf16", "none"] = "auto"
+    """bf16 autocast for forward passes, as model.autocast."""
+    output_dir: str = ""
+    """Model folder the trained reward model is saved to; empty = <log.output_dir>/<log.run_name>/reward_model."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (
+                not 0 <= self.eval_fraction < 1,
+                "reward_model.eval_fraction must be in [0, 1) (0.1 = 10% held out)",
+            ),
+            (self.lr <= 0, "reward_model.lr must be > 0"),
+            (self.epochs < 1, "reward_model.epochs must be >= 1"),
+            (self.batch_size < 1, "reward_model.batch_size must be >= 1"),
+            (self.max_length < 2, "reward_model.max_length must be >= 2"),
+        ]
+        for bad, message in checks:
+            if bad:
+                raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class IterativeConfig:
+    """Iterative RL (DeepSeekMath Algorithm 1, ``grpolab train-iterative``): policy and reward model in turn."""
+
+    iterations: int = 2
+    """Outer iterations I (DeepSeekMath ran two; the first gave most of the gain)."""
+    steps_per_iteration: int = 100
+    """GRPO steps M per iteration; the reference is reset to the policy at the start of each."""
+    replay_fraction: float = 0.1
+    """Share of the historical comparisons replayed with each iteration's new ones (DeepSeekMath: 10%)."""
+    label_rewards: tuple[RewardSpec, ...] = ()
+    """Gold signal (e.g. exact_match) that ranks a group's completions to make new comparisons."""
+    pairs_per_group: int = 1
+    """At most this many (higher, lower) comparisons per prompt group and step."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.iterations < 1, "iterative.iterations must be >= 1"),
+            (self.steps_per_iteration < 1, "iterative.steps_per_iteration must be >= 1"),
+            (
+                not 0 <= self.replay_fraction <= 1,
+                "iterative.replay_fraction must be in [0, 1] (DeepSeekMath: 0.1)",
+            ),
+            (self.pairs_per_group < 1, "iterative.pairs_per_group must be >= 1"),
+        ]
+        for bad, message in checks:
+            if bad:
+                raise ConfigError(message)
