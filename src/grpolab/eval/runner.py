@@ -30,7 +30,7 @@ from grpolab.eval.results import ModelEval, save_evals
 from grpolab.models import load_policy, resolve_autocast
 from grpolab.rewards import WeightedReward, build_reward, score_batch
 from grpolab.rewards.math_answer import prediction_text
-from grpolab.rollout.hf import HFSampler
+from grpolab.rollout.hf import HFSampler, sampler_from_config
 from grpolab.train.progress import Progress
 from grpolab.types import Completions, Example
 
@@ -121,16 +121,7 @@ def evaluate_model(
     device = next(model.parameters()).device
     amp = resolve_autocast(cfg.model, device)
     n, chunk = cfg.eval.num_samples, cfg.eval.prompts_per_batch
-    sampler = HFSampler(
-        model,
-        tok,
-        max_completion_length=cfg.rollout.max_completion_length,
-        temperature=cfg.eval.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        autocast_dtype=amp,
-        max_batch_sequences=cfg.rollout.max_batch_sequences,
-    )
+    sampler = sampler_from_config(model, tok, cfg.rollout, autocast_dtype=amp, temperature=cfg.eval.temperature)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     per_problem, texts, lengths, totals = [], [], [], []
     bar = Progress(total=len(examples), enabled=progress, title=f"eval {label}")

@@ -229,6 +229,22 @@ class HFSampler:
         )
 
 
+def sampler_from_config(
+    model: torch.nn.Module, tokenizer, rollout, *, autocast_dtype: torch.dtype | None, temperature: float | None = None
+) -> HFSampler:
+    """An HFSampler with the settings of a ``RolloutConfig``; ``temperature`` overrides it (evaluation)."""
+    return HFSampler(
+        model,
+        tokenizer,
+        max_completion_length=rollout.max_completion_length,
+        temperature=rollout.temperature if temperature is None else temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        autocast_dtype=autocast_dtype,
+        max_batch_sequences=rollout.max_batch_sequences,
+    )
+
+
 def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
     """[n, V] logits with tokens outside the top-k, then the top-p nucleus, set to -inf.
 

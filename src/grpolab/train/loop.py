@@ -22,7 +22,7 @@ from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prom
 from grpolab.inference import limit_cpu_threads
 from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
 from grpolab.rewards import dry_run, score_batch
-from grpolab.rollout.hf import HFSampler
+from grpolab.rollout.hf import sampler_from_config
 from grpolab.train import checkpoint as ckpt
 from grpolab.train.batch import LogprobContext, length_by_correctness, rewards_tensor
 from grpolab.train.guards import BadSteps, GracefulStop
@@ -78,16 +78,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     check_context(cfg, prompt_ids, model.config)
     process = build_process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
 
-    sampler = HFSampler(
-        model,
-        tok,
-        max_completion_length=cfg.rollout.max_completion_length,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        autocast_dtype=amp,
-        max_batch_sequences=cfg.rollout.max_batch_sequences,
-    )
+    sampler = sampler_from_config(model, tok, cfg.rollout, autocast_dtype=amp)
     optimizer, scheduler = build_optimizer(model, cfg)
     spec = PolicyLossSpec.from_config(cfg)
     ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, cfg.train.micro_batch_size)
