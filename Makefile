@@ -11,8 +11,8 @@ export TOKENIZERS_PARALLELISM := false
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# the CPU build of torch first: a bare `torch` requirement would pull a several-GB CUDA build
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -qq torch==2.13.0
+	$(PY) -m pip install -qq -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,7 +26,7 @@ test: setup
 # grpolab against TRL's GRPOTrainer (TRL from the optional `bench` extra; it leaves torch and
 # transformers as they are), then grpolab's sampler against model.generate. BENCH_ARGS e.g. --rounds 3.
 bench: setup
-	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -qq -e '.[bench]'
 	$(PY) benchmarks/vs_trl.py $(BENCH_ARGS)
 	$(PY) benchmarks/sampler_vs_generate.py
 
