@@ -214,7 +214,7 @@ def test_rotary_model_past_its_positions_warns(tiny_model_dir, dataset, tmp_path
     def stop_here(*args, **kwargs):
         raise AssertionError("stop here")
 
-    monkeypatch.setattr(loop, "HFSampler", stop_here)  # the check has run by then: no need to train
+    monkeypatch.setattr(loop, "sampler_from_config", stop_here)  # the check has run by then: no need to train
     with caplog.at_level(logging.WARNING), pytest.raises(AssertionError, match="stop here"):
         loop.train(cfg)
     assert "beyond the model's max_position_embeddings=256" in caplog.text
