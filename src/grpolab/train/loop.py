@@ -89,13 +89,10 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
 
     bad_steps = BadSteps(cfg.train.max_bad_steps, run_dir)
-    start = 0
-    if resume_from is not None:
-        start = _restore(
-            resume_from, model, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, bad_steps
-        )
-        if critic is not None:
-            _restore_critic(resume_from, critic)
+    resumable = _Resumable(
+        model, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps
+    )
+    start = resumable.restore(resume_from) if resume_from is not None else 0
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     write_run_info(
@@ -111,7 +108,9 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     _announce(cfg, model, reference, start)
 
     metrics: dict[str, float] = {}
-    progress = Progress(total=cfg.train.num_steps, start=start, enabled=cfg.log.progress, title=cfg.algo.name.upper())
+    progress = Progress(
+        total=cfg.train.num_steps, start=start, enabled=cfg.log.progress, title=cfg.algo.name.upper()
+    )
     last_step = start
     for step in range(start + 1, cfg.train.num_steps + 1):
         if stop.requested:  # SIGINT / SIGTERM: the previous step saved a checkpoint
@@ -178,9 +177,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
             reference.reset_to(model)
         every = cfg.log.checkpoint_every
         if step == cfg.train.num_steps or (every and step % every == 0) or stop.requested:
-            _save(
-                cfg, step, model, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps
-            )
+            resumable.save(cfg, step)
         last_step = step
         progress.update(step, reward=metrics["train/reward_mean"], step_time=t4 - t0)
     progress.close()
@@ -240,59 +237,66 @@ def _announce(cfg: Config, model, reference, start: int) -> None:
     log.info("grpolab train: %s", json.dumps(info))
 
 
-def _state(optimizer, scheduler, data, sample_gen, minibatch_gen, step: int) -> dict[str, Any]:
-    return {
-        "step": step,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "data": data.state_dict(),
-        "rng": ckpt.rng_state(),
-        "sample_gen": sample_gen.get_state(),
-        "minibatch_gen": minibatch_gen.get_state(),
-    }
+@dataclass
+class _Resumable:
+    """Everything a checkpoint must hold so that a resumed run continues exactly where it stopped."""
 
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    reference: Reference | None
+    data: PromptSampler
+    sample_gen: torch.Generator
+    minibatch_gen: torch.Generator
+    critic: Critic | None
+    bad_steps: BadSteps
 
-def _save(
-    cfg, step, model, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps=None
-) -> None:
-    extra = {}
-    state = _state(optimizer, scheduler, data, sample_gen, minibatch_gen, step)
-    if bad_steps is not None:
-        state["bad_steps"] = bad_steps.state_dict()
-    if reference is not None and cfg.algo.ref_reset_every and step >= cfg.algo.ref_reset_every:
-        extra["reference"] = reference.frozen_model
-    if critic is not None:  # PPO: the value model and its optimizer resume with the rest
-        extra["value"] = critic.model
-        state["critic"] = critic.state_dict()
-    ckpt.save_checkpoint(
-        cfg.run_dir,
-        step,
-        model=model,
-        tokenizer=tok,
-        keep_last=cfg.log.keep_last,
-        extra_models=extra,
-        state=state,
-    )
+    def save(self, cfg: Config, step: int) -> None:
+        state = {
+            "step": step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "data": self.data.state_dict(),
+            "rng": ckpt.rng_state(),
+            "sample_gen": self.sample_gen.get_state(),
+            "minibatch_gen": self.minibatch_gen.get_state(),
+            "bad_steps": self.bad_steps.state_dict(),
+        }
+        extra = {}
+        if self.reference is not None and cfg.algo.ref_reset_every and step >= cfg.algo.ref_reset_every:
+            extra["reference"] = self.reference.frozen_model
+        if self.critic is not None:  # PPO: the value model and its optimizer resume with the rest
+            extra["value"] = self.critic.model
+            state["critic"] = self.critic.state_dict()
+        ckpt.save_checkpoint(
+            cfg.run_dir,
+            step,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            keep_last=cfg.log.keep_last,
+            extra_models=extra,
+            state=state,
+        )
 
-
-def _restore(path, model, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, bad_steps=None) -> int:
-    ckpt.load_weights_into(model, path)
-    if reference is not None and reference.frozen_model is not None:
-        ckpt.load_extra(reference.frozen_model, path, "reference")
-    state = ckpt.load_state(path)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    data.load_state_dict(state["data"])
-    ckpt.set_rng_state(state["rng"])
-    sample_gen.set_state(state["sample_gen"])
-    minibatch_gen.set_state(state["minibatch_gen"])
-    if bad_steps is not None:
-        bad_steps.load_state_dict(state.get("bad_steps", {}))
-    log.info("resumed from %s at step %d", path, state["step"])
-    return int(state["step"])
-
-
-def _restore_critic(path, critic) -> None:
-    if not ckpt.load_extra(critic.model, path, "value") or "critic" not in ckpt.load_state(path):
-        raise FileNotFoundError(f"checkpoint {path} has no value model (value.safetensors): was it a PPO run?")
-    critic.load_state_dict(ckpt.load_state(path)["critic"])
+    def restore(self, path: Path) -> int:
+        """Load the checkpoint at ``path`` in place; returns its step."""
+        ckpt.load_weights_into(self.model, path)
+        if self.reference is not None and self.reference.frozen_model is not None:
+            ckpt.load_extra(self.reference.frozen_model, path, "reference")
+        state = ckpt.load_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.data.load_state_dict(state["data"])
+        ckpt.set_rng_state(state["rng"])
+        self.sample_gen.set_state(state["sample_gen"])
+        self.minibatch_gen.set_state(state["minibatch_gen"])
+        self.bad_steps.load_state_dict(state.get("bad_steps", {}))
+        if self.critic is not None:
+            if not ckpt.load_extra(self.critic.model, path, "value") or "critic" not in state:
+                raise FileNotFoundError(
+                    f"checkpoint {path} has no value model (value.safetensors): was it a PPO run?"
+                )
+            self.critic.load_state_dict(state["critic"])
+        log.info("resumed from %s at step %d", path, state["step"])
+        return int(state["step"])
