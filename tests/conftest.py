@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,3 +20,25 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from grpolab.tasks.tiny import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny_model"), hidden_size=64, num_layers=2, num_heads=4)
+
+
+@pytest.fixture(scope="session")
+def addition_jsonl(tmp_path_factory):
+    """Factory: ``addition_jsonl(size)`` is a JSONL file of ``size`` one-digit addition problems
+    (rows with "prompt" and "answer", seed 0), written once per size."""
+    from grpolab.tasks.arithmetic import arithmetic_examples
+
+    made: dict[int, Path] = {}
+
+    def make(size: int) -> Path:
+        if size not in made:
+            path = tmp_path_factory.mktemp("data") / f"add{size}.jsonl"
+            rows = [
+                {"prompt": e.prompt, "answer": e.answer}
+                for e in arithmetic_examples(size=size, seed=0, digits=1)
+            ]
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            made[size] = path
+        return made[size]
+
+    return make

@@ -10,14 +10,13 @@ import pytest
 from grpolab.cli import main
 from grpolab.compare import validate_algos
 from grpolab.config import load_config
-from grpolab.tasks.arithmetic import arithmetic_examples
 
 
-def test_compare_cli_writes_a_report_of_models_memory_and_time(tiny_model_dir, tmp_path, monkeypatch, capsys):
+def test_compare_cli_writes_a_report_of_models_memory_and_time(
+    tiny_model_dir, addition_jsonl, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # toy_rewards, in the subprocesses
-    data = tmp_path / "add.jsonl"
-    rows = [{"prompt": e.prompt, "answer": e.answer} for e in arithmetic_examples(size=32, seed=0, digits=1)]
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = addition_jsonl(32)
     overrides = [
         f"model.name_or_path={tiny_model_dir}",
         f"data.path={data}",
@@ -37,7 +36,9 @@ def test_compare_cli_writes_a_report_of_models_memory_and_time(tiny_model_dir, t
     info = {a: json.loads((out / a / "run_info.json").read_text())["models"] for a in ("grpo", "ppo")}
     assert info["grpo"]["value"] is None and info["ppo"]["value"] > info["ppo"]["policy"] * 0.99
     assert info["grpo"]["policy"] == info["ppo"]["policy"] == info["ppo"]["reference"]
-    assert "gae" not in (out / "grpo.yaml").read_text() and "advantage: null" in (out / "ppo.yaml").read_text()
+    assert (
+        "gae" not in (out / "grpo.yaml").read_text() and "advantage: null" in (out / "ppo.yaml").read_text()
+    )
     report = (out / "report.md").read_text()
     assert "| grpo | policy, reference |" in report and "| ppo | policy, reference, value |" in report
     assert "value model adds" in report

@@ -7,7 +7,6 @@ and so must the final weights.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -19,7 +18,6 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from grpolab.tasks.arithmetic import arithmetic_examples
 from grpolab.train.checkpoint import checkpoint_root
 from grpolab.train.logging import read_metrics
 
@@ -27,11 +25,8 @@ STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "add.jsonl"
-    rows = [{"prompt": e.prompt, "answer": e.answer} for e in arithmetic_examples(size=32, seed=0, digits=1)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def dataset(addition_jsonl) -> Path:
+    return addition_jsonl(32)
 
 
 def start(model_dir, dataset, out: Path, name: str, *extra: str) -> subprocess.Popen:
@@ -103,7 +98,9 @@ def test_sigkill_mid_step_and_sigterm_then_resume_match_a_run_left_alone(tiny_mo
     assert f"grpolab: stopped by SIGTERM after step {stopped_at}; checkpoint saved" in err
     assert (checkpoint_root(tmp_path / "termed") / f"step_{stopped_at}").is_dir()
 
-    resumed = {name: start(tiny_model_dir, dataset, tmp_path, name, "--resume") for name in ("killed", "termed")}
+    resumed = {
+        name: start(tiny_model_dir, dataset, tmp_path, name, "--resume") for name in ("killed", "termed")
+    }
     code, err = finish(runs["alone"])
     assert code == 0, err[-3000:]
     expected = comparable(tmp_path / "alone")

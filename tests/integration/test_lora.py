@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import torch
 from safetensors.torch import load_file
 
 from grpolab.config import LoraConfig, ModelConfig, load_config
 from grpolab.models import Reference, load_policy
-from grpolab.tasks.arithmetic import arithmetic_examples
 from grpolab.train.checkpoint import latest_checkpoint
 from grpolab.train.logging import read_metrics
 from grpolab.train.logprobs import completion_logprobs
@@ -37,10 +34,8 @@ def test_reference_under_lora_is_the_base_model(tiny_model_dir):
     assert not torch.allclose(policy_lp, base_lp)
 
 
-def test_lora_grpo_trains_only_the_adapter_and_resumes(tiny_model_dir, tmp_path):
-    data = tmp_path / "d.jsonl"
-    rows = [{"prompt": e.prompt, "answer": e.answer} for e in arithmetic_examples(size=16, seed=0, digits=1)]
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def test_lora_grpo_trains_only_the_adapter_and_resumes(tiny_model_dir, addition_jsonl, tmp_path):
+    data = addition_jsonl(16)
     overrides = [
         f"model.name_or_path={tiny_model_dir}",
         "model.lora.enabled=true",

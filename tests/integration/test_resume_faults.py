@@ -7,7 +7,6 @@ tests/integration/test_kill_resume.py does the same with real signals on the com
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
@@ -20,7 +19,6 @@ import grpolab.train.loop as loop
 import grpolab.train.step as step_mod
 from grpolab.config import load_config
 from grpolab.errors import TrainingError
-from grpolab.tasks.arithmetic import arithmetic_examples
 from grpolab.train import checkpoint as ckpt
 from grpolab.train.logging import RunLogger, read_metrics
 
@@ -41,11 +39,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "add.jsonl"
-    rows = [{"prompt": e.prompt, "answer": e.answer} for e in arithmetic_examples(size=32, seed=0, digits=1)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def dataset(addition_jsonl) -> Path:
+    return addition_jsonl(32)
 
 
 def config(model_dir, dataset, out, name, *extra):
@@ -128,7 +123,9 @@ FAULTS = {
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_a_kill_at_a_bad_moment_resumes_exactly(fault, straight, tiny_model_dir, dataset, tmp_path, monkeypatch):
+def test_a_kill_at_a_bad_moment_resumes_exactly(
+    fault, straight, tiny_model_dir, dataset, tmp_path, monkeypatch
+):
     inject, debris_ok = FAULTS[fault]
     cfg = config(tiny_model_dir, dataset, tmp_path, "run")
     with monkeypatch.context() as patch:
@@ -144,7 +141,9 @@ def test_a_kill_at_a_bad_moment_resumes_exactly(fault, straight, tiny_model_dir,
     assert sorted(p.name for p in root.iterdir()) == ["step_4", "step_5"]  # debris removed, old pruned
 
 
-def test_sigterm_finishes_the_step_saves_and_returns(straight, tiny_model_dir, dataset, tmp_path, monkeypatch):
+def test_sigterm_finishes_the_step_saves_and_returns(
+    straight, tiny_model_dir, dataset, tmp_path, monkeypatch
+):
     cfg = config(tiny_model_dir, dataset, tmp_path, "run", "log.checkpoint_every=0")
     real, calls = loop.update_policy, []
 
@@ -197,7 +196,9 @@ def poison_losses_from_step(monkeypatch, first_bad: int) -> None:
     monkeypatch.setattr(step_mod, "policy_loss", loss)
 
 
-def test_nan_losses_skip_updates_then_stop_keeping_good_checkpoints(tiny_model_dir, dataset, tmp_path, monkeypatch):
+def test_nan_losses_skip_updates_then_stop_keeping_good_checkpoints(
+    tiny_model_dir, dataset, tmp_path, monkeypatch
+):
     cfg = config(tiny_model_dir, dataset, tmp_path, "run", "train.max_bad_steps=3")
     poison_losses_from_step(monkeypatch, first_bad=2)
     with pytest.raises(TrainingError, match=r"steps 2-4: 3 steps in a row had a NaN .* is .*step_3"):
@@ -205,7 +206,9 @@ def test_nan_losses_skip_updates_then_stop_keeping_good_checkpoints(tiny_model_d
     rows = read_metrics(cfg.run_dir)
     assert [r["train/skipped_updates"] for r in rows] == [0.0, 2.0, 2.0, 2.0]  # mu=2 updates each
     assert rows[1]["loss/policy"] is None  # NaN is written as null
-    last, before = (load_file(ckpt.checkpoint_root(cfg.run_dir) / f"step_{k}/model.safetensors") for k in (3, 2))
+    last, before = (
+        load_file(ckpt.checkpoint_root(cfg.run_dir) / f"step_{k}/model.safetensors") for k in (3, 2)
+    )
     assert all(torch.isfinite(t).all() and torch.equal(t, before[k]) for k, t in last.items())
 
 

@@ -13,18 +13,14 @@ import torch
 from safetensors.torch import load_file
 
 from grpolab.config import load_config
-from grpolab.tasks.arithmetic import arithmetic_examples
 from grpolab.train.checkpoint import latest_checkpoint
 from grpolab.train.logging import read_metrics
 from grpolab.train.loop import train
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "add.jsonl"
-    rows = [{"prompt": e.prompt, "answer": e.answer} for e in arithmetic_examples(size=64, seed=0, digits=1)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def dataset(addition_jsonl) -> Path:
+    return addition_jsonl(64)
 
 
 def _overrides(model_dir, dataset, out, name, steps) -> list[str]:

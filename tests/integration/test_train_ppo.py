@@ -12,7 +12,6 @@ import torch
 from safetensors.torch import load_file
 
 from grpolab.config import load_config
-from grpolab.tasks.arithmetic import arithmetic_examples
 from grpolab.train.checkpoint import latest_checkpoint
 from grpolab.train.logging import read_metrics
 from grpolab.train.loop import train
@@ -21,11 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # toy_rewards
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "add.jsonl"
-    rows = [{"prompt": e.prompt, "answer": e.answer} for e in arithmetic_examples(size=64, seed=0, digits=1)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def dataset(addition_jsonl) -> Path:
+    return addition_jsonl(64)
 
 
 def _cfg(model_dir, dataset, out, name, steps, *extra):
@@ -56,12 +52,20 @@ def _changed(before: dict, after: dict, prefix: str = "") -> bool:
 
 
 def test_ppo_trains_policy_and_critic(tiny_model_dir, dataset, tmp_path):
-    cfg = _cfg(tiny_model_dir, dataset, tmp_path, "ppo", 2, "algo.name=ppo", "algo.mu=2", "algo.value_lr=3e-3")
+    cfg = _cfg(
+        tiny_model_dir, dataset, tmp_path, "ppo", 2, "algo.name=ppo", "algo.mu=2", "algo.value_lr=3e-3"
+    )
     result = train(cfg)
     rows = read_metrics(result.run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
-        for key in ("loss/policy", "loss/value", "loss/kl", "train/value_grad_norm", "train/value_explained_var"):
+        for key in (
+            "loss/policy",
+            "loss/value",
+            "loss/kl",
+            "train/value_grad_norm",
+            "train/value_explained_var",
+        ):
             assert math.isfinite(r[key]), key
         assert r["train/value_lr"] == pytest.approx(3e-3) and r["train/lr"] == pytest.approx(1e-3)
         assert r["sys/time_value_forward_s"] > 0 and r["sys/time_value_update_s"] > 0
