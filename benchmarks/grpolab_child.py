@@ -60,7 +60,7 @@ def main() -> None:
     a = p.parse_args()
     threads = set_threads(a.threads)
     warnings.filterwarnings("ignore")
-    from grpolab.train.logging import read_metrics
+    from grpolab.run.logging import read_metrics
     from grpolab.train.loop import train
 
     out = Path(tempfile.mkdtemp())

@@ -29,7 +29,7 @@ import json, sys, torch
 torch.set_num_threads(int(sys.argv[2]))
 from grpolab.config import load_config
 from grpolab.train.loop import train
-from grpolab.train.logging import read_metrics
+from grpolab.run.logging import read_metrics
 result = train(load_config(None, json.loads(sys.argv[1])))
 rows = read_metrics(result.run_dir)
 print(json.dumps([[r["step"], r["train/reward_mean"], r["sys/samples_seen"], r["sys/step_time_s"]] for r in rows]))

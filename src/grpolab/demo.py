@@ -74,8 +74,8 @@ def run_demo(
 
     from grpolab.eval.report import write_report
     from grpolab.eval.runner import evaluate
+    from grpolab.run.logging import read_metrics
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.train.logging import read_metrics
     from grpolab.train.loop import train
     from grpolab.train.sft import sft
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from grpolab.train.checkpoint import checkpoint_root
-from grpolab.train.logging import read_metrics
+from grpolab.run.checkpoint import checkpoint_root
+from grpolab.run.logging import read_metrics
 
 STEPS = 8
 

@@ -7,8 +7,8 @@ from safetensors.torch import load_file
 
 from grpolab.config import LoraConfig, ModelConfig, load_config
 from grpolab.models import Reference, load_policy
-from grpolab.train.checkpoint import latest_checkpoint
-from grpolab.train.logging import read_metrics
+from grpolab.run.checkpoint import latest_checkpoint
+from grpolab.run.logging import read_metrics
 from grpolab.train.logprobs import completion_logprobs
 from grpolab.train.loop import train
 

@@ -19,8 +19,8 @@ import grpolab.train.loop as loop
 import grpolab.train.step as step_mod
 from grpolab.config import load_config
 from grpolab.errors import TrainingError
-from grpolab.train import checkpoint as ckpt
-from grpolab.train.logging import RunLogger, read_metrics
+from grpolab.run import checkpoint as ckpt
+from grpolab.run.logging import RunLogger, read_metrics
 
 STEPS = 5
 

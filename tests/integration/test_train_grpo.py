@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from grpolab.config import load_config
-from grpolab.train.checkpoint import latest_checkpoint
-from grpolab.train.logging import read_metrics
+from grpolab.run.checkpoint import latest_checkpoint
+from grpolab.run.logging import read_metrics
 from grpolab.train.loop import train
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from grpolab.config import AlgoName, Config, dump_config
-from grpolab.train.logging import read_metrics
+from grpolab.run.logging import read_metrics
 
 log = logging.getLogger(__name__)
 

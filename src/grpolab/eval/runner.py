@@ -31,7 +31,7 @@ from grpolab.models import load_policy, resolve_autocast
 from grpolab.rewards import WeightedReward, build_reward, score_batch
 from grpolab.rewards.math_answer import prediction_text
 from grpolab.rollout.hf import HFSampler, sampler_from_config
-from grpolab.train.progress import Progress
+from grpolab.run.progress import Progress
 from grpolab.types import Completions, Example
 
 log = logging.getLogger(__name__)

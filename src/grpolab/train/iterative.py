@@ -37,7 +37,7 @@ from typing import Any
 from grpolab.config import Config, ConfigError
 from grpolab.data import load_examples
 from grpolab.rewards import WeightedReward, build_reward, score_batch
-from grpolab.train.checkpoint import latest_checkpoint
+from grpolab.run.checkpoint import latest_checkpoint
 from grpolab.train.loop import train
 from grpolab.train.reward_model import PreferencePair, read_pairs, train_reward_model, write_pairs
 from grpolab.types import Completion, Example

@@ -23,16 +23,16 @@ from grpolab.inference import limit_cpu_threads
 from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
 from grpolab.rewards import dry_run, score_batch
 from grpolab.rollout.hf import sampler_from_config
-from grpolab.train import checkpoint as ckpt
+from grpolab.run import checkpoint as ckpt
+from grpolab.run.guards import BadSteps, GracefulStop
+from grpolab.run.logging import RunLogger, peak_memory_mb
+from grpolab.run.preflight import build_rewards, check_context, check_model_source, prepare_run_dir
+from grpolab.run.progress import Progress
+from grpolab.run.run_info import write_run_info
 from grpolab.train.batch import LogprobContext, length_by_correctness, rewards_tensor
-from grpolab.train.guards import BadSteps, GracefulStop
-from grpolab.train.logging import RunLogger, peak_memory_mb
 from grpolab.train.optim import build_optimizer
 from grpolab.train.ppo import Critic, rollout_batch_builder
-from grpolab.train.preflight import build_rewards, check_context, check_model_source, prepare_run_dir
 from grpolab.train.process import build_process_supervision
-from grpolab.train.progress import Progress
-from grpolab.train.run_info import write_run_info
 from grpolab.train.step import PolicyLossSpec, update_policy
 from grpolab.types import Completion
 

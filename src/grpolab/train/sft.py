@@ -27,9 +27,9 @@ import torch
 from grpolab.config import Config, dump_config
 from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
 from grpolab.models import load_policy, resolve_autocast, resolve_device
-from grpolab.train.logging import RunLogger
+from grpolab.run.logging import RunLogger
+from grpolab.run.progress import Progress
 from grpolab.train.logprobs import completion_logprobs
-from grpolab.train.progress import Progress
 from grpolab.types import Example
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from grpolab.config import load_config
+from grpolab.run.logging import read_metrics
 from grpolab.tasks.tiny import build_char_tokenizer
 from grpolab.train import sft as sft_module
-from grpolab.train.logging import read_metrics
 from grpolab.types import Example
 
 

@@ -16,7 +16,7 @@ from grpolab.data import DataError
 from grpolab.errors import GrpolabError
 from grpolab.models import ModelLoadError
 from grpolab.rewards import WeightedReward, build_reward
-from grpolab.train import checkpoint as ckpt
+from grpolab.run import checkpoint as ckpt
 
 log = logging.getLogger(__name__)
 

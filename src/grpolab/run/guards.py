@@ -109,7 +109,7 @@ class BadSteps:
             )
 
     def _last_good(self) -> str:
-        from grpolab.train.checkpoint import latest_checkpoint
+        from grpolab.run.checkpoint import latest_checkpoint
 
         last = latest_checkpoint(self.run_dir)
         return f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
