@@ -1,8 +1,8 @@
 """The code-execution reward: run the completion's program against the example's tests, in a sandbox.
 
 Registry key ``code_tests``; kwargs ``timeout_s``, ``memory_mb``, ``file_size_mb``,
-``max_output_bytes`` (see sandbox.SandboxLimits), ``workers`` (sandboxes run at once) and
-``all_or_nothing``. The reward is the fraction of tests passed (1 or 0 with ``all_or_nothing``).
+``max_output_bytes``, ``disk_mb`` (see sandbox.SandboxLimits), ``workers`` (sandboxes run at once)
+and ``all_or_nothing``. The reward is the fraction of tests passed (1 or 0 with ``all_or_nothing``).
 
 The code is the last fenced block (```python, ```py or a bare ```) after the reasoning (after the last
 ``</think>``); without one, the content of the last ``<answer>...</answer>`` block. A completion with
@@ -11,19 +11,23 @@ neither scores 0 without running anything.
 The tests are ``example.meta["tests"]`` (a JSONL row's fields are under ``meta["row"]``, so a
 ``"tests"`` field of the row works too), in one of two formats:
 
-* a list of strings, each Python code, usually one ``assert``: the code is executed once as module
-  ``solution`` (its ``if __name__ == "__main__":`` block does not run), then every test in its
-  namespace; a test passes if it does not raise. E.g. ``["assert add(1, 2) == 3"]``.
+* a list of strings, each one or more ``assert`` statements, e.g. ``["assert add(1, 2) == 3"]``:
+  each is split (grpolab.rewards.code_checks) into an expression (``add(1, 2)``) and an expected
+  value (``3``, a Python literal). The code is executed once as module ``solution`` (its ``if
+  __name__ == "__main__":`` block does not run), then every expression in its namespace; the
+  sandbox sends back their values as text and the test passes if this process finds them equal
+  (or as the test says) to the expected values, which never enter the sandbox.
 * a list of ``{"input": str, "output": str}``: the code runs as a program (``__main__``) once per
   case, with ``input`` as stdin; it passes if it exits with status 0 and its stdout equals
   ``output``, ignoring trailing whitespace on each line and trailing blank lines.
 
-A missing or malformed ``tests`` field is an error naming the example (found by the dry run before
-training starts). The sandbox and what it enforces are described in grpolab.rewards.sandbox.
+A missing or malformed ``tests`` field, or an assert that cannot be split that way, is an error
+naming the example (found by the dry run before training starts). The sandbox and what it enforces
+are described in grpolab.rewards.sandbox.
 
-Runs are independent processes, so ``workers`` > 1 runs several at once; they then share uid 65534,
-and a completion that signals every process it may (``os.kill(-1, 9)``) can fail its batch-mates'
-runs. The default, 1, rules that out.
+Runs are independent processes, so ``workers`` > 1 runs several at once; each has its own PID
+namespace, so none can signal another (without namespaces, in the fallback, ``os.kill(-1, 9)`` from
+one run could fail its batch-mates': keep ``workers`` at 1 there).
 
 Time budget: a batch of N completions can take up to about N x (timeout_s + 0.5) / workers seconds
 (times the number of cases for stdin/stdout tests) when every program hangs, and the whole call
@@ -39,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from grpolab.rewards.base import RewardError, SampleError
+from grpolab.rewards.code_checks import Check, split_test
 from grpolab.rewards.rules import extract_answer_tag, final_region
 from grpolab.rewards.sandbox import SandboxLimits, run_python
 from grpolab.types import Completion, Example
@@ -46,6 +51,13 @@ from grpolab.types import Completion, Example
 log = logging.getLogger(__name__)
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+PROBE_MODULES = (
+    "typing", "dataclasses", "collections", "collections.abc", "itertools", "functools", "operator", "math",
+    "cmath", "re", "heapq", "bisect", "json", "string", "fractions", "decimal", "random", "statistics",
+    "datetime", "copy", "enum", "array", "struct", "textwrap", "unicodedata", "hashlib", "zlib", "io", "abc",
+    "contextlib", "numbers", "time",
+)  # fmt: skip
+"""Imported by the start-up probe, in the sandbox, as the sandbox's user."""
 _FORMAT_HELP = (
     "give meta['tests'] as a list of assert statements, e.g. [\"assert add(1, 2) == 3\"], or a list of "
     "{'input': stdin text, 'output': expected stdout} objects"
@@ -85,6 +97,12 @@ def read_tests(example: Example) -> list[str] | list[dict[str, str]]:
     return [{"input": t["input"], "output": t["output"]} for t in tests]
 
 
+def _checks(tests: list[str] | list[dict[str, str]]) -> list[list[Check]] | list[dict[str, str]]:
+    if tests and isinstance(tests[0], str):
+        return [split_test(test, i) for i, test in enumerate(tests)]  # type: ignore[arg-type]
+    return tests  # type: ignore[return-value]
+
+
 def _normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()).rstrip()
 
@@ -102,8 +120,9 @@ class CodeTests:
         workers: int = 1,
         all_or_nothing: bool = False,
         name: str = "code_tests",
+        disk_mb: int = 64,
     ) -> None:
-        self.limits = SandboxLimits(timeout_s, memory_mb, file_size_mb, max_output_bytes)
+        self.limits = SandboxLimits(timeout_s, memory_mb, file_size_mb, max_output_bytes, disk_mb)
         if workers < 1:
             raise ValueError(f"code_tests: workers must be >= 1, got {workers}")
         self.workers = workers
@@ -113,18 +132,18 @@ class CodeTests:
         """What the sandbox enforces here, from a probe run at construction."""
 
     def probe(self) -> str:
-        """Run a trivial program; raise RewardError if the sandbox cannot run Python on this machine."""
-        result = run_python(
-            "import collections, json, math, re",
-            mode="asserts",
-            limits=self.limits,
-            tests=["assert math.sqrt(4) == 2"],
+        """Import a wide stdlib set in the sandbox; raise RewardError if that fails on this machine."""
+        code = f"import importlib\nfailed = []\nfor m in {list(PROBE_MODULES)!r}:\n    try:\n" + (
+            "        importlib.import_module(m)\n    except BaseException:\n        failed.append(m)\n"
         )
-        if result.passed != {0}:
+        result = run_python(code, mode="asserts", limits=self.limits, exprs=["failed"])
+        if result.values.get(0) != "[]":
             raise RewardError(
-                f"code_tests: a trivial program failed in the sandbox (exit status {result.returncode}, "
-                f"isolation {result.isolation or 'none'}, timed out: {result.timed_out}); the sandboxed "
-                "interpreter may not be able to read its standard library. Raise timeout_s, or run as root."
+                f"code_tests: the sandbox could not import the standard library (modules that failed: "
+                f"{result.values.get(0) or 'unknown, nothing came back'}; exit status {result.returncode}, "
+                f"isolation {result.isolation or 'none'}, timed out: {result.timed_out}). The sandboxed "
+                "interpreter may not be able to read its standard library: raise timeout_s or memory_mb, "
+                "or run as root."
             )
         self.isolation = result.isolation
         return result.isolation
@@ -133,7 +152,7 @@ class CodeTests:
         jobs = []
         for i, (completion, example) in enumerate(zip(completions, examples, strict=True)):
             try:
-                tests = read_tests(example)
+                tests = _checks(read_tests(example))
             except ValueError as exc:
                 raise SampleError(self.name, i, example, exc) from exc
             jobs.append((extract_code(completion.text), tests))
@@ -145,8 +164,13 @@ class CodeTests:
     def _score(self, code: str | None, tests: list[Any]) -> float:
         if code is None:
             return 0.0
-        if isinstance(tests[0], str):
-            passed = len(run_python(code, mode="asserts", limits=self.limits, tests=tests).passed)
+        if isinstance(tests[0], list):
+            exprs = [check.expr for checks in tests for check in checks]
+            values = run_python(code, mode="asserts", limits=self.limits, exprs=exprs).values
+            passed, k = 0, 0
+            for checks in tests:
+                passed += all(check.holds(values.get(k + j)) for j, check in enumerate(checks))
+                k += len(checks)
         else:
             passed = sum(self._passes_io(code, case) for case in tests)
         if self.all_or_nothing:
@@ -167,6 +191,7 @@ def make_code_tests(
     max_output_bytes: int = 1 << 16,
     workers: int = 1,
     all_or_nothing: bool = False,
+    disk_mb: int = 64,
 ) -> CodeTests:
     """The ``code_tests`` reward, after checking that its sandbox works here."""
     reward = CodeTests(
@@ -176,12 +201,14 @@ def make_code_tests(
         max_output_bytes=max_output_bytes,
         workers=workers,
         all_or_nothing=all_or_nothing,
+        disk_mb=disk_mb,
     )
     isolation = reward.probe()
-    if not isolation.startswith("uid"):
+    if "newroot" not in isolation:
         log.warning(
-            "code_tests: not running as root, so the sandbox runs code as this user (%s): it cannot stop "
-            "that code from signalling or reading this user's processes and files; see grpolab.rewards.sandbox",
+            "code_tests: no namespaces here (not root, and user namespaces are refused), so the sandbox runs "
+            "code as this user (%s): it cannot stop that code from reading this user's files or signalling "
+            "this user's processes (scores are still decided outside it); see grpolab.rewards.sandbox",
             isolation,
         )
     return reward

@@ -2,51 +2,61 @@
 
 Each run is a fresh ``python -I -S`` process (isolated mode: no environment variables read, no user
 or site-packages directory, the script's folder not on sys.path; only the standard library can be
-imported), started through sandbox_harness.py, which isolates itself before the code runs:
+imported), started through sandbox_harness.py, which isolates the code before it runs. The code
+never sees what it is checked against: in asserts mode it gets only the expressions to evaluate and
+sends back their values as text; the caller (grpolab.rewards.code) parses and compares them.
 
 =====================  =========================================================================
 limit                  how it is enforced
 =====================  =========================================================================
-wall time              the parent kills the process group (SIGKILL) after ``timeout_s`` (+0.5 s to start)
+wall time              the harness kills the code after ``timeout_s``; the parent kills the whole
+                       process group (SIGKILL) ``STARTUP_S`` later
 CPU time               RLIMIT_CPU = ceil(timeout_s) s (SIGXCPU, then SIGKILL one second later)
 memory                 RLIMIT_AS = ``memory_mb`` (allocations beyond it raise MemoryError)
-processes              RLIMIT_NPROC = 0 once running as an unprivileged uid: no fork, no threads,
-                       so no fork bomb and nothing left behind when the process is killed
-files written          RLIMIT_FSIZE = ``file_size_mb`` per file; RLIMIT_NOFILE = 64; no core dumps
+processes              RLIMIT_NPROC = 0 (the code runs as an unprivileged uid): no fork, no threads
+files written          RLIMIT_FSIZE = ``file_size_mb`` per file; in total ``disk_mb`` (and 4096
+                       files), the size of the tmpfs working folder; RLIMIT_NOFILE = 64; no core dumps
 output                 the parent reads at most ``max_output_bytes`` of stdout, then kills; stderr is discarded
 environment            ``env`` is PATH and LANG only: no secrets of the trainer's environment
-working folder         a fresh temporary folder (cwd), deleted afterwards
 =====================  =========================================================================
 
-When the trainer runs as root (a container) the harness also, before the code runs:
+Full isolation (``isolation`` reads ``uid65534+pidns+netns+mountns+newroot+tmpfs`` as root,
+``userns+pidns+netns+mountns+newroot+tmpfs`` without root):
 
-* moves into new mount and network namespaces (``unshare(CLONE_NEWNS | CLONE_NEWNET)``): the only
-  network interface is a loopback that is down, so no connection succeeds, not even to 127.0.0.1;
-  every mount is remounted read-only except the working folder (any mount that refuses is named in
-  ``isolation``); if the interpreter's standard library is not readable by others (a pyenv Python
-  under /root), it is bind-mounted read-only where the code can read it;
-* sets no_new_privs and switches to uid/gid 65534 (nobody) with no supplementary groups: the code
-  cannot signal the trainer (``os.kill(os.getppid(), 9)`` fails with EPERM), read its
-  ``/proc/<pid>/environ``, or delete or write files owned by another user even where a mount stayed
-  writable.
+* a new PID namespace: the code sees no other process (its /proc is its own; ``os.kill(-1, 9)``
+  reaches nothing outside), and the namespace's first process, which stays in the parent's process
+  group, takes the code down with it when the parent kills the group;
+* new network, IPC and UTS namespaces: one loopback interface, down; no connection to anything, not
+  even 127.0.0.1, and no abstract unix socket of the host;
+* a new mount namespace whose root is a read-only tmpfs holding only the interpreter, its standard
+  library (its site-packages masked), the shared libraries they load (found once with ``ldd``),
+  /etc/ld.so.cache, /dev/null, zero, random and urandom, a fresh /proc, and ``/work``: a tmpfs of
+  ``disk_mb``, the code's working folder and TMPDIR. The host's root is unmounted (pivot_root), so
+  no host file, folder or path-based unix socket can be reached;
+* as root: uid/gid 65534 (nobody), no supplementary groups, no capabilities; without root: a user
+  namespace mapping only the trainer's own uid, every capability dropped. no_new_privs either way.
 
-Without root the code runs as the trainer's own user, so it could signal the user's processes and
-read or write the user's files: only the rlimits above, the clean environment and the network hold.
-The network is then cut with an unprivileged user + network namespace where the kernel allows it,
-else only by a Python-level guard on the socket module, which code can get around. ``isolation``
-says which of these a run got; run training as root in a container for the full set.
+Without root the isolation is the same where the kernel lets an unprivileged user create user
+namespaces (``sysctl user.max_user_namespaces`` > 0; some distributions or container seccomp profiles
+forbid it). What it cannot give is a different uid: were the code to escape the namespaces (a kernel
+bug), it would hold the trainer's user's rights. Where user namespaces are refused, the fallback
+(``isolation`` ``pynet``) has only the rlimits, the clean environment, a host temporary folder as cwd
+and a Python-level guard on the socket module, which code can get around: the code can then read and
+write what the trainer's user can, see and signal its processes, and a program that leaves its process
+group while sleeping outlives its run. The score stays unforgeable in every mode (decided by the
+caller); the contents of the machine do not. Run training as root in a container for the full set.
 
-Not enforced: a time limit on reading files, or secrecy of the harness's own memory (code written
-to game the reward could find the per-run token in asserts mode; the sandbox contains damage, it
-does not make the score unforgeable against such code).
+Not enforced: a time limit on reading files (there are few to read).
 """
 
 from __future__ import annotations
 
+import functools
+import glob
 import json
 import math
 import os
-import secrets
+import re
 import selectors
 import shutil
 import subprocess
@@ -64,7 +74,8 @@ HARNESS = Path(__file__).with_name("sandbox_harness.py")
 NOBODY = 65534
 STARTUP_S = 0.5
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-_STATUS_CAP = 1 << 16
+_STATUS_CAP = 1 << 20
+_LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x")
 
 
 class SandboxError(RewardError):
@@ -81,12 +92,20 @@ class SandboxLimits:
     """Largest file the code may write (in its working folder)."""
     max_output_bytes: int = 1 << 16
     """stdout read back; more than this kills the run and fails it."""
+    disk_mb: int = 64
+    """Size of the working folder (a tmpfs): all the files the code writes, together."""
 
     def __post_init__(self) -> None:
-        if not self.timeout_s > 0 or self.memory_mb < 32 or self.file_size_mb < 0 or self.max_output_bytes < 1:
+        if (
+            not self.timeout_s > 0
+            or self.memory_mb < 32
+            or self.file_size_mb < 0
+            or self.max_output_bytes < 1
+            or self.disk_mb < 1
+        ):
             raise ValueError(
                 f"sandbox limits {self}: need timeout_s > 0, memory_mb >= 32 (Python itself needs ~20 MB), "
-                "file_size_mb >= 0 and max_output_bytes >= 1"
+                "file_size_mb >= 0, max_output_bytes >= 1 and disk_mb >= 1"
             )
 
     def rlimits(self) -> dict[str, int]:
@@ -107,16 +126,45 @@ class RunResult:
 
     returncode: int | None
     stdout: bytes
-    passed: set[int] = field(default_factory=set)
-    """asserts mode: indices of the tests that ran without raising."""
+    values: dict[int, str] = field(default_factory=dict)
+    """asserts mode: expression index -> repr() of its value, as the code reported it (untrusted text)."""
     timed_out: bool = False
     output_overflow: bool = False
     isolation: str = ""
-    """What the harness enforced, e.g. "uid65534+netns+rofs"; empty if it never got ready."""
+    """What the harness enforced, e.g. "uid65534+pidns+netns+..."; empty if it never got ready."""
 
     @property
     def clean_exit(self) -> bool:
         return self.returncode == 0 and not self.timed_out and not self.output_overflow
+
+
+@functools.lru_cache(maxsize=None)
+def interpreter_files(executable: str = sys.executable) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(host paths the sandbox shows read-only, folders inside them it masks), found once per process.
+
+    The paths are the isolated interpreter's sys.path (its standard library), the interpreter, and
+    every shared library that it or a compiled stdlib module loads, as ``ldd`` resolves them.
+    """
+    probe = "import json, os, sys; print(json.dumps([sys.path, os.path.realpath(sys.executable)]))"
+    try:
+        done = subprocess.run(
+            [executable, "-I", "-S", "-c", probe], capture_output=True, text=True, env=_ENV, timeout=60, check=True
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        raise SandboxError(f"could not run {executable} to list its standard library: {err}") from err
+    path, binary = json.loads(done.stdout)
+    stdlib = [p for p in path if os.path.exists(p)]
+    objects = [binary] + [f for p in stdlib for f in sorted(glob.glob(os.path.join(p, "*.so")))]
+    libraries: set[str] = set()
+    try:
+        listed = subprocess.run(["ldd", *objects], capture_output=True, text=True, env=_ENV, timeout=60)
+        libraries.update(m.group(1) for m in _LDD_PATH.finditer(listed.stdout))
+    except (OSError, subprocess.SubprocessError):  # no ldd: show the usual library folders whole
+        libraries.update(d for d in ("/lib", "/lib64", "/usr/lib", "/usr/lib64") if os.path.isdir(d))
+    extra = [p for p in ("/etc/ld.so.cache",) if os.path.exists(p)]
+    paths = tuple(dict.fromkeys([*stdlib, binary, *sorted(libraries), *extra]))
+    masks = tuple(os.path.join(p, "site-packages") for p in stdlib if os.path.isdir(os.path.join(p, "site-packages")))
+    return paths, masks
 
 
 def run_python(
@@ -124,44 +172,50 @@ def run_python(
     *,
     mode: Literal["asserts", "program"],
     limits: SandboxLimits,
-    tests: Sequence[str] = (),
+    exprs: Sequence[str] = (),
     stdin: str = "",
 ) -> RunResult:
     """Run ``code`` in a fresh sandboxed process.
 
-    asserts: the code is executed as module ``solution``, then each of ``tests`` in its namespace;
-    ``passed`` holds the tests that did not raise. program: the code runs as ``__main__`` with
-    ``stdin`` as its standard input; ``stdout`` is what it printed.
+    asserts: the code is executed as module ``solution``, then each of ``exprs`` is evaluated in its
+    namespace; ``values`` holds the repr() of each value that is made of literal types only. program:
+    the code runs as ``__main__`` with ``stdin`` as its standard input; ``stdout`` is what it printed.
     """
+    paths, masks = interpreter_files()
     root = Path(tempfile.mkdtemp(prefix="grpolab-sandbox-")).resolve()
     try:
-        nonce = secrets.token_hex(16)
-        work, view = root / "work", root / "python"
+        work = root / "work"  # the fallback's working folder; the namespaces give the code a tmpfs instead
         work.mkdir()
-        view.mkdir()
+        (root / "root").mkdir()
         job = {
             "mode": mode,
             "code": code,
-            "tests": list(tests),
-            "nonce": nonce,
-            "work": str(work),
-            "python_view": str(view),
+            "exprs": list(exprs),
+            "root": str(root / "root"),
+            "host_work": str(work),
+            "paths": list(paths),
+            "masks": list(masks),
             "uid": NOBODY,
             "gid": NOBODY,
-            "limits": limits.rlimits(),
+            "limits": {
+                "rlimits": limits.rlimits(),
+                "wall_s": limits.timeout_s,
+                "disk_mb": limits.disk_mb,
+                "inodes": 4096,
+            },
         }
         (root / "job.json").write_text(json.dumps(job))
-        (root / "stdin").write_text(stdin)
         os.chmod(root / "job.json", 0o600)  # read by the harness before it drops its rights
+        (root / "stdin").write_text(stdin)
         if os.geteuid() == 0:
             os.chmod(root, 0o711)
             os.chown(work, NOBODY, NOBODY)
-        return _launch(root, work, limits, nonce)
+        return _launch(root, limits)
     finally:
         _remove(root)
 
 
-def _launch(root: Path, work: Path, limits: SandboxLimits, nonce: str) -> RunResult:
+def _launch(root: Path, limits: SandboxLimits) -> RunResult:
     status_r, status_w = os.pipe()
     try:
         with open(root / "stdin", "rb") as stdin:
@@ -170,7 +224,7 @@ def _launch(root: Path, work: Path, limits: SandboxLimits, nonce: str) -> RunRes
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                cwd=work,
+                cwd=root,
                 env=_ENV,
                 pass_fds=(status_w,),
                 start_new_session=True,  # its own process group, killed as a whole
@@ -183,12 +237,11 @@ def _launch(root: Path, work: Path, limits: SandboxLimits, nonce: str) -> RunRes
     try:
         out, status, timed_out, overflow = _collect(proc, status_r, limits)
     finally:
-        if proc.poll() is None:
-            _kill(proc)
+        _kill(proc)  # the harness's first process in the PID namespace dies, and all of it with it
         proc.wait()
         proc.stdout.close()  # type: ignore[union-attr]
         os.close(status_r)
-    return _result(proc.returncode, out, status, timed_out, overflow, nonce)
+    return _result(proc.returncode, out, status, timed_out, overflow)
 
 
 def _collect(proc: subprocess.Popen, status_fd: int, limits: SandboxLimits):
@@ -220,7 +273,7 @@ def _collect(proc: subprocess.Popen, status_fd: int, limits: SandboxLimits):
     return bytes(bufs["out"]), bufs["status"].decode("utf-8", "replace"), timed_out, overflow
 
 
-def _result(returncode, out: bytes, status: str, timed_out: bool, overflow: bool, nonce: str) -> RunResult:
+def _result(returncode, out: bytes, status: str, timed_out: bool, overflow: bool) -> RunResult:
     lines = status.splitlines()
     ready = next((i for i, line in enumerate(lines) if line.startswith("ready")), None)
     if ready is None:
@@ -232,20 +285,24 @@ def _result(returncode, out: bytes, status: str, timed_out: bool, overflow: bool
                 f"the sandbox process exited with status {returncode} before running the code "
                 f"({sys.executable} -I -S {HARNESS})"
             )
-    passed = set()
-    for line in lines[(ready or 0) + 1 :]:
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "pass" and parts[1] == nonce and parts[2].isdigit():
-            passed.add(int(parts[2]))
-    isolation = lines[ready].partition(" ")[2] if ready is not None else ""
-    return RunResult(returncode, out, passed, timed_out, overflow, isolation)
+        return RunResult(returncode, out, {}, timed_out, overflow, "")
+    values: dict[int, str] = {}
+    for line in lines[ready + 1 :]:  # written by (or in the name of) the code: data, parsed defensively
+        try:
+            report = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(report, dict) and type(report.get("i")) is int and type(report.get("value")) is str:
+            values.setdefault(report["i"], report["value"])
+    return RunResult(returncode, out, values, timed_out, overflow, lines[ready].partition(" ")[2])
 
 
 def _kill(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, 9)
     except (ProcessLookupError, PermissionError):
-        proc.kill()
+        if proc.poll() is None:
+            proc.kill()
 
 
 def _remove(root: Path) -> None:

@@ -1,11 +1,21 @@
 """The first code to run inside a sandbox process (``python -I -S sandbox_harness.py JOB STATUS_FD``).
 
-Started by grpolab.rewards.sandbox, never imported: standard library only. It reads the job (code,
-tests, limits) while it still has the rights of its parent, isolates itself, reports ``ready`` on the
-status pipe, and only then runs the untrusted code. See sandbox.py for what is enforced.
+Started by grpolab.rewards.sandbox, never imported: standard library only. Three processes:
+
+* P, the one the trainer started, reads the job while it still has its parent's rights, moves into a
+  new PID namespace (and, without root, a new user namespace) and forks A; it waits for A and exits
+  with its status.
+* A is process 1 of the new PID namespace. It never leaves the trainer's process group, so the
+  trainer's SIGKILL to that group reaches it, and when it dies the kernel kills everything else in the
+  namespace: the code cannot outlive its run by calling setsid(). It forks B and waits for it.
+* B isolates itself (``_isolate``), reports ``ready <isolation>`` on the status pipe and only then
+  runs the untrusted code.
 
 Status lines: ``error <why>`` (isolation failed; the code never ran), ``ready <isolation>``, then in
-asserts mode ``pass <nonce> <i>`` for each test that ran without raising.
+asserts mode one JSON object per expression: ``{"i": 0, "value": "<repr>"}`` or ``{"i": 0, "raised":
+"<exception type>"}``. The code shares B with these lines and can write its own: they are data the
+trainer parses with ast.literal_eval and compares with expected values that never entered the
+sandbox, so writing them gives the code no more than returning those values would.
 """
 
 from __future__ import annotations
@@ -14,18 +24,28 @@ import ctypes
 import json
 import os
 import resource
+import select
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWUSER = 0x00020000, 0x40000000, 0x10000000
-PR_SET_NO_NEW_PRIVS = 38
-_OPTION_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+MNT_DETACH = 2
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+# statvfs f_flag bits that a read-only bind remount must keep (locked inside a user namespace)
+_KEEP = ((1, MS_RDONLY), (2, MS_NOSUID), (4, MS_NODEV), (8, MS_NOEXEC), (1024, MS_NOATIME), (2048, MS_NODIRATIME))
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
+_PLAIN_DEPTH = 64
 
 
 def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    libc.syscall.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_char_p]
     return libc
 
 
@@ -35,55 +55,87 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _mount(libc, source, target, flags: int) -> None:
+def _mount(libc, source, target, flags: int, fstype: str | None = None, data: str | None = None) -> None:
     enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
-    _check(libc.mount(enc(source), enc(target), None, flags, None), f"mount {target}")
+    _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
-def _mount_points() -> list[tuple[str, int]]:
-    """(mount point, nosuid/nodev/noexec flags to keep) of every mount, parents first."""
-    out = []
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            fields = line.split()
-            target = fields[4].encode().decode("unicode_escape")  # \040 for a space
-            keep = sum(flag for opt, flag in _OPTION_FLAGS.items() if opt in fields[5].split(","))
-            out.append((target, keep))
-    return out
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(text)
 
 
-def _others_can_read(path: str) -> bool:
-    parts = os.path.abspath(path).split(os.sep)
-    for i in range(1, len(parts) + 1):
-        mode = os.stat(os.sep.join(parts[:i]) or os.sep).st_mode
-        if not mode & 0o001 or (i == len(parts) and not mode & 0o004):
-            return False
-    return True
+def _enter_namespaces(libc, job: dict) -> list[str]:
+    """In P: a new PID namespace for A and B; without root, inside a new user namespace."""
+    if os.geteuid() == 0:
+        _check(libc.unshare(CLONE_NEWPID), "unshare")
+        return [f"uid{job['uid']}", "pidns"]
+    uid, gid = os.geteuid(), os.getegid()
+    _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWPID), "unshare")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    return ["userns", "pidns"]
 
 
-def _namespaces(libc, job: dict) -> list[str]:
-    """New mount and network namespaces: no network, every mount read-only except the work folder."""
-    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET), "unshare")
+def _bind(libc, root: str, path: str, *, device: bool = False) -> None:
+    """Show host ``path`` (a file or folder) read-only at the same path under ``root``."""
+    target = root + path
+    if os.path.isdir(path):
+        os.makedirs(target, exist_ok=True)
+    elif not os.path.exists(target):  # (it may lie in a folder already shown)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+    _mount(libc, path, target, MS_BIND)
+    flags = os.statvfs(path).f_flag
+    keep = sum(ms for st, ms in _KEEP if flags & st) | MS_RDONLY | MS_NOSUID | (0 if device else MS_NODEV)
+    if not flags & (1024 | 2048):
+        keep |= MS_RELATIME
+    _mount(libc, None, target, MS_REMOUNT | MS_BIND | keep)
+
+
+def _new_root(libc, job: dict, owner: tuple[int, int]) -> None:
+    """Mount a fresh root holding only the interpreter's files, /dev's harmless devices, /proc, /work."""
+    root, limits = job["root"], job["limits"]
     _mount(libc, None, "/", MS_REC | MS_PRIVATE)  # nothing below propagates back to the host
-    stdlib = os.path.dirname(os.__file__)
-    if not _others_can_read(stdlib):  # e.g. a pyenv Python under /root: show it at a readable path
-        prefix, view = sys.base_prefix, job["python_view"]
-        _mount(libc, prefix, view, MS_BIND | MS_REC)
-        sys.path[:] = [view + p[len(prefix) :] if p.startswith(prefix) else p for p in sys.path]
-        sys.path_importer_cache.clear()
-    work = job["work"]
-    _mount(libc, work, work, MS_BIND)  # its own mount, left writable
-    writable = []
-    for target, keep in _mount_points():
-        if target == work:
-            continue
-        try:
-            _mount(libc, None, target, MS_REMOUNT | MS_BIND | MS_RDONLY | keep)
-        except OSError:
-            if target == "/":
-                raise
-            writable.append(target)
-    return ["netns", "rofs" + (f"(not {','.join(writable)})" if writable else "")]
+    _mount(libc, "sandbox", root, MS_NOSUID | MS_NODEV, "tmpfs", "size=256k,nr_inodes=4096,mode=755")
+    for path in job["paths"]:
+        if os.path.exists(path):
+            _bind(libc, root, path)
+    for path in job["masks"]:  # e.g. site-packages inside the stdlib folder: an empty folder over it
+        if os.path.isdir(root + path):
+            _mount(libc, "mask", root + path, MS_RDONLY | MS_NOSUID | MS_NODEV, "tmpfs", "size=4k,mode=555")
+    for path in _DEVICES:
+        if os.path.exists(path):
+            _bind(libc, root, path, device=True)
+    work = root + "/work"
+    os.mkdir(work)
+    size = f"size={limits['disk_mb']}m,nr_inodes={limits['inodes']},mode=700,uid={owner[0]},gid={owner[1]}"
+    _mount(libc, "work", work, MS_NOSUID | MS_NODEV, "tmpfs", size)
+    os.mkdir(root + "/proc")
+    _mount(libc, "proc", root + "/proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "proc")
+    _mount(libc, None, root, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(root)
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is not None and libc.syscall(number, b".", b".") == 0:
+        _check(libc.umount2(b".", MNT_DETACH), "umount the old root")  # the host's files are gone
+    else:
+        os.chroot(".")  # the host's mounts stay in this namespace, out of reach of an unprivileged uid
+    os.chdir("/work")
+
+
+def _drop_capabilities(libc) -> None:
+    """Inside a user namespace B holds every capability over it: give them all up."""
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    for cap in range(64):  # the bounding set first, while CAP_SETPCAP is still held
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP; EINVAL past the last capability
+    _check(libc.capset(ctypes.byref(Header(0x20080522, 0)), ctypes.byref((Data * 2)())), "capset")
 
 
 def _guard_network() -> None:
@@ -102,34 +154,53 @@ def _guard_network() -> None:
     socket.socketpair = refuse  # type: ignore[assignment]
 
 
-def _isolate(job: dict) -> str:
-    libc = _libc()
-    done = []
-    if os.geteuid() == 0:
-        try:
-            done += _namespaces(libc, job)
-        except OSError:
-            _guard_network()
-            done.append("pynet")
-        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
-        os.setgroups([])
-        os.setgid(job["gid"])
-        os.setuid(job["uid"])
-        done.insert(0, f"uid{job['uid']}")
-    else:
-        try:
-            _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET), "unshare")
-            done.append("netns")
-        except OSError:
-            _guard_network()
-            done.append("pynet")
-        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
-    limits = job["limits"]
-    for name, value in limits.items():
+def _isolate(libc, job: dict, namespaces: list[str]) -> str:
+    """In B: new mount/network/IPC/UTS namespaces and root, an unprivileged uid, rlimits."""
+    done = list(namespaces)
+    if namespaces:
+        _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+        root_user = os.geteuid() == 0 and "userns" not in namespaces
+        _new_root(libc, job, (job["uid"], job["gid"]) if root_user else (os.geteuid(), os.getegid()))
+        done += ["netns", "mountns", "newroot", "tmpfs"]
+        os.environ["TMPDIR"] = "/work"
+        if root_user:
+            os.setgroups([])
+            os.setgid(job["gid"])
+            os.setuid(job["uid"])  # clears every capability
+        else:
+            _drop_capabilities(libc)
+    else:  # no namespaces at all: the rlimits, this guard and a host temporary folder
+        _guard_network()
+        done.append("pynet")
+        os.chdir(job["host_work"])
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setgid(job["gid"])
+            os.setuid(job["uid"])
+            done.insert(0, f"uid{job['uid']}")
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
+    _check(libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl")
+    for name, value in job["limits"]["rlimits"].items():
         hard = value + 1 if name == "RLIMIT_CPU" else value  # SIGXCPU first, then SIGKILL
         resource.setrlimit(getattr(resource, name), (value, hard))
-    os.chdir(job["work"])
     return "+".join(done)
+
+
+def _plain(value, depth: int = 0):
+    """``value`` as builtin literal types only (what == would compare equal), or TypeError."""
+    if depth > _PLAIN_DEPTH:
+        raise TypeError("nested too deeply")
+    for kind in (bool, int, float, complex, str, bytes):
+        if isinstance(value, kind):
+            return kind(value)
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {_plain(k, depth + 1): _plain(v, depth + 1) for k, v in value.items()}
+    for kind, plain in ((list, list), (tuple, tuple), (set, set), (frozenset, set)):
+        if isinstance(value, kind):
+            return plain(_plain(v, depth + 1) for v in value)
+    raise TypeError(f"{type(value).__name__} is not a literal type")
 
 
 def _run_asserts(job: dict, status) -> int:
@@ -141,13 +212,12 @@ def _run_asserts(job: dict, status) -> int:
         exec(compile(job["code"], "solution.py", "exec"), namespace)
     except BaseException:  # SystemExit included: exiting early is not passing
         return 1
-    nonce = job["nonce"]
-    for i, test in enumerate(job["tests"]):
+    for i, expr in enumerate(job["exprs"]):
         try:
-            exec(compile(test, f"test_{i}.py", "exec"), namespace)
-        except BaseException:
-            continue
-        status.write(f"pass {nonce} {i}\n")
+            report = {"i": i, "value": repr(_plain(eval(compile(expr, f"test_{i}.py", "eval"), namespace)))}
+        except BaseException as exc:
+            report = {"i": i, "raised": type(exc).__name__}
+        status.write(json.dumps(report) + "\n")
     return 0
 
 
@@ -163,23 +233,61 @@ def _run_program(job: dict) -> int:
     return 0
 
 
-def main() -> int:
-    status = os.fdopen(int(sys.argv[2]), "w", buffering=1)
+def _wait(pid: int, deadline_s: float | None = None) -> int:
+    """Wait for child ``pid`` (killing it past ``deadline_s``); its exit status, 128 + signal if killed."""
+    if deadline_s is not None:
+        fd = os.pidfd_open(pid)
+        if not select.select([fd], [], [], deadline_s)[0]:
+            os.kill(pid, 9)
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+def _leave_channels(status_fd: int) -> None:
+    """A waiting parent keeps no copy of the pipes, so the trainer sees them close when B exits."""
+    os.close(status_fd)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def _run_b(libc, job: dict, status_fd: int, namespaces: list[str]) -> int:
+    status = os.fdopen(status_fd, "w", buffering=1)
     try:
-        with open(sys.argv[1]) as fh:
-            job = json.load(fh)
-        isolation = _isolate(job)
-    except Exception as exc:  # reported to the parent; no untrusted code has run
+        isolation = _isolate(libc, job, namespaces)
+    except Exception as exc:  # reported to the trainer; no untrusted code has run
         status.write(f"error {type(exc).__name__}: {exc}\n")
         return 3
     status.write(f"ready {isolation}\n")
     if job["mode"] == "asserts":
         return _run_asserts(job, status)
-    status.close()  # the program gets no channel to the parent besides stdout
+    status.close()  # the program gets no channel to the trainer besides stdout
     return _run_program(job)
 
 
-if __name__ == "__main__":
-    code = main()
+def main() -> int:
+    status_fd = int(sys.argv[2])
+    with open(sys.argv[1]) as fh:
+        job = json.load(fh)
+    libc = _libc()
+    try:
+        namespaces = _enter_namespaces(libc, job)
+    except OSError:
+        namespaces = []  # no root and no user namespaces: the fallback in _isolate
+    a = os.fork()
+    if a:  # P
+        _leave_channels(status_fd)
+        return _wait(a)
+    b = os.fork()
+    if b:  # A
+        _leave_channels(status_fd)
+        return _wait(b, job["limits"]["wall_s"])
+    code = _run_b(libc, job, status_fd, namespaces)  # B
     sys.stdout.flush()
-    os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    os._exit(main())
