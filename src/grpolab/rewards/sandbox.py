@@ -138,7 +138,7 @@ class RunResult:
         return self.returncode == 0 and not self.timed_out and not self.output_overflow
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def interpreter_files(executable: str = sys.executable) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(host paths the sandbox shows read-only, folders inside them it masks), found once per process.
 
