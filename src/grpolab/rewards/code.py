@@ -45,7 +45,7 @@ from typing import Any
 from grpolab.rewards.base import RewardError, SampleError
 from grpolab.rewards.code_checks import Check, split_test
 from grpolab.rewards.rules import extract_answer_tag, final_region
-from grpolab.rewards.sandbox import SandboxLimits, run_python
+from grpolab.rewards.sandbox import SandboxError, SandboxLimits, run_python
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)
@@ -136,10 +136,13 @@ class CodeTests:
         code = f"import importlib\nfailed = []\nfor m in {list(PROBE_MODULES)!r}:\n    try:\n" + (
             "        importlib.import_module(m)\n    except BaseException:\n        failed.append(m)\n"
         )
-        result = run_python(code, mode="asserts", limits=self.limits, exprs=["failed"])
+        try:
+            result = run_python(code, mode="asserts", limits=self.limits, exprs=["failed"])
+        except SandboxError as err:
+            raise RewardError(f"code_tests: the sandbox does not work here: {err}") from err
         if result.values.get(0) != "[]":
             raise RewardError(
-                f"code_tests: the sandbox could not import the standard library (modules that failed: "
+                f"code_tests: the sandbox does not work here: it could not import the standard library (failed: "
                 f"{result.values.get(0) or 'unknown, nothing came back'}; exit status {result.returncode}, "
                 f"isolation {result.isolation or 'none'}, timed out: {result.timed_out}). The sandboxed "
                 "interpreter may not be able to read its standard library: raise timeout_s or memory_mb, "

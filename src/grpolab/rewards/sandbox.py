@@ -9,8 +9,9 @@ sends back their values as text; the caller (grpolab.rewards.code) parses and co
 =====================  =========================================================================
 limit                  how it is enforced
 =====================  =========================================================================
-wall time              the harness kills the code after ``timeout_s``; the parent kills the whole
-                       process group (SIGKILL) ``STARTUP_S`` later
+wall time              the harness kills the code ``timeout_s`` + ``STARTUP_S`` / 2 after it forks it
+                       (set-up included); the parent kills the whole process group (SIGKILL) at
+                       ``timeout_s`` + ``STARTUP_S`` after the start
 CPU time               RLIMIT_CPU = ceil(timeout_s) s (SIGXCPU, then SIGKILL one second later)
 memory                 RLIMIT_AS = ``memory_mb`` (allocations beyond it raise MemoryError)
 processes              RLIMIT_NPROC = 0 (the code runs as an unprivileged uid): no fork, no threads
@@ -199,7 +200,7 @@ def run_python(
             "gid": NOBODY,
             "limits": {
                 "rlimits": limits.rlimits(),
-                "wall_s": limits.timeout_s,
+                "wall_s": limits.timeout_s + STARTUP_S / 2,  # from before the set-up, which takes ~0.1 s
                 "disk_mb": limits.disk_mb,
                 "inodes": 4096,
             },

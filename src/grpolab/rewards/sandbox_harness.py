@@ -37,6 +37,19 @@ PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 # statvfs f_flag bits that a read-only bind remount must keep (locked inside a user namespace)
 _KEEP = ((1, MS_RDONLY), (2, MS_NOSUID), (4, MS_NODEV), (8, MS_NOEXEC), (1024, MS_NOATIME), (2048, MS_NODIRATIME))
+# Refused (EPERM) once the sandbox is set up: new namespaces (a user namespace of its own would let
+# the code mount a tmpfs beyond the disk quota), mounts, tracing, kernel keyrings, BPF, io_uring;
+# clone3 gets ENOSYS so that the C library falls back to clone (itself stopped by RLIMIT_NPROC).
+_DENIED = ("unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "keyctl", "add_key", "request_key",
+           "bpf", "userfaultfd", "perf_event_open", "ptrace", "process_vm_readv", "process_vm_writev",
+           "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+           "io_uring_setup")  # fmt: skip
+_SYSCALLS = {  # (audit arch, {name: number})
+    "x86_64": (0xC000003E, dict(zip(_DENIED + ("clone3",), (272, 308, 165, 166, 155, 161, 250, 248, 249, 321, 323,
+        298, 101, 310, 311, 428, 429, 430, 431, 432, 433, 442, 425, 435), strict=True))),
+    "aarch64": (0xC00000B7, dict(zip(_DENIED + ("clone3",), (97, 268, 40, 39, 41, 51, 219, 217, 218, 280, 282, 241,
+        117, 270, 271, 428, 429, 430, 431, 432, 433, 442, 425, 435), strict=True))),
+}  # fmt: skip
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 _PLAIN_DEPTH = 64
 
@@ -138,6 +151,33 @@ def _drop_capabilities(libc) -> None:
     _check(libc.capset(ctypes.byref(Header(0x20080522, 0)), ctypes.byref((Data * 2)())), "capset")
 
 
+def _seccomp(libc) -> bool:
+    """Install the filter refusing ``_DENIED``; False (nothing installed) on an architecture not listed."""
+    machine = os.uname().machine
+    if machine not in _SYSCALLS:
+        return False
+    arch, numbers = _SYSCALLS[machine]
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, errno, kill = 0x7FFF0000, 0x00050000, 0x80000000
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0)]
+    if machine == "x86_64":  # the x32 ABI's numbers, offset by 1 << 30
+        prog += [(jge, 0, 1, 1 << 30), (ret, 0, 0, errno | 1)]
+    for name in _DENIED:
+        prog += [(jeq, 0, 1, numbers[name]), (ret, 0, 0, errno | 1)]  # EPERM
+    prog += [(jeq, 0, 1, numbers["clone3"]), (ret, 0, 0, errno | 38), (ret, 0, 0, allow)]  # ENOSYS
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(prog))(*(Filter(*f) for f in prog))
+    program = Program(len(prog), ctypes.cast(filters, ctypes.POINTER(Filter)))
+    _check(libc.prctl(22, 2, ctypes.byref(program), 0, 0), "seccomp")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+    return True
+
+
 def _guard_network() -> None:
     """Best effort only (code can reach the C library another way): the socket module refuses."""
     import socket
@@ -180,6 +220,8 @@ def _isolate(libc, job: dict, namespaces: list[str]) -> str:
             done.insert(0, f"uid{job['uid']}")
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
     _check(libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl")
+    if _seccomp(libc):
+        done.append("seccomp")
     for name, value in job["limits"]["rlimits"].items():
         hard = value + 1 if name == "RLIMIT_CPU" else value  # SIGXCPU first, then SIGKILL
         resource.setrlimit(getattr(resource, name), (value, hard))
@@ -203,11 +245,19 @@ def _plain(value, depth: int = 0):
     raise TypeError(f"{type(value).__name__} is not a literal type")
 
 
+def _module(name: str) -> dict:
+    """A real module in sys.modules for the code to run in (dataclasses, pickle and typing look it up)."""
+    module = type(sys)(name)
+    module.__builtins__ = __builtins__
+    sys.modules[name] = module
+    return module.__dict__
+
+
 def _run_asserts(job: dict, status) -> int:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)  # what the code prints is discarded: only the status pipe reports
     os.dup2(null, 2)
-    namespace = {"__name__": "solution", "__builtins__": __builtins__}
+    namespace = _module("solution")
     try:
         exec(compile(job["code"], "solution.py", "exec"), namespace)
     except BaseException:  # SystemExit included: exiting early is not passing
@@ -223,7 +273,7 @@ def _run_asserts(job: dict, status) -> int:
 
 def _run_program(job: dict) -> int:
     sys.argv = ["solution.py"]
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    namespace = _module("__main__")
     try:
         exec(compile(job["code"], "solution.py", "exec"), namespace)
     except SystemExit as exc:

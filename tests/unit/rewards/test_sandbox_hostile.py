@@ -1,63 +1,43 @@
-"""Hostile completions for the code_tests reward: each is contained, scores 0, and harms nothing.
+"""Hostile completions for the code_tests reward: each scores 0 and leaves this machine as it was.
 
-Every case is written so that it would score > 0 only if its attack worked (the function the tests
-call is defined only after the attack succeeds), and each is bounded by a 1 s sandbox time limit.
-The cases that would hurt this process or its files if containment failed run only as root, where
-the sandbox switches uid and namespaces (grpolab.rewards.sandbox); the others run everywhere.
+Every case would score > 0 only if its attack worked (the function the tests call is defined only
+after the attack succeeds, or the attack tries to forge the verdict), and the tests it is scored on
+have three different answers, so no constant can pass them. All cases run in one batch (a few
+sandboxes at once), with a 1 s time limit each; then the host is checked: its files, its sockets
+(a unix socket in /tmp with mode 777, an abstract one, a TCP listener), a process holding a marker
+in its command line, and leftovers of the sandbox. The full set of namespaces needs root or user
+namespaces; where neither is available the file, socket and process cases are skipped (see
+test_sandbox_nonroot.py for what that fallback does and does not contain).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from grpolab.rewards import build_reward
-from grpolab.rewards.sandbox import NOBODY
+from grpolab.rewards.sandbox import HARNESS
 from grpolab.types import Completion, Example
 
-IS_ROOT = os.geteuid() == 0
-SECRET = "grpolab-test-secret-b7f3"
-TESTS = ["assert add(1, 2) == 3"]
+TOKEN = secrets.token_hex(6)
+SECRET = f"grpolab-test-secret-{TOKEN}"
+MARKER = f"grpolab-marker-{TOKEN}"
+TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(20, 22) == 42"]
 ADD = "\ndef add(a, b):\n    return a + b\n"
-
-
-@pytest.fixture(scope="module")
-def reward():
-    return build_reward("code_tests", kwargs={"timeout_s": 1.0, "memory_mb": 256, "max_output_bytes": 4096}).reward
-
-
-@pytest.fixture(scope="module")
-def sentinel():
-    """A world-writable folder (no sticky bit) holding a world-writable file, both owned by this user.
-
-    Unix permissions alone would let any uid delete or overwrite it: only the sandbox's read-only
-    mounts protect it.
-    """
-    folder = Path(tempfile.mkdtemp(prefix="grpolab-sentinel-", dir="/tmp"))
-    os.chmod(folder, 0o777)
-    file = folder / "keep.txt"
-    file.write_text("precious")
-    os.chmod(file, 0o666)
-    yield file
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def listener():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.settimeout(0.05)
-    yield server
-    server.close()
+TMP = Path("/tmp")
+SENTINEL_DIR = TMP / f"grpolab-sentinel-{TOKEN}"
+ANSWERS = TMP / f"grpolab-answers-{TOKEN}.json"
+UNIX_SOCKET = TMP / f"grpolab-host-{TOKEN}.sock"
+ABSTRACT_SOCKET = f"\0grpolab-host-{TOKEN}"
 
 
 def attack(body: str) -> str:
@@ -66,7 +46,41 @@ def attack(body: str) -> str:
     return f"ok = False\ntry:\n{indented}\nexcept BaseException:\n    ok = False\nif ok:{ADD.replace(chr(10), chr(10) + '    ')}"
 
 
-EVERYWHERE = {
+def _walk_frames(body: str) -> str:
+    return "import sys\nf = sys._getframe()\nwhile f is not None:\n" + "\n".join(
+        "    " + line for line in body.splitlines()
+    ) + "\n    f = f.f_back\n"
+
+
+FORGERY = {
+    "override builtins.exec": "import builtins\nbuiltins.exec = lambda *a, **k: None",
+    "override builtins.compile": "import builtins\n_c = compile\nbuiltins.compile = lambda *a, **k: _c('1', 'x', 'eval')",
+    "override builtins.eval": "import builtins\nbuiltins.eval = lambda *a, **k: True",
+    "always-equal __eq__": "class Any:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
+    "def add(a, b):\n    return Any()",
+    "int subclass equal to everything": "class I(int):\n    def __eq__(self, other):\n        return True\n"
+    "    __hash__ = int.__hash__\ndef add(a, b):\n    return I(7)",
+    "read the expected values from the harness's frames": attack(
+        _walk_frames("found = repr(f.f_locals) + repr(f.f_globals)\nif '=' * 2 + ' 42' in found:\n    ok = True")
+    ),
+    "patch the harness to send code as a value": _walk_frames(
+        "if '_plain' in f.f_globals:\n    f.f_globals['_plain'] = lambda value, depth=0: value"
+    )
+    + f"class R:\n    def __repr__(self):\n        return \"__import__('os').system('touch /tmp/grpolab-pwned-{TOKEN}')\"\n"
+    "def add(a, b):\n    return R()",
+    "forge result lines on every descriptor": "import json, os\nfor fd in range(3, 64):\n    for i in range(3):\n"
+    "        for line in ({'i': i, 'value': 'True'}, {'i': i, 'value': \"__import__('os')\"}, 'pass 0 %d' % i):\n"
+    "            try:\n                os.write(fd, (json.dumps(line) + '\\n').encode())\n"
+    "            except OSError:\n                pass\nos._exit(0)",
+    "flood the status channel": "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'x' * (2 << 20))\n"
+    "    except OSError:\n        pass",
+    "deeply nested value": "def add(a, b):\n    v = []\n    for _ in range(10000):\n        v = [v]\n    return v",
+    "huge integer value": "def add(a, b):\n    return 10 ** 100000",
+    "exit before the tests": "import sys\nsys.exit(0)" + ADD,
+    "hard exit before the tests": "import os\nos._exit(0)" + ADD,
+}
+
+RESOURCES = {
     "infinite loop": "while True:\n    pass",
     "sleep forever": "import time\ntime.sleep(3600)",
     "fork bomb": "import os\nwhile True:\n    os.fork()",
@@ -74,94 +88,150 @@ EVERYWHERE = {
     "subprocess": attack("import subprocess\nsubprocess.run(['true'])\nok = True"),
     "memory bomb": attack("blocks = [bytearray(10**8) for _ in range(50)]\nok = True"),
     "huge output": "while True:\n    print('x' * 65536)",
-    "fill the disk": attack("with open('big', 'wb') as f:\n    f.write(b'0' * (64 << 20))\nok = True"),
-    "exit before the tests": "import sys\nsys.exit(0)" + ADD,
-    "hard exit before the tests": "import os\nos._exit(0)" + ADD,
-    "raise the limits": attack("import resource\nresource.setrlimit(resource.RLIMIT_NPROC, (100, 100))\nok = True"),
-    "forge pass lines": "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'pass 0 0\\n')\n"
-    "    except OSError:\n        pass\nimport sys\nsys.exit(0)",
-}
-
-ROOT_ONLY = {
-    "kill the parent": attack("import os\nos.kill(os.getppid(), 9)\nok = True"),
-    "kill the parent's group": attack("import os\nos.killpg(os.getpgid(os.getppid()), 9)\nok = True"),
-    # kill(-1) succeeds as uid 65534 (there is nothing of that uid to hit), so no add() here:
-    # what this case checks is that this process and its files survive.
-    "kill everything": "import os\nos.kill(-1, 9)\nimport time\ntime.sleep(0.2)",
-    "read the secret from the environment": attack(f"import os\nok = {SECRET!r} in repr(dict(os.environ))"),
-    "read the parent's environment": attack(
-        f"import os\nok = {SECRET!r}.encode() in open(f'/proc/{{os.getppid()}}/environ', 'rb').read()"
+    "one 64 MB file": attack("with open('big', 'wb') as f:\n    f.write(b'0' * (64 << 20))\nok = True"),
+    "360 MB in 15 MB files": attack(
+        "for i in range(24):\n    with open(f'part{i}', 'wb') as f:\n        f.write(b'0' * (15 << 20))\nok = True"
     ),
-    "become root again": attack("import os\nos.setuid(0)\nok = True"),
-    "shell out to rm": "import os\nos.system('rm -rf /tmp/grpolab-sentinel-*')",
+    "10000 empty files": attack("for i in range(10000):\n    open(f'f{i}', 'w').close()\nok = True"),
+    "raise the limits": attack("import resource\nresource.setrlimit(resource.RLIMIT_NPROC, (100, 100))\nok = True"),
 }
 
+ESCAPES = {
+    "host unix socket": attack(
+        f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({str(UNIX_SOCKET)!r})\nok = True"
+    ),
+    "host abstract unix socket": attack(
+        f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({ABSTRACT_SOCKET!r})\nok = True"
+    ),
+    "read the parent's command line": attack("import os\nok = b'pytest' in open(f'/proc/{os.getppid()}/cmdline', 'rb').read()"),
+    "find other processes": attack(
+        "import os\nfor pid in filter(str.isdigit, os.listdir('/proc')):\n    try:\n"
+        f"        ok = ok or {MARKER!r}.encode() in open(f'/proc/{{pid}}/cmdline', 'rb').read()\n"
+        "    except OSError:\n        pass"
+    ),
+    "world-readable answers file": f"import json\ntable = json.load(open({str(ANSWERS)!r}))\n"
+    "def add(a, b):\n    return table[f'{a},{b}']",
+    "read /etc/passwd": attack("ok = 'root:' in open('/etc/passwd').read()"),
+    "read the trainer's source": attack(f"ok = 'def main' in open({str(HARNESS)!r}).read()"),
+    "environment secret": attack(f"import os\nok = {SECRET!r} in repr(dict(os.environ))"),
+    "the parent's environment": attack("import os\nok = len(open(f'/proc/{os.getppid()}/environ', 'rb').read()) > 0"),
+    "write to the host's /tmp": attack(f"open('/tmp/grpolab-escape-{TOKEN}', 'w').write('x')\nok = True"),
+    "rm -rf a world-writable folder": attack(f"import shutil\nshutil.rmtree({str(SENTINEL_DIR)!r})\nok = True"),
+    "overwrite a world-writable file": attack(f"open({str(SENTINEL_DIR / 'keep.txt')!r}, 'w').write('gone')\nok = True"),
+    "shell out to rm": attack(f"import os\nok = os.system('rm -rf {SENTINEL_DIR}') == 0"),
+    "kill the parent": "import os\nos.kill(os.getppid(), 9)\nimport time\ntime.sleep(0.2)",
+    "kill everything": "import os\nos.kill(-1, 9)\nimport time\ntime.sleep(0.2)",
+    "kill the process group": "import os\nos.killpg(0, 9)\nimport time\ntime.sleep(0.2)",
+    "become root again": attack("import os\nos.setuid(0)\nok = True"),
+    "own user namespace (to mount a bigger tmpfs)": attack(
+        "import ctypes\nok = ctypes.CDLL(None).unshare(0x10000000 | 0x20000) == 0"
+    ),
+    "mount a tmpfs": attack("import ctypes\nok = ctypes.CDLL(None).mount(b'x', b'.', b'tmpfs', 0, None) == 0"),
+    "ptrace the parent": attack("import ctypes, os\nok = ctypes.CDLL(None).ptrace(16, os.getppid(), 0, 0) == 0"),
+}
 
-def _nobody_processes() -> int:
-    count = 0
+CASES = {**FORGERY, **RESOURCES, **ESCAPES}
+
+
+def _harness_processes() -> list[str]:
+    """Command lines of live processes running this checkout's harness (other checkouts' do not count)."""
+    found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            status = Path(f"/proc/{pid}/status").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
-        count += int(uid) == NOBODY
-    return count
+        if str(HARNESS) in cmdline:
+            found.append(cmdline)
+    return found
 
 
-def _score(reward, code: str) -> float:
+def _listener(family: int, address) -> socket.socket:
+    server = socket.socket(family)
+    server.bind(address)
+    server.listen(8)
+    server.setblocking(False)
+    return server
+
+
+@pytest.fixture(scope="module")
+def host():
+    """Things on this machine the hostile code would reach if it escaped, and their state afterwards."""
+    SENTINEL_DIR.mkdir(mode=0o777)
+    os.chmod(SENTINEL_DIR, 0o777)  # no sticky bit: any uid could delete what is inside
+    (SENTINEL_DIR / "keep.txt").write_text("precious")
+    os.chmod(SENTINEL_DIR / "keep.txt", 0o666)
+    ANSWERS.write_text(json.dumps({"1,2": 3, "-1,1": 0, "20,22": 42}))
+    os.chmod(ANSWERS, 0o644)
+    unix = _listener(socket.AF_UNIX, str(UNIX_SOCKET))
+    os.chmod(UNIX_SOCKET, 0o777)
+    abstract = _listener(socket.AF_UNIX, ABSTRACT_SOCKET)
+    tcp = _listener(socket.AF_INET, ("127.0.0.1", 0))
+    marker = subprocess.Popen(["sh", "-c", "sleep 60; :", MARKER])
+    old_env = os.environ.get("GRPOLAB_TEST_SECRET")
+    os.environ["GRPOLAB_TEST_SECRET"] = SECRET
+    try:
+        yield {"listeners": (unix, abstract, tcp), "marker": marker}
+    finally:
+        os.environ.pop("GRPOLAB_TEST_SECRET") if old_env is None else os.environ.update(GRPOLAB_TEST_SECRET=old_env)
+        marker.kill()
+        marker.wait()
+        for server in (unix, abstract, tcp):
+            server.close()
+        UNIX_SOCKET.unlink(missing_ok=True)
+        ANSWERS.unlink(missing_ok=True)
+        shutil.rmtree(SENTINEL_DIR, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def reward():
+    kwargs = {"timeout_s": 1.0, "memory_mb": 256, "max_output_bytes": 4096, "workers": 4}
+    return build_reward("code_tests", kwargs=kwargs).reward
+
+
+@pytest.fixture(scope="module")
+def scores(reward, host) -> dict[str, float]:
+    names = sorted(CASES)
     example = Example("add two numbers", meta={"tests": TESTS})
     start = time.monotonic()
-    [score] = reward([Completion(f"```python\n{code}\n```", 10)], [example])
-    assert time.monotonic() - start < 5
-    return score
+    got = reward([Completion(f"```python\n{CASES[name]}\n```", 10) for name in names], [example] * len(names))
+    assert time.monotonic() - start < 1.5 * len(names) / 4 + 10  # each bounded by the time limit
+    return dict(zip(names, got, strict=True))
 
 
 def test_a_benign_solution_passes(reward):
-    assert _score(reward, ADD) == 1.0  # the harness itself is not what fails the hostile cases
-    assert _score(reward, attack("ok = True")) == 1.0
+    example = Example("add two numbers", meta={"tests": TESTS})
+    got = reward([Completion(f"```python\n{c}\n```", 5) for c in (ADD, attack("ok = True"))], [example] * 2)
+    assert got == [1.0, 1.0]  # the harness itself is not what fails the hostile cases
 
 
-@pytest.mark.parametrize("name", sorted(EVERYWHERE))
-def test_hostile_code_is_contained(reward, name):
-    assert _score(reward, EVERYWHERE[name]) == 0.0
-    assert not IS_ROOT or _nobody_processes() == 0  # nothing left running
+def test_enough_hostile_cases():
+    assert len(CASES) >= 30
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="without root the sandbox cannot switch uid (see grpolab.rewards.sandbox)")
-@pytest.mark.parametrize("name", sorted(ROOT_ONLY))
-def test_hostile_code_cannot_reach_this_process(reward, name, sentinel, monkeypatch):
-    monkeypatch.setenv("GRPOLAB_TEST_SECRET", SECRET)
-    assert _score(reward, ROOT_ONLY[name]) == 0.0
-    assert sentinel.read_text() == "precious"
-    assert _nobody_processes() == 0
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hostile_code_scores_zero(reward, scores, name):
+    if name in ESCAPES and "newroot" not in reward.isolation:
+        pytest.skip(f"no namespaces here ({reward.isolation}): see test_sandbox_nonroot.py")
+    assert scores[name] == 0.0
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="files are protected by read-only mounts, set up as root")
-def test_files_outside_the_working_folder_survive(reward, sentinel):
-    folder = sentinel.parent
-    body = (
-        f"import os, shutil\nos.remove({str(sentinel)!r})\n"
-        f"open({str(folder / 'new.txt')!r}, 'w').write('x')\nshutil.rmtree({str(folder)!r})\nok = True"
-    )
-    assert _score(reward, attack(body)) == 0.0
-    assert _score(reward, attack(f"open({str(sentinel)!r}, 'w').write('gone')\nok = True")) == 0.0
-    assert _score(reward, attack("open('/tmp/grpolab-escaped.txt', 'w').write('x')\nok = True")) == 0.0
-    assert sentinel.read_text() == "precious" and sorted(p.name for p in folder.iterdir()) == ["keep.txt"]
-    assert not Path("/tmp/grpolab-escaped.txt").exists()
-    # ... while its own working folder is writable
-    assert _score(reward, attack("open('mine.txt', 'w').write('x')\nok = open('mine.txt').read() == 'x'")) == 1.0
-
-
-@pytest.mark.skipif(not IS_ROOT, reason="the network namespace needs root here")
-def test_no_connection_even_to_localhost(reward, listener):
-    port = listener.getsockname()[1]
-    body = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=0.5)\nok = True"
-    assert _score(reward, attack(body)) == 0.0
-    with pytest.raises(TimeoutError):
-        listener.accept()
-    with socket.create_connection(("127.0.0.1", port), timeout=0.5):  # the listener does work
-        listener.accept()[0].close()
+def test_the_host_is_unchanged(reward, scores, host):
+    """Files, sockets and processes the cases above aimed at."""
+    assert (SENTINEL_DIR / "keep.txt").read_text() == "precious"
+    assert sorted(p.name for p in SENTINEL_DIR.iterdir()) == ["keep.txt"]
+    assert sorted(p.name for p in TMP.glob(f"*{TOKEN}*")) == sorted(
+        p.name for p in (SENTINEL_DIR, ANSWERS, UNIX_SOCKET)
+    )  # nothing escaped, was pwned or was filled
+    for server in host["listeners"]:
+        with pytest.raises(BlockingIOError):
+            server.accept()  # no connection ever reached it
+    assert host["marker"].poll() is None  # not killed
+    assert _harness_processes() == []  # nothing left running
+    with socket.create_connection(host["listeners"][2].getsockname(), timeout=1):  # the listener does work
+        pass
+    time.sleep(0.05)
+    host["listeners"][2].accept()[0].close()
 
 
 def test_a_huge_program_output_is_cut_and_fails(reward):
@@ -175,8 +245,6 @@ def test_a_huge_program_output_is_cut_and_fails(reward):
 
 def test_the_fallback_network_guard_refuses_sockets():
     """Without namespaces (no root, no user namespaces) only this Python-level guard stands."""
-    from grpolab.rewards.sandbox import HARNESS
-
     code = (
         f"import runpy, socket\nrunpy.run_path({str(HARNESS)!r})['_guard_network']()\n"
         "for attempt in (lambda: socket.socket(), lambda: socket.create_connection(('127.0.0.1', 9))):\n"
