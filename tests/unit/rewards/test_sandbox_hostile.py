@@ -12,20 +12,23 @@ test_sandbox_nonroot.py for what that fallback does and does not contain).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import runpy
 import secrets
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from grpolab.rewards import build_reward
-from grpolab.rewards.sandbox import HARNESS
+from grpolab.rewards.sandbox import HARNESS, NOBODY
 from grpolab.types import Completion, Example
 
 TOKEN = secrets.token_hex(6)
@@ -216,22 +219,97 @@ def test_hostile_code_scores_zero(reward, scores, name):
     assert scores[name] == 0.0
 
 
-def test_the_host_is_unchanged(reward, scores, host):
-    """Files, sockets and processes the cases above aimed at."""
-    assert (SENTINEL_DIR / "keep.txt").read_text() == "precious"
-    assert sorted(p.name for p in SENTINEL_DIR.iterdir()) == ["keep.txt"]
-    assert sorted(p.name for p in TMP.glob(f"*{TOKEN}*")) == sorted(
-        p.name for p in (SENTINEL_DIR, ANSWERS, UNIX_SOCKET)
-    )  # nothing escaped, was pwned or was filled
-    for server in host["listeners"]:
-        with pytest.raises(BlockingIOError):
-            server.accept()  # no connection ever reached it
-    assert host["marker"].poll() is None  # not killed
-    assert _harness_processes() == []  # nothing left running
-    with socket.create_connection(host["listeners"][2].getsockname(), timeout=1):  # the listener does work
-        pass
-    time.sleep(0.05)
-    host["listeners"][2].accept()[0].close()
+# Run the reward as an unprivileged user. Expected scores there, per mode; None: not run in that mode.
+# userns: the same namespaces as root, in a user namespace. fallback (user namespaces refused): only
+# the rlimits, the clean environment and the socket guard, so what the trainer's user can read, it
+# reads (the known limits listed in grpolab.rewards.sandbox); scores are still decided outside it.
+UNPRIVILEGED = {
+    "correct": (ADD, 1.0, 1.0),
+    "correct, dataclass": ("from dataclasses import dataclass\n@dataclass\nclass P:\n    a: int\n"
+                           "def add(a, b):\n    return P(a).a + b", 1.0, 1.0),
+    "override builtins.exec": (FORGERY["override builtins.exec"], 0.0, 0.0),
+    "always-equal __eq__": (FORGERY["always-equal __eq__"], 0.0, 0.0),
+    "patch the harness to send code as a value": (FORGERY["patch the harness to send code as a value"], 0.0, 0.0),
+    "infinite loop": (RESOURCES["infinite loop"], 0.0, 0.0),
+    "fork bomb": (RESOURCES["fork bomb"], 0.0, 0.0),
+    "360 MB in 15 MB files": (RESOURCES["360 MB in 15 MB files"], 0.0, None),  # no disk quota in the fallback
+    "environment secret": (ESCAPES["environment secret"], 0.0, 0.0),
+    "host unix socket": (ESCAPES["host unix socket"], 0.0, 0.0),  # the guard stops socket.socket
+    "world-readable answers file": (ESCAPES["world-readable answers file"], 0.0, 1.0),
+    "find other processes": (ESCAPES["find other processes"], 0.0, 1.0),
+    "own user namespace (to mount a bigger tmpfs)": (ESCAPES["own user namespace (to mount a bigger tmpfs)"], 0.0, 0.0),
+}  # fmt: skip
+
+
+def _libc_call(libc, name: str, *args) -> None:
+    if getattr(libc, name)(*args) != 0:
+        raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
+
+
+def _readable_interpreter(libc) -> None:
+    """In a private mount namespace, make the interpreter's folder reachable by every user.
+
+    A pyenv Python under /root (mode 700) is what this machine has: a tmpfs over the first folder
+    others cannot enter, holding only the path down to the interpreter, bind-mounted back.
+    """
+    _libc_call(libc, "unshare", 0x00020000)
+    _libc_call(libc, "mount", None, b"/", None, 16384 | (1 << 18), None)  # MS_REC | MS_PRIVATE
+    prefix = Path(sys.base_prefix).resolve()
+    closed = next((p for p in reversed(prefix.parents) if not os.stat(p).st_mode & 0o001), None)
+    if closed is None:
+        return
+    view = tempfile.mkdtemp()
+    _libc_call(libc, "mount", bytes(prefix), view.encode(), None, 4096, None)  # MS_BIND
+    _libc_call(libc, "mount", b"tmpfs", bytes(closed), b"tmpfs", 0, b"mode=755")
+    prefix.mkdir(parents=True)
+    _libc_call(libc, "mount", view.encode(), bytes(prefix), None, 4096, None)
+
+
+def _score_unprivileged(mode: str) -> dict:
+    """Fork; the child drops to uid 65534 (and, for ``fallback``, loses namespaces), builds and runs the reward."""
+    names = [name for name, row in UNPRIVILEGED.items() if row[1 if mode == "userns" else 2] is not None]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child reports through the pipe)
+        os.close(read)
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            _readable_interpreter(libc)
+            if mode == "fallback":  # the harness's filter refuses unshare: no namespaces from here on
+                _libc_call(libc, "prctl", 38, 1, 0, 0, 0)
+                runpy.run_path(str(HARNESS))["_seccomp"](libc)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            kwargs = {"timeout_s": 1.0, "memory_mb": 256, "max_output_bytes": 4096, "workers": 4}
+            reward = build_reward("code_tests", kwargs=kwargs).reward
+            example = Example("add two numbers", meta={"tests": TESTS})
+            got = reward([Completion(f"```python\n{UNPRIVILEGED[n][0]}\n```", 5) for n in names], [example] * len(names))
+            report = {"isolation": reward.isolation, "uid": os.getuid(), "scores": dict(zip(names, got, strict=True))}
+        except BaseException as exc:  # noqa: BLE001 (reported to the test)
+            report = {"error": f"{type(exc).__name__}: {exc}"}
+        os.write(write, json.dumps(report).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        data = fh.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run as root to drop to an unprivileged uid (unprivileged, every test is this)")
+@pytest.mark.parametrize("mode", ["userns", "fallback"])
+def test_unprivileged_trainer(host, mode):
+    report = _score_unprivileged(mode)
+    assert "error" not in report, report.get("error")
+    assert report["uid"] == NOBODY
+    if mode == "userns":
+        assert report["isolation"] == "userns+pidns+netns+mountns+newroot+tmpfs+seccomp"
+    else:
+        assert report["isolation"] == "pynet+seccomp"
+    column = 1 if mode == "userns" else 2
+    expected = {name: row[column] for name, row in UNPRIVILEGED.items() if row[column] is not None}
+    assert report["scores"] == expected
 
 
 def test_a_huge_program_output_is_cut_and_fails(reward):
@@ -253,3 +331,21 @@ def test_the_fallback_network_guard_refuses_sockets():
     )
     done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_host_is_unchanged(reward, scores, host):
+    """Files, sockets and processes the cases above aimed at."""
+    assert (SENTINEL_DIR / "keep.txt").read_text() == "precious"
+    assert sorted(p.name for p in SENTINEL_DIR.iterdir()) == ["keep.txt"]
+    assert sorted(p.name for p in TMP.glob(f"*{TOKEN}*")) == sorted(
+        p.name for p in (SENTINEL_DIR, ANSWERS, UNIX_SOCKET)
+    )  # nothing escaped, was pwned or was filled
+    for server in host["listeners"]:
+        with pytest.raises(BlockingIOError):
+            server.accept()  # no connection ever reached it
+    assert host["marker"].poll() is None  # not killed
+    assert _harness_processes() == []  # nothing left running
+    with socket.create_connection(host["listeners"][2].getsockname(), timeout=1):  # the listener does work
+        pass
+    time.sleep(0.05)
+    host["listeners"][2].accept()[0].close()
