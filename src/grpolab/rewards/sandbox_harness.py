@@ -26,6 +26,7 @@ import os
 import resource
 import select
 import sys
+import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -197,27 +198,28 @@ def _guard_network() -> None:
 def _isolate(libc, job: dict, namespaces: list[str]) -> str:
     """In B: new mount/network/IPC/UTS namespaces and root, an unprivileged uid, rlimits."""
     done = list(namespaces)
-    if namespaces:
+    root_user = os.geteuid() == 0 and "userns" not in namespaces
+    try:
+        if not namespaces:
+            raise OSError(0, "no PID namespace")
         _check(libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-        root_user = os.geteuid() == 0 and "userns" not in namespaces
         _new_root(libc, job, (job["uid"], job["gid"]) if root_user else (os.geteuid(), os.getegid()))
-        done += ["netns", "mountns", "newroot", "tmpfs"]
-        os.environ["TMPDIR"] = "/work"
-        if root_user:
-            os.setgroups([])
-            os.setgid(job["gid"])
-            os.setuid(job["uid"])  # clears every capability
-        else:
-            _drop_capabilities(libc)
-    else:  # no namespaces at all: the rlimits, this guard and a host temporary folder
+    except OSError as err:  # the fallback: the rlimits, this guard and a host temporary folder
+        done += [f"nonewroot({err.strerror})"] if namespaces else []
         _guard_network()
         done.append("pynet")
         os.chdir(job["host_work"])
-        if os.geteuid() == 0:
-            os.setgroups([])
-            os.setgid(job["gid"])
-            os.setuid(job["uid"])
+        if root_user and not namespaces:
             done.insert(0, f"uid{job['uid']}")
+    else:
+        done += ["netns", "mountns", "newroot", "tmpfs"]
+        os.environ["TMPDIR"] = "/work"
+    if root_user:
+        os.setgroups([])
+        os.setgid(job["gid"])
+        os.setuid(job["uid"])  # clears every capability
+    elif "userns" in namespaces:
+        _drop_capabilities(libc)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl")
     _check(libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl")
     if _seccomp(libc):
@@ -286,10 +288,16 @@ def _run_program(job: dict) -> int:
 def _wait(pid: int, deadline_s: float | None = None) -> int:
     """Wait for child ``pid`` (killing it past ``deadline_s``); its exit status, 128 + signal if killed."""
     if deadline_s is not None:
-        fd = os.pidfd_open(pid)
-        if not select.select([fd], [], [], deadline_s)[0]:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # Linux < 5.3: poll
+            fd, end = None, time.monotonic() + deadline_s
+            while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < end:
+                time.sleep(0.01)
+        if fd is None or not select.select([fd], [], [], deadline_s)[0]:
             os.kill(pid, 9)
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
