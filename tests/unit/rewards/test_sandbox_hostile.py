@@ -5,9 +5,11 @@ after the attack succeeds, or the attack tries to forge the verdict), and the te
 have three different answers, so no constant can pass them. All cases run in one batch (a few
 sandboxes at once), with a 1 s time limit each; then the host is checked: its files, its sockets
 (a unix socket in /tmp with mode 777, an abstract one, a TCP listener), a process holding a marker
-in its command line, and leftovers of the sandbox. The full set of namespaces needs root or user
-namespaces; where neither is available the file, socket and process cases are skipped (see
-test_sandbox_nonroot.py for what that fallback does and does not contain).
+in its command line, and sandbox processes left running. The full set of namespaces needs root or
+user namespaces; where neither is available the file, socket and process cases are skipped (see
+test_unprivileged_trainer for what that fallback does and does not contain). Run as root, the
+suite also runs a batch as uid 65534 (test_unprivileged_trainer): once with user namespaces, once
+with them refused.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ def host():
     os.chmod(UNIX_SOCKET, 0o777)
     abstract = _listener(socket.AF_UNIX, ABSTRACT_SOCKET)
     tcp = _listener(socket.AF_INET, ("127.0.0.1", 0))
-    marker = subprocess.Popen(["sh", "-c", "sleep 60; :", MARKER])
+    marker = subprocess.Popen(["sh", "-c", "sleep 600; :", MARKER])
     old_env = os.environ.get("GRPOLAB_TEST_SECRET")
     os.environ["GRPOLAB_TEST_SECRET"] = SECRET
     try:
@@ -215,7 +217,7 @@ def test_enough_hostile_cases():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_hostile_code_scores_zero(reward, scores, name):
     if name in ESCAPES and "newroot" not in reward.isolation:
-        pytest.skip(f"no namespaces here ({reward.isolation}): see test_sandbox_nonroot.py")
+        pytest.skip(f"no namespaces here ({reward.isolation}): see test_unprivileged_trainer")
     assert scores[name] == 0.0
 
 
