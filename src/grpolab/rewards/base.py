@@ -10,6 +10,9 @@ A reward may also be asynchronous: ``is_async = True`` and ``async acall(complet
 (TRL-style ``async def`` functions, rewards.trl_style). ``score_batch`` awaits all of a batch's async
 rewards together with ``asyncio.gather`` under one ``timeout_s``, then runs the others in turn.
 
+A reward with ``main_thread = True`` (a synchronous TRL function, whose math-verify calls use
+signal.alarm) runs in the main thread instead, and its timeout interrupts it there.
+
 Timeouts run the reward in a daemon ``threading.Thread`` rather than a ``concurrent.futures``
 pool: a pool's worker threads are joined at interpreter exit, so one reward stuck forever (a
 math-verify parse on an adversarial string) would keep the process from exiting after the error.
@@ -18,9 +21,11 @@ A daemon thread is abandoned instead.
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import math
 import numbers
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -129,7 +134,52 @@ class ScoreResult:
 
 
 def _call(reward: Reward, completions: list, examples: list, timeout_s: float | None, first_index: int):
-    return _bounded(lambda: reward(completions, examples), f"'{reward.name}'", examples, timeout_s, first_index)
+    call = lambda: reward(completions, examples)  # noqa: E731
+    label = f"'{reward.name}'"
+    if getattr(reward, "main_thread", False) and timeout_s is not None and _can_interrupt_main():
+        return _bounded_in_main(call, label, examples, timeout_s, first_index)
+    return _bounded(call, label, examples, timeout_s, first_index)
+
+
+class _Timeout(BaseException):
+    """Raised in the main thread by _bounded_in_main's timer; BaseException so `except Exception` in a reward lets it by."""
+
+
+def _can_interrupt_main() -> bool:
+    return threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR2")
+
+
+def _bounded_in_main(fn: Callable[[], object], label: str, examples: list, timeout_s: float, first_index: int):
+    """Run ``fn`` in the main thread, interrupted after ``timeout_s`` (between bytecodes, so a call stuck
+    inside C code is interrupted only when it returns).
+
+    For rewards that need the main thread: math-verify's default timeout (TRL's documented accuracy
+    reward) uses signal.alarm, which raises ValueError in any other thread.
+    """
+    done = threading.Event()
+
+    def on_timer(signum, frame) -> None:
+        if not done.is_set():
+            raise _Timeout
+
+    previous = signal.signal(signal.SIGUSR2, on_timer)
+    timer = threading.Timer(timeout_s, _thread.interrupt_main, args=(signal.SIGUSR2,))
+    timer.daemon = True
+    timer.start()
+    try:
+        value = fn()
+        done.set()
+        return value
+    except _Timeout:
+        raise RewardError(
+            f"reward {label} took longer than {timeout_s:g} s on a batch of {len(examples)} "
+            f"completions (first {describe_example(examples[0], first_index)}); raise reward.timeout_s or make it faster"
+        ) from None
+    finally:
+        done.set()
+        timer.cancel()
+        timer.join()
+        signal.signal(signal.SIGUSR2, previous)
 
 
 def _bounded(fn: Callable[[], object], label: str, examples: list, timeout_s: float | None, first_index: int):

@@ -13,6 +13,8 @@ Where this departs from TRL, and why:
   function that names one of them as a required parameter fails with a message saying so.
 * A function without ``**kwargs`` receives only the arguments it names, rather than failing on
   the first dataset column it does not expect.
+* Synchronous functions run in the main thread, as in TRL (the math-verify accuracy reward of TRL's
+  docs uses signal.alarm, which only works there); ``reward.timeout_s`` interrupts them there.
 * In the dry run before training, completions are reference answers given as text: their
   ``completion_ids`` are empty lists.
 
@@ -45,7 +47,8 @@ def looks_like_trl(fn: Callable[..., Any]) -> bool:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return any(name in params for name in TRL_ARGUMENTS)
+    native = "example" in params or "examples" in params  # grpolab's (completions, examples) call
+    return not native and any(name in params for name in TRL_ARGUMENTS)
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -64,6 +67,7 @@ class TrlReward:
         self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
         self.kwargs = dict(kwargs or {})
         self.is_async = _is_async(fn)
+        self.main_thread = not self.is_async  # as in TRL; math-verify's signal.alarm needs it (base.py)
         params = inspect.signature(fn).parameters.values()
         self._takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
         self._named = {p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD}
