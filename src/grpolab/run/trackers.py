@@ -99,8 +99,8 @@ class WandbTracker:
         self.run = wandb.init(
             project=run.project,
             name=run.name,
-            id=run_id or wandb.util.generate_id(),
-            resume="allow",
+            id=run_id,  # None: wandb makes one, saved in trackers.json for a resume
+            resume="allow" if run_id else None,
             config=dict(run.config),
             dir=None if os.environ.get("WANDB_DIR") else str(run.run_dir),
         )
