@@ -106,3 +106,8 @@ def slow(completions, **kwargs):
     while time.monotonic() < end:
         sum(range(1000))
     return [0.0] * len(completions)
+
+
+def conversational_accuracy_reward(completions, solution, **kwargs):
+    """accuracy_reward for conversational data, as TRL's docs write it: the content of the first message."""
+    return accuracy_reward([completion[0]["content"] for completion in completions], solution)
