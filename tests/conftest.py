@@ -63,7 +63,8 @@ def wandb_offline(tmp_path, monkeypatch):
         raise AssertionError("wandb tried to log in; the tests run offline")
 
     monkeypatch.setattr(wandb, "login", no_login)
-    return WandbRecords(root)
+    yield WandbRecords(root)
+    wandb.teardown()  # wandb keeps its first settings (folders, mode) for the process otherwise
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ def _records(path: Path):
         if length == 0 and kind == 0:
             pos += left
             continue
+        if pos + 7 + length > len(data):  # still being written
+            return
         chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == _FULL:
@@ -35,6 +38,20 @@ def _records(path: Path):
             pending += chunk
         elif kind == _LAST:
             yield pending + chunk
+
+
+def _finished_records(path: Path, pb, timeout_s: float = 30.0) -> list:
+    """The run's records once its exit record is on disk: wandb-core writes the file after run.finish() returns."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = []
+        for raw in _records(path):
+            record = pb.Record()
+            record.ParseFromString(raw)
+            records.append(record)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
 
 
 @dataclass
@@ -59,9 +76,7 @@ class WandbRecords:
         for run_dir in sorted(self.root.rglob("offline-run-*")):
             (log_file,) = run_dir.glob("run-*.wandb")
             run: WandbRun | None = None
-            for raw in _records(log_file):
-                record = pb.Record()
-                record.ParseFromString(raw)
+            for record in _finished_records(log_file, pb):
                 kind = record.WhichOneof("record_type")
                 if kind == "run":
                     config = {i.key: json.loads(i.value_json) for i in record.run.config.update}

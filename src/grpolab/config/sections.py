@@ -302,7 +302,7 @@ class LogConfig:
     keep_last: int = 2
     """Checkpoints kept on disk."""
     samples_every: int = 1
-    """Write samples.jsonl every N steps (0 = never)."""
+    """Write samples.jsonl, and the trackers' completions table, every N steps (0 = never)."""
     tensorboard: bool = True
     """Also write TensorBoard events."""
     progress: bool = True

@@ -102,7 +102,7 @@ class WandbTracker:
             id=run_id,  # None: wandb makes one, saved in trackers.json for a resume
             resume="allow" if run_id else None,
             config=dict(run.config),
-            dir=None if os.environ.get("WANDB_DIR") else str(run.run_dir),
+            dir=os.environ.get("WANDB_DIR") or str(run.run_dir),  # read now: wandb caches its first setup
         )
         self.state = {"id": self.run.id}
 
