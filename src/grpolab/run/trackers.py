@@ -17,6 +17,8 @@ creates.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import logging
 import math
@@ -25,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from grpolab.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -93,17 +97,23 @@ class WandbTracker:
     """wandb.init with a persisted id; offline when WANDB_MODE=offline (then nothing logs in)."""
 
     def __init__(self, run: TrackerRun) -> None:
-        wandb = _import("wandb", "wandb")
+        wandb = _import("wandb")
         run_id = run.state.get("id") if run.resume_step is not None else None
         self.wandb = wandb
-        self.run = wandb.init(
-            project=run.project,
-            name=run.name,
-            id=run_id,  # None: wandb makes one, saved in trackers.json for a resume
-            resume="allow" if run_id else None,
-            config=dict(run.config),
-            dir=os.environ.get("WANDB_DIR") or str(run.run_dir),  # read now: wandb caches its first setup
-        )
+        try:
+            self.run = wandb.init(
+                project=run.project,
+                name=run.name,
+                id=run_id,  # None: wandb makes one, saved in trackers.json for a resume
+                resume="allow" if run_id else None,
+                config=dict(run.config),
+                dir=os.environ.get("WANDB_DIR") or str(run.run_dir),  # read now: wandb caches its first setup
+            )
+        except Exception as err:  # no API key, no network: say how to go on without them
+            raise ConfigError(
+                f"log.report_to: wandb could not start a run ({type(err).__name__}: {err}). Run `wandb login`, "
+                "or set WANDB_MODE=offline to log locally (`wandb sync` uploads later)"
+            ) from err
         self.state = {"id": self.run.id}
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -120,7 +130,7 @@ class TrackioTracker:
     """trackio's local store (TRACKIO_DIR, default ~/.cache/huggingface/trackio), or a Space it is set to."""
 
     def __init__(self, run: TrackerRun) -> None:
-        trackio = _import("trackio", "trackio")
+        trackio = _import("trackio")
         resuming = run.resume_step is not None and bool(run.state)
         self.trackio = trackio
         self.run = trackio.init(
@@ -158,18 +168,27 @@ TRACKERS: dict[str, Callable[[TrackerRun], Tracker]] = {
 }
 
 
-def _import(module: str, extra: str):
-    import importlib
+def _missing(module: str) -> ConfigError:
+    return ConfigError(
+        f"log.report_to names {module}, which is not installed: pip install 'grpolab[{module}]' "
+        f"(or remove it from log.report_to)"
+    )
 
+
+def _import(module: str):
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        from grpolab.config import ConfigError
+        raise _missing(module) from err
 
-        raise ConfigError(
-            f"log.report_to names {module}, which is not installed: pip install 'grpolab[{extra}]' "
-            f"(or remove it from log.report_to)"
-        ) from err
+
+def check_trackers(names: Sequence[str]) -> None:
+    """Before any model loads: every tracker of log.report_to is installed."""
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError(f"log.report_to: unknown tracker {name!r}; known: {', '.join(TRACKERS)}")
+        if name != "tensorboard" and importlib.util.find_spec(name) is None:
+            raise _missing(name)
 
 
 def open_trackers(

@@ -29,6 +29,7 @@ from grpolab.run.logging import RunLogger, peak_memory_mb
 from grpolab.run.preflight import build_rewards, check_context, check_model_source, prepare_run_dir
 from grpolab.run.progress import Progress
 from grpolab.run.run_info import write_run_info
+from grpolab.run.trackers import check_trackers
 from grpolab.train.batch import LogprobContext, length_by_correctness, rewards_tensor
 from grpolab.train.optim import build_optimizer
 from grpolab.train.ppo import Critic, rollout_batch_builder
@@ -63,6 +64,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     resume_from = prepare_run_dir(cfg, resume=resume)
     check_model_source(cfg.model)
     rewards = build_rewards(cfg)
+    check_trackers(cfg.log.trackers)
     examples, _eval_examples = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
     _dry_run(cfg, rewards, examples)
     _seed_everything(cfg.seed)

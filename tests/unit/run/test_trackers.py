@@ -1,5 +1,6 @@
 """log.report_to: every tracker gets the config, each metric and the completions table, read back from its store."""
 
+import importlib.util
 import json
 
 import pytest
@@ -8,6 +9,7 @@ from tracker_records import trackio_logs
 from grpolab.config import load_config
 from grpolab.errors import ConfigError
 from grpolab.run.logging import RunLogger
+from grpolab.run.trackers import check_trackers
 
 CONFIG = {"algo": {"name": "grpo", "beta": 0.04}, "log": {"run_name": "r"}}
 ROWS = [
@@ -91,6 +93,17 @@ def test_report_to_config_and_tensorboard_back_compat(tmp_path):
     assert not (tmp_path / "tb").exists() and not (tmp_path / "trackers.json").exists()
 
 
+def test_wandb_online_without_a_key_says_how_to_go_on(tmp_path, wandb_offline, monkeypatch):
+    import wandb
+
+    def no_key(**kwargs):
+        raise wandb.errors.UsageError("api_key not configured (no-tty)")
+
+    monkeypatch.setattr(wandb, "init", no_key)
+    with pytest.raises(ConfigError, match="wandb could not start a run .*set WANDB_MODE=offline"):
+        RunLogger(tmp_path, report_to=["wandb"])
+
+
 def test_a_missing_tracker_package_says_what_to_install(tmp_path, monkeypatch):
     import builtins
 
@@ -105,3 +118,6 @@ def test_a_missing_tracker_package_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.delitem(__import__("sys").modules, "wandb", raising=False)
     with pytest.raises(ConfigError, match=r"pip install 'grpolab\[wandb\]'"):
         RunLogger(tmp_path, report_to=["wandb"])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "trackio" else True)
+    with pytest.raises(ConfigError, match=r"names trackio, which is not installed: pip install 'grpolab\[trackio\]'"):
+        check_trackers(["tensorboard", "wandb", "trackio"])
