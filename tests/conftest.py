@@ -42,3 +42,42 @@ def addition_jsonl(tmp_path_factory):
         return made[size]
 
     return make
+
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    """wandb in offline mode with every folder under tmp_path and login forbidden; returns a reader of
+    what was written (tests/tracker_records.py)."""
+    wandb = pytest.importorskip("wandb")
+    from tracker_records import WandbRecords
+
+    root = tmp_path / "wandb_home"
+    for var, sub in (("WANDB_DIR", ""), ("WANDB_CACHE_DIR", "cache"), ("WANDB_CONFIG_DIR", "config"), ("WANDB_DATA_DIR", "data")):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv(var, str(root / sub))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+    def no_login(*args, **kwargs):
+        raise AssertionError("wandb tried to log in; the tests run offline")
+
+    monkeypatch.setattr(wandb, "login", no_login)
+    yield WandbRecords(root)
+    wandb.teardown()  # wandb keeps its first settings (folders, mode) for the process otherwise
+
+
+@pytest.fixture(scope="session")
+def trackio_dir(tmp_path_factory):
+    """trackio's local store in a temporary folder. trackio reads TRACKIO_DIR once, when first imported."""
+    path = tmp_path_factory.mktemp("trackio")
+    previous = os.environ.get("TRACKIO_DIR")
+    os.environ["TRACKIO_DIR"] = str(path)
+    trackio_utils = pytest.importorskip("trackio.utils")
+    if Path(trackio_utils.TRACKIO_DIR) != path:
+        pytest.fail(f"trackio was imported before this fixture; its store is {trackio_utils.TRACKIO_DIR}")
+    yield path
+    if previous is None:
+        os.environ.pop("TRACKIO_DIR", None)
+    else:
+        os.environ["TRACKIO_DIR"] = previous

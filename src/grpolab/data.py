@@ -106,16 +106,48 @@ def _rows_to_examples(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, origin
                     "Set data.answer_field=null if your rewards need no reference answer."
                 )
             answer = str(row[cfg.answer_field])
+        if isinstance(row[cfg.prompt_field], list):  # TRL's conversational format
+            examples.append(_conversational(row, answer, cfg, where))
+            continue
         question = str(row[cfg.prompt_field])
         prompt = apply_template(cfg.template, question, None if cfg.chat_template else cfg.system_prompt)
         examples.append(Example(prompt=prompt, answer=answer, meta={"row": dict(row), "question": question}))
     return examples
 
 
+def _conversational(row: Mapping[str, Any], answer: str | None, cfg: DataConfig, where: str) -> Example:
+    """A row whose prompt is a list of chat messages; data.system_prompt is added when it has no system turn."""
+    messages = row[cfg.prompt_field]
+    for j, msg in enumerate(messages):
+        if not (isinstance(msg, Mapping) and isinstance(msg.get("role"), str) and "content" in msg):
+            raise DataError(
+                f"{where}: '{cfg.prompt_field}'[{j}] is {msg!r}; a conversational prompt is a list of "
+                'messages like {"role": "user", "content": "..."}'
+            )
+    if not messages:
+        raise DataError(f"{where}: '{cfg.prompt_field}' is an empty list of messages")
+    if cfg.template != "none":
+        raise DataError(
+            f"{where} holds chat messages, which the tokenizer's chat template renders; data.template="
+            f"{cfg.template!r} applies to text prompts only: set data.template=none (instructions go in a "
+            "system message or data.system_prompt)"
+        )
+    messages = [dict(m) for m in messages]
+    if cfg.system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": cfg.system_prompt})
+    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+    question = next((str(m["content"]) for m in reversed(messages) if m["role"] == "user"), text)
+    return Example(
+        prompt=text,
+        answer=answer,
+        meta={"row": dict(row), "question": question},
+        messages=tuple(messages),
+    )
+
+
 def tokenize_prompts(examples: Sequence[Example], tokenizer, cfg: DataConfig) -> list[list[int]]:
     """Token ids of every prompt, computed once. A prompt over data.max_prompt_length is an error naming it."""
-    texts = [_chat(e.prompt, tokenizer, cfg) if cfg.chat_template else e.prompt for e in examples]
-    encoded = tokenizer(texts, add_special_tokens=not cfg.chat_template)["input_ids"]
+    encoded = _encode(examples, tokenizer, cfg)
     for i, ids in enumerate(encoded):
         if len(ids) > cfg.max_prompt_length:
             raise DataError(
@@ -127,12 +159,42 @@ def tokenize_prompts(examples: Sequence[Example], tokenizer, cfg: DataConfig) ->
     return [list(ids) for ids in encoded]
 
 
+def _encode(examples: Sequence[Example], tokenizer, cfg: DataConfig) -> list[list[int]]:
+    """Chat-rendered prompts already hold the template's special tokens; plain text gets the tokenizer's."""
+    texts, special = [], []
+    for e in examples:
+        if e.messages is not None:
+            texts.append(_render(list(e.messages), tokenizer, "the dataset's prompts are chat messages"))
+        elif cfg.chat_template:
+            texts.append(_chat(e.prompt, tokenizer, cfg))
+        else:
+            texts.append(e.prompt)
+        special.append(e.messages is None and not cfg.chat_template)
+    encoded: list[list[int]] = [[] for _ in texts]
+    for flag in (True, False):
+        idx = [i for i, s in enumerate(special) if s is flag]
+        if idx:
+            ids = tokenizer([texts[i] for i in idx], add_special_tokens=flag)["input_ids"]
+            for i, row in zip(idx, ids, strict=True):
+                encoded[i] = row
+    return encoded
+
+
+def _render(messages: list[dict[str, Any]], tokenizer, why: str) -> str:
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise DataError(
+            f"{why}, but the tokenizer has no chat template: use a chat (instruct) model's tokenizer "
+            "(model.tokenizer), or give text prompts"
+        )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def _chat(prompt: str, tokenizer, cfg: DataConfig) -> str:
     if getattr(tokenizer, "chat_template", None) is None:
         raise DataError("data.chat_template=true but the tokenizer has no chat template; set it to false")
     messages = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
     messages.append({"role": "user", "content": prompt})
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return _render(messages, tokenizer, "data.chat_template=true")
 
 
 @dataclass

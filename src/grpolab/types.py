@@ -33,6 +33,9 @@ class Example:
     """The reference answer, when the task has one."""
     meta: Mapping[str, Any] = field(default_factory=dict)
     """Anything else a reward needs (test cases, a reasoning-gym entry, ...)."""
+    messages: tuple[Mapping[str, Any], ...] | None = None
+    """The prompt as chat messages (TRL's conversational format), rendered with the tokenizer's chat
+    template (add_generation_prompt=True); ``prompt`` then holds them as "role: content" lines for logs."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,8 @@ class Completion:
     num_tokens: int
     """Counted tokens, EOS included when produced."""
     finish_reason: FinishReason = "stop"
+    token_ids: tuple[int, ...] | None = None
+    """The counted token ids (EOS included when produced); None where only text is known (the dry run)."""
 
     @property
     def truncated(self) -> bool:
@@ -80,7 +85,11 @@ class Completions:
     def items(self) -> list[Completion]:
         """[N] per-sample views for rewards (which know nothing of tensors)."""
         lengths = self.lengths.tolist()
-        return [Completion(t, n, r) for t, n, r in zip(self.texts, lengths, self.finish_reasons, strict=True)]
+        ids = [tuple(row[:n]) for row, n in zip(self.completion_ids.tolist(), lengths, strict=True)]
+        return [
+            Completion(t, n, r, i)
+            for t, n, r, i in zip(self.texts, lengths, self.finish_reasons, ids, strict=True)
+        ]
 
     @property
     def truncated(self) -> torch.Tensor:

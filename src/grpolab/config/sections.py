@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 AlgoName = Literal["grpo", "dr_grpo", "dapo", "rloo", "online_rft", "reinforce_pp", "ppo"]
 AdvantageName = Literal["grpo", "dr_grpo", "rloo", "online_rft", "reinforce_pp_baseline", "gae"]
+TrackerName = Literal["tensorboard", "wandb", "trackio"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"]
 
 # algo.name -> defaults for the algo fields left as None. Sources: ALGORITHMS.md sections 1, 4.
@@ -205,6 +206,10 @@ class RewardSpec:
     """Weight in the total reward."""
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Arguments for the reward factory."""
+    kind: Literal["auto", "native", "trl"] = "auto"
+    """For "package.module:function": trl = a TRL reward fn(completions, **kwargs) -> list, called with
+    prompts, completion_ids and every dataset column as keyword lists; native = fn(completion, example);
+    auto = trl when the function names completions, prompts or completion_ids."""
 
 
 @dataclass(frozen=True)
@@ -297,7 +302,7 @@ class LogConfig:
     keep_last: int = 2
     """Checkpoints kept on disk."""
     samples_every: int = 1
-    """Write samples.jsonl every N steps (0 = never)."""
+    """Write samples.jsonl, and the trackers' completions table, every N steps (0 = never)."""
     tensorboard: bool = True
     """Also write TensorBoard events."""
     progress: bool = True
@@ -305,3 +310,21 @@ class LogConfig:
     overwrite: bool = False
     """Let a fresh run (no --resume) start in a run directory that holds checkpoints, deleting them;
     without it that is an error, so that no saved run is lost by mistake."""
+    report_to: tuple[TrackerName, ...] | None = None
+    """Experiment trackers: any of tensorboard, wandb, trackio (pip install 'grpolab[wandb]' or
+    '[trackio]'). They get the resolved config, every metric, and a completions table every
+    log.samples_every steps; a resumed run continues the same tracker run. null = [tensorboard] if
+    log.tensorboard else []; when set, it replaces log.tensorboard."""
+    project: str = "grpolab"
+    """Tracker project (wandb, trackio); the tracker run is named log.run_name."""
+
+    def __post_init__(self) -> None:
+        if self.report_to is not None and len(set(self.report_to)) != len(self.report_to):
+            raise ValueError(f"log.report_to lists a tracker twice: {list(self.report_to)}; name each once")
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """log.report_to, or the trackers log.tensorboard implies when it is null."""
+        if self.report_to is not None:
+            return tuple(self.report_to)
+        return ("tensorboard",) if self.tensorboard else ()

@@ -50,7 +50,7 @@ class Grader:
 
     @classmethod
     def from_config(cls, cfg: Config) -> Grader:
-        rewards = [build_reward(s.name, weight=s.weight, kwargs=s.kwargs) for s in cfg.reward.functions]
+        rewards = [build_reward(s.name, weight=s.weight, kwargs=s.kwargs, kind=s.kind) for s in cfg.reward.functions]
         if not rewards:
             raise ValueError(
                 "reward.functions is empty: evaluation grades with the rewards; name at least one"

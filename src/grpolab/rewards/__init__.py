@@ -8,7 +8,10 @@ with ``kwargs``, or ``"package.module:attribute"`` naming one of:
 * a reward object (anything with a str ``name`` and that batched call, e.g. a function decorated
   with ``@per_sample``): used as is, so ``kwargs`` must be empty;
 * a plain function ``fn(completion, example, **kwargs) -> float | None``: a per-sample reward,
-  named after the function, with ``kwargs`` bound as keyword arguments.
+  named after the function, with ``kwargs`` bound as keyword arguments;
+* a TRL reward function ``fn(completions, **kwargs) -> list[float | None]`` (told apart by its
+  parameter names ``completions`` / ``prompts`` / ``completion_ids``, or by ``kind="trl"``), called
+  as TRL's GRPOTrainer calls it (rewards.trl_style), ``async def`` ones awaited concurrently.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from grpolab.rewards.base import (
 )
 from grpolab.rewards.code import make_code_tests
 from grpolab.rewards.math_answer import make_math_accuracy
+from grpolab.rewards.trl_style import TrlReward, looks_like_trl
 
 
 def _make_gym_score() -> PerSample:
@@ -108,8 +112,12 @@ def _import_attr(spec: str) -> Any:
     return getattr(module, attr)
 
 
-def _user_reward(spec: str, kwargs: Mapping[str, Any]) -> Reward:
+def _user_reward(spec: str, kwargs: Mapping[str, Any], kind: str = "auto") -> Reward:
     obj = _import_attr(spec)
+    if kind == "trl" or (kind == "auto" and not inspect.isclass(obj) and _trl_function(obj)):
+        if not callable(obj) or inspect.isclass(obj):
+            raise ValueError(f"reward {spec!r} (kind: trl) must be a function fn(completions, **kwargs)")
+        return TrlReward(obj, name=getattr(obj, "__name__", None), kwargs=kwargs)
     if inspect.isclass(obj):
         reward = _call_factory(spec, obj, kwargs)
         if not isinstance(getattr(reward, "name", None), str):
@@ -127,13 +135,28 @@ def _user_reward(spec: str, kwargs: Mapping[str, Any]) -> Reward:
     raise ValueError(f"reward {spec!r} is a {type(obj).__name__}, not a function, class or reward object")
 
 
+def _trl_function(obj: Any) -> bool:
+    """A TRL reward function, not a grpolab reward object (which has a str ``name``)."""
+    return callable(obj) and not isinstance(getattr(obj, "name", None), str) and looks_like_trl(obj)
+
+
 def build_reward(
-    name: str, *, weight: float = 1.0, kwargs: Mapping[str, Any] | None = None
+    name: str, *, weight: float = 1.0, kwargs: Mapping[str, Any] | None = None, kind: str = "auto"
 ) -> WeightedReward:
-    """A ``REWARDS`` key or ``"package.module:attribute"`` (see the module docstring), with its weight."""
+    """A ``REWARDS`` key or ``"package.module:attribute"`` (see the module docstring), with its weight.
+
+    ``kind``: "auto" tells a TRL function by its parameter names, "trl" insists on one, "native"
+    takes a plain function as ``fn(completion, example)``.
+    """
     kwargs = dict(kwargs or {})
+    if kind not in ("auto", "native", "trl"):
+        raise ValueError(f"reward kind {kind!r} is not one of 'auto', 'native', 'trl'")
     if ":" in name:
-        return WeightedReward(_user_reward(name, kwargs), weight)
+        return WeightedReward(_user_reward(name, kwargs, kind), weight)
+    if kind == "trl":
+        raise ValueError(
+            f"reward {name!r} has kind: trl, which needs a function given as 'package.module:function'"
+        )
     if name not in REWARDS:
         close = difflib.get_close_matches(name, REWARDS, n=3)
         hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
@@ -151,6 +174,7 @@ __all__ = [
     "RewardError",
     "SampleError",
     "ScoreResult",
+    "TrlReward",
     "WeightedReward",
     "build_reward",
     "dry_run",

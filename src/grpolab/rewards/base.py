@@ -6,6 +6,13 @@ A reward is an object with a ``name`` and a batched call
 example G times). ``None`` means "does not apply"; the trainer gives that sample zero advantage.
 Rewards know nothing of tensors or models.
 
+A reward may also be asynchronous: ``is_async = True`` and ``async acall(completions, examples)``
+(TRL-style ``async def`` functions, rewards.trl_style). ``score_batch`` awaits all of a batch's async
+rewards together with ``asyncio.gather`` under one ``timeout_s``, then runs the others in turn.
+
+A reward with ``main_thread = True`` (a synchronous TRL function, whose math-verify calls use
+signal.alarm) runs in the main thread instead, and its timeout interrupts it there.
+
 Timeouts run the reward in a daemon ``threading.Thread`` rather than a ``concurrent.futures``
 pool: a pool's worker threads are joined at interpreter exit, so one reward stuck forever (a
 math-verify parse on an adversarial string) would keep the process from exiting after the error.
@@ -14,13 +21,16 @@ A daemon thread is abandoned instead.
 
 from __future__ import annotations
 
+import _thread
+import asyncio
 import math
 import numbers
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import NoReturn, Protocol, runtime_checkable
 
 from grpolab.errors import GrpolabError
 from grpolab.types import Completion, Example
@@ -124,22 +134,71 @@ class ScoreResult:
 
 
 def _call(reward: Reward, completions: list, examples: list, timeout_s: float | None, first_index: int):
+    call = lambda: reward(completions, examples)  # noqa: E731
+    label = f"'{reward.name}'"
+    if getattr(reward, "main_thread", False) and timeout_s is not None and _can_interrupt_main():
+        return _bounded_in_main(call, label, examples, timeout_s, first_index)
+    return _bounded(call, label, examples, timeout_s, first_index)
+
+
+class _Timeout(BaseException):
+    """Raised in the main thread by _bounded_in_main's timer; BaseException so `except Exception` in a reward lets it by."""
+
+
+def _can_interrupt_main() -> bool:
+    return threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR2")
+
+
+def _bounded_in_main(fn: Callable[[], object], label: str, examples: list, timeout_s: float, first_index: int):
+    """Run ``fn`` in the main thread, interrupted after ``timeout_s`` (between bytecodes, so a call stuck
+    inside C code is interrupted only when it returns).
+
+    For rewards that need the main thread: math-verify's default timeout (TRL's documented accuracy
+    reward) uses signal.alarm, which raises ValueError in any other thread.
+    """
+    done = threading.Event()
+
+    def on_timer(signum, frame) -> None:
+        if not done.is_set():
+            raise _Timeout
+
+    previous = signal.signal(signal.SIGUSR2, on_timer)
+    timer = threading.Timer(timeout_s, _thread.interrupt_main, args=(signal.SIGUSR2,))
+    timer.daemon = True
+    timer.start()
+    try:
+        value = fn()
+        done.set()
+        return value
+    except _Timeout:
+        raise RewardError(
+            f"reward {label} took longer than {timeout_s:g} s on a batch of {len(examples)} "
+            f"completions (first {describe_example(examples[0], first_index)}); raise reward.timeout_s or make it faster"
+        ) from None
+    finally:
+        done.set()
+        timer.cancel()
+        timer.join()
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def _bounded(fn: Callable[[], object], label: str, examples: list, timeout_s: float | None, first_index: int):
     if timeout_s is None:
-        return reward(completions, examples)
+        return fn()
     box: dict[str, object] = {}
 
     def target() -> None:
         try:
-            box["value"] = reward(completions, examples)
+            box["value"] = fn()
         except BaseException as exc:  # handed to the caller's thread, re-raised there
             box["error"] = exc
 
-    worker = threading.Thread(target=target, name=f"reward-{reward.name}", daemon=True)
+    worker = threading.Thread(target=target, name=f"reward-{label}", daemon=True)
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
         raise RewardError(
-            f"reward '{reward.name}' took longer than {timeout_s:g} s on a batch of {len(completions)} "
+            f"reward {label} took longer than {timeout_s:g} s on a batch of {len(examples)} "
             f"completions (first {describe_example(examples[0], first_index)}); raise reward.timeout_s or make it faster"
         )
     if "error" in box:
@@ -186,23 +245,53 @@ def _score_one(
         return []
     try:
         values = _call(wr.reward, completions, examples, timeout_s, first_index)
-    except SampleError as err:
-        if first_index == 0:
-            raise
-        raise SampleError(err.name, err.index + first_index, err.example, err.exc) from err.exc
-    except RewardError:
-        raise
     except Exception as exc:
-        where = (
-            describe_example(examples[0], first_index)
-            if len(examples) == 1
-            else (f"a batch of {len(examples)} (first {describe_example(examples[0], first_index)})")
-        )
-        raise RewardError(
-            f"reward '{wr.name}' raised {type(exc).__name__} on {where}: {exc}. Fix the reward; "
-            "run grpolab.rewards.dry_run to find the exact example"
-        ) from exc
+        _raise_failure(wr, exc, examples, first_index)
     return _checked_values(wr.name, values, examples, first_index)
+
+
+def _raise_failure(wr: WeightedReward, exc: Exception, examples: list, first_index: int) -> NoReturn:
+    """Re-raise ``exc``, raised by ``wr`` on ``examples``, as a RewardError naming the example."""
+    if isinstance(exc, SampleError):
+        if first_index == 0:
+            raise exc
+        raise SampleError(exc.name, exc.index + first_index, exc.example, exc.exc) from exc.exc
+    if isinstance(exc, RewardError):
+        raise exc
+    where = (
+        describe_example(examples[0], first_index)
+        if len(examples) == 1
+        else (f"a batch of {len(examples)} (first {describe_example(examples[0], first_index)})")
+    )
+    raise RewardError(
+        f"reward '{wr.name}' raised {type(exc).__name__} on {where}: {exc}. Fix the reward; "
+        "run grpolab.rewards.dry_run to find the exact example"
+    ) from exc
+
+
+def _is_async(wr: WeightedReward) -> bool:
+    return bool(getattr(wr.reward, "is_async", False)) and hasattr(wr.reward, "acall")
+
+
+def _score_async(
+    rewards: Sequence[WeightedReward], completions: list, examples: list, timeout_s: float | None
+) -> dict[str, list[float | None]]:
+    """Await every async reward together (asyncio.gather, in a fresh loop), each result then checked."""
+
+    async def gather() -> list:
+        calls = (wr.reward.acall(completions, examples) for wr in rewards)  # type: ignore[attr-defined]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    label = "+".join(f"'{wr.name}'" for wr in rewards) + " (async, awaited together)"
+    results = _bounded(lambda: asyncio.run(gather()), label, examples, timeout_s, 0)
+    out = {}
+    for wr, values in zip(rewards, results, strict=True):  # type: ignore[call-overload]
+        if isinstance(values, BaseException):
+            if not isinstance(values, Exception):
+                raise values
+            _raise_failure(wr, values, examples, 0)
+        out[wr.name] = _checked_values(wr.name, values, examples, 0)
+    return out
 
 
 def _check_inputs(rewards: Sequence[WeightedReward], completions: Sequence, examples: Sequence) -> None:
@@ -229,10 +318,18 @@ def score_batch(
     completions, examples = list(completions), list(examples)
     components: dict[str, list[float | None]] = {}
     seconds: dict[str, float] = {}
+    concurrent = [wr for wr in rewards if _is_async(wr)]
+    if concurrent and completions:
+        start = time.perf_counter()
+        components.update(_score_async(concurrent, completions, examples, timeout_s))
+        seconds.update(dict.fromkeys(components, time.perf_counter() - start))
     for wr in rewards:
+        if wr.name in components:
+            continue
         start = time.perf_counter()
         components[wr.name] = _score_one(wr, completions, examples, timeout_s)
         seconds[wr.name] = time.perf_counter() - start
+    components = {wr.name: components[wr.name] for wr in rewards}  # in the configured order
     total: list[float | None] = []
     for i in range(len(completions)):
         parts = [wr.weight * v for wr in rewards if (v := components[wr.name][i]) is not None]

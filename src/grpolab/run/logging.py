@@ -1,4 +1,4 @@
-"""Run outputs: metrics.jsonl (one object per step), TensorBoard events, samples.jsonl."""
+"""Run outputs: metrics.jsonl (one object per step), samples.jsonl, and the trackers of log.report_to."""
 
 from __future__ import annotations
 
@@ -6,10 +6,13 @@ import json
 import math
 import os
 import resource
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from grpolab.run.trackers import open_trackers
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -28,7 +31,18 @@ def _jsonable(v: Any) -> Any:
 class RunLogger:
     """Appends metrics and samples to the run directory; on resume, drops rows past the resumed step."""
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool, resume_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        tensorboard: bool = False,
+        resume_step: int | None = None,
+        report_to: Sequence[str] | None = None,
+        project: str = "grpolab",
+        run_name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ):
+        """``report_to`` names the trackers (run.trackers.TRACKERS); None means TensorBoard when ``tensorboard``."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -39,29 +53,43 @@ class RunLogger:
         else:
             for path in (self.metrics_path, self.samples_path):
                 path.unlink(missing_ok=True)
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=resume_step)
+        names = (("tensorboard",) if tensorboard else ()) if report_to is None else tuple(report_to)
+        self.trackers = open_trackers(
+            names,
+            run_dir=self.run_dir,
+            project=project,
+            run_name=run_name or self.run_dir.name,
+            config=dict(config or {}),
+            resume_step=resume_step,
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, int | float) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
+        for tracker in self.trackers.values():
+            tracker.log(step, metrics)
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Rows to samples.jsonl, and to every tracker as one table."""
         with self.samples_path.open("a") as fh:
             for row in rows:
                 fh.write(json.dumps({"step": step, **row}) + "\n")
+        if self.trackers and rows:
+            columns, table = completions_table(rows)
+            for tracker in self.trackers.values():
+                tracker.table(step, columns, table)
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self.trackers.values():
+            tracker.close()
+        self.trackers = {}
+
+
+def completions_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """Columns (every key of any row, in first-seen order) and rows for a tracker table."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    return columns, [[_jsonable(row.get(c)) for c in columns] for row in rows]
 
 
 def _truncate_after(path: Path, step: int) -> None:

@@ -80,7 +80,7 @@ def build_rewards(cfg: Config) -> list[WeightedReward]:
     rewards = []
     for i, spec in enumerate(cfg.reward.functions):
         try:
-            rewards.append(build_reward(spec.name, weight=spec.weight, kwargs=spec.kwargs))
+            rewards.append(build_reward(spec.name, weight=spec.weight, kwargs=spec.kwargs, kind=spec.kind))
         except GrpolabError:
             raise
         except (ValueError, TypeError) as err:

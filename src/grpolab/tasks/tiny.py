@@ -14,6 +14,10 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 DEFAULT_CHARS = string.digits + "+-*/=()<>., ?:" + string.ascii_letters
+CHAT_TEMPLATE = (  # a chat template the character vocabulary can spell, for conversational data in tests
+    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 def build_char_tokenizer(chars: str = DEFAULT_CHARS) -> PreTrainedTokenizerFast:

@@ -69,7 +69,7 @@ def iterative_rl(cfg: Config) -> IterativeResult:
         raise ConfigError(
             "iterative RL resets the reference to the policy, which LoRA cannot: set model.lora.enabled=false"
         )
-    labels = [build_reward(s.name, weight=s.weight, kwargs=s.kwargs) for s in it.label_rewards]
+    labels = [build_reward(s.name, weight=s.weight, kwargs=s.kwargs, kind=s.kind) for s in it.label_rewards]
     history = read_pairs(cfg.reward_model.data_path) if cfg.reward_model.data_path else []
     policy = cfg.model.name_or_path
     rm_path = str(cfg.reward.functions[rm_index].kwargs["path"])

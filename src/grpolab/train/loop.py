@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from grpolab.config import Config, dump_config
+from grpolab.config import Config, config_to_dict, dump_config
 from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
 from grpolab.inference import limit_cpu_threads
 from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
@@ -29,6 +29,7 @@ from grpolab.run.logging import RunLogger, peak_memory_mb
 from grpolab.run.preflight import build_rewards, check_context, check_model_source, prepare_run_dir
 from grpolab.run.progress import Progress
 from grpolab.run.run_info import write_run_info
+from grpolab.run.trackers import check_trackers
 from grpolab.train.batch import LogprobContext, length_by_correctness, rewards_tensor
 from grpolab.train.optim import build_optimizer
 from grpolab.train.ppo import Critic, rollout_batch_builder
@@ -63,6 +64,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     resume_from = prepare_run_dir(cfg, resume=resume)
     check_model_source(cfg.model)
     rewards = build_rewards(cfg)
+    check_trackers(cfg.log.trackers)
     examples, _eval_examples = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
     _dry_run(cfg, rewards, examples)
     _seed_everything(cfg.seed)
@@ -104,7 +106,14 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
         baseline_mem_mb=baseline_mem_mb,
         device=device,
     )
-    logger = RunLogger(run_dir, tensorboard=cfg.log.tensorboard, resume_step=start if resume_from else None)
+    logger = RunLogger(
+        run_dir,
+        resume_step=start if resume_from else None,
+        report_to=cfg.log.trackers,
+        project=cfg.log.project,
+        run_name=cfg.log.run_name,
+        config=config_to_dict(cfg),
+    )
     _announce(cfg, model, reference, start)
 
     metrics: dict[str, float] = {}
@@ -171,7 +180,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
         )
         logger.log(step, metrics)
         if cfg.log.samples_every and step % cfg.log.samples_every == 0:
-            logger.samples(step, _sample_rows(batch_examples, completions, scores.total, batch.advantages))
+            logger.samples(step, _sample_rows(batch_examples, completions, scores, batch.advantages))
         bad_steps.observe(step, metrics.get("train/skipped_updates", 0.0), model)  # raises to stop the run
         if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0 and reference is not None:
             reference.reset_to(model)
@@ -211,13 +220,14 @@ def _component_means(components: dict[str, list[float | None]]) -> dict[str, flo
     return out
 
 
-def _sample_rows(examples, completions, totals, advantages) -> list[dict[str, Any]]:
+def _sample_rows(examples, completions, scores, advantages) -> list[dict[str, Any]]:
     g = completions.num_generations
     return [
         {
             "prompt": examples[i // g].prompt,
             "completion": completions.texts[i],
-            "reward": totals[i],
+            "reward": scores.total[i],
+            **{f"reward/{name}": values[i] for name, values in scores.components.items()},
             "advantage": float(advantages[i, 0]) if advantages.shape[1] else 0.0,
             "finish_reason": completions.finish_reasons[i],
             "num_tokens": int(completions.lengths[i]),

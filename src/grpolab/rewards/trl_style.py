@@ -1,0 +1,133 @@
+"""Reward functions written for TRL's GRPOTrainer, used unchanged.
+
+A TRL reward function is ``fn(completions, **kwargs) -> list[float | None]``, called once per batch
+with keyword lists of one entry per completion: ``prompts``, ``completions``, ``completion_ids``
+and every dataset column (TRL leaves out the columns named prompt, completion and completion_ids).
+For a conversational example (prompt given as chat messages) the prompt is the message list and the
+completion is ``[{"role": "assistant", "content": text}]``; otherwise both are strings.
+
+Where this departs from TRL, and why:
+
+* TRL also passes ``trainer_state``, ``log_extra`` and ``log_metric``. grpolab has no
+  transformers TrainerState, and logs each reward's mean itself; these are not passed, so a
+  function that names one of them as a required parameter fails with a message saying so.
+* A function without ``**kwargs`` receives only the arguments it names, rather than failing on
+  the first dataset column it does not expect.
+* Synchronous functions run in the main thread, as in TRL (the math-verify accuracy reward of TRL's
+  docs uses signal.alarm, which only works there); ``reward.timeout_s`` interrupts them there.
+* In the dry run before training, completions are reference answers given as text: their
+  ``completion_ids`` are empty lists.
+
+``async def`` functions are awaited together with every other async reward of the batch
+(``asyncio.gather`` in ``score_batch``), as TRL does, so slow remote judges overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from grpolab.rewards.base import RewardError
+from grpolab.types import Completion, Example
+
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids")
+_LEFT_OUT_COLUMNS = ("prompt", "completion", "completion_ids")  # TRL's list, so columns line up
+_TRL_ONLY = ("trainer_state", "log_extra", "log_metric", "environments")
+
+
+def looks_like_trl(fn: Callable[..., Any]) -> bool:
+    """True when ``fn`` names one of TRL's batch arguments (``completions``, ``prompts``, ``completion_ids``).
+
+    grpolab's own per-sample functions take ``(completion, example)``, so the plural names tell them apart.
+    """
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    native = "example" in params or "examples" in params  # grpolab's (completions, examples) call
+    return not native and any(name in params for name in TRL_ARGUMENTS)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    target = fn.func if isinstance(fn, partial) else fn
+    call = target if inspect.isroutine(target) else type(target).__call__  # a callable object
+    return inspect.iscoroutinefunction(call)
+
+
+class TrlReward:
+    """A TRL reward function seen as a grpolab batched reward ``(completions, examples) -> values``."""
+
+    def __init__(
+        self, fn: Callable[..., Any], name: str | None = None, kwargs: Mapping[str, Any] | None = None
+    ):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
+        self.kwargs = dict(kwargs or {})
+        self.is_async = _is_async(fn)
+        self.main_thread = not self.is_async  # as in TRL; math-verify's signal.alarm needs it (base.py)
+        params = inspect.signature(fn).parameters.values()
+        self._takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        self._named = {p.name for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        self._required = {
+            p.name
+            for p in params
+            if p.default is inspect.Parameter.empty
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        }
+        unknown = set(self.kwargs) - self._named
+        if unknown and not self._takes_any:
+            raise ValueError(
+                f"reward {self.name!r} does not accept kwargs {sorted(unknown)}; its parameters are {sorted(self._named)}"
+            )
+
+    def arguments(self, completions: list[Completion], examples: list[Example]) -> dict[str, Any]:
+        """The keyword lists TRL would pass for this batch (one entry per completion)."""
+        columns = [_columns(e) for e in examples]
+        names = list(dict.fromkeys(k for c in columns for k in c))
+        args: dict[str, Any] = {
+            "prompts": [list(e.messages) if e.messages is not None else e.prompt for e in examples],
+            "completions": [
+                [{"role": "assistant", "content": c.text}] if e.messages is not None else c.text
+                for c, e in zip(completions, examples, strict=True)
+            ],
+            "completion_ids": [list(c.token_ids or ()) for c in completions],
+            **{k: [c.get(k) for c in columns] for k in names if k not in TRL_ARGUMENTS},
+            **self.kwargs,
+        }
+        missing = sorted(self._required - set(args))
+        if missing:
+            trl_only = [m for m in missing if m in _TRL_ONLY]
+            hint = (
+                f"{trl_only} exist only inside TRL's trainer; give them a default"
+                if trl_only
+                else "add those columns to the dataset rows, or give the parameters defaults"
+            )
+            raise RewardError(
+                f"reward {self.name!r} needs {missing}, but the batch has only "
+                f"{sorted(set(args))} (dataset columns and TRL's prompts/completions/completion_ids); {hint}"
+            )
+        return args if self._takes_any else {k: v for k, v in args.items() if k in self._named}
+
+    def __call__(self, completions: list[Completion], examples: list[Example]) -> list[float | None]:
+        if self.is_async:  # alone (the dry run, a caller without a loop): run it in its own loop
+            return asyncio.run(self.acall(completions, examples))
+        return self.fn(**self.arguments(completions, examples))
+
+    async def acall(self, completions: list[Completion], examples: list[Example]) -> list[float | None]:
+        result = self.fn(**self.arguments(completions, examples))
+        return await result if inspect.isawaitable(result) else result
+
+    def __repr__(self) -> str:
+        return f"TrlReward({self.name!r}{', async' if self.is_async else ''})"
+
+
+def _columns(example: Example) -> dict[str, Any]:
+    """Every column of the example's dataset row; task examples offer their answer and meta fields."""
+    row = example.meta.get("row")
+    if isinstance(row, Mapping):
+        return {k: v for k, v in row.items() if k not in _LEFT_OUT_COLUMNS}
+    extra = {k: v for k, v in example.meta.items() if k not in _LEFT_OUT_COLUMNS}
+    return {"answer": example.answer, **extra}
