@@ -37,7 +37,9 @@ def _overrides(model_dir, dataset, out, name, *extra) -> list[str]:
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_gold_rewards_are_logged_but_leave_the_updates_unchanged(tiny_model_dir, addition_jsonl, tmp_path, algo):
+def test_gold_rewards_are_logged_but_leave_the_updates_unchanged(
+    tiny_model_dir, addition_jsonl, tmp_path, algo
+):
     data = addition_jsonl(64)
     extra = ["algo.beta=0.0"] if algo == "grpo" else ["algo.name=ppo", "algo.beta=0.04"]
     runs = {}
@@ -70,7 +72,9 @@ def test_gold_rewards_are_logged_but_leave_the_updates_unchanged(tiny_model_dir,
 def test_measure_kl_alone_logs_the_kl_without_gold(tiny_model_dir, addition_jsonl, tmp_path):
     cfg = load_config(
         None,
-        _overrides(tiny_model_dir, addition_jsonl(64), tmp_path, "kl", "algo.beta=0.0", "reward.measure_kl=true"),
+        _overrides(
+            tiny_model_dir, addition_jsonl(64), tmp_path, "kl", "algo.beta=0.0", "reward.measure_kl=true"
+        ),
     )
     rows = read_metrics(train(cfg).run_dir)
     assert all("train/kl_seq" in r for r in rows) and not any(k.startswith("train/gold") for k in rows[0])
@@ -78,7 +82,8 @@ def test_measure_kl_alone_logs_the_kl_without_gold(tiny_model_dir, addition_json
 
 def test_a_bad_gold_reward_names_its_key(tiny_model_dir, addition_jsonl, tmp_path):
     cfg = load_config(
-        None, _overrides(tiny_model_dir, addition_jsonl(64), tmp_path, "bad", "reward.gold=[{name: exact_mach}]")
+        None,
+        _overrides(tiny_model_dir, addition_jsonl(64), tmp_path, "bad", "reward.gold=[{name: exact_mach}]"),
     )
     with pytest.raises(ConfigError, match=r"reward.gold\[0\].*did you mean 'exact_match'"):
         train(cfg)

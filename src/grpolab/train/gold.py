@@ -87,7 +87,9 @@ class GoldMonitor:
     def active(self) -> bool:
         return self.reference is not None
 
-    def measure(self, completions: Completions, examples: list[Example], batch: RolloutBatch) -> dict[str, float]:
+    def measure(
+        self, completions: Completions, examples: list[Example], batch: RolloutBatch
+    ) -> dict[str, float]:
         """train/gold/<name>, train/gold_total and train/kl_seq for this step ({} when off)."""
         if not self.active:
             return {}
@@ -111,7 +113,9 @@ class GoldMonitor:
         if batch.ref_logprobs is not None:
             return batch.ref_logprobs
         with self.reference.model() as ref_model:
-            return self.ctx.logprobs(ref_model, batch.prompt_ids, completions.completion_ids, completions.completion_mask)
+            return self.ctx.logprobs(
+                ref_model, batch.prompt_ids, completions.completion_ids, completions.completion_mask
+            )
 
 
 def sequence_kl(completions: Completions, ref_logprobs: torch.Tensor) -> torch.Tensor:
