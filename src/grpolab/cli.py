@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo", help="run folder of the demo")
     p.add_argument("--size", default="full", choices=["full", "tiny"], help="tiny = a seconds-long smoke run")
     p.add_argument("overrides", nargs="*", help="dotted overrides of the demo config (train.num_steps=50)")
+    p = sub.add_parser("hacking", help="proxy vs gold reward against sqrt(KL): is the reward model hacked?")
+    p.add_argument("--config", "-c", help="YAML config file with reward.gold (not needed with --miniature)")
+    p.add_argument("--betas", default="", help="comma-separated algo.beta values (default: the config's)")
+    p.add_argument("--seeds", default="", help="comma-separated seeds (default: the config's)")
+    p.add_argument("--miniature", action="store_true", help="the CPU miniature: a length-biased reward model")
+    p.add_argument("--out", default="runs/hacking_mini", help="run folder of the miniature")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.num_steps=100")
     p = sub.add_parser("config", help="print the resolved, validated config and exit")
     _config_args(p)
     return parser
@@ -79,6 +86,10 @@ def _run(args: argparse.Namespace) -> int:
         demo_config(args.out, args.size, args.overrides)  # a bad override fails before any work
         print_summary(run_demo(args.out, args.size, args.overrides))
         return 0
+    if args.verb == "hacking":
+        from grpolab.hacking.cli import run_hacking
+
+        return run_hacking(args)
     cfg = load_config(args.config, args.overrides)
     if args.verb == "config":
         print(dump_config(cfg), end="")
