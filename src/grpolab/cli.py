@@ -124,6 +124,8 @@ def _run(args: argparse.Namespace) -> int:
                 f"grpolab: {e.label}: pass@1 {e.pass_at[1]:.3f}, maj@{k} {e.maj_at[k]:.3f}, "
                 f"pass@{k} {e.pass_at[k]:.3f}, greedy {e.greedy_accuracy}"
             )
+            if e.gold_mean:
+                print(f"grpolab: {e.label}: gold " + ", ".join(f"{n} {v:.3f}" for n, v in e.gold_mean.items()))
         print(f"grpolab: eval written to {cfg.eval_dir}")
         return 0
     if args.verb == "train-rm":
