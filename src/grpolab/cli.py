@@ -119,13 +119,7 @@ def _run(args: argparse.Namespace) -> int:
         from grpolab.eval.runner import evaluate
 
         for e in evaluate(cfg):
-            k = e.ks[-1]
-            print(
-                f"grpolab: {e.label}: pass@1 {e.pass_at[1]:.3f}, maj@{k} {e.maj_at[k]:.3f}, "
-                f"pass@{k} {e.pass_at[k]:.3f}, greedy {e.greedy_accuracy}"
-            )
-            if e.gold_mean:
-                print(f"grpolab: {e.label}: gold " + ", ".join(f"{n} {v:.3f}" for n, v in e.gold_mean.items()))
+            _print_eval(e)
         print(f"grpolab: eval written to {cfg.eval_dir}")
         return 0
     if args.verb == "train-rm":
@@ -143,6 +137,16 @@ def _run(args: argparse.Namespace) -> int:
         print(f"grpolab: reward model {done.reward_model_path}")
         return 0
     raise AssertionError(args.verb)
+
+
+def _print_eval(e) -> None:
+    k = e.ks[-1]
+    print(
+        f"grpolab: {e.label}: pass@1 {e.pass_at[1]:.3f}, maj@{k} {e.maj_at[k]:.3f}, "
+        f"pass@{k} {e.pass_at[k]:.3f}, greedy {e.greedy_accuracy}"
+    )
+    if e.gold_mean:
+        print(f"grpolab: {e.label}: gold " + ", ".join(f"{n} {v:.3f}" for n, v in e.gold_mean.items()))
 
 
 def _compare(cfg, algos_arg: str) -> int:
