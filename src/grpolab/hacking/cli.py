@@ -25,8 +25,6 @@ def run_hacking(args: argparse.Namespace) -> int:
         miniature_config(args.out, args.overrides)  # a bad override fails before any work
         result = run_miniature(args.out, betas or DEFAULT_BETAS, seeds or DEFAULT_SEEDS, args.overrides)
     else:
-        if not args.config:
-            raise ConfigError("grpolab hacking needs --config X.yaml (with reward.gold), or --miniature")
         from grpolab.hacking import grid_configs, hacking
 
         cfg = load_config(args.config, args.overrides)
