@@ -118,9 +118,11 @@ def sentence(n: HackingNumbers) -> str:
     where = f"step {n.peak_step}, sqrt(KL) {n.sqrt_kl_at_peak:.2f}"
     proxy = f"the proxy went {n.proxy_at_peak:.3f} -> {n.proxy_end:.3f}"
     if n.hacked:
+        moved = "rose" if n.proxy_gain_after_peak > n.min_drop else "held"
         return (
             f"The proxy was hacked in this run: the gold reward peaked at {n.gold_peak:.3f} ({where}) and fell to "
-            f"{n.gold_end:.3f} by the end (-{n.gold_drop:.3f}) while {proxy} over the same steps."
+            f"{n.gold_end:.3f} by the end (-{n.gold_drop:.3f}, sqrt(KL) {n.sqrt_kl_end:.2f}) while the proxy "
+            f"{moved} ({n.proxy_at_peak:.3f} -> {n.proxy_end:.3f})."
         )
     if n.gold_drop > n.min_drop:
         return (

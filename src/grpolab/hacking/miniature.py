@@ -100,10 +100,20 @@ def _sft_stage(base: Config) -> tuple[Path, str]:
 
     if (base.sft_dir / "config.json").exists():
         log.warning("reusing the SFT model in %s (delete it to train it again)", base.sft_dir)
-        return base.sft_dir, f"reused {base.sft_dir}"
-    init = save_tiny(base.run_dir / "init_model", seed=base.seed, **SIZES["full"][0])
-    done = sft(dataclasses.replace(base, model=dataclasses.replace(base.model, name_or_path=init)))
-    return base.sft_dir, f"demo's tiny model, {done.steps} SFT steps, greedy dev accuracy {done.dev_accuracy}"
+    else:
+        init = save_tiny(base.run_dir / "init_model", seed=base.seed, **SIZES["full"][0])
+        sft(dataclasses.replace(base, model=dataclasses.replace(base.model, name_or_path=init)))
+    return base.sft_dir, _sft_note(base.sft_dir)
+
+
+def _sft_note(sft_dir: Path) -> str:
+    """What the SFT folder's metrics.jsonl says: steps taken and the last greedy dev accuracy."""
+    from grpolab.run.logging import read_metrics
+
+    rows = read_metrics(sft_dir)
+    dev = [r["sft/dev_greedy_accuracy"] for r in rows if "sft/dev_greedy_accuracy" in r]
+    steps = rows[-1]["step"] if rows else "?"
+    return f"the demo's tiny model, {steps} SFT steps, greedy dev accuracy {dev[-1] if dev else 'n/a'} ({sft_dir})"
 
 
 def _reward_model_stage(base: Config, sft_dir: Path) -> tuple[Path, str]:
@@ -113,22 +123,28 @@ def _reward_model_stage(base: Config, sft_dir: Path) -> tuple[Path, str]:
 
     rm_cfg = base.reward_model
     out = base.reward_model_dir
-    if (out / "config.json").exists():
+    path = base.run_dir / "rm_pairs.jsonl"
+    if (out / "config.json").exists() and path.exists():
         log.warning("reusing the reward model in %s (delete it to train it again)", out)
-        return out, f"reused {out}"
+        return out, _rm_note(out, path, rm_cfg.epochs)
     examples, _ = split_eval(load_examples(base.data, seed=base.seed), base.data.eval_size)
     pairs = length_shortcut_pairs(examples[:NUM_PAIRS], seed=base.seed)
-    path = base.run_dir / "rm_pairs.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
     rm_cfg = dataclasses.replace(rm_cfg, base_model=str(sft_dir), data_path=str(path))
-    done = train_reward_model(dataclasses.replace(base, reward_model=rm_cfg))
-    acc = done.metrics.get("eval/pair_accuracy")
-    note = (
-        f"train-rm from the SFT model on {len(pairs)} pairs (chosen = the sum, rejected = the sum less one "
-        f"digit: one character shorter), {rm_cfg.epochs} epochs; held-out pair accuracy {acc}"
+    train_reward_model(dataclasses.replace(base, reward_model=rm_cfg))
+    return out, _rm_note(out, path, rm_cfg.epochs)
+
+
+def _rm_note(out: Path, pairs_path: Path, epochs: int) -> str:
+    """What the reward-model folder's eval.json says, and how many pairs it learned from."""
+    metrics = json.loads((out / "eval.json").read_text()) if (out / "eval.json").exists() else {}
+    num_pairs = len(pairs_path.read_text().splitlines())
+    return (
+        f"train-rm from the SFT model on {num_pairs} pairs (chosen = the sum, rejected = the sum less one "
+        f"digit: one character shorter), {epochs} epochs; held-out pair accuracy "
+        f"{metrics.get('eval/pair_accuracy', 'n/a')}, mean margin {metrics.get('eval/margin_mean', float('nan')):.2f}"
     )
-    return out, note
 
 
 def _grpo_lines(cfg: Config) -> dict[str, Any]:

@@ -45,6 +45,11 @@ def test_a_gold_peak_then_fall_while_the_proxy_rises_is_hacking(tmp_path):
     assert n.hacked and n.gold_drop == pytest.approx(0.6)
     text = sentence(n)
     assert text.startswith("The proxy was hacked in this run") and "0.600" in text and "step 5" in text
+    assert "while the proxy rose (0.400 -> 1.000)" in text
+    flat = analyse(
+        _rows(GOLD, [0.5] * 6 + [0.48] * 5, kl), window=1
+    )  # within min_drop of its value at the peak
+    assert flat.hacked and "while the proxy held (0.500 -> 0.480)" in sentence(flat)
     # smoothed over 3 steps: peak 0.5333 still at step 5, end (0.1 + 0.0) / 2
     s = analyse(read_metrics(run), window=3, min_drop=0.05)
     assert s.peak_step == 5 and s.gold_peak == pytest.approx(1.6 / 3) and s.gold_end == pytest.approx(0.05)
