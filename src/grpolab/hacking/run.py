@@ -10,11 +10,15 @@ not a separate evaluation of checkpoints: the same samples the proxy scored, at 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpolab.config import Config, ConfigError
+from grpolab.config import Config, ConfigError, dump_config
+from grpolab.run.logging import read_metrics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,6 +26,18 @@ class HackingResult:
     report: Path
     run_dirs: dict[str, Path]
     """Run name (beta<beta>_seed<seed>) -> its run directory."""
+
+
+def finished(cfg: Config) -> bool:
+    """True when cfg's run folder holds a run of this exact config whose metrics reach train.num_steps.
+
+    So an interrupted grid, rerun, trains only what is missing (the report reads metrics and samples).
+    """
+    saved = cfg.run_dir / "config.yaml"
+    if not saved.exists() or saved.read_text() != dump_config(cfg):
+        return False
+    rows = read_metrics(cfg.run_dir)
+    return bool(rows) and rows[-1].get("step") == cfg.train.num_steps
 
 
 def run_name(beta: float, seed: int) -> str:
@@ -43,8 +59,8 @@ def grid_configs(cfg: Config, betas: Sequence[float] = (), seeds: Sequence[int] 
     if any(b < 0 for b in betas) or len(set(betas)) != len(betas) or len(set(seeds)) != len(seeds):
         raise ConfigError(f"--betas and --seeds take distinct values, betas >= 0; got {betas} and {seeds}")
     out = {}
-    for beta in betas:
-        for seed in seeds:
+    for seed in seeds:  # seed-major: a grid stopped early has every beta for the seeds it ran
+        for beta in betas:
             name = run_name(beta, seed)
             log_cfg = dataclasses.replace(cfg.log, output_dir=str(cfg.run_dir), run_name=name)
             algo = dataclasses.replace(cfg.algo, beta=float(beta))
@@ -67,6 +83,10 @@ def hacking(
     configs = grid_configs(cfg, betas, seeds)
     run_dirs = {}
     for name, run_cfg in configs.items():
+        if finished(run_cfg):
+            log.warning("%s: already trained with this config (%s), not run again", name, run_cfg.run_dir)
+            run_dirs[name] = run_cfg.run_dir
+            continue
         result = train(run_cfg)
         if result.stopped_by is not None:
             raise KeyboardInterrupt
