@@ -17,6 +17,7 @@ from typing import Any
 
 from grpolab.config import load_config
 from grpolab.hacking.analysis import HackingNumbers, analyse, pick_samples, sentence
+from grpolab.hacking.run import effective_beta
 from grpolab.run.logging import read_metrics
 
 
@@ -34,7 +35,7 @@ def load_run(name: str, run_dir: Path, *, window: int = 9, min_drop: float = 0.0
     numbers = analyse(read_metrics(run_dir), window=window, min_drop=min_drop)
     path = run_dir / "samples.jsonl"
     samples = [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
-    return RunSummary(name, float(cfg.algo.beta), int(cfg.seed), numbers, samples)
+    return RunSummary(name, effective_beta(cfg), int(cfg.seed), numbers, samples)
 
 
 def grid_sentence(runs: list[RunSummary]) -> str:

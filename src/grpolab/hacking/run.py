@@ -40,6 +40,11 @@ def finished(cfg: Config) -> bool:
     return bool(rows) and rows[-1].get("step") == cfg.train.num_steps
 
 
+def effective_beta(cfg: Config) -> float:
+    """The KL coefficient a run trains with: the one place this package reads it from a config."""
+    return float(cfg.algo.beta)
+
+
 def run_name(beta: float, seed: int) -> str:
     return f"beta{beta:g}_seed{seed}"
 
@@ -54,7 +59,7 @@ def grid_configs(cfg: Config, betas: Sequence[float] = (), seeds: Sequence[int] 
             "grpolab hacking needs reward.gold, the reward to watch but not train on, e.g. "
             "reward.gold=[{name: math_accuracy}] (reward.functions holds the proxy it trains on)"
         )
-    betas = list(betas) or [cfg.algo.beta]
+    betas = list(betas) or [effective_beta(cfg)]
     seeds = list(seeds) or [cfg.seed]
     if any(b < 0 for b in betas) or len(set(betas)) != len(betas) or len(set(seeds)) != len(seeds):
         raise ConfigError(f"--betas and --seeds take distinct values, betas >= 0; got {betas} and {seeds}")
