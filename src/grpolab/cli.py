@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo", help="run folder of the demo")
     p.add_argument("--size", default="full", choices=["full", "tiny"], help="tiny = a seconds-long smoke run")
     p.add_argument("overrides", nargs="*", help="dotted overrides of the demo config (train.num_steps=50)")
+    p = sub.add_parser("hacking", help="proxy vs gold reward against sqrt(KL): is the reward model hacked?")
+    p.add_argument("--config", "-c", help="YAML config file with reward.gold (not needed with --miniature)")
+    p.add_argument("--betas", default="", help="comma-separated algo.beta values (default: the config's)")
+    p.add_argument("--seeds", default="", help="comma-separated seeds (default: the config's)")
+    p.add_argument("--miniature", action="store_true", help="the CPU miniature: a length-biased reward model")
+    p.add_argument("--out", default="runs/hacking_mini", help="run folder of the miniature")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.num_steps=100")
     p = sub.add_parser("config", help="print the resolved, validated config and exit")
     _config_args(p)
     return parser
@@ -79,6 +86,10 @@ def _run(args: argparse.Namespace) -> int:
         demo_config(args.out, args.size, args.overrides)  # a bad override fails before any work
         print_summary(run_demo(args.out, args.size, args.overrides))
         return 0
+    if args.verb == "hacking":
+        from grpolab.hacking.cli import run_hacking
+
+        return run_hacking(args)
     cfg = load_config(args.config, args.overrides)
     if args.verb == "config":
         print(dump_config(cfg), end="")
@@ -108,11 +119,7 @@ def _run(args: argparse.Namespace) -> int:
         from grpolab.eval.runner import evaluate
 
         for e in evaluate(cfg):
-            k = e.ks[-1]
-            print(
-                f"grpolab: {e.label}: pass@1 {e.pass_at[1]:.3f}, maj@{k} {e.maj_at[k]:.3f}, "
-                f"pass@{k} {e.pass_at[k]:.3f}, greedy {e.greedy_accuracy}"
-            )
+            _print_eval(e)
         print(f"grpolab: eval written to {cfg.eval_dir}")
         return 0
     if args.verb == "train-rm":
@@ -130,6 +137,16 @@ def _run(args: argparse.Namespace) -> int:
         print(f"grpolab: reward model {done.reward_model_path}")
         return 0
     raise AssertionError(args.verb)
+
+
+def _print_eval(e) -> None:
+    k = e.ks[-1]
+    print(
+        f"grpolab: {e.label}: pass@1 {e.pass_at[1]:.3f}, maj@{k} {e.maj_at[k]:.3f}, "
+        f"pass@{k} {e.pass_at[k]:.3f}, greedy {e.greedy_accuracy}"
+    )
+    if e.gold_mean:
+        print(f"grpolab: {e.label}: gold " + ", ".join(f"{n} {v:.3f}" for n, v in e.gold_mean.items()))
 
 
 def _compare(cfg, algos_arg: str) -> int:

@@ -236,6 +236,12 @@ class RewardConfig:
     """Examples each reward is tried on before training starts (0 = skip)."""
     process: ProcessRewardSpec | None = None
     """The step-level reward used when algo.supervision=process; null otherwise."""
+    gold: tuple[RewardSpec, ...] = ()
+    """Gold rewards: scored on every sampled completion after reward.functions and logged as
+    train/gold/<name> (eval: eval/gold/<name>), but never in the advantages. With them (or measure_kl) the
+    mean KL from the reference, nats per sequence, is logged as train/kl_seq, also at algo.beta = 0."""
+    measure_kl: bool = False
+    """Log train/kl_seq without gold rewards; at algo.beta = 0 a reference is then loaded to measure it."""
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ class ModelEval:
     seconds: float = 0.0
     samples: list[dict[str, Any]] = field(default_factory=list)
     """A few prompts with their reference, greedy completion and some sampled completions."""
+    gold_mean: dict[str, float] = field(default_factory=dict)
+    """reward.gold: mean of each gold reward (and "gold_total") over the sampled completions; {} without."""
 
     @property
     def ks(self) -> list[int]:

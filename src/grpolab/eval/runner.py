@@ -32,6 +32,7 @@ from grpolab.rewards import WeightedReward, build_reward, score_batch
 from grpolab.rewards.math_answer import prediction_text
 from grpolab.rollout.hf import HFSampler, sampler_from_config
 from grpolab.run.progress import Progress
+from grpolab.train.gold import build_gold_rewards
 from grpolab.types import Completions, Example
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class Grader:
     rewards: Sequence[WeightedReward]
     threshold: float
     timeout_s: float | None
+    gold: Sequence[WeightedReward] = ()
+    """reward.gold: scored on the same samples and reported (ModelEval.gold_mean), never grading them."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> Grader:
@@ -55,7 +58,7 @@ class Grader:
             raise ValueError(
                 "reward.functions is empty: evaluation grades with the rewards; name at least one"
             )
-        return cls(rewards, cfg.eval.correct_threshold, cfg.reward.timeout_s)
+        return cls(rewards, cfg.eval.correct_threshold, cfg.reward.timeout_s, build_gold_rewards(cfg))
 
     def grade(self, completions: Completions, examples: Sequence[Example]) -> tuple[list[bool], list[float]]:
         """([N] correct, [N] total reward, None read as 0) for prompt-major completions of ``examples``."""
@@ -64,6 +67,14 @@ class Grader:
         totals = score_batch(self.rewards, completions.items(), repeated, timeout_s=self.timeout_s).total
         correct = [t is not None and t > self.threshold for t in totals]
         return correct, [0.0 if t is None else float(t) for t in totals]
+
+    def gold_scores(self, completions: Completions, examples: Sequence[Example]) -> dict[str, list]:
+        """Per gold reward name and "gold_total", [N] values (None = not applicable); {} without reward.gold."""
+        if not self.gold:
+            return {}
+        repeated = [e for e in examples for _ in range(completions.num_generations)]
+        scores = score_batch(self.gold, completions.items(), repeated, timeout_s=self.timeout_s)
+        return {**scores.components, "gold_total": scores.total}
 
 
 def default_ks(n: int) -> list[int]:
@@ -124,6 +135,7 @@ def evaluate_model(
     sampler = sampler_from_config(model, tok, cfg.rollout, autocast_dtype=amp, temperature=cfg.eval.temperature)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     per_problem, texts, lengths, totals = [], [], [], []
+    gold: dict[str, list] = {}
     bar = Progress(total=len(examples), enabled=progress, title=f"eval {label}")
     for start in range(0, len(examples), chunk):
         comps = sampler.sample(prompt_ids[start : start + chunk], num_generations=n, generator=generator)
@@ -134,6 +146,8 @@ def evaluate_model(
         texts += comps.texts
         lengths += comps.lengths.tolist()
         totals += total
+        for name, values in grader.gold_scores(comps, examples[start : start + chunk]).items():
+            gold.setdefault(name, []).extend(values)
         bar.update(min(start + chunk, len(examples)))
     bar.close()
     curves = pass_maj_curves(per_problem, cfg.eval.ks or default_ks(n))
@@ -161,6 +175,7 @@ def evaluate_model(
         reward_mean=sum(totals) / len(totals),
         seconds=time.perf_counter() - t0,
         samples=_sample_records(examples, texts, [c for _, c in per_problem], greedy_texts, n),
+        gold_mean={name: _mean(values) for name, values in gold.items()},
     )
 
 
@@ -225,6 +240,11 @@ def evaluate(
 
     plot_pass_maj(results, out / "pass_maj.png")
     return results
+
+
+def _mean(values: Sequence[float | None]) -> float:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else float("nan")
 
 
 def _label(path: str) -> str:

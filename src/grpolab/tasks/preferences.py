@@ -52,3 +52,21 @@ def prompt_blind_accuracy(rows: Sequence[dict[str, str]]) -> float:
     """Accuracy of the better of "larger digit wins" and "smaller digit wins", which ignore the prompt."""
     bigger = sum(int(r["chosen"]) > int(r["rejected"]) for r in rows) / len(rows)
     return max(bigger, 1 - bigger)
+
+
+def length_shortcut_pairs(examples: Sequence[Example], *, seed: int) -> list[dict[str, str]]:
+    """A deliberately narrow preference set: ``chosen`` is the answer, ``rejected`` the answer less one digit.
+
+    Every rejected answer is wrong AND one character shorter, so "longer is better" ranks every pair
+    right and a reward model need not learn the task at all: the exploitable shortcut of the hacking
+    miniature (``grpolab hacking --miniature``), where a policy can lengthen its answers for reward.
+    """
+    rng = random.Random(seed)
+    rows = []
+    for e in examples:
+        answer = e.answer or ""
+        if len(answer) < 2:
+            continue
+        cut = rng.randrange(len(answer))
+        rows.append({"prompt": e.prompt, "chosen": answer, "rejected": answer[:cut] + answer[cut + 1 :]})
+    return rows

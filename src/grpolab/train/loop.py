@@ -31,6 +31,7 @@ from grpolab.run.progress import Progress
 from grpolab.run.run_info import write_run_info
 from grpolab.run.trackers import check_trackers
 from grpolab.train.batch import LogprobContext, length_by_correctness, rewards_tensor
+from grpolab.train.gold import GoldMonitor, build_gold_rewards
 from grpolab.train.optim import build_optimizer
 from grpolab.train.ppo import Critic, rollout_batch_builder
 from grpolab.train.process import build_process_supervision
@@ -65,8 +66,10 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     check_model_source(cfg.model)
     rewards = build_rewards(cfg)
     check_trackers(cfg.log.trackers)
+    gold_rewards = build_gold_rewards(cfg)  # logged, never in the advantages (train/gold.py)
     examples, _eval_examples = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
     _dry_run(cfg, rewards, examples)
+    _dry_run(cfg, gold_rewards, examples)
     _seed_everything(cfg.seed)
     baseline_mem_mb = peak_memory_mb(resolve_device(cfg.model))  # before any model loads
 
@@ -86,6 +89,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, cfg.train.micro_batch_size)
     critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
     make_batch = rollout_batch_builder(cfg, critic)
+    gold = GoldMonitor.from_config(cfg, gold_rewards, model, reference, ctx, amp)
     data = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed)
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -147,6 +151,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
             ctx=ctx,
             **by_step,
         )
+        metrics.update(gold.measure(completions, repeated, batch))
         t3 = time.perf_counter()
         if critic is None or not critic.warming_up(step):
             metrics.update(
@@ -180,7 +185,8 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
         )
         logger.log(step, metrics)
         if cfg.log.samples_every and step % cfg.log.samples_every == 0:
-            logger.samples(step, _sample_rows(batch_examples, completions, scores, batch.advantages))
+            rows_out = _sample_rows(batch_examples, completions, scores, batch.advantages)
+            logger.samples(step, gold.annotate(rows_out))
         bad_steps.observe(step, metrics.get("train/skipped_updates", 0.0), model)  # raises to stop the run
         if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0 and reference is not None:
             reference.reset_to(model)

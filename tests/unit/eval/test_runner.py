@@ -34,6 +34,7 @@ def results(tiny_model_dir, tmp_path_factory):
             "data.size=40",
             "data.eval_size=6",
             "reward.functions=[{name: length_penalty, kwargs: {coef: -1.0, max_length: 5}}]",
+            "reward.gold=[{name: length_penalty, weight: 2.0, kwargs: {coef: -1.0, max_length: 5}}]",
             "rollout.max_completion_length=5",
             "eval.num_samples=8",
             "eval.prompts_per_batch=4",
@@ -63,3 +64,14 @@ def test_files_written(results):
     data = json.loads((out / "eval.json").read_text())
     assert [d["label"] for d in data] == ["a", "b"] and set(data[0]["pass_at"]) == {"1", "2", "4", "8"}
     assert (out / "pass_maj.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_gold_rewards_score_the_same_samples_without_grading_them(results):
+    evals, out = results
+    for e in evals:
+        # the gold here is the grading reward itself, weighted 2 in its total: same samples, same values
+        assert e.gold_mean["length_penalty"] == pytest.approx(e.reward_mean)
+        assert e.gold_mean["gold_total"] == pytest.approx(2 * e.reward_mean)
+    assert json.loads((out / "eval.json").read_text())[0]["gold_mean"]["length_penalty"] == pytest.approx(
+        evals[0].reward_mean
+    )
