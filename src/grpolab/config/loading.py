@@ -53,11 +53,42 @@ def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(
+                    f"{self.name}:{line}: key '{key}' is given twice (first on line {seen[key]}); YAML would "
+                    "keep only the last one: merge the two into one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    if path.is_dir():
+        raise ConfigError(f"--config {path} is a folder; give the YAML file itself (e.g. {path}/config.yaml)")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line} is not UTF-8 text (byte {err.start}); save the file as UTF-8") from err
+    except OSError as err:
+        raise ConfigError(f"config file {path} cannot be read: {err.strerror}") from err
+    try:
+        loader = _UniqueKeyLoader(text)
+        loader.name = str(path)
+        try:
+            data = loader.get_single_data() or {}
+        finally:
+            loader.dispose()
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):

@@ -205,6 +205,9 @@ class RewardSpec:
     """Weight in the total reward."""
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Arguments for the reward factory."""
+    alias: str | None = None
+    """Name this reward is logged and combined under (train/reward/<alias>); needed when two entries
+    would otherwise share a name, e.g. the same reward with two kwargs. null = the reward's own name."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +263,9 @@ class TrainConfig:
     max_bad_steps: int = 3
     """Stop (TrainingError, last good checkpoint kept) after this many steps in a row whose update was
     skipped for a NaN or infinite loss or gradient; 0 = never stop, only skip."""
+    max_no_signal_steps: int = 50
+    """Stop (TrainingError) after this many steps in a row that carry no learning signal: every group's
+    rewards equal (zero std) or no valid reward at all. A warning comes after 3 such steps; 0 = never stop."""
 
 
 @dataclass(frozen=True)
@@ -305,3 +311,6 @@ class LogConfig:
     overwrite: bool = False
     """Let a fresh run (no --resume) start in a run directory that holds checkpoints, deleting them;
     without it that is an error, so that no saved run is lost by mistake."""
+    resume_allow: tuple[str, ...] = ()
+    """Config keys (or sections, e.g. "model") that --resume may change although they alter what was
+    trained; same as ``grpolab train --resume --resume-allow-change KEY``. See run/resume.py."""

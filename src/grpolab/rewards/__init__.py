@@ -127,10 +127,29 @@ def _user_reward(spec: str, kwargs: Mapping[str, Any]) -> Reward:
     raise ValueError(f"reward {spec!r} is a {type(obj).__name__}, not a function, class or reward object")
 
 
+class Aliased:
+    """A reward under another name (RewardSpec.alias): logged and combined as ``name``."""
+
+    def __init__(self, reward: Reward, name: str) -> None:
+        self.reward, self.name = reward, name
+
+    def __call__(self, completions, examples):
+        return self.reward(completions, examples)
+
+    def __getattr__(self, attr: str) -> Any:  # num_parameters, modules: as the wrapped reward
+        if attr == "reward":
+            raise AttributeError(attr)
+        return getattr(self.reward, attr)
+
+
 def build_reward(
-    name: str, *, weight: float = 1.0, kwargs: Mapping[str, Any] | None = None
+    name: str, *, weight: float = 1.0, kwargs: Mapping[str, Any] | None = None, alias: str | None = None
 ) -> WeightedReward:
-    """A ``REWARDS`` key or ``"package.module:attribute"`` (see the module docstring), with its weight."""
+    """A ``REWARDS`` key or ``"package.module:attribute"`` (see the module docstring), with its weight;
+    ``alias`` renames it (two entries of one reward with different kwargs)."""
+    if alias is not None:
+        inner = build_reward(name, weight=weight, kwargs=kwargs)
+        return WeightedReward(Aliased(inner.reward, alias), weight)
     kwargs = dict(kwargs or {})
     if ":" in name:
         return WeightedReward(_user_reward(name, kwargs), weight)

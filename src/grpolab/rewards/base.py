@@ -192,6 +192,11 @@ def _score_one(
         raise SampleError(err.name, err.index + first_index, err.example, err.exc) from err.exc
     except RewardError:
         raise
+    except SystemExit as exc:  # sys.exit() in a reward would end the run with no message
+        raise RewardError(
+            f"reward '{wr.name}' called sys.exit({exc.code!r}) on {describe_example(examples[0], first_index)}; "
+            "a reward must return a value (or None), never exit the process"
+        ) from exc
     except Exception as exc:
         where = (
             describe_example(examples[0], first_index)
@@ -214,7 +219,9 @@ def _check_inputs(rewards: Sequence[WeightedReward], completions: Sequence, exam
     names = [wr.name for wr in rewards]
     for name in names:
         if names.count(name) > 1:
-            raise ValueError(f"two rewards are named '{name}'; give each reward a distinct name")
+            raise ValueError(
+                f"two rewards are named '{name}'; give each a distinct name (reward.functions[i].alias)"
+            )
 
 
 def score_batch(
