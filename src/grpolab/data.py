@@ -34,12 +34,24 @@ def load_examples(cfg: DataConfig, *, seed: int) -> list[Example]:
             raise DataError(
                 "data.source=reasoning_gym needs data.name, a reasoning-gym dataset such as 'chain_sum'"
             )
-        return gym_examples(cfg.name, size=cfg.size, seed=seed, params=cfg.params, template=cfg.template)
+        return _task(gym_examples, cfg, cfg.name, size=cfg.size, seed=seed, params=cfg.params, template=cfg.template)
     if cfg.source == "arithmetic":
         from grpolab.tasks.arithmetic import arithmetic_examples
 
-        return arithmetic_examples(size=cfg.size, seed=seed, **dict(cfg.params))
+        return _task(arithmetic_examples, cfg, size=cfg.size, seed=seed, **dict(cfg.params))
     raise DataError(f"unknown data.source '{cfg.source}'")
+
+
+def _task(make, cfg: DataConfig, *args: Any, **kwargs: Any) -> list[Example]:
+    """A built-in task's examples; a bad data.size / data.params is a DataError naming them."""
+    try:
+        return make(*args, **kwargs)
+    except GrpolabError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise DataError(
+            f"data.source={cfg.source} with data.size={cfg.size}, data.params={dict(cfg.params)}: {err}"
+        ) from err
 
 
 def split_eval(examples: Sequence[Example], eval_size: int) -> tuple[list[Example], list[Example]]:
