@@ -171,8 +171,8 @@ def _stopped_message(result) -> str:
     if last is None:
         return f"grpolab: stopped by {name} before step 1; no checkpoint was written (nothing to resume)"
     return (
-        f"grpolab: stopped by {name} after step {result.final_step}; checkpoint {last} saved; "
-        "continue with: grpolab train --resume (same config)"
+        f"grpolab: stopped by {name} after step {result.final_step}; checkpoint saved in {result.run_dir} "
+        f"({last.name}); continue with: grpolab train --resume (same config)"
     )
 
 
