@@ -109,6 +109,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
         record_resume(cfg, point, start)
     else:
         clear_previous_run(cfg)  # log.overwrite: only now, every check passed
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     write_run_info(
         cfg,
@@ -320,5 +321,7 @@ class _Resumable:
                     f"algo.name={cfg.algo.name} cannot resume it; resume with the run's own algo.name"
                 )
             self.critic.load_state_dict(state["critic"])
+            value_lr = cfg.algo.value_lr or cfg.optim.lr
+            apply_optim_config(self.critic.optimizer, self.critic.scheduler, cfg, lr=value_lr)
         log.info("resumed from %s at step %d", path, state["step"])
         return int(state["step"])
