@@ -136,6 +136,14 @@ CASES = {
         [], "config.yaml:3: key 'beta' is given twice (first on line 2)", ConfigError,
         files={"config.yaml": "algo:\n  beta: 0.1\n  beta: 0.2\n"},
     ),
+    "unknown key in the config file": Case(
+        [], "config.yaml:3: unknown config key 'train.num_step'; did you mean", ConfigError,
+        files={"config.yaml": "algo:\n  beta: 0.1\ntrain: {num_step: 3}\n"},
+    ),
+    "config number out of range, by line": Case(
+        [], "config.yaml:4: config key 'optim.betas[1]' is inf", ConfigError,
+        files={"config.yaml": "optim:\n  betas:\n    - 0.9\n    - .inf\n"},
+    ),
     "config not UTF-8": Case(
         [], "config.yaml:2 is not UTF-8 text", ConfigError, files={"config.yaml": b"algo:\n  name: gr\xffpo\n"}
     ),

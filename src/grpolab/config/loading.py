@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -21,12 +22,55 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     raw: dict[str, Any] = {}
     if path is not None:
         raw = _read_yaml(Path(path))
+    overridden = []
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override '{item}' must look like section.key=value, e.g. algo.beta=0.0")
         _set_dotted(raw, key.strip(), _parse_scalar(text))
-    return config_from_dict(raw)
+        overridden.append(key.strip())
+    try:
+        return config_from_dict(raw)
+    except ConfigError as err:
+        line = _line_of(err, Path(path), overridden) if path is not None else None
+        if line is None:
+            raise
+        raise ConfigError(f"{path}:{line}: {err}") from err
+
+
+_DOTTED = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*|\[\d+\])+")
+
+
+def _key_lines(node: Any, prefix: str = "") -> dict[str, int]:
+    """Dotted key -> line (1-based) of every key of a composed YAML document."""
+    out: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = f"{prefix}{key_node.value}"
+            out[key] = key_node.start_mark.line + 1
+            out.update(_key_lines(value_node, key + "."))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out[f"{prefix.rstrip('.')}[{i}]"] = item.start_mark.line + 1
+            out.update(_key_lines(item, f"{prefix.rstrip('.')}[{i}]."))
+    return out
+
+
+def _line_of(err: ConfigError, path: Path, overridden: Sequence[str]) -> int | None:
+    """The line of the config file that holds the key an error names, unless an override set it."""
+    try:
+        lines = _key_lines(yaml.compose(path.read_text(encoding="utf-8")))
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return None
+    for token in _DOTTED.findall(str(err)):
+        if any(token == k or token.startswith((k + ".", k + "[")) for k in overridden):
+            continue
+        key = token
+        while key:
+            if key in lines:
+                return lines[key]
+            key = key.rpartition(".")[0] if "." in key else ""
+    return None
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> Config:
