@@ -134,9 +134,22 @@ class NoSignal:
     zero-std groups reports what it kept, so it composes: only steps with nothing kept count.
     """
 
-    def __init__(self, limit: int, *, group_baseline: bool, warn_after: int = 3) -> None:
+    def __init__(self, limit: int, *, group_baseline: bool, warn_after: int = 3, enabled: bool = True) -> None:
         self.limit, self.group_baseline, self.warn_after = limit, group_baseline, warn_after
+        self.enabled = enabled
         self.in_a_row = 0
+
+    @classmethod
+    def from_config(cls, cfg) -> NoSignal:
+        """Group baselines read zero_std_frac; process supervision is not judged (its signal is in the step
+        rewards, which these outcome metrics do not see)."""
+        from grpolab.config.validate import GROUP_ADVANTAGES
+
+        return cls(
+            cfg.train.max_no_signal_steps,
+            group_baseline=cfg.algo.resolved_advantage in GROUP_ADVANTAGES,
+            enabled=cfg.algo.supervision != "process",
+        )
 
     def has_signal(self, metrics: dict[str, float]) -> bool:
         if metrics.get("train/reward_valid_frac", 1.0) <= 0:
@@ -146,7 +159,7 @@ class NoSignal:
         return metrics.get("train/reward_std", 1.0) > 0
 
     def observe(self, step: int, metrics: dict[str, float]) -> None:
-        if self.has_signal(metrics):
+        if not self.enabled or self.has_signal(metrics):
             self.in_a_row = 0
             return
         self.in_a_row += 1

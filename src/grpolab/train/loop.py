@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from grpolab.config import Config, ConfigError, dump_config
-from grpolab.config.validate import GROUP_ADVANTAGES
 from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
 from grpolab.inference import limit_cpu_threads
 from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
@@ -99,8 +98,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
 
     bad_steps = BadSteps(cfg.train.max_bad_steps, run_dir)
-    group_baseline = cfg.algo.resolved_advantage in GROUP_ADVANTAGES
-    no_signal = NoSignal(cfg.train.max_no_signal_steps, group_baseline=group_baseline)
+    no_signal = NoSignal.from_config(cfg)  # zero-std / no-valid-reward steps in a row (run/guards.py)
     resumable = _Resumable(
         model, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps, no_signal
     )

@@ -116,3 +116,15 @@ def test_an_alias_renames_a_reward_so_two_of_one_kind_can_be_combined():
     result = score_batch([a, b], [Completion("x\n2", 2)], [Example("1+1=", answer="2")], timeout_s=None)
     assert result.components == {"exact_match": [0.0], "exact_last_line": [1.0]}
     assert result.total == [0.5]
+
+
+def test_no_signal_from_config_picks_the_baseline_and_skips_process_supervision():
+    assert NoSignal.from_config(load_config(None, [])).group_baseline
+    ppo = NoSignal.from_config(load_config(None, ["algo.name=ppo", "train.max_no_signal_steps=7"]))
+    assert not ppo.group_baseline and ppo.limit == 7
+    process = NoSignal.from_config(
+        load_config(None, ["algo.supervision=process", "reward.process={name: 'my_module:steps'}"])
+    )
+    for step in range(1, 200):
+        process.observe(step, FLAT)  # outcome metrics do not see the step rewards: never judged
+    assert process.in_a_row == 0
