@@ -144,6 +144,9 @@ CASES = {
         [], "config.yaml:4: config key 'optim.betas[1]' is inf", ConfigError,
         files={"config.yaml": "optim:\n  betas:\n    - 0.9\n    - .inf\n"},
     ),
+    "duplicate key in an override": Case(
+        ["reward.functions=[{name: exact_match, name: r1_format}]"], "key 'name' is given twice", ConfigError
+    ),
     "config not UTF-8": Case(
         [], "config.yaml:2 is not UTF-8 text", ConfigError, files={"config.yaml": b"algo:\n  name: gr\xffpo\n"}
     ),

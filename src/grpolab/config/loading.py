@@ -141,10 +141,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def _parse_scalar(text: str) -> Any:
+    loader = _UniqueKeyLoader(text)
+    loader.name = f"override value {text!r}"
     try:
-        return yaml.safe_load(text)
+        return loader.get_single_data()
     except yaml.YAMLError:
         return text
+    finally:
+        loader.dispose()
 
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
