@@ -58,7 +58,7 @@ def _range_checks(cfg: Any) -> list[tuple[bool, str]]:
         (any(not 0 <= b < 1 for b in o.betas), "optim.betas must both be in [0, 1) (AdamW: 0.9, 0.99)"),
         (o.max_grad_norm < 0, "optim.max_grad_norm must be >= 0 (0 = no clip)"),
         (o.warmup_steps < 0, "optim.warmup_steps must be >= 0"),
-        (getattr(t, "max_no_signal_steps", 0) < 0, "train.max_no_signal_steps must be >= 0 (0 = never stop)"),
+        (t.max_no_signal_steps < 0, "train.max_no_signal_steps must be >= 0 (0 = never stop)"),
         (e.every < 0 or e.max_prompts < 0, "eval.every and eval.max_prompts must be >= 0"),
         (e.temperature < 0, "eval.temperature must be >= 0 (0 = greedy)"),
         (lg.samples_every < 0, "log.samples_every must be >= 0 (0 = never)"),
