@@ -12,6 +12,7 @@ number, the shell convention): ``grpolab train --resume`` with the same config c
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
@@ -21,6 +22,9 @@ from collections.abc import Sequence
 from grpolab.config import ConfigError, dump_config, load_config
 from grpolab.errors import GrpolabError, one_line
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", help="YAML config file")
@@ -29,11 +33,20 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpolab", description="GRPO and PPO fine-tuning of causal LMs")
-    parser.add_argument("--log-level", default="INFO", help="python logging level")
+    parser.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="python logging level"
+    )
     sub = parser.add_subparsers(dest="verb", required=True)
     p = sub.add_parser("train", help="GRPO, PPO and variants (algo.name=...)")
     _config_args(p)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of the run")
+    p.add_argument(
+        "--resume-allow-change",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="with --resume: let this config key (or section) differ from the saved run (repeatable)",
+    )
     p = sub.add_parser("compare", help="GRPO vs PPO side by side: models, parameters, peak memory, time, reward")
     _config_args(p)
     p.add_argument("--algos", default="grpo,ppo", help="comma-separated algo.name values, run in this order")
@@ -71,6 +84,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GrpolabError as err:
         print(f"grpolab: error: {one_line(err)}", file=sys.stderr)
         return 2
+    except OSError as err:
+        if err.errno not in _DISK_ERRORS:
+            raise
+        where = f" writing {err.filename}" if err.filename else ""
+        print(
+            f"grpolab: error: {err.strerror}{where}; free space, fix the permissions or choose another "
+            "log.output_dir (a checkpoint already written is intact: checkpoints are written atomically)",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:  # outside train()'s own handling, e.g. while a model loads
         print("grpolab: interrupted", file=sys.stderr)
         return 130
@@ -90,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
         from grpolab.hacking.cli import run_hacking
 
         return run_hacking(args)
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, _overrides(args))
     if args.verb == "config":
         print(dump_config(cfg), end="")
         return 0
@@ -99,11 +122,7 @@ def _run(args: argparse.Namespace) -> int:
 
         result = train(cfg, resume=args.resume)
         if result.stopped_by is not None:
-            print(
-                f"grpolab: stopped by {signal.Signals(result.stopped_by).name} after step {result.final_step}; "
-                f"checkpoint saved in {result.run_dir}; continue with: grpolab train --resume (same config)",
-                file=sys.stderr,
-            )
+            print(_stopped_message(result), file=sys.stderr)
             return 128 + result.stopped_by
         print(f"grpolab: trained to step {result.final_step}; run written to {result.run_dir}")
         return 0
@@ -147,22 +166,50 @@ def _print_eval(e) -> None:
     )
     if e.gold_mean:
         print(f"grpolab: {e.label}: gold " + ", ".join(f"{n} {v:.3f}" for n, v in e.gold_mean.items()))
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """The dotted overrides, with ``--resume-allow-change K`` as ``log.resume_allow=[K, ...]``."""
+    overrides = list(args.overrides)
+    allow = getattr(args, "resume_allow_change", None)
+    if allow:
+        if not args.resume:
+            raise ConfigError("--resume-allow-change only applies with --resume")
+        overrides.append(f"log.resume_allow=[{', '.join(allow)}]")
+    return overrides
+
+
+def _stopped_message(result) -> str:
+    """What a signal left behind: the checkpoint to resume from, or that none was written."""
+    from grpolab.run.checkpoint import latest_checkpoint
+
+    name = signal.Signals(result.stopped_by).name
+    last = latest_checkpoint(result.run_dir)
+    if last is None:
+        return f"grpolab: stopped by {name} before step 1; no checkpoint was written (nothing to resume)"
+    return (
+        f"grpolab: stopped by {name} after step {result.final_step}; checkpoint saved in {result.run_dir} "
+        f"({last.name}); continue with: grpolab train --resume (same config)"
+    )
 
 
 def _compare(cfg, algos_arg: str) -> int:
-    from grpolab.compare import CompareError, compare, validate_algos
+    from grpolab.compare import CompareStopped, compare, validate_algos
 
     algos = [a.strip() for a in algos_arg.split(",") if a.strip()]
-    try:
-        validate_algos(cfg, algos)
-    except (ConfigError, ValueError) as err:
-        print(f"grpolab: compare: {err}", file=sys.stderr)
-        return 2
+    validate_algos(cfg, algos)  # a ConfigError: the one-line path, before anything runs
     try:
         result = compare(cfg, algos)
-    except CompareError as err:
-        print(f"grpolab: compare: {err}", file=sys.stderr)
-        return 1
+    except CompareStopped as stopped:
+        from grpolab.run.checkpoint import latest_checkpoint
+
+        last = latest_checkpoint(stopped.run_dir)
+        saved = f"its checkpoint: {last}" if last else "it had written no checkpoint yet"
+        skipped = f"; not started: {', '.join(stopped.skipped)}" if stopped.skipped else ""
+        print(
+            f"grpolab: compare stopped by {signal.Signals(stopped.signum).name} during {stopped.algo} ({saved})"
+            f"{skipped}",
+            file=sys.stderr,
+        )
+        return 128 + stopped.signum
     print(f"grpolab: compared {', '.join(algos)}; report written to {result.report}")
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +34,24 @@ def load_examples(cfg: DataConfig, *, seed: int) -> list[Example]:
             raise DataError(
                 "data.source=reasoning_gym needs data.name, a reasoning-gym dataset such as 'chain_sum'"
             )
-        return gym_examples(cfg.name, size=cfg.size, seed=seed, params=cfg.params, template=cfg.template)
+        return _task(gym_examples, cfg, cfg.name, size=cfg.size, seed=seed, params=cfg.params, template=cfg.template)
     if cfg.source == "arithmetic":
         from grpolab.tasks.arithmetic import arithmetic_examples
 
-        return arithmetic_examples(size=cfg.size, seed=seed, **dict(cfg.params))
+        return _task(arithmetic_examples, cfg, size=cfg.size, seed=seed, **dict(cfg.params))
     raise DataError(f"unknown data.source '{cfg.source}'")
+
+
+def _task(make, cfg: DataConfig, *args: Any, **kwargs: Any) -> list[Example]:
+    """A built-in task's examples; a bad data.size / data.params is a DataError naming them."""
+    try:
+        return make(*args, **kwargs)
+    except GrpolabError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise DataError(
+            f"data.source={cfg.source} with data.size={cfg.size}, data.params={dict(cfg.params)}: {err}"
+        ) from err
 
 
 def split_eval(examples: Sequence[Example], eval_size: int) -> tuple[list[Example], list[Example]]:
@@ -53,8 +66,10 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise DataError(f"data.path: {path} does not exist")
     rows = []
-    with path.open() as fh:
-        for lineno, line in enumerate(fh, 1):
+    if path.is_dir():
+        raise DataError(f"data.path: {path} is a folder; give the JSONL file (or data.source=hf for a dataset folder)")
+    with path.open("rb") as fh:
+        for lineno, line in enumerate(_utf8_lines(fh, path), 1):
             if not line.strip():
                 continue
             try:
@@ -69,6 +84,39 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not rows:
         raise DataError(f"{path} holds no rows")
     return rows
+
+
+def _utf8_lines(fh, path: Path):
+    """Lines of a file opened in binary, decoded one at a time so that a bad byte names its line."""
+    for lineno, raw in enumerate(fh, 1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise DataError(
+                f"{path}:{lineno} is not UTF-8 text ({err.reason} at column {err.start + 1}); save the file as UTF-8"
+            ) from err
+
+
+def _text_field(row: Mapping[str, Any], key: str, where: str, config_key: str) -> str:
+    """The row's ``key`` as text; null, a list, a mapping, a bool or a non-finite number is an error
+    (str() would otherwise train on the text "None" or "[...]")."""
+    value = row[key]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return str(value)
+    raise DataError(
+        f"{where}: field '{key}' ({config_key}) is {json.dumps(value) if _jsonable(value) else repr(value)} "
+        f"({type(value).__name__}); it must be text (or a finite number). Fix the row or drop it"
+    )
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _read_hf(cfg: DataConfig) -> list[dict[str, Any]]:
@@ -105,11 +153,11 @@ def _rows_to_examples(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, origin
                     f"{where} has no field '{cfg.answer_field}' (data.answer_field); its fields are {sorted(row)}. "
                     "Set data.answer_field=null if your rewards need no reference answer."
                 )
-            answer = str(row[cfg.answer_field])
+            answer = _text_field(row, cfg.answer_field, where, "data.answer_field")
         if isinstance(row[cfg.prompt_field], list):  # TRL's conversational format
             examples.append(_conversational(row, answer, cfg, where))
             continue
-        question = str(row[cfg.prompt_field])
+        question = _text_field(row, cfg.prompt_field, where, "data.prompt_field")
         prompt = apply_template(cfg.template, question, None if cfg.chat_template else cfg.system_prompt)
         examples.append(Example(prompt=prompt, answer=answer, meta={"row": dict(row), "question": question}))
     return examples

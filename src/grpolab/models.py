@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpolab.config import ModelConfig
-from grpolab.errors import GrpolabError
+from grpolab.errors import ConfigError, GrpolabError
 from grpolab.inference import inference_copy
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,12 @@ class ModelLoadError(GrpolabError, RuntimeError):
 
 
 def resolve_device(cfg: ModelConfig) -> torch.device:
+    """The device of model.device; cuda without a CUDA device is a ConfigError (before any model loads)."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"model.device=cuda but torch sees no CUDA device (torch {torch.__version__}, CUDA build "
+            f"{torch.version.cuda}); use model.device=auto or cpu, or run where a GPU is visible"
+        )
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         return torch.device("cuda")
     return torch.device("cpu")

@@ -28,3 +28,15 @@ class _WrongCount:
 
 
 wrong_count = _WrongCount()
+
+
+def exits(completion, example):
+    raise SystemExit(3)
+
+
+def constant(completion, example):
+    return 0.5
+
+
+def never(completion, example):
+    return None

@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
+import grpolab.eval.runner as runner
 import grpolab.train.loop as loop
+import grpolab.train.sft as sft_mod
 from grpolab.cli import main
 from grpolab.config import ConfigError, load_config
 from grpolab.data import DataError
-from grpolab.errors import GrpolabError
+from grpolab.errors import GrpolabError, TrainingError
 from grpolab.models import ModelLoadError, load_tokenizer
 from grpolab.rewards import REWARDS, RewardError, build_reward, score_batch
 from grpolab.tasks.arithmetic import arithmetic_examples
@@ -40,8 +44,19 @@ class Case:
     error: type[GrpolabError]
     early: bool = True
     """Must fail before the policy loads."""
-    files: dict[str, str] = field(default_factory=dict)
-    """Written under the test's folder ({tmp}) first; config.yaml is passed as --config."""
+    files: dict[str, str | bytes] = field(default_factory=dict)
+    """Written under the test's folder ({tmp}) first (after from_run's copy); a config.yaml path is passed as
+    --config."""
+    verb: str = "train"
+    """train, resume (train --resume), sft or eval."""
+    from_run: bool = False
+    """Start from a copy of a real one-step run (checkpoints/step_1) in {tmp}/runs/bad."""
+    kept: str | None = None
+    """A file under {tmp} that must still exist after the error (nothing deleted before the checks)."""
+
+
+BAD_UTF8 = b'{"prompt": "1+1=", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "2"}\n'
+CKPT = "runs/bad/checkpoints"
 
 
 CASES = {
@@ -113,6 +128,138 @@ CASES = {
         [], "already holds checkpoints (up to step_3). Pass --resume", ConfigError,
         files={"runs/bad/checkpoints/step_3/trainer_state.pt": ""},
     ),
+    "duplicate YAML section": Case(
+        [], "config.yaml:3: key 'algo' is given twice (first on line 1)", ConfigError,
+        files={"config.yaml": "algo:\n  beta: 0.1\nalgo:\n  mu: 2\n"},
+    ),
+    "duplicate YAML key in a section": Case(
+        [], "config.yaml:3: key 'beta' is given twice (first on line 2)", ConfigError,
+        files={"config.yaml": "algo:\n  beta: 0.1\n  beta: 0.2\n"},
+    ),
+    "unknown key in the config file": Case(
+        [], "config.yaml:3: unknown config key 'train.num_step'; did you mean", ConfigError,
+        files={"config.yaml": "algo:\n  beta: 0.1\ntrain: {num_step: 3}\n"},
+    ),
+    "config number out of range, by line": Case(
+        [], "config.yaml:4: config key 'optim.betas[1]' is inf", ConfigError,
+        files={"config.yaml": "optim:\n  betas:\n    - 0.9\n    - .inf\n"},
+    ),
+    "duplicate key in an override": Case(
+        ["reward.functions=[{name: exact_match, name: r1_format}]"], "key 'name' is given twice", ConfigError
+    ),
+    "config not UTF-8": Case(
+        [], "config.yaml:2 is not UTF-8 text", ConfigError, files={"config.yaml": b"algo:\n  name: gr\xffpo\n"}
+    ),
+    "config is a folder": Case([], "config.yaml is a folder; give the YAML file itself", ConfigError,
+                               files={"config.yaml/x": ""}),
+    "lr NaN": Case(["optim.lr=nan"], "config key 'optim.lr' is nan; give a finite number", ConfigError),
+    "temperature NaN": Case(["rollout.temperature=.nan"], "config key 'rollout.temperature' is nan", ConfigError),
+    "beta NaN": Case(["algo.beta=nan"], "config key 'algo.beta' is nan", ConfigError),
+    "clip infinite": Case(["algo.clip_low=inf"], "config key 'algo.clip_low' is inf", ConfigError),
+    "reward weight NaN": Case(
+        ["reward.functions=[{name: exact_match, weight: .nan}]"], "'reward.functions[0].weight' is nan", ConfigError
+    ),
+    "greedy groups": Case(["rollout.temperature=0"], "rollout.temperature=0 samples greedily", ConfigError),
+    "unknown template": Case(["data.template=r2"], "data.template: template 'r2' is neither one of", ConfigError),
+    "betas out of range": Case(["optim.betas=[0.9, 1.5]"], "optim.betas must both be in [0, 1)", ConfigError),
+    "negative weight decay": Case(["optim.weight_decay=-0.1"], "optim.weight_decay must be >= 0", ConfigError),
+    "zero eps": Case(["algo.eps=0"], "algo.eps must be > 0", ConfigError),
+    "LoRA dropout 1": Case(["model.lora.dropout=1.0"], "model.lora.dropout must be in [0, 1)", ConfigError),
+    "negative eval_size": Case(["data.eval_size=-1"], "data.eval_size must be >= 0", ConfigError),
+    "zero max_batch_sequences": Case(["rollout.max_batch_sequences=0"], "rollout.max_batch_sequences must be >= 1",
+                                     ConfigError),
+    "negative max_no_signal_steps": Case(["train.max_no_signal_steps=-1"], "train.max_no_signal_steps must be >= 0",
+                                         ConfigError),
+    "negative warmup": Case(["optim.warmup_steps=-5"], "optim.warmup_steps must be >= 0", ConfigError),
+    "negative eval temperature": Case(["eval.temperature=-1"], "eval.temperature must be >= 0", ConfigError),
+    "cuda without CUDA": Case(["model.device=cuda"], "model.device=cuda but torch sees no CUDA device", ConfigError),
+    "two rewards of one name": Case(
+        ["reward.functions=[{name: exact_match}, {name: exact_match, kwargs: {extract: last_line}}]"],
+        "reward.functions[0] and reward.functions[1] are both named 'exact_match'; give one an alias, "
+        "e.g. reward.functions[1].alias=exact_match_2",
+        ConfigError,
+    ),
+    "two aliases alike": Case(
+        ["reward.functions=[{name: exact_match, alias: a}, {name: r1_format, alias: a}]"],
+        "are both named 'a'",
+        ConfigError,
+    ),
+    "output folder is a file": Case(
+        ["log.output_dir={tmp}/taken"], "log.output_dir: cannot write the run directory {tmp}/taken/bad", ConfigError,
+        files={"taken": "a file"},
+    ),
+    "dataset not UTF-8": Case(["data.path={tmp}/d.jsonl"], "d.jsonl:2 is not UTF-8 text", DataError,
+                              files={"d.jsonl": BAD_UTF8}),
+    "dataset is a folder": Case(["data.path={tmp}/dd"], "data.path: {tmp}/dd is a folder", DataError,
+                                files={"dd/x": ""}),
+    "null prompt": Case(
+        ["data.path={tmp}/d.jsonl"], "d.jsonl row 2: field 'prompt' (data.prompt_field) is null", DataError,
+        files={"d.jsonl": jsonl([ROWS[0], {"prompt": None, "answer": "2"}])},
+    ),
+    "list prompt": Case(
+        ["data.path={tmp}/d.jsonl"], "row 1: field 'prompt' (data.prompt_field) is [\"1\", \"+\"] (list)", DataError,
+        files={"d.jsonl": jsonl([{"prompt": ["1", "+"], "answer": "2"}])},
+    ),
+    "NaN answer": Case(
+        ["data.path={tmp}/d.jsonl"], "row 1: field 'answer' (data.answer_field) is nan (float)", DataError,
+        files={"d.jsonl": '{"prompt": "1+1=", "answer": NaN}\n'},
+    ),
+    "task too small": Case(
+        ["data.source=arithmetic", "data.size=500", "data.params={digits: 1}"],
+        "data.source=arithmetic with data.size=500, data.params={'digits': 1}: only 100 distinct", DataError,
+    ),
+    "reward calls sys.exit": Case(
+        ["reward.functions=[{name: 'bad_rewards:exits'}]"], "reward 'exits' called sys.exit(3) on example 0", RewardError
+    ),
+    "sft without answers": Case(["data.answer_field=null"], "grpolab sft trains on the reference answers", ConfigError,
+                                verb="sft"),
+    "eval without rewards": Case(["reward.functions=[]", "data.eval_size=2"], "reward.functions is empty",
+                                 ConfigError, verb="eval"),
+    "resume, no weights": Case(
+        [], "--resume: no intact checkpoint in {tmp}/runs/bad/checkpoints (step_3: model.safetensors or", ConfigError,
+        verb="resume", files={f"{CKPT}/step_3/trainer_state.pt": ""},
+    ),
+    "resume, no trainer state": Case(
+        [], "(step_2: trainer_state.pt missing)", ConfigError, verb="resume",
+        files={f"{CKPT}/step_2/model.safetensors": ""},
+    ),
+    "resume, truncated checkpoint": Case(
+        [], "(step_1: trainer_state.pt has 3 bytes", ConfigError, verb="resume", from_run=True,
+        files={f"{CKPT}/step_1/trainer_state.pt": "PK\x03"},
+    ),
+    "resume with another G": Case(
+        ["rollout.num_generations=4"], "--resume would change what the run was trained with "
+        "(rollout.num_generations: 2 -> 4; saved in {tmp}/runs/bad/checkpoints/step_1/config.yaml)",
+        ConfigError, verb="resume", from_run=True,
+    ),
+    "resume as PPO": Case(
+        ["algo.name=ppo"], "algo.name: 'grpo' -> 'ppo'", ConfigError, verb="resume", from_run=True
+    ),
+    "resume with another model": Case(
+        ["model.name_or_path={gpt2}"], "pass --resume-allow-change model.name_or_path", ConfigError,
+        verb="resume", from_run=True,
+    ),
+    "resume with another seed and rewards": Case(
+        ["seed=1", "reward.functions=[{name: r1_format}]"], "reward.functions: [{'name': 'exact_match'", ConfigError,
+        verb="resume", from_run=True,
+    ),
+    "resume as PPO, allowed": Case(
+        ["algo.name=ppo", "log.resume_allow=[algo]"], "it was not a PPO run, so algo.name=ppo cannot resume it",
+        ConfigError, verb="resume", from_run=True, early=False,
+    ),
+    "overwrite with a mistyped model": Case(
+        ["log.overwrite=true", "model.name_or_path={tmp}/nope"], "model.name_or_path: {tmp}/nope does not exist",
+        ModelLoadError, from_run=True, kept=f"{CKPT}/step_1/model.safetensors",
+    ),
+    "constant reward": Case(
+        ["reward.functions=[{name: 'bad_rewards:constant'}]", "train.num_steps=4", "train.max_no_signal_steps=1"],
+        "steps 1-1: 1 steps in a row carried no learning signal: every completion of every group got the same reward",
+        TrainingError, early=False,
+    ),
+    "reward never applies": Case(
+        ["reward.functions=[{name: 'bad_rewards:never'}]", "train.num_steps=4", "train.max_no_signal_steps=1"],
+        "1 steps in a row carried no learning signal: no completion got a valid reward", TrainingError, early=False,
+    ),
 }
 
 
@@ -152,34 +299,64 @@ def base_overrides(model_dir, dataset, tmp) -> list[str]:
     ]
 
 
-def setup_case(case: Case, tmp: Path, tiny_model_dir, dataset, gpt2_dir) -> tuple[str | None, list[str], str]:
+@pytest.fixture(scope="module")
+def trained_run(tiny_model_dir, dataset, tmp_path_factory) -> Path:
+    """A real one-step run (checkpoints/step_1 with its manifest and config), copied by from_run cases."""
+    out = tmp_path_factory.mktemp("trained")
+    loop.train(load_config(None, base_overrides(tiny_model_dir, dataset, out)))
+    return out / "runs" / "bad"
+
+
+def setup_case(case: Case, tmp: Path, tiny_model_dir, dataset, gpt2_dir, trained=None):
+    if case.from_run:
+        shutil.copytree(trained, tmp / "runs" / "bad")
     for name, content in case.files.items():
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / name).write_text(content)
+        if isinstance(content, bytes):
+            (tmp / name).write_bytes(content)
+        else:
+            (tmp / name).write_text(content)
 
     def fill(text: str) -> str:
         return text.replace("{tmp}", str(tmp)).replace("{gpt2}", gpt2_dir)
 
     overrides = base_overrides(tiny_model_dir, dataset, tmp) + [fill(o) for o in case.overrides]
-    config = str(tmp / "config.yaml") if "config.yaml" in case.files else None
+    config = str(tmp / "config.yaml") if any(f.startswith("config.yaml") for f in case.files) else None
     return config, overrides, fill(case.message)
+
+
+def run_verb(verb: str, cfg) -> None:
+    if verb in ("train", "resume"):
+        loop.train(cfg, resume=verb == "resume")
+    elif verb == "sft":
+        sft_mod.sft(cfg)
+    elif verb == "eval":
+        runner.evaluate(cfg)
+    else:
+        raise AssertionError(verb)
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_input_stops_with_a_message_that_says_how_to_fix_it(
-    name, tmp_path, tiny_model_dir, dataset, gpt2_dir, monkeypatch
+    name, tmp_path, tiny_model_dir, dataset, gpt2_dir, monkeypatch, request
 ):
     case = CASES[name]
-    config, overrides, message = setup_case(case, tmp_path, tiny_model_dir, dataset, gpt2_dir)
+    if name == "cuda without CUDA" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    trained = request.getfixturevalue("trained_run") if case.from_run else None
+    config, overrides, message = setup_case(case, tmp_path, tiny_model_dir, dataset, gpt2_dir, trained)
     if case.early:
 
         def no_model(*args, **kwargs):
             raise AssertionError("the policy was loaded before the bad input was found")
 
-        monkeypatch.setattr(loop, "load_policy", no_model)
+        for module in (loop, sft_mod, runner):
+            monkeypatch.setattr(module, "load_policy", no_model)
     with pytest.raises(case.error) as err:
-        loop.train(load_config(config, overrides))
+        run_verb(case.verb, load_config(config, overrides))
     assert message in str(err.value)
+    if case.kept:
+        assert (tmp_path / case.kept).exists(), f"{case.kept} was deleted before the error"
 
 
 @pytest.mark.parametrize("name", ["unknown key", "missing model path", "row without the prompt", "reward raises"])

@@ -5,24 +5,35 @@ run reports (process RSS on CPU, max allocated on a GPU; ``sys/peak_mem_mb``) is
 alone. Everything but ``algo.name`` is the caller's config; the fields an algorithm preset fills
 (``algo.advantage``, ``algo.loss_agg``, ``algo.kl_in``) are reset to null so each one runs as its preset
 defines it. Runs go to ``<log.output_dir>/<log.run_name>/<algo>/``, the report beside them.
+
+Signals: each child runs in its own session, so a Ctrl-C at the terminal reaches only this process,
+which forwards SIGINT / SIGTERM to the running child and waits for it: the child finishes its step,
+saves a checkpoint and exits (130 / 143), then ``compare`` raises CompareStopped and the algorithms
+after it do not start. A second signal is forwarded too and stops the child at once, as it would a
+``grpolab train`` run alone. (Without this, ``subprocess.run`` killed the child on KeyboardInterrupt,
+before it could write its checkpoint.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpolab.config import AlgoName, Config, dump_config
+from grpolab.config import AlgoName, Config, ConfigError, dump_config
+from grpolab.errors import GrpolabError
 from grpolab.run.logging import read_metrics
 
 log = logging.getLogger(__name__)
@@ -31,8 +42,16 @@ DEFAULT_ALGOS = ("grpo", "ppo")
 MODEL_ROLES = ("policy", "reference", "reward", "value")
 
 
-class CompareError(RuntimeError):
-    """An algorithm's training run failed; the message names it and quotes the end of its log."""
+class CompareError(GrpolabError, RuntimeError):
+    """An algorithm's training run failed; the message names it, its log and the log's last error."""
+
+
+class CompareStopped(Exception):
+    """A signal stopped ``compare``; the running child saved its checkpoint and exited."""
+
+    def __init__(self, signum: int, algo: str, run_dir: Path, skipped: Sequence[str]) -> None:
+        super().__init__(f"{signal.Signals(signum).name} stopped compare during {algo}")
+        self.signum, self.algo, self.run_dir, self.skipped = signum, algo, run_dir, list(skipped)
 
 
 @dataclass
@@ -65,10 +84,10 @@ def validate_algos(cfg: Config, algos: Sequence[str]) -> dict[str, Config]:
     """Each algorithm's config, all validated before anything runs (ConfigError / ValueError otherwise)."""
     known = typing.get_args(AlgoName)
     if not algos or len(set(algos)) != len(algos):
-        raise ValueError(f"give distinct algo.name values to compare, got {list(algos)}")
+        raise ConfigError(f"compare --algos: give distinct algo.name values, got {list(algos)}")
     for a in algos:
         if a not in known:
-            raise ValueError(f"unknown algorithm '{a}': choose from {', '.join(known)}")
+            raise ConfigError(f"compare --algos: unknown algorithm '{a}': choose from {', '.join(known)}")
     return {a: algo_config(cfg, a, cfg.run_dir) for a in algos}
 
 
@@ -79,7 +98,13 @@ def compare(cfg: Config, algos: Sequence[str] = DEFAULT_ALGOS) -> Comparison:
     configs = validate_algos(cfg, algos)
     out = cfg.run_dir
     out.mkdir(parents=True, exist_ok=True)
-    runs = [_run(configs[a], out) for a in algos]
+    runs = []
+    for i, a in enumerate(algos):
+        try:
+            runs.append(_run(configs[a], out))
+        except CompareStopped as stopped:
+            stopped.skipped = list(algos[i + 1 :])
+            raise
     summary = [summarise(r) for r in runs]
     report = write_report(out, cfg, runs, summary)
     return Comparison(report=report, runs=runs, summary=summary)
@@ -93,13 +118,42 @@ def _run(cfg: Config, out: Path) -> AlgoRun:
     log.info("compare: training %s (%d steps), log in %s", algo, cfg.train.num_steps, log_path)
     t0 = time.perf_counter()
     with log_path.open("w") as fh:
-        done = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=False)
+        child = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        with _forward_signals(child) as received:
+            returncode = child.wait()
     wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        tail = "\n".join(log_path.read_text().splitlines()[-25:])
-        raise CompareError(f"{algo}: `grpolab train` exited with code {done.returncode}; end of {log_path}:\n{tail}")
+    if received:
+        raise CompareStopped(received[0], algo, cfg.run_dir, [])
+    if returncode != 0:
+        lines = log_path.read_text(errors="replace").splitlines()
+        last = next((ln for ln in reversed(lines) if ln.startswith("grpolab: error:")), lines[-1] if lines else "")
+        raise CompareError(
+            f"{algo}: `grpolab train` exited with code {returncode} (log: {log_path}); last line: {last}"
+        )
     info = json.loads((cfg.run_dir / "run_info.json").read_text())
     return AlgoRun(algo=algo, run_dir=cfg.run_dir, wall_s=wall, info=info, metrics=read_metrics(cfg.run_dir))
+
+
+@contextlib.contextmanager
+def _forward_signals(child: subprocess.Popen) -> Iterator[list[int]]:
+    """While the block runs, SIGINT / SIGTERM go to ``child`` (recorded in the yielded list) instead of here."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        log.warning("compare: %s received, passing it to the running training process", signal.Signals(signum).name)
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float | None:

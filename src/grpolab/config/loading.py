@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -21,12 +22,55 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     raw: dict[str, Any] = {}
     if path is not None:
         raw = _read_yaml(Path(path))
+    overridden = []
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override '{item}' must look like section.key=value, e.g. algo.beta=0.0")
         _set_dotted(raw, key.strip(), _parse_scalar(text))
-    return config_from_dict(raw)
+        overridden.append(key.strip())
+    try:
+        return config_from_dict(raw)
+    except ConfigError as err:
+        line = _line_of(err, Path(path), overridden) if path is not None else None
+        if line is None:
+            raise
+        raise ConfigError(f"{path}:{line}: {err}") from err
+
+
+_DOTTED = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*|\[\d+\])+")
+
+
+def _key_lines(node: Any, prefix: str = "") -> dict[str, int]:
+    """Dotted key -> line (1-based) of every key of a composed YAML document."""
+    out: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = f"{prefix}{key_node.value}"
+            out[key] = key_node.start_mark.line + 1
+            out.update(_key_lines(value_node, key + "."))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out[f"{prefix.rstrip('.')}[{i}]"] = item.start_mark.line + 1
+            out.update(_key_lines(item, f"{prefix.rstrip('.')}[{i}]."))
+    return out
+
+
+def _line_of(err: ConfigError, path: Path, overridden: Sequence[str]) -> int | None:
+    """The line of the config file that holds the key an error names, unless an override set it."""
+    try:
+        lines = _key_lines(yaml.compose(path.read_text(encoding="utf-8")))
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return None
+    for token in _DOTTED.findall(str(err)):
+        if any(token == k or token.startswith((k + ".", k + "[")) for k in overridden):
+            continue
+        key = token
+        while key:
+            if key in lines:
+                return lines[key]
+            key = key.rpartition(".")[0] if "." in key else ""
+    return None
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> Config:
@@ -53,11 +97,42 @@ def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(
+                    f"{self.name}:{line}: key '{key}' is given twice (first on line {seen[key]}); YAML would "
+                    "keep only the last one: merge the two into one"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    if path.is_dir():
+        raise ConfigError(f"--config {path} is a folder; give the YAML file itself (e.g. {path}/config.yaml)")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line} is not UTF-8 text (byte {err.start}); save the file as UTF-8") from err
+    except OSError as err:
+        raise ConfigError(f"config file {path} cannot be read: {err.strerror}") from err
+    try:
+        loader = _UniqueKeyLoader(text)
+        loader.name = str(path)
+        try:
+            data = loader.get_single_data() or {}
+        finally:
+            loader.dispose()
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):
@@ -66,10 +141,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def _parse_scalar(text: str) -> Any:
+    loader = _UniqueKeyLoader(text)
+    loader.name = f"override value {text!r}"
     try:
-        return yaml.safe_load(text)
+        return loader.get_single_data()
     except yaml.YAMLError:
         return text
+    finally:
+        loader.dispose()
 
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:

@@ -17,6 +17,7 @@ from grpolab.config.sections import (
     TrainConfig,
 )
 from grpolab.config.stages import IterativeConfig, RewardModelConfig, SFTConfig
+from grpolab.config.validate import check_numbers
 from grpolab.errors import ConfigError
 
 
@@ -38,6 +39,7 @@ class Config:
     """Seeds every RNG (python, torch, sampling, data order)."""
 
     def __post_init__(self) -> None:
+        check_numbers(self)  # every number finite and in range, first: NaN passes every comparison below
         _check_cross_fields(self)
 
     @property

@@ -210,6 +210,9 @@ class RewardSpec:
     """For "package.module:function": trl = a TRL reward fn(completions, **kwargs) -> list, called with
     prompts, completion_ids and every dataset column as keyword lists; native = fn(completion, example);
     auto = trl when the function names completions, prompts or completion_ids."""
+    alias: str | None = None
+    """Name this reward is logged and combined under (train/reward/<alias>); needed when two entries
+    would otherwise share a name, e.g. the same reward with two kwargs. null = the reward's own name."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,9 @@ class TrainConfig:
     max_bad_steps: int = 3
     """Stop (TrainingError, last good checkpoint kept) after this many steps in a row whose update was
     skipped for a NaN or infinite loss or gradient; 0 = never stop, only skip."""
+    max_no_signal_steps: int = 50
+    """Stop (TrainingError) after this many steps in a row that carry no learning signal: every group's
+    rewards equal (zero std) or no valid reward at all. A warning comes after 3 such steps; 0 = never stop."""
 
 
 @dataclass(frozen=True)
@@ -323,6 +329,9 @@ class LogConfig:
     log.tensorboard else []; when set, it replaces log.tensorboard."""
     project: str = "grpolab"
     """Tracker project (wandb, trackio); the tracker run is named log.run_name."""
+    resume_allow: tuple[str, ...] = ()
+    """Config keys (or sections, e.g. "model") that --resume may change although they alter what was
+    trained; same as ``grpolab train --resume --resume-allow-change KEY``. See run/resume.py."""
 
     def __post_init__(self) -> None:
         if self.report_to is not None and len(set(self.report_to)) != len(self.report_to):

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import torch
 
-from grpolab.config import Config
+from grpolab.config import Config, ConfigError
 from grpolab.data import DataError, load_examples, split_eval, tokenize_prompts
 from grpolab.eval.metrics import pass_maj_curves
 from grpolab.eval.results import ModelEval, save_evals
 from grpolab.models import load_policy, resolve_autocast
-from grpolab.rewards import WeightedReward, build_reward, score_batch
+from grpolab.rewards import WeightedReward, score_batch
 from grpolab.rewards.math_answer import prediction_text
 from grpolab.rollout.hf import HFSampler, sampler_from_config
 from grpolab.run.progress import Progress
@@ -53,11 +53,9 @@ class Grader:
 
     @classmethod
     def from_config(cls, cfg: Config) -> Grader:
-        rewards = [build_reward(s.name, weight=s.weight, kwargs=s.kwargs, kind=s.kind) for s in cfg.reward.functions]
-        if not rewards:
-            raise ValueError(
-                "reward.functions is empty: evaluation grades with the rewards; name at least one"
-            )
+        from grpolab.run.preflight import build_rewards  # the same checks and messages as train
+
+        rewards = build_rewards(cfg)
         return cls(rewards, cfg.eval.correct_threshold, cfg.reward.timeout_s, build_gold_rewards(cfg))
 
     def grade(self, completions: Completions, examples: Sequence[Example]) -> tuple[list[bool], list[float]]:
@@ -216,7 +214,7 @@ def evaluate(
     paths = list(checkpoints or cfg.eval.checkpoints or [cfg.model.name_or_path])
     names = list(labels) if labels else [_label(p) for p in paths]
     if len(names) != len(paths):
-        raise ValueError(f"{len(names)} labels for {len(paths)} checkpoints: give one label per checkpoint")
+        raise ConfigError(f"{len(names)} labels for {len(paths)} checkpoints: give one label per checkpoint")
     out = Path(out_dir) if out_dir is not None else cfg.eval_dir
     show = cfg.log.progress if progress is None else progress
     grader = Grader.from_config(cfg)

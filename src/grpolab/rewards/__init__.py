@@ -140,14 +140,38 @@ def _trl_function(obj: Any) -> bool:
     return callable(obj) and not isinstance(getattr(obj, "name", None), str) and looks_like_trl(obj)
 
 
+class Aliased:
+    """A reward under another name (RewardSpec.alias): logged and combined as ``name``."""
+
+    def __init__(self, reward: Reward, name: str) -> None:
+        self.reward, self.name = reward, name
+
+    def __call__(self, completions, examples):
+        return self.reward(completions, examples)
+
+    def __getattr__(self, attr: str) -> Any:  # num_parameters, modules: as the wrapped reward
+        if attr == "reward":
+            raise AttributeError(attr)
+        return getattr(self.reward, attr)
+
+
 def build_reward(
-    name: str, *, weight: float = 1.0, kwargs: Mapping[str, Any] | None = None, kind: str = "auto"
+    name: str,
+    *,
+    weight: float = 1.0,
+    kwargs: Mapping[str, Any] | None = None,
+    kind: str = "auto",
+    alias: str | None = None,
 ) -> WeightedReward:
     """A ``REWARDS`` key or ``"package.module:attribute"`` (see the module docstring), with its weight.
 
     ``kind``: "auto" tells a TRL function by its parameter names, "trl" insists on one, "native"
-    takes a plain function as ``fn(completion, example)``.
+    takes a plain function as ``fn(completion, example)``. ``alias`` renames it (two entries of one
+    reward with different kwargs).
     """
+    if alias is not None:
+        inner = build_reward(name, weight=weight, kwargs=kwargs, kind=kind)
+        return WeightedReward(Aliased(inner.reward, alias), weight)
     kwargs = dict(kwargs or {})
     if kind not in ("auto", "native", "trl"):
         raise ValueError(f"reward kind {kind!r} is not one of 'auto', 'native', 'trl'")

@@ -245,6 +245,11 @@ def _score_one(
         return []
     try:
         values = _call(wr.reward, completions, examples, timeout_s, first_index)
+    except SystemExit as exc:  # sys.exit() in a reward would end the run with no message
+        raise RewardError(
+            f"reward '{wr.name}' called sys.exit({exc.code!r}) on {describe_example(examples[0], first_index)}; "
+            "a reward must return a value (or None), never exit the process"
+        ) from exc
     except Exception as exc:
         _raise_failure(wr, exc, examples, first_index)
     return _checked_values(wr.name, values, examples, first_index)
@@ -303,7 +308,9 @@ def _check_inputs(rewards: Sequence[WeightedReward], completions: Sequence, exam
     names = [wr.name for wr in rewards]
     for name in names:
         if names.count(name) > 1:
-            raise ValueError(f"two rewards are named '{name}'; give each reward a distinct name")
+            raise ValueError(
+                f"two rewards are named '{name}'; give each a distinct name (reward.functions[i].alias)"
+            )
 
 
 def score_batch(

@@ -7,10 +7,18 @@ A kill between the rename and the pruning of old checkpoints leaves one checkpoi
 by the next save. The weights are saved with
 ``save_pretrained`` (the adapter alone under LoRA), so a checkpoint is also a model folder that
 ``grpolab eval`` and ``from_pretrained`` can load.
+
+Each checkpoint ends with ``manifest.json``: the size and SHA-256 of every file in it, written last
+(files over ``HASH_LIMIT`` bytes get their size only: hashing tens of GB at every save would cost a
+minute; a truncated file, the usual damage, still shows in its size).
+``verify_checkpoint`` checks them on resume (a disk that filled up, a copy cut short, a file edited
+by hand); ``latest_intact`` then falls back to the newest checkpoint that passes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import re
@@ -65,12 +73,13 @@ def save_checkpoint(
     state: dict[str, Any],
     extra_models: dict[str, torch.nn.Module] | None = None,
     keep_last: int,
+    files: dict[str, str] | None = None,
 ) -> Path:
     """Write checkpoints/step_<step> atomically and keep the newest ``keep_last``.
 
     ``state`` holds everything else that must resume (optimizer and scheduler state dicts, RNG
     states, data position, step); it is saved with torch.save. ``extra_models`` (a value head, a
-    reset reference) are saved as <name>.safetensors.
+    reset reference) are saved as <name>.safetensors; ``files`` are small text files (the config).
     """
     from safetensors.torch import save_model
 
@@ -85,6 +94,9 @@ def save_checkpoint(
     for name, extra in (extra_models or {}).items():
         save_model(extra, str(tmp / f"{name}.safetensors"))
     torch.save(state, tmp / "trainer_state.pt")
+    for name, text in (files or {}).items():
+        (tmp / name).write_text(text)
+    write_manifest(tmp)
     _fsync_dir(tmp)
     trash = root / f".old_step_{step}"
     if final.exists():  # rewriting a step: move the old one aside first, so step_N is never half-deleted
@@ -96,6 +108,78 @@ def save_checkpoint(
     for _, old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+MANIFEST = "manifest.json"
+REQUIRED = ("trainer_state.pt",)
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
+HASH_LIMIT = 2 << 30
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """manifest.json: {relative path: {size, sha256}} of every file in ``folder``."""
+    entries = {
+        str(p.relative_to(folder)): {
+            "size": p.stat().st_size,
+            "sha256": _sha256(p) if p.stat().st_size <= HASH_LIMIT else None,
+        }
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    (folder / MANIFEST).write_text(json.dumps({"files": entries}, indent=1) + "\n")
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None when the checkpoint at ``path`` is intact; otherwise what is wrong with it.
+
+    With a manifest: every file listed is there with its size and hash. Without one (an older
+    checkpoint): the trainer state and the weights are present and the trainer state loads.
+    """
+    path = Path(path)
+    manifest = path / MANIFEST
+    if manifest.exists():
+        try:
+            entries = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError, TypeError, OSError):
+            return f"{MANIFEST} is unreadable"
+        for name, want in entries.items():
+            file = path / name
+            if not file.is_file():
+                return f"{name} is missing"
+            if file.stat().st_size != want["size"]:
+                return f"{name} has {file.stat().st_size} bytes, {want['size']} were written"
+            if want.get("sha256") is not None and _sha256(file) != want["sha256"]:
+                return f"{name} does not match its checksum"
+        return None
+    missing = [f for f in REQUIRED if not (path / f).is_file()]
+    if not any((path / w).is_file() for w in WEIGHTS):
+        missing.append(" or ".join(WEIGHTS))
+    if missing:
+        return f"{', '.join(missing)} missing"
+    try:
+        load_state(path)
+    except Exception as err:  # noqa: BLE001 - any failure to unpickle means the file is damaged
+        return f"trainer_state.pt does not load ({type(err).__name__})"
+    return None
+
+
+def latest_intact(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """(the newest intact checkpoint or None, [(damaged newer checkpoint, why)])."""
+    damaged = []
+    for _, path in reversed(list_checkpoints(run_dir)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, damaged
+        damaged.append((path, problem))
+    return None, damaged
 
 
 def remove_partial(run_dir: Path) -> list[Path]:

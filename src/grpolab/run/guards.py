@@ -87,7 +87,8 @@ class BadSteps:
         if not weights_finite(model):
             raise TrainingError(
                 f"the policy weights became NaN or infinite at step {step} although the loss and gradients "
-                f"were finite; {self._last_good()}. Lower optim.lr or set optim.max_grad_norm, then resume."
+                f"were finite; {self._last_good()}. Resume with a lower learning rate or a gradient clip, e.g. "
+                "grpolab train --resume optim.lr=<lower> optim.max_grad_norm=1.0 (both take effect on resume)."
             )
         if skipped_updates <= 0:
             self.in_a_row = 0
@@ -104,8 +105,8 @@ class BadSteps:
             raise TrainingError(
                 f"steps {step - self.in_a_row + 1}-{step}: {self.in_a_row} steps in a row had a NaN or infinite "
                 f"loss or gradient (train.max_bad_steps={self.limit}), so their updates were skipped; "
-                f"{self._last_good()}. Lower optim.lr, check the rewards and model.dtype (float16 overflows), "
-                "or raise train.max_bad_steps."
+                f"{self._last_good()}. Resume with a lower optim.lr (grpolab train --resume optim.lr=<lower>: it "
+                "takes effect), check the rewards and model.dtype (float16 overflows), or raise train.max_bad_steps."
             )
 
     def _last_good(self) -> str:
@@ -113,6 +114,75 @@ class BadSteps:
 
         last = latest_checkpoint(self.run_dir)
         return f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+
+    def state_dict(self) -> dict[str, int]:
+        return {"in_a_row": self.in_a_row}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.in_a_row = int(state.get("in_a_row", 0))
+
+
+class NoSignal:
+    """Counts steps in a row that carry no learning signal, from the step's metrics alone.
+
+    A step has no signal when no completion got a valid reward (``train/reward_valid_frac`` = 0), or,
+    for group baselines, when every group's rewards are equal (``train/zero_std_frac`` = 1: zero
+    advantage everywhere); for a learned baseline (PPO) when all rewards of the step are equal
+    (``train/reward_std`` = 0). A constant reward, a reward that is None for everything, or a task too
+    hard for the model all look like this. Warns after ``warn_after`` such steps in a row, raises
+    TrainingError after ``limit`` (train.max_no_signal_steps; 0 = never). Dynamic sampling that drops
+    zero-std groups reports what it kept, so it composes: only steps with nothing kept count.
+    """
+
+    def __init__(self, limit: int, *, group_baseline: bool, warn_after: int = 3, enabled: bool = True) -> None:
+        self.limit, self.group_baseline, self.warn_after = limit, group_baseline, warn_after
+        self.enabled = enabled
+        self.in_a_row = 0
+
+    @classmethod
+    def from_config(cls, cfg) -> NoSignal:
+        """Group baselines read zero_std_frac; process supervision is not judged (its signal is in the step
+        rewards, which these outcome metrics do not see)."""
+        from grpolab.config.validate import GROUP_ADVANTAGES
+
+        return cls(
+            cfg.train.max_no_signal_steps,
+            group_baseline=cfg.algo.resolved_advantage in GROUP_ADVANTAGES,
+            enabled=cfg.algo.supervision != "process",
+        )
+
+    def has_signal(self, metrics: dict[str, float]) -> bool:
+        if metrics.get("train/reward_valid_frac", 1.0) <= 0:
+            return False
+        if self.group_baseline:
+            return metrics.get("train/zero_std_frac", 0.0) < 1.0
+        return metrics.get("train/reward_std", 1.0) > 0
+
+    def observe(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled or self.has_signal(metrics):
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        valid = metrics.get("train/reward_valid_frac", 1.0)
+        why = (
+            "no completion got a valid reward (every reward returned None)"
+            if valid <= 0
+            else "every completion of every group got the same reward, so all advantages are zero"
+        )
+        advice = (
+            "Check the rewards on a few samples (samples.jsonl): a constant reward, a reward that never "
+            "applies, rollout.temperature too low, or a task the model never (or always) solves"
+        )
+        if self.limit and self.in_a_row >= self.limit:
+            raise TrainingError(
+                f"steps {step - self.in_a_row + 1}-{step}: {self.in_a_row} steps in a row carried no learning "
+                f"signal: {why} (train.max_no_signal_steps={self.limit}). {advice}; or raise "
+                "train.max_no_signal_steps (0 = never stop)."
+            )
+        if self.in_a_row == self.warn_after:
+            log.warning("steps %d-%d: no learning signal, %s. %s. The run stops after %s such steps in a row "
+                        "(train.max_no_signal_steps).", step - self.in_a_row + 1, step, why, advice,
+                        self.limit or "never")
 
     def state_dict(self) -> dict[str, int]:
         return {"in_a_row": self.in_a_row}

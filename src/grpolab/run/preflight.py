@@ -11,42 +11,47 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from grpolab.config import Config, ConfigError, ModelConfig
+from grpolab.config import Config, ConfigError, ModelConfig, RewardSpec
 from grpolab.data import DataError
 from grpolab.errors import GrpolabError
-from grpolab.models import ModelLoadError
+from grpolab.models import ModelLoadError, resolve_device
 from grpolab.rewards import WeightedReward, build_reward
 from grpolab.run import checkpoint as ckpt
+from grpolab.run.resume import ResumePoint, resume_point
 
 log = logging.getLogger(__name__)
 
 
-def prepare_run_dir(cfg: Config, *, resume: bool) -> Path | None:
-    """The checkpoint to resume from, or None; partial checkpoints left by a kill are deleted.
+def prepare_run_dir(cfg: Config, *, resume: bool) -> ResumePoint | None:
+    """The checkpoint to resume from (checked, see run/resume.py), or None; call it holding the run dir's lock.
 
-    A fresh run (no --resume) in a run directory that already holds checkpoints is an error, unless
-    log.overwrite: starting over would mix two runs' checkpoints, and --resume would then pick the
-    wrong one.
+    Partial checkpoints left by a kill are deleted (never resumable). A fresh run (no --resume) in a run
+    directory that already holds checkpoints is an error, unless log.overwrite: starting over would mix
+    two runs' checkpoints, and --resume would then pick the wrong one. Even then nothing is deleted
+    here: ``clear_previous_run`` does that once every check that can fail has passed.
     """
     run_dir = cfg.run_dir
     for partial in ckpt.remove_partial(run_dir):
         log.warning("removed %s, a checkpoint whose writing was interrupted", partial)
-    found = ckpt.list_checkpoints(run_dir)
     if resume:
-        latest = ckpt.latest_checkpoint(run_dir)
-        if latest is None:
-            log.warning("--resume: no checkpoint in %s, starting from step 0", run_dir)
-        return latest
+        return resume_point(cfg)
+    found = ckpt.list_checkpoints(run_dir)
     if found and not cfg.log.overwrite:
         raise ConfigError(
             f"log.run_name: {run_dir} already holds checkpoints (up to {found[-1][1].name}). Pass --resume "
             "to continue that run, choose another log.run_name, or set log.overwrite=true to start over "
             "(its checkpoints are then deleted)."
         )
-    if found:
-        log.warning("log.overwrite=true: deleting the checkpoints of the previous run in %s", run_dir)
-        shutil.rmtree(ckpt.checkpoint_root(run_dir))
     return None
+
+
+def clear_previous_run(cfg: Config) -> None:
+    """log.overwrite=true on a fresh run: delete the previous run's checkpoints (after every check passed)."""
+    root = ckpt.checkpoint_root(cfg.run_dir)
+    if cfg.log.overwrite and ckpt.list_checkpoints(cfg.run_dir):
+        log.warning("log.overwrite=true: deleting the checkpoints of the previous run in %s", cfg.run_dir)
+        shutil.rmtree(root)
+    Path(cfg.run_dir, "resumes.jsonl").unlink(missing_ok=True)
 
 
 def check_model_source(cfg: ModelConfig) -> None:
@@ -55,6 +60,7 @@ def check_model_source(cfg: ModelConfig) -> None:
     An absolute path, or one starting with ``.`` or ``~``, is local; anything else that is not an
     existing folder is taken for a hub id and left to from_pretrained.
     """
+    resolve_device(cfg)  # model.device=cuda without CUDA
     source = cfg.name_or_path
     if not source:
         raise ModelLoadError("model.name_or_path is empty: set it to a local model folder or a hub id")
@@ -71,20 +77,33 @@ def check_model_source(cfg: ModelConfig) -> None:
         )
 
 
-def build_rewards(cfg: Config) -> list[WeightedReward]:
-    """reward.functions built; a bad entry is a ConfigError naming ``reward.functions[i]``."""
-    if not cfg.reward.functions:
+def build_rewards(
+    cfg: Config, specs: Sequence[RewardSpec] | None = None, key: str = "reward.functions"
+) -> list[WeightedReward]:
+    """reward.functions built; a bad entry is a ConfigError naming ``reward.functions[i]``; two entries of
+    the same name (they would overwrite each other's logged component) are an error pointing at ``alias``."""
+    specs = cfg.reward.functions if specs is None else specs
+    if not specs:
         raise ConfigError(
-            "reward.functions is empty: name at least one reward, e.g. reward.functions=[{name: math_accuracy}]"
+            f"{key} is empty: name at least one reward, e.g. {key}=[{{name: math_accuracy}}]"
         )
-    rewards = []
-    for i, spec in enumerate(cfg.reward.functions):
+    rewards: list[WeightedReward] = []
+    for i, spec in enumerate(specs):
         try:
-            rewards.append(build_reward(spec.name, weight=spec.weight, kwargs=spec.kwargs, kind=spec.kind))
+            built = build_reward(
+                spec.name, weight=spec.weight, kwargs=spec.kwargs, alias=spec.alias, kind=spec.kind
+            )
         except GrpolabError:
             raise
         except (ValueError, TypeError) as err:
-            raise ConfigError(f"reward.functions[{i}] (name {spec.name!r}): {err}") from err
+            raise ConfigError(f"{key}[{i}] (name {spec.name!r}): {err}") from err
+        names = [r.name for r in rewards]
+        if built.name in names:
+            raise ConfigError(
+                f"{key}[{names.index(built.name)}] and {key}[{i}] are both named {built.name!r}; "
+                f"give one an alias, e.g. {key}[{i}].alias={built.name}_2"
+            )
+        rewards.append(built)
     return rewards
 
 

@@ -24,28 +24,19 @@ from typing import Any
 
 import torch
 
-from grpolab.config import Config, ConfigError
-from grpolab.errors import GrpolabError
+from grpolab.config import Config
 from grpolab.models import Reference
-from grpolab.rewards import WeightedReward, build_reward, score_batch
+from grpolab.rewards import WeightedReward, score_batch
 from grpolab.types import Completions, Example, RolloutBatch
 
 
 def build_gold_rewards(cfg: Config) -> list[WeightedReward]:
-    """reward.gold built; a bad entry is a ConfigError naming ``reward.gold[i]``."""
-    gold = []
-    for i, spec in enumerate(cfg.reward.gold):
-        try:
-            gold.append(build_reward(spec.name, weight=spec.weight, kwargs=spec.kwargs))
-        except GrpolabError:
-            raise
-        except (ValueError, TypeError) as err:
-            raise ConfigError(f"reward.gold[{i}] (name {spec.name!r}): {err}") from err
-    names = [g.name for g in gold]
-    for name in names:
-        if names.count(name) > 1:
-            raise ConfigError(f"reward.gold: two gold rewards are named {name!r}; give each a distinct name")
-    return gold
+    """reward.gold built with the same checks and messages as reward.functions (naming ``reward.gold[i]``)."""
+    if not cfg.reward.gold:
+        return []
+    from grpolab.run.preflight import build_rewards
+
+    return build_rewards(cfg, cfg.reward.gold, key="reward.gold")
 
 
 def gold_metrics(rewards: Sequence[WeightedReward], scores, prefix: str) -> dict[str, float]:

@@ -36,8 +36,9 @@ from typing import Any
 
 from grpolab.config import Config, ConfigError
 from grpolab.data import load_examples
-from grpolab.rewards import WeightedReward, build_reward, score_batch
+from grpolab.rewards import WeightedReward, score_batch
 from grpolab.run.checkpoint import latest_checkpoint
+from grpolab.run.preflight import build_rewards
 from grpolab.train.loop import train
 from grpolab.train.reward_model import PreferencePair, read_pairs, train_reward_model, write_pairs
 from grpolab.types import Completion, Example
@@ -69,7 +70,7 @@ def iterative_rl(cfg: Config) -> IterativeResult:
         raise ConfigError(
             "iterative RL resets the reference to the policy, which LoRA cannot: set model.lora.enabled=false"
         )
-    labels = [build_reward(s.name, weight=s.weight, kwargs=s.kwargs, kind=s.kind) for s in it.label_rewards]
+    labels = build_rewards(cfg, it.label_rewards, key="iterative.label_rewards")  # ConfigError naming the entry
     history = read_pairs(cfg.reward_model.data_path) if cfg.reward_model.data_path else []
     policy = cfg.model.name_or_path
     rm_path = str(cfg.reward.functions[rm_index].kwargs["path"])

@@ -17,22 +17,30 @@ from typing import Any
 
 import torch
 
-from grpolab.config import Config, config_to_dict, dump_config
+from grpolab.config import Config, ConfigError, config_to_dict, dump_config
 from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
 from grpolab.inference import limit_cpu_threads
 from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
 from grpolab.rewards import dry_run, score_batch
 from grpolab.rollout.hf import sampler_from_config
 from grpolab.run import checkpoint as ckpt
-from grpolab.run.guards import BadSteps, GracefulStop
+from grpolab.run.guards import BadSteps, GracefulStop, NoSignal
+from grpolab.run.lock import hold_run_dir
 from grpolab.run.logging import RunLogger, peak_memory_mb
-from grpolab.run.preflight import build_rewards, check_context, check_model_source, prepare_run_dir
+from grpolab.run.preflight import (
+    build_rewards,
+    check_context,
+    check_model_source,
+    clear_previous_run,
+    prepare_run_dir,
+)
 from grpolab.run.progress import Progress
+from grpolab.run.resume import record_resume
 from grpolab.run.run_info import write_run_info
 from grpolab.run.trackers import check_trackers
 from grpolab.train.batch import LogprobContext, length_by_correctness, rewards_tensor
 from grpolab.train.gold import GoldMonitor, build_gold_rewards
-from grpolab.train.optim import build_optimizer
+from grpolab.train.optim import apply_optim_config, build_optimizer
 from grpolab.train.ppo import Critic, rollout_batch_builder
 from grpolab.train.process import build_process_supervision
 from grpolab.train.step import PolicyLossSpec, update_policy
@@ -56,13 +64,14 @@ def train(cfg: Config, *, resume: bool = False) -> TrainResult:
     SIGINT / SIGTERM while it runs: the current step finishes, a checkpoint is saved, and the result
     has ``stopped_by`` set (guards.py). Bad input fails before the model loads where it can.
     """
-    with GracefulStop() as stop:
+    with GracefulStop() as stop, hold_run_dir(cfg.run_dir):  # one writer per run dir (run/lock.py)
         return _train(cfg, resume=resume, stop=stop)
 
 
 def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     run_dir = cfg.run_dir
-    resume_from = prepare_run_dir(cfg, resume=resume)
+    point = prepare_run_dir(cfg, resume=resume)  # checkpoint verified, config changes checked
+    resume_from = point.path if point is not None else None
     check_model_source(cfg.model)
     rewards = build_rewards(cfg)
     check_trackers(cfg.log.trackers)
@@ -95,10 +104,15 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
 
     bad_steps = BadSteps(cfg.train.max_bad_steps, run_dir)
+    no_signal = NoSignal.from_config(cfg)  # zero-std / no-valid-reward steps in a row (run/guards.py)
     resumable = _Resumable(
-        model, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps
+        model, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps, no_signal
     )
-    start = resumable.restore(resume_from) if resume_from is not None else 0
+    start = resumable.restore(resume_from, cfg) if resume_from is not None else 0
+    if point is not None:
+        record_resume(cfg, point, start)
+    else:
+        clear_previous_run(cfg)  # log.overwrite: only now, every check passed
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     write_run_info(
@@ -188,6 +202,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
             rows_out = _sample_rows(batch_examples, completions, scores, batch.advantages)
             logger.samples(step, gold.annotate(rows_out))
         bad_steps.observe(step, metrics.get("train/skipped_updates", 0.0), model)  # raises to stop the run
+        no_signal.observe(step, metrics)  # raises after train.max_no_signal_steps steps without signal
         if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0 and reference is not None:
             reference.reset_to(model)
         every = cfg.log.checkpoint_every
@@ -267,6 +282,7 @@ class _Resumable:
     minibatch_gen: torch.Generator
     critic: Critic | None
     bad_steps: BadSteps
+    no_signal: NoSignal
 
     def save(self, cfg: Config, step: int) -> None:
         state = {
@@ -278,6 +294,7 @@ class _Resumable:
             "sample_gen": self.sample_gen.get_state(),
             "minibatch_gen": self.minibatch_gen.get_state(),
             "bad_steps": self.bad_steps.state_dict(),
+            "no_signal": self.no_signal.state_dict(),
         }
         extra = {}
         if self.reference is not None and cfg.algo.ref_reset_every and step >= cfg.algo.ref_reset_every:
@@ -293,26 +310,32 @@ class _Resumable:
             keep_last=cfg.log.keep_last,
             extra_models=extra,
             state=state,
+            files={"config.yaml": dump_config(cfg)},  # what this checkpoint was trained with (run/resume.py)
         )
 
-    def restore(self, path: Path) -> int:
-        """Load the checkpoint at ``path`` in place; returns its step."""
+    def restore(self, path: Path, cfg: Config) -> int:
+        """Load the checkpoint at ``path`` in place; returns its step. cfg's learning rate then applies."""
         ckpt.load_weights_into(self.model, path)
         if self.reference is not None and self.reference.frozen_model is not None:
             ckpt.load_extra(self.reference.frozen_model, path, "reference")
         state = ckpt.load_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_optim_config(self.optimizer, self.scheduler, cfg)  # --resume optim.lr=... takes effect
         self.data.load_state_dict(state["data"])
         ckpt.set_rng_state(state["rng"])
         self.sample_gen.set_state(state["sample_gen"])
         self.minibatch_gen.set_state(state["minibatch_gen"])
         self.bad_steps.load_state_dict(state.get("bad_steps", {}))
+        self.no_signal.load_state_dict(state.get("no_signal", {}))
         if self.critic is not None:
             if not ckpt.load_extra(self.critic.model, path, "value") or "critic" not in state:
-                raise FileNotFoundError(
-                    f"checkpoint {path} has no value model (value.safetensors): was it a PPO run?"
+                raise ConfigError(
+                    f"checkpoint {path} has no value model (value.safetensors): it was not a PPO run, so "
+                    f"algo.name={cfg.algo.name} cannot resume it; resume with the run's own algo.name"
                 )
             self.critic.load_state_dict(state["critic"])
+            value_lr = cfg.algo.value_lr or cfg.optim.lr
+            apply_optim_config(self.critic.optimizer, self.critic.scheduler, cfg, lr=value_lr)
         log.info("resumed from %s at step %d", path, state["step"])
         return int(state["step"])

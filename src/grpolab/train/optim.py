@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -32,3 +33,20 @@ def build_optimizer(model: torch.nn.Module, cfg: Config):
         optimizer, lambda s: lr_lambda(s, warmup=o.warmup_steps, total=total, schedule=o.schedule)
     )
     return optimizer, scheduler
+
+
+def apply_optim_config(optimizer: torch.optim.Optimizer, scheduler, cfg: Config, lr: float | None = None) -> None:
+    """After loading a checkpoint's optimizer and scheduler state: the config's lr and weight decay again.
+
+    ``load_state_dict`` brings back the saved param groups (lr, weight_decay) and the scheduler's
+    ``base_lrs``, so without this ``--resume optim.lr=1e-5`` would keep training at the old rate.
+    The schedule's position (``last_epoch``) is kept; its base becomes optim.lr (or ``lr``: the critic's).
+    """
+    o = cfg.optim if lr is None else dataclasses.replace(cfg.optim, lr=lr)
+    scheduler.base_lrs = [o.lr for _ in optimizer.param_groups]
+    factors = [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]
+    for group, factor in zip(optimizer.param_groups, factors, strict=True):
+        group["initial_lr"] = o.lr
+        group["lr"] = o.lr * factor
+        group["weight_decay"] = o.weight_decay
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

@@ -61,10 +61,14 @@ class RewardModelResult:
 def read_pairs(path: str | Path) -> list[PreferencePair]:
     """Rows {"prompt", "chosen", "rejected"} of a JSONL file; a bad row is an error naming its line."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"reward_model.data_path: {path} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"reward_model.data_path: {path} does not exist or is not a file")
     pairs = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, raw in enumerate(path.read_bytes().splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise DataError(f"{path}:{lineno} is not UTF-8 text (column {err.start + 1}); save it as UTF-8") from err
         if not line.strip():
             continue
         try:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from grpolab.config import Config, dump_config
-from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
+from grpolab.config import Config, ConfigError, dump_config
+from grpolab.data import DataError, PromptSampler, load_examples, split_eval, tokenize_prompts
 from grpolab.models import load_policy, resolve_autocast, resolve_device
 from grpolab.run.logging import RunLogger
 from grpolab.run.progress import Progress
@@ -51,7 +51,7 @@ def tokenize_targets(examples: Sequence[Example], tokenizer, completion_format: 
     """Token ids of each target: the formatted answer, then EOS."""
     missing = [i for i, e in enumerate(examples) if e.answer is None]
     if missing:
-        raise ValueError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
+        raise DataError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
     texts = [completion_format.replace("{answer}", str(e.answer)) for e in examples]
     encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return [[*ids, tokenizer.eos_token_id] for ids in encoded]
@@ -123,11 +123,18 @@ def dev_checker(cfg: Config, model, tok, dev: Sequence[Example]) -> Callable[[],
 def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
     """Fine-tune cfg.model on the training examples of cfg.data; save to cfg.sft_dir."""
     s, t0 = cfg.sft, time.perf_counter()
+    if cfg.data.answer_field is None and cfg.data.source in ("jsonl", "hf"):
+        raise ConfigError(
+            "grpolab sft trains on the reference answers, but data.answer_field is null: set it to the row "
+            "field that holds the answer (e.g. data.answer_field=answer)"
+        )
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    examples, _held_out = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
+    if missing := [i for i, e in enumerate(examples) if e.answer is None]:  # before any model loads
+        raise DataError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
     model, tok = load_policy(cfg.model)
     amp = resolve_autocast(cfg.model, resolve_device(cfg.model))
-    examples, _held_out = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
     dev: list[Example] = []
     if s.target_accuracy is not None:
         examples, dev = split_eval(examples, s.dev_size)
