@@ -197,7 +197,7 @@ CASES = {
         files={"d.jsonl": jsonl([ROWS[0], {"prompt": None, "answer": "2"}])},
     ),
     "list prompt": Case(
-        ["data.path={tmp}/d.jsonl"], "row 1: field 'prompt' (data.prompt_field) is [\"1\", \"+\"] (list)", DataError,
+        ["data.path={tmp}/d.jsonl"], "row 1: 'prompt'[0] is '1'; a conversational prompt is a list of messages", DataError,
         files={"d.jsonl": jsonl([{"prompt": ["1", "+"], "answer": "2"}])},
     ),
     "NaN answer": Case(
