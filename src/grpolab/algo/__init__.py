@@ -6,18 +6,24 @@ here imports transformers.
 
 from grpolab.algo.advantages import (
     OUTCOME_ESTIMATORS,
+    TOKEN_ESTIMATORS,
     gae_advantages,
     grpo_advantages,
     grpo_process_advantages,
     kl_shaped_token_rewards,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
     rft_advantages,
     rloo_advantages,
 )
+from grpolab.algo.correction import ROLLOUT_CORRECTIONS, mismatch_sums, rollout_correction_weights
 from grpolab.algo.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from grpolab.algo.losses import (
     AGGREGATIONS,
+    POLICY_LOSSES,
     SurrogateLoss,
     aggregate,
+    cispo_loss,
     clipped_surrogate_loss,
     dpo_loss,
     value_loss,
@@ -28,8 +34,12 @@ __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "OUTCOME_ESTIMATORS",
+    "POLICY_LOSSES",
+    "ROLLOUT_CORRECTIONS",
+    "TOKEN_ESTIMATORS",
     "SurrogateLoss",
     "aggregate",
+    "cispo_loss",
     "clipped_surrogate_loss",
     "dpo_loss",
     "gae_advantages",
@@ -43,7 +53,11 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mismatch_sums",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
     "rft_advantages",
+    "rollout_correction_weights",
     "rloo_advantages",
     "value_loss",
 ]

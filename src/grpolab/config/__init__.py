@@ -12,7 +12,7 @@ loss aggregation, where the KL goes); see ``ALGO_PRESETS``. Anything set explici
 from __future__ import annotations
 
 from grpolab.config.loading import config_from_dict, config_to_dict, dump_config, load_config  # noqa: F401
-from grpolab.config.root import Config  # noqa: F401
+from grpolab.config.root import Config, inert_settings  # noqa: F401
 from grpolab.config.sections import (  # noqa: F401 - re-exported
     ALGO_PRESETS,
     AdvantageName,

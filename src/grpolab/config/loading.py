@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -12,8 +13,10 @@ from typing import Any, Literal
 
 import yaml
 
-from grpolab.config.root import Config
+from grpolab.config.root import Config, inert_settings
 from grpolab.errors import ConfigError
+
+log = logging.getLogger("grpolab.config")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
@@ -26,7 +29,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if not sep or not key:
             raise ConfigError(f"override '{item}' must look like section.key=value, e.g. algo.beta=0.0")
         _set_dotted(raw, key.strip(), _parse_scalar(text))
-    return config_from_dict(raw)
+    cfg = config_from_dict(raw)
+    for message in inert_settings(cfg):
+        log.warning(message)
+    return cfg
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> Config:
