@@ -100,17 +100,19 @@ def sample_step(
     generator: torch.Generator,
 ) -> StepGroups:
     """Draw, sample and score one step's groups; with ``algo.dynamic_sampling``, repeat rounds until enough
-    groups have a signal. Metrics: ``train/sampling_rounds``, ``train/groups_drawn``, ``train/groups_kept``
-    and the generation / scoring times."""
+    groups have a signal. Metrics: ``train/sampling_rounds``, ``train/groups_drawn``, ``train/groups_kept``,
+    ``train/reward_mean_drawn`` (over every completion drawn) and the generation / scoring times."""
     target = cfg.train.prompts_per_step
     dynamic = bool(cfg.algo.dynamic_sampling)
     kept: list[StepGroups] = []
     drawn = n_kept = rounds = 0
+    drawn_rewards: list[torch.Tensor] = []
     seconds = {"sys/time_generation_s": 0.0, "sys/time_scoring_s": 0.0}
     last = None
     for rounds in range(1, (cfg.algo.max_sampling_rounds if dynamic else 1) + 1):  # noqa: B007 - read below
         last = _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
         drawn += len(last.rows)
+        drawn_rewards.append(last.rewards[last.valid])
         part = last.select(groups_with_signal(last.rewards, last.valid)) if dynamic else last
         kept.append(part)
         n_kept += len(part.rows)
@@ -132,9 +134,16 @@ def sample_step(
         "train/sampling_rounds": float(rounds),
         "train/groups_drawn": float(drawn),
         "train/groups_kept": float(n_kept),
+        # the policy's reward on everything it sampled: comparable across presets, unlike
+        # train/reward_mean, which dynamic sampling takes over the kept groups only
+        "train/reward_mean_drawn": _mean(torch.cat(drawn_rewards)),
         **seconds,
     }
     return step
+
+
+def _mean(x: torch.Tensor) -> float:
+    return float(x.mean()) if x.numel() else float("nan")
 
 
 def _global_count(local: int) -> int:

@@ -70,6 +70,8 @@ def test_dynamic_sampling_fills_the_step_with_groups_that_have_a_signal():
     assert step.metrics["train/sampling_rounds"] == sampler.calls >= 2
     assert step.metrics["train/groups_drawn"] == 6 * sampler.calls
     assert step.metrics["train/groups_kept"] >= 6
+    # k % 3 of the G samples of prompt k are right; drawn = every prompt of every round
+    assert 0 < step.metrics["train/reward_mean_drawn"] < float(step.rewards.mean())
     # rows, rewards and completions stay aligned across rounds (texts answer their own prompt)
     for p, k in enumerate(step.rows):
         correct = [step.completions.texts[p * G + j] == str(k) for j in range(G)]
