@@ -6,13 +6,10 @@ here imports transformers.
 
 from grpolab.algo.advantages import (
     OUTCOME_ESTIMATORS,
-    TOKEN_ESTIMATORS,
     gae_advantages,
     grpo_advantages,
     grpo_process_advantages,
     kl_shaped_token_rewards,
-    reinforce_pp_advantages,
-    reinforce_pp_baseline_advantages,
     rft_advantages,
     rloo_advantages,
 )
@@ -29,6 +26,7 @@ from grpolab.algo.losses import (
     value_loss,
 )
 from grpolab.algo.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from grpolab.algo.reinforce import TOKEN_ESTIMATORS, reinforce_pp_advantages, reinforce_pp_baseline_advantages
 
 __all__ = [
     "AGGREGATIONS",

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from grpolab.algo.advantages import OUTCOME_ESTIMATORS, TOKEN_ESTIMATORS, grpo_process_advantages
+from grpolab.algo.advantages import OUTCOME_ESTIMATORS, grpo_process_advantages
 from grpolab.algo.masked import masked_mean
+from grpolab.algo.reinforce import TOKEN_ESTIMATORS
 from grpolab.config import Config
 from grpolab.models import Reference
 from grpolab.train.logprobs import completion_logprobs

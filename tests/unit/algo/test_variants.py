@@ -6,14 +6,10 @@ import math
 import pytest
 import torch
 
-from grpolab.algo.advantages import (
-    OUTCOME_ESTIMATORS,
-    TOKEN_ESTIMATORS,
-    reinforce_pp_advantages,
-    reinforce_pp_baseline_advantages,
-)
+from grpolab.algo.advantages import OUTCOME_ESTIMATORS
 from grpolab.algo.correction import mismatch_sums, rollout_correction_weights
 from grpolab.algo.losses import POLICY_LOSSES, cispo_loss, clipped_surrogate_loss
+from grpolab.algo.reinforce import TOKEN_ESTIMATORS, reinforce_pp_advantages, reinforce_pp_baseline_advantages
 
 
 def close(actual, expected, **kw):
