@@ -69,8 +69,9 @@ def completion_logprobs(
     """(logprobs [n, T], entropy [n, T] or None), zero where completion_mask is False.
 
     Gradients flow when called outside no_grad; through the entropy only with ``entropy_grad`` (an
-    entropy bonus, algo.entropy_coef), since that keeps a second [n, T, V] softmax in the graph. Columns past the longest counted completion are not
-    computed (no padding waste), and come back as zeros.
+    entropy bonus, algo.entropy_coef), since that keeps a second [n, T, V] softmax in the graph.
+    Columns past the longest counted completion are not computed (no padding waste), and come back
+    as zeros.
     """
     n, t_full = completion_ids.shape
     t = max(int(completion_mask.sum(-1).max().item()), 1)
