@@ -61,6 +61,7 @@ def grpo_config(model: str, out: Path, preset: str, a: argparse.Namespace, steps
             f"eval.max_prompts={a.eval_prompts}",
             f"eval.num_samples={G}",
             "eval.greedy=false",
+            *a.set,
         ],
     )
 
@@ -107,6 +108,7 @@ def main() -> None:
     p.add_argument("--presets", default=",".join(PRESETS))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--sft-model", default=None, help="start from this folder instead of a fresh SFT")
+    p.add_argument("--set", action="append", default=[], help="an extra override for every preset, e.g. algo.num_minibatches=1")
     a = p.parse_args()
     set_threads(a.threads)
     from grpolab.eval.runner import evaluate
@@ -121,7 +123,8 @@ def main() -> None:
         rows, ckpt, seconds = run_preset(model, out, preset, a)
         cfg = grpo_config(model, out, preset, a, a.steps)
         ev = evaluate(cfg, [str(ckpt)], labels=[preset], out_dir=out / f"eval_{preset}", progress=False)[0]
-        table.append((preset, curve(rows, a.block * a.prompts * G), rows[-1]["drawn"], ev.pass_at[1], ev.maj_at[G], seconds))
+        label = preset + "".join(f" {o}" for o in a.set)
+        table.append((label, curve(rows, a.block * a.prompts * G), rows[-1]["drawn"], ev.pass_at[1], ev.maj_at[G], seconds))
     print(f"\n{a.prompts} prompts x G={G} per step, budget {a.steps * a.prompts * G} completions drawn; "
           f"reward of the completions drawn, mean per {a.block * a.prompts * G} completions; "
           f"held-out {a.eval_prompts} prompts x {G} samples at T=1")  # fmt: skip
