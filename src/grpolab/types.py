@@ -119,6 +119,8 @@ class RolloutBatch:
     """[N, T] value estimates at rollout time (PPO)."""
     returns: torch.Tensor | None = None
     """[N, T] value targets (PPO)."""
+    sampler_logprobs: torch.Tensor | None = None
+    """[N, T] the sampler's log-probs of the same tokens (Completions.logprobs), for rollout correction."""
 
     @property
     def num_sequences(self) -> int:
@@ -138,4 +140,5 @@ class RolloutBatch:
             ref_logprobs=pick(self.ref_logprobs),
             old_values=pick(self.old_values),
             returns=pick(self.returns),
+            sampler_logprobs=pick(self.sampler_logprobs),
         )

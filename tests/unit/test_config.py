@@ -49,7 +49,7 @@ def test_malformed_yaml_and_missing_file(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(ALGO_PRESETS))
 def test_presets_resolve(name):
-    overrides = [f"algo.name={name}"]
+    overrides = [f"algo.name={name}", "train.prompts_per_step=16"]
     cfg = load_config(None, overrides)
     assert cfg.algo.resolved_advantage == ALGO_PRESETS[name]["advantage"]
     assert cfg.algo.resolved_loss_agg == ALGO_PRESETS[name]["loss_agg"]
@@ -65,6 +65,7 @@ def test_explicit_fields_win_over_presets_and_derived_values():
             "train.prompts_per_step=4",
             "rollout.num_generations=16",
             "algo.mu=2",
+            "algo.num_minibatches=1",
         ],
     )
     assert cfg.algo.resolved_loss_agg == "seq-mean-token-mean"

@@ -13,23 +13,31 @@ from grpolab.algo.advantages import (
     rft_advantages,
     rloo_advantages,
 )
+from grpolab.algo.correction import ROLLOUT_CORRECTIONS, mismatch_sums, rollout_correction_weights
 from grpolab.algo.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from grpolab.algo.losses import (
     AGGREGATIONS,
+    POLICY_LOSSES,
     SurrogateLoss,
     aggregate,
+    cispo_loss,
     clipped_surrogate_loss,
     dpo_loss,
     value_loss,
 )
 from grpolab.algo.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from grpolab.algo.reinforce import TOKEN_ESTIMATORS, reinforce_pp_advantages, reinforce_pp_baseline_advantages
 
 __all__ = [
     "AGGREGATIONS",
     "KL_ESTIMATORS",
     "OUTCOME_ESTIMATORS",
+    "POLICY_LOSSES",
+    "ROLLOUT_CORRECTIONS",
+    "TOKEN_ESTIMATORS",
     "SurrogateLoss",
     "aggregate",
+    "cispo_loss",
     "clipped_surrogate_loss",
     "dpo_loss",
     "gae_advantages",
@@ -43,7 +51,11 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mismatch_sums",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
     "rft_advantages",
+    "rollout_correction_weights",
     "rloo_advantages",
     "value_loss",
 ]

@@ -13,10 +13,12 @@ Where the code departs from the papers, and why:
 * ``valid`` lets a reward say "not applicable": such entries are left out of every statistic and get
   advantage 0; a group with fewer than two counted entries gets 0 (verl instead gives a group of size
   1 mean 0 and std 1, i.e. the raw reward).
-* ``scale="batch"`` divides by the std of the group-centred values over the whole batch, as
-  REINFORCE++-baseline (arXiv 2501.03262; verl ``masked_whiten`` of the centred scores) does. TRL's
-  ``scale_rewards="batch"`` instead divides by the std of the raw rewards over the batch; the two agree
-  only when every group has the same mean.
+* ``scale="batch"`` (estimator "batch_std") divides by the std of the group-centred values over the
+  batch's SEQUENCES, each completion weighing once. It is not REINFORCE++-baseline, which whitens
+  over the batch's TOKENS (each completion weighs by its length) and re-centres
+  (``grpolab.algo.reinforce.reinforce_pp_baseline_advantages``); on ragged lengths the two differ by up to ~27%. TRL's
+  ``scale_rewards="batch"`` divides by the std of the raw rewards instead; the three agree only when
+  every group has the same mean and every completion the same length.
 * ``gae_advantages`` does not whiten (callers do, with ``masked_whiten``), so the function can be
   checked against the textbook recursion. Positions outside the mask are skipped: the "next state"
   of a token is the next counted token, and the value after the last counted token is 0.
@@ -114,8 +116,9 @@ def grpo_advantages(
     """Group-relative outcome advantages (DeepSeekMath Sec. 4.1.2, arXiv 2402.03300).
 
     * ``scale="group"``: ``(r - mean_g) / (std_g + eps)`` (GRPO).
-    * ``scale="batch"``: ``(r - mean_g) / (std of all group-centred values in the batch + eps)``
-      (REINFORCE++-baseline, arXiv 2501.03262; "Lite PPO", arXiv 2508.08221).
+    * ``scale="batch"``: ``(r - mean_g) / (std of all group-centred values in the batch + eps)``, each
+      completion counted once (group mean, batch std; compare "Lite PPO", arXiv 2508.08221). For
+      REINFORCE++-baseline's token-weighted form see ``reinforce_pp_baseline_advantages``.
     * ``scale="none"``: ``r - mean_g`` (Dr. GRPO, arXiv 2503.20783).
 
     Args:
@@ -187,9 +190,7 @@ def _dr_grpo(rewards: Tensor, valid: Tensor, *, std: Std = "unbiased", eps: floa
     return grpo_advantages(rewards, scale="none", std=std, eps=eps, valid=valid)
 
 
-def _reinforce_pp_baseline(
-    rewards: Tensor, valid: Tensor, *, std: Std = "unbiased", eps: float = 1e-4
-) -> Tensor:
+def _batch_std(rewards: Tensor, valid: Tensor, *, std: Std = "unbiased", eps: float = 1e-4) -> Tensor:
     return grpo_advantages(rewards, scale="batch", std=std, eps=eps, valid=valid)
 
 
@@ -207,11 +208,11 @@ OUTCOME_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "dr_grpo": _dr_grpo,
     "rloo": _rloo,
     "online_rft": _online_rft,
-    "reinforce_pp_baseline": _reinforce_pp_baseline,
+    "batch_std": _batch_std,
 }
 """Outcome estimators by name, all ``(rewards [P, G], valid [P, G] bool, *, std, eps) -> [P, G]``.
 
-``std`` ("unbiased" | "population") and ``eps`` are used by "grpo" and "reinforce_pp_baseline" and
+``std`` ("unbiased" | "population") and ``eps`` are used by "grpo" and "batch_std" and
 accepted but ignored by the others, so a trainer can pass the same keywords to whichever it picked.
 """
 
@@ -338,3 +339,4 @@ def kl_shaped_token_rewards(
     rows = torch.arange(mask.shape[0], device=mask.device)
     rewards[rows, last] += scores.detach().to(rewards.dtype)
     return rewards
+

@@ -15,6 +15,8 @@ Where the code departs from the papers, and why:
 * ``aggregate`` takes optional ``total_seqs`` / ``total_tokens``: the normalisers of the whole
   (gradient-accumulated) batch. With them, the micro-batch losses sum exactly to the full-batch loss,
   whereas averaging per-micro-batch means (a common bug) re-weights tokens by micro-batch composition.
+* CISPO (MiniMax-M1, arXiv 2506.13585) reuses ``SurrogateLoss``: its ``clipped_low`` / ``clipped_high``
+  say where the IS weight was truncated, whatever the advantage's sign (no gradient is dropped there).
 * In ``"seq-mean-token-mean"`` a row with no counted token contributes 0 but still counts in ``N``
   (TRL ``loss_type="grpo"``), so filtering a sequence's tokens does not change the other rows' weight.
 """
@@ -33,8 +35,10 @@ from grpolab.algo.masked import masked_mean, masked_sum
 __all__ = [
     "AGGREGATIONS",
     "AggregationMode",
+    "POLICY_LOSSES",
     "SurrogateLoss",
     "aggregate",
+    "cispo_loss",
     "clipped_surrogate_loss",
     "dpo_loss",
     "value_loss",
@@ -133,6 +137,62 @@ def clipped_surrogate_loss(
         loss = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
         clipped_low, clipped_high = clipped_low & mask, clipped_high & mask
     return SurrogateLoss(loss, clipped_low, clipped_high)
+
+
+def cispo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    *,
+    clip_low: float = 1.0,
+    clip_high: float = 4.0,
+    dual_clip: float | None = None,
+    level: Literal["token", "sequence"] = "token",
+    mask: Tensor | None = None,
+) -> SurrogateLoss:
+    """CISPO per token (MiniMax-M1, arXiv 2506.13585, Eqs. 4-5): a REINFORCE term weighted by a clipped,
+    stop-gradient importance-sampling weight.
+
+    ``loss = -sg(clip(ratio, 1 - clip_low, 1 + clip_high)) * A * logprobs``: the IS weight is clipped,
+    not the update, so every token keeps its gradient ``-w * A * grad log pi``. The paper sets no lower
+    bound (``clip_low = 1`` gives a floor of 0) and tunes only ``clip_high``. The value is not the
+    PPO surrogate's (it carries ``log pi``); its gradient is.
+
+    Args:
+        logprobs: ``[N, T]`` under the current policy (with grad).
+        old_logprobs: ``[N, T]`` under the sampling policy (no grad).
+        advantages: ``[N]`` or ``[N, T]``.
+        clip_low, clip_high: the IS weight is clipped to ``[1 - clip_low, 1 + clip_high]``.
+        dual_clip: must be None (CISPO has no PPO min to cap).
+        level: must be "token" (the paper's weight is per token).
+        mask: ``[N, T]`` bool, True = token counts.
+
+    Returns:
+        ``SurrogateLoss(loss, truncated below, truncated above)``, all ``[N, T]``.
+    """
+    adv = _check_surrogate_inputs(logprobs, old_logprobs, advantages, mask).detach()
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}")
+    if dual_clip is not None or level != "token":
+        raise ValueError("CISPO clips a per-token IS weight: use level='token' and no dual_clip")
+    log_ratio = (logprobs - old_logprobs).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    weight = ratio.clamp(max(1 - clip_low, 0.0), 1 + clip_high)
+    loss = -weight * adv * logprobs
+    clipped_low, clipped_high = ratio < 1 - clip_low, ratio > 1 + clip_high
+    if mask is not None:
+        loss = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+        clipped_low, clipped_high = clipped_low & mask, clipped_high & mask
+    return SurrogateLoss(loss, clipped_low, clipped_high)
+
+
+POLICY_LOSSES: dict[str, Callable[..., SurrogateLoss]] = {
+    "clip": clipped_surrogate_loss,
+    "cispo": cispo_loss,
+}
+"""Per-token policy losses by name, all ``(logprobs, old_logprobs, advantages, *, clip_low, clip_high,
+dual_clip, level, mask) -> SurrogateLoss``: "clip" is PPO/GRPO's clipped surrogate (GSPO with
+``level="sequence"``), "cispo" MiniMax-M1's clipped IS-weight REINFORCE."""
 
 
 def _rows(mask: Tensor, total_seqs: float | None) -> float | Tensor:

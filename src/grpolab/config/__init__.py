@@ -5,14 +5,17 @@ sections as mappings; dotted overrides (``algo.beta=0.0``) are applied on top. E
 against its declared type (``Literal`` choices included) before any model loads, and every error names
 the key and says how to fix it. Derived quantities are properties, never fields mutated later.
 
-Algorithm presets: ``algo.name`` picks defaults for the fields left as ``None`` (advantage estimator,
-loss aggregation, where the KL goes); see ``ALGO_PRESETS``. Anything set explicitly wins.
+Algorithm presets: ``algo.name`` picks a paper's recipe for the algo fields left as ``None`` (advantage
+estimator, loss aggregation, KL, clip, updates per rollout, dynamic sampling, overlong filtering); see
+``ALGO_PRESETS``. They are filled in when ``AlgoConfig`` is built, so every field holds its effective
+value afterwards. Anything set explicitly wins. ``inert_settings`` lists valid settings that cannot act
+(logged as warnings by ``load_config``).
 """
 
 from __future__ import annotations
 
 from grpolab.config.loading import config_from_dict, config_to_dict, dump_config, load_config  # noqa: F401
-from grpolab.config.root import Config  # noqa: F401
+from grpolab.config.root import Config, inert_settings  # noqa: F401
 from grpolab.config.sections import (  # noqa: F401 - re-exported
     ALGO_PRESETS,
     AdvantageName,

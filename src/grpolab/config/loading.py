@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import re
 import types
 import typing
@@ -13,8 +14,10 @@ from typing import Any, Literal
 
 import yaml
 
-from grpolab.config.root import Config
+from grpolab.config.root import Config, inert_settings
 from grpolab.errors import ConfigError
+
+log = logging.getLogger("grpolab.config")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
@@ -30,12 +33,15 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         _set_dotted(raw, key.strip(), _parse_scalar(text))
         overridden.append(key.strip())
     try:
-        return config_from_dict(raw)
+        cfg = config_from_dict(raw)
     except ConfigError as err:
         line = _line_of(err, Path(path), overridden) if path is not None else None
         if line is None:
             raise
         raise ConfigError(f"{path}:{line}: {err}") from err
+    for message in inert_settings(cfg):
+        log.warning(message)
+    return cfg
 
 
 _DOTTED = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*|\[\d+\])+")

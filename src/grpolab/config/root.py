@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpolab.config.sections import (
+    ALGO_PRESETS,
     AlgoConfig,
     DataConfig,
     EvalConfig,
@@ -82,8 +83,8 @@ class Config:
 
 def _check_cross_fields(cfg: Config) -> None:
     a, r, t = cfg.algo, cfg.rollout, cfg.train
-    needs_group = a.resolved_advantage in {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
-    if needs_group and r.num_generations < 2:
+    needs_group = a.advantage in {"grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp_baseline"}
+    if (needs_group or a.dynamic_sampling) and r.num_generations < 2:
         raise ConfigError(
             f"rollout.num_generations={r.num_generations}: algo '{a.name}' compares completions within a "
             "group, so it needs at least 2 per prompt. Set rollout.num_generations >= 2 (DeepSeekMath used 64)."
@@ -102,6 +103,13 @@ def _check_cross_fields(cfg: Config) -> None:
         (a.beta < 0, "algo.beta must be >= 0 (0 = no KL and no reference model)"),
         (a.clip_low < 0 or a.resolved_clip_high < 0, "algo.clip_low and algo.clip_high must be >= 0"),
         (a.dual_clip is not None and a.dual_clip <= 1, "algo.dual_clip must be > 1 (verl uses 3.0), or null"),
+        (a.max_sampling_rounds < 1, "algo.max_sampling_rounds must be >= 1 (verl: 10)"),
+        (a.rollout_correction_cap <= 0, "algo.rollout_correction_cap must be > 0 (TIS: 2.0)"),
+        (a.entropy_coef < 0, "algo.entropy_coef must be >= 0 (0 = no entropy bonus)"),
+        (
+            a.policy_loss == "cispo" and (a.importance_level != "token" or a.dual_clip is not None),
+            "algo.policy_loss=cispo clips a per-token IS weight: set algo.importance_level=token and algo.dual_clip=null",
+        ),
         (cfg.optim.lr <= 0, "optim.lr must be > 0"),
         (cfg.eval.num_samples < 1, "eval.num_samples must be >= 1"),
         (
@@ -125,7 +133,8 @@ def _check_cross_fields(cfg: Config) -> None:
         raise ConfigError(
             f"algo.num_minibatches={a.num_minibatches} must split the {n} completions per step into whole "
             f"groups of rollout.num_generations={r.num_generations}: make train.prompts_per_step "
-            f"({t.prompts_per_step}) divisible by algo.num_minibatches."
+            f"({t.prompts_per_step}) divisible by algo.num_minibatches, or set algo.num_minibatches "
+            f"(the '{a.name}' preset uses {ALGO_PRESETS[a.name]['num_minibatches']})."
         )
     if a.resolved_advantage == "gae" and a.name != "ppo":
         raise ConfigError("algo.advantage='gae' needs a value model: set algo.name=ppo.")
@@ -133,6 +142,32 @@ def _check_cross_fields(cfg: Config) -> None:
         _check_ppo(a)
     if a.supervision == "process":
         _check_process(cfg)
+
+
+def inert_settings(cfg: Config) -> list[str]:
+    """Settings that are valid but cannot act, one sentence each with the fix (logged when a config loads)."""
+    a = cfg.algo
+    out = []
+    if a.ratio_is_one:
+        why = (
+            "algo.mu=1 and algo.num_minibatches=1 make the importance ratio exactly 1 (the policy does not move "
+            "before its batch is used up), so {what} cannot act; set algo.num_minibatches > 1 or algo.mu > 1 "
+            "(DAPO: 16 minibatches, GSPO: 4)"
+        )
+        if a.policy_loss == "clip" and a.clip_high != a.clip_low:
+            out.append(why.format(what=f"Clip-Higher (algo.clip_high={a.clip_high:g})"))
+        if a.policy_loss == "clip" and a.dual_clip is not None:
+            out.append(why.format(what=f"the dual clip (algo.dual_clip={a.dual_clip:g})"))
+        if a.importance_level == "sequence":
+            out.append(why.format(what="GSPO's sequence-level clip (algo.importance_level=sequence)"))
+        if a.policy_loss == "cispo":
+            out.append(why.format(what="CISPO's IS-weight clip (it is REINFORCE with token-mean here)"))
+    if a.importance_level == "sequence" and a.loss_agg == "token-mean":
+        out.append(
+            "algo.importance_level=sequence (GSPO) with algo.loss_agg=token-mean weighs each sequence's ratio by "
+            "its length; GSPO's objective averages over sequences: set algo.loss_agg=seq-mean-token-mean"
+        )
+    return out
 
 
 def _check_process(cfg: Config) -> None:

@@ -6,22 +6,103 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-AlgoName = Literal["grpo", "dr_grpo", "dapo", "rloo", "online_rft", "reinforce_pp", "ppo"]
-AdvantageName = Literal["grpo", "dr_grpo", "rloo", "online_rft", "reinforce_pp_baseline", "gae"]
+AlgoName = Literal[
+    "grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "online_rft", "reinforce_pp", "reinforce_pp_baseline", "ppo"
+]
+AdvantageName = Literal[
+    "grpo", "dr_grpo", "rloo", "online_rft", "batch_std", "reinforce_pp", "reinforce_pp_baseline", "gae"
+]
 TrackerName = Literal["tensorboard", "wandb", "trackio"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"]
 
-# algo.name -> defaults for the algo fields left as None. Sources: ALGORITHMS.md sections 1, 4.
+# DeepSeekMath GRPO (arXiv 2402.03300, Eq. 3 and Sec. 4.2): every preset states every field it fills.
+_GRPO: dict[str, Any] = {
+    "advantage": "grpo",
+    "loss_agg": "seq-mean-token-mean",
+    "policy_loss": "clip",
+    "importance_level": "token",
+    "kl_in": "loss",
+    "kl_estimator": "k3",
+    "beta": 0.04,
+    "clip_low": 0.2,
+    "mu": 1,
+    "num_minibatches": 1,
+    "dynamic_sampling": False,
+    "mask_truncated": False,
+}
+
+# algo.name -> the paper's recipe for every algo field left null. README "Algorithm presets" has the table.
 ALGO_PRESETS: dict[str, dict[str, Any]] = {
-    "grpo": {"advantage": "grpo", "loss_agg": "seq-mean-token-mean", "kl_in": "loss"},
-    "dr_grpo": {"advantage": "dr_grpo", "loss_agg": "seq-mean-token-sum-norm", "kl_in": "loss"},
-    "dapo": {"advantage": "grpo", "loss_agg": "token-mean", "kl_in": "loss"},
-    "rloo": {"advantage": "rloo", "loss_agg": "seq-mean-token-sum", "kl_in": "reward"},
-    "online_rft": {"advantage": "online_rft", "loss_agg": "seq-mean-token-mean", "kl_in": "loss"},
-    "reinforce_pp": {"advantage": "reinforce_pp_baseline", "loss_agg": "token-mean", "kl_in": "loss"},
-    # PPO as DeepSeekMath Eq. 1 writes it: (1/|o|) sum_t per completion, the same aggregation as GRPO,
-    # so `grpolab compare` isolates the critic (TRL and verl use token-mean; set algo.loss_agg for that).
-    "ppo": {"advantage": "gae", "loss_agg": "seq-mean-token-mean", "kl_in": "reward"},
+    "grpo": _GRPO,
+    # Dr. GRPO (arXiv 2503.20783): no std, constant normaliser (max completion length), no KL.
+    "dr_grpo": {**_GRPO, "advantage": "dr_grpo", "loss_agg": "seq-mean-token-sum-norm", "beta": 0.0},
+    # DAPO (arXiv 2503.14476): Clip-Higher 0.2/0.28, token-mean, no KL, dynamic sampling, overlong
+    # filtering; 512 prompts x 16 in mini-batches of 512 completions = 16 updates per rollout. The soft
+    # overlong punishment is a reward: add reward.functions soft_overlong.
+    "dapo": {
+        **_GRPO,
+        "loss_agg": "token-mean",
+        "beta": 0.0,
+        "clip_high": 0.28,
+        "num_minibatches": 16,
+        "dynamic_sampling": True,
+        "mask_truncated": True,
+    },
+    # GSPO (arXiv 2507.18071, Sec. 5.1): sequence ratio, clip 3e-4 / 4e-4, no KL, 4 minibatches per rollout.
+    "gspo": {
+        **_GRPO,
+        "importance_level": "sequence",
+        "beta": 0.0,
+        "clip_low": 3e-4,
+        "clip_high": 4e-4,
+        "num_minibatches": 4,
+    },
+    # CISPO (MiniMax-M1, arXiv 2506.13585, Eqs. 4-5): clipped stop-gradient IS weight on a REINFORCE term,
+    # token-mean, no lower bound on the weight; the paper gives no upper value: 5 (= 1 + 4) as ScaleRL
+    # (arXiv 2510.13786) and TRL. DAPO's 16 updates per rollout, the setting CISPO is compared in.
+    "cispo": {
+        **_GRPO,
+        "policy_loss": "cispo",
+        "loss_agg": "token-mean",
+        "beta": 0.0,
+        "clip_low": 1.0,
+        "clip_high": 4.0,
+        "num_minibatches": 16,
+    },
+    # RLOO (arXiv 2402.14740): leave-one-out baseline, sequence log-prob (sum over tokens, 1/G), KL (k1)
+    # subtracted from the sequence reward; beta 0.05 as TRL's RLOOConfig.
+    "rloo": {
+        **_GRPO,
+        "advantage": "rloo",
+        "loss_agg": "seq-mean-token-sum",
+        "kl_in": "reward",
+        "kl_estimator": "k1",
+        "beta": 0.05,
+    },
+    # Online RFT (DeepSeekMath Eqs. 10-11): I(correct) * (1/|o|) sum_t log pi, no KL.
+    "online_rft": {**_GRPO, "advantage": "online_rft", "beta": 0.0},
+    # REINFORCE++ (arXiv 2501.03262, Eqs. 8-10): k1 KL in every token's reward, return-to-go, whitened over
+    # the batch's tokens; beta 0.01 as OpenRLHF's example (the paper does not pin one).
+    "reinforce_pp": {
+        **_GRPO,
+        "advantage": "reinforce_pp",
+        "loss_agg": "token-mean",
+        "kl_in": "reward",
+        "kl_estimator": "k1",
+        "beta": 0.01,
+    },
+    # REINFORCE++-baseline (same paper): group mean, then token-weighted batch whitening; k2 KL loss,
+    # beta 1e-3 as OpenRLHF's example.
+    "reinforce_pp_baseline": {
+        **_GRPO,
+        "advantage": "reinforce_pp_baseline",
+        "loss_agg": "token-mean",
+        "kl_estimator": "k2",
+        "beta": 1e-3,
+    },
+    # PPO as DeepSeekMath Eqs. 1-2 write it: GAE with a critic, k1 KL in the per-token reward, (1/|o|)
+    # sum_t per completion like GRPO, so `grpolab compare` isolates the critic (TRL and verl use token-mean).
+    "ppo": {**_GRPO, "advantage": "gae", "kl_in": "reward", "kl_estimator": "k1"},
 }
 
 
@@ -112,37 +193,39 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class AlgoConfig:
     name: AlgoName = "grpo"
-    """Algorithm preset; fills the fields below that are left as null (ALGO_PRESETS)."""
+    """Algorithm preset: the paper's recipe (ALGO_PRESETS) fills every field below marked "null = preset"
+    that is left null, once, when the config is built; a value set explicitly always wins. The config
+    printed by ``grpolab config`` and written to the run's config.yaml holds the resolved values."""
     advantage: AdvantageName | None = None
     """Advantage estimator (null = from the preset)."""
     std: Literal["unbiased", "population"] = "unbiased"
     """Which std normalises group rewards (TRL and verl: unbiased)."""
     eps: float = 1e-4
     """Added to the std before dividing."""
-    beta: float = 0.04
-    """KL coefficient (DeepSeekMath: 0.04). 0 skips the reference model entirely."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator used in the loss (DeepSeekMath eq. 4 is k3)."""
+    beta: float | None = None
+    """KL coefficient (DeepSeekMath: 0.04). 0 skips the reference model entirely. null = preset."""
+    kl_estimator: Literal["k1", "k2", "k3"] | None = None
+    """KL estimator used in the loss (DeepSeekMath eq. 4 is k3); the reward path always uses k1. null = preset."""
     kl_in: Literal["loss", "reward"] | None = None
     """Where the KL penalty goes: the loss (GRPO) or the per-token reward (PPO, RLOO). null = preset."""
-    clip_low: float = 0.2
-    """epsilon below 1 for the ratio clip."""
+    clip_low: float | None = None
+    """epsilon below 1 for the ratio clip (CISPO: for the IS weight). null = preset."""
     clip_high: float | None = None
-    """epsilon above 1 (Clip-Higher, DAPO: 0.28); null = clip_low."""
+    """epsilon above 1 (Clip-Higher, DAPO: 0.28); null = the preset's, or clip_low where the preset's clip is symmetric."""
     dual_clip: float | None = None
     """Dual-clip constant c for negative advantages (verl: 3.0); null = off."""
-    importance_level: Literal["token", "sequence"] = "token"
-    """token = PPO/GRPO ratio; sequence = GSPO's length-normalised sequence ratio."""
+    importance_level: Literal["token", "sequence"] | None = None
+    """token = PPO/GRPO ratio; sequence = GSPO's length-normalised sequence ratio. null = preset."""
     loss_agg: LossAgg | None = None
     """Loss aggregation (null = preset)."""
-    mu: int = 1
-    """Optimisation passes over each generation batch (DeepSeekMath mu; TRL num_iterations)."""
-    num_minibatches: int = 1
-    """Optimizer steps per pass: the generation batch is split into this many minibatches."""
+    mu: int | None = None
+    """Optimisation passes over each generation batch (DeepSeekMath mu; TRL num_iterations). null = preset."""
+    num_minibatches: int | None = None
+    """Optimizer steps per pass: the generation batch is split into this many minibatches (DAPO: 16). null = preset."""
     ref_reset_every: int = 0
     """Reset the reference to the current policy every N steps (DeepSeek-R1: 400); 0 = never."""
-    mask_truncated: bool = False
-    """DAPO overlong filtering: completions without EOS get no loss."""
+    mask_truncated: bool | None = None
+    """DAPO overlong filtering: completions without EOS get no loss. null = preset."""
     supervision: Literal["outcome", "process"] = "outcome"
     """outcome: one advantage per completion from reward.functions; process: per-step advantages from
     reward.process (DeepSeekMath Sec. 4.1.3), with reward.functions only logged."""
@@ -168,25 +251,68 @@ class AlgoConfig:
     value_init_path: str | None = None
     """PPO: reward-model folder or hub id (AutoModelForSequenceClassification, 1 label) for value_init=reward_model."""
 
+    policy_loss: Literal["clip", "cispo"] | None = None
+    """clip = PPO/GRPO's clipped surrogate (GSPO with importance_level=sequence); cispo = MiniMax-M1's clipped
+    stop-gradient IS weight on a REINFORCE term (clip_low / clip_high bound the weight). null = preset."""
+    dynamic_sampling: bool | None = None
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the step
+    has train.prompts_per_step groups or algo.max_sampling_rounds are spent. null = preset."""
+    max_sampling_rounds: int = 10
+    """Dynamic sampling: at most this many generation rounds per step (verl max_num_gen_batches: 10); when they
+    are spent the step trains on the groups it kept."""
+    rollout_correction: Literal["none", "tis", "mis"] = "none"
+    """Correct for the sampler / trainer log-prob mismatch: tis = truncated importance sampling (weight capped
+    at rollout_correction_cap), mis = mask tokens (or sequences) whose weight exceeds the cap. The mismatch
+    itself (rollout/sampler_abs_diff, rollout/sampler_kl) is logged every step either way."""
+    rollout_correction_level: Literal["token", "sequence"] = "token"
+    """One correction weight per token, or per sequence (the product of its token weights)."""
+    rollout_correction_cap: float = 2.0
+    """The truncation / masking threshold of the correction weight (TIS: 2; verl suggests 1.5-5 per token,
+    2-10 per sequence)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the per-token loss gets -entropy_coef * entropy, aggregated like the policy loss. 0 = off."""
+
+    def __post_init__(self) -> None:
+        # Fill the preset's values into the fields left null, once, at construction: after this every field
+        # holds its effective value (what code reads, what config.yaml holds, what a reload rebuilds).
+        if self.name not in ALGO_PRESETS:
+            return  # the loader reports an unknown name with a suggestion
+        for key, value in ALGO_PRESETS[self.name].items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)
+        if self.clip_high is None:
+            object.__setattr__(self, "clip_high", self.clip_low)
+
     @property
     def preset(self) -> dict[str, Any]:
         return ALGO_PRESETS[self.name]
 
+    # Kept for callers written before presets resolved into the fields: each is now the field itself.
     @property
     def resolved_advantage(self) -> str:
-        return self.advantage or self.preset["advantage"]
+        return self.advantage
 
     @property
     def resolved_loss_agg(self) -> str:
-        return self.loss_agg or self.preset["loss_agg"]
+        return self.loss_agg
 
     @property
     def resolved_kl_in(self) -> str:
-        return self.kl_in or self.preset["kl_in"]
+        return self.kl_in
 
     @property
     def resolved_clip_high(self) -> float:
-        return self.clip_low if self.clip_high is None else self.clip_high
+        return self.clip_high
+
+    @property
+    def ratio_is_one(self) -> bool:
+        """True when the policy never moves before its batch is used up: the importance ratio is exactly 1."""
+        return self.mu == 1 and self.num_minibatches == 1
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """Old log-probs must be recomputed before the first update: the policy moves within the batch."""
+        return not self.ratio_is_one
 
     @property
     def needs_reference(self) -> bool:

@@ -10,23 +10,38 @@ from dataclasses import dataclass
 import torch
 
 from grpolab.algo.advantages import OUTCOME_ESTIMATORS, grpo_process_advantages
+from grpolab.algo.masked import masked_mean
+from grpolab.algo.reinforce import TOKEN_ESTIMATORS
 from grpolab.config import Config
 from grpolab.models import Reference
 from grpolab.train.logprobs import completion_logprobs
 from grpolab.train.process import StepRewards
 from grpolab.types import Completions, RolloutBatch
 
-AdvantageFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+AdvantageFn = Callable[..., torch.Tensor]
+"""``(rewards [P, G], valid [P, G], mask [N, T], token_kl [N, T] | None) -> advantages [N, T]``."""
 
 
 def outcome_estimator(cfg: Config) -> AdvantageFn:
-    """The group advantage function [P, G] -> [P, G], chosen once from OUTCOME_ESTIMATORS."""
-    name = cfg.algo.resolved_advantage
-    if name not in OUTCOME_ESTIMATORS:
-        raise ValueError(
-            f"algo.advantage '{name}' is not an outcome estimator; known: {sorted(OUTCOME_ESTIMATORS)}"
-        )
-    return functools.partial(OUTCOME_ESTIMATORS[name], std=cfg.algo.std, eps=cfg.algo.eps)
+    """The advantage function, chosen once: an OUTCOME_ESTIMATORS entry ([P, G], one value along T) or a
+    TOKEN_ESTIMATORS entry (REINFORCE++: [N, T])."""
+    a = cfg.algo
+    if a.advantage in TOKEN_ESTIMATORS:
+        return functools.partial(TOKEN_ESTIMATORS[a.advantage], beta=a.beta, gamma=a.gamma)
+    if a.advantage not in OUTCOME_ESTIMATORS:
+        known = sorted([*OUTCOME_ESTIMATORS, *TOKEN_ESTIMATORS])
+        raise ValueError(f"algo.advantage '{a.advantage}' is not a GRPO-path estimator; known: {known}")
+    per_group = functools.partial(OUTCOME_ESTIMATORS[a.advantage], std=a.std, eps=a.eps)
+    return functools.partial(_per_completion, per_group, beta=a.beta)
+
+
+def _per_completion(estimator, rewards, valid, mask, token_kl, *, beta: float) -> torch.Tensor:
+    """One advantage per completion, repeated along T. With ``token_kl`` (algo.kl_in=reward), RLOO's
+    shaping (arXiv 2402.14740): r_i - beta * sum_t kl_t on the sequence reward, before the baseline."""
+    if token_kl is not None:
+        rewards = rewards - beta * (token_kl * mask).sum(-1).view_as(rewards).cpu()
+    advantages = estimator(rewards, valid)  # [P, G]
+    return advantages.reshape(-1, 1).to(mask.device).expand_as(mask).float() * mask
 
 
 def rewards_tensor(total: Sequence[float | None], num_prompts: int, num_generations: int):
@@ -92,21 +107,22 @@ def build_rollout_batch(
     if reference is not None:
         with reference.model() as ref_model:
             ref_logprobs = ctx.logprobs(ref_model, ids, completions.completion_ids, mask)
-    shaped = rewards
+    sampler_logprobs = completions.logprobs.to(device)
+    token_kl = None
     if cfg.algo.resolved_kl_in == "reward" and ref_logprobs is not None:
-        # RLOO-style: r_i - beta * sum_t log(pi/pi_ref), with the sampling log-probs as pi (no grad).
-        seq_kl = ((completions.logprobs.to(device) - ref_logprobs) * mask).sum(-1).view_as(rewards).cpu()
-        shaped = rewards - cfg.algo.beta * seq_kl
+        # k1 = log(pi/pi_ref) per token, with the sampling log-probs as pi (no grad): summed into the
+        # sequence reward (RLOO) or into every token's reward (REINFORCE++), as the estimator does.
+        token_kl = torch.where(mask, sampler_logprobs - ref_logprobs, torch.zeros_like(ref_logprobs))
     if steps is None:
-        advantages = estimator(shaped, valid)  # [P, G]
-        adv_tokens = advantages.reshape(-1, 1).to(device).expand_as(mask).float() * mask
+        adv_tokens = estimator(rewards, valid, mask, token_kl)  # [N, T]
+        advantages = masked_mean(adv_tokens, mask, dim=-1).view_as(rewards).cpu()  # [P, G], for metrics
     else:
         adv_tokens = grpo_process_advantages(
             steps.step_rewards, steps.step_end_mask, mask, num_generations=g, std=cfg.algo.std, eps=cfg.algo.eps
         )
         advantages = adv_tokens[:, 0].reshape_as(rewards).cpu()
     old_logprobs = None
-    if cfg.algo.mu > 1 or cfg.algo.num_minibatches > 1:
+    if cfg.algo.needs_old_logprobs:
         old_logprobs = ctx.logprobs(policy, ids, completions.completion_ids, mask)
     batch = RolloutBatch(
         prompt_ids=ids,
@@ -116,6 +132,7 @@ def build_rollout_batch(
         advantages=adv_tokens,
         old_logprobs=old_logprobs,
         ref_logprobs=ref_logprobs,
+        sampler_logprobs=sampler_logprobs,
     )
     metrics = rollout_metrics(completions, rewards, valid, advantages)
     return batch, metrics if steps is None else {**metrics, **steps.metrics}

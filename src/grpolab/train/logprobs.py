@@ -64,11 +64,14 @@ def completion_logprobs(
     temperature: float = 1.0,
     autocast_dtype: torch.dtype | None = None,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [n, T], entropy [n, T] or None), zero where completion_mask is False.
 
-    Gradients flow when called outside no_grad. Columns past the longest counted completion are not
-    computed (no padding waste), and come back as zeros.
+    Gradients flow when called outside no_grad; through the entropy only with ``entropy_grad`` (an
+    entropy bonus, algo.entropy_coef), since that keeps a second [n, T, V] softmax in the graph.
+    Columns past the longest counted completion are not computed (no padding waste), and come back
+    as zeros.
     """
     n, t_full = completion_ids.shape
     t = max(int(completion_mask.sum(-1).max().item()), 1)
@@ -81,7 +84,7 @@ def completion_logprobs(
     logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))
     entropy = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             probs = torch.softmax(logits, dim=-1)
             entropy = torch.where(mask, logz - (probs * logits).sum(-1), torch.zeros_like(logz))
     if t < t_full:

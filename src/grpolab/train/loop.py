@@ -21,7 +21,7 @@ from grpolab.config import Config, ConfigError, config_to_dict, dump_config
 from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
 from grpolab.inference import limit_cpu_threads
 from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
-from grpolab.rewards import dry_run, score_batch
+from grpolab.rewards import dry_run
 from grpolab.rollout.hf import sampler_from_config
 from grpolab.run import checkpoint as ckpt
 from grpolab.run.guards import BadSteps, GracefulStop, NoSignal
@@ -38,11 +38,12 @@ from grpolab.run.progress import Progress
 from grpolab.run.resume import record_resume
 from grpolab.run.run_info import write_run_info
 from grpolab.run.trackers import check_trackers
-from grpolab.train.batch import LogprobContext, length_by_correctness, rewards_tensor
+from grpolab.train.batch import LogprobContext, length_by_correctness
 from grpolab.train.gold import GoldMonitor, build_gold_rewards
 from grpolab.train.optim import apply_optim_config, build_optimizer
 from grpolab.train.ppo import Critic, rollout_batch_builder
 from grpolab.train.process import build_process_supervision
+from grpolab.train.sampling import sample_step
 from grpolab.train.step import PolicyLossSpec, update_policy
 from grpolab.types import Completion
 
@@ -143,15 +144,14 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
         if stop.requested:  # SIGINT / SIGTERM: the previous step saved a checkpoint
             break
         t0 = time.perf_counter()
-        rows = data.next(cfg.train.prompts_per_step)
+        drawn = sample_step(  # one round, or DAPO's dynamic-sampling rounds (train/sampling.py)
+            cfg, sampler=sampler, rewards=rewards, data=data, examples=examples, prompt_ids=prompt_ids,
+            generator=sample_gen,
+        )  # fmt: skip
+        rows, completions, scores = drawn.rows, drawn.completions, drawn.scores
+        reward_t, valid = drawn.rewards, drawn.valid
         batch_examples = [examples[i] for i in rows]
-        completions = sampler.sample(
-            [prompt_ids[i] for i in rows], num_generations=cfg.rollout.num_generations, generator=sample_gen
-        )
-        t1 = time.perf_counter()
         repeated = [e for e in batch_examples for _ in range(completions.num_generations)]
-        scores = score_batch(rewards, completions.items(), repeated, timeout_s=cfg.reward.timeout_s)
-        reward_t, valid = rewards_tensor(scores.total, len(rows), completions.num_generations)
         by_step = {} if process is None else {"steps": process.score(completions, repeated)}
         t2 = time.perf_counter()
         batch, metrics = make_batch(
@@ -186,10 +186,9 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
         t4 = time.perf_counter()
         metrics.update(length_by_correctness(completions, reward_t))
         metrics.update(_component_means(scores.components))
+        metrics.update(drawn.metrics)
         metrics.update(
             {
-                "sys/time_generation_s": t1 - t0,
-                "sys/time_scoring_s": t2 - t1,
                 "sys/time_reference_s": t3 - t2,
                 "sys/time_training_s": t4 - t3,
                 "sys/step_time_s": t4 - t0,

@@ -234,6 +234,7 @@ def build_ppo_batch(
         ref_logprobs=ref_logprobs,
         old_values=old_values,
         returns=ppo.returns,
+        sampler_logprobs=sampled,
     )
     seq_adv = masked_mean(ppo.advantages, loss_mask, dim=-1).view_as(rewards).cpu()
     metrics = rollout_metrics(completions, rewards, valid, seq_adv)

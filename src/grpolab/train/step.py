@@ -1,7 +1,8 @@
 """One policy update on a generation batch: mu passes, minibatches, gradient accumulation.
 
-The per-token objective is DeepSeekMath eq. 3: the clipped surrogate minus beta * KL (k3 by default),
-aggregated by the configured mode. The math lives in grpolab.algo; this module only feeds it.
+The per-token objective is DeepSeekMath eq. 3: the clipped surrogate (or CISPO's weighted REINFORCE term)
+minus beta * KL (k3 by default), times the rollout-correction weight when one is configured, minus the
+entropy bonus, aggregated by the configured mode. The math lives in grpolab.algo; this module only feeds it.
 
 Why the loss reads about 0 at mu = 1: the ratio is exactly 1 (old = sg[new]), so the surrogate's
 value is sum(A) over a group, and group-relative advantages sum to zero. Its gradient is not zero:
@@ -10,6 +11,7 @@ it is A * grad log pi, the policy gradient. Watch reward, KL and clip fractions,
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections import defaultdict
@@ -18,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from grpolab.algo.correction import mismatch_sums, rollout_correction_weights
 from grpolab.algo.kl import KL_ESTIMATORS
-from grpolab.algo.losses import aggregate, clipped_surrogate_loss
+from grpolab.algo.losses import POLICY_LOSSES, SurrogateLoss, aggregate
 from grpolab.config import Config
 from grpolab.train.logprobs import completion_logprobs
 from grpolab.types import RolloutBatch
@@ -39,11 +42,23 @@ class PolicyLossSpec:
     clip_high: float
     dual_clip: float | None
     level: str
+    loss_fn: Callable[..., SurrogateLoss] = POLICY_LOSSES["clip"]
+    correction: Callable[..., torch.Tensor] | None = None
+    """(old_logprobs, sampler_logprobs, mask) -> [N, T] weights (algo.rollout_correction), or None."""
+    entropy_coef: float = 0.0
 
     @classmethod
     def from_config(cls, cfg: Config) -> PolicyLossSpec:
         a = cfg.algo
         kl_in_loss = a.resolved_kl_in == "loss" and a.beta > 0
+        correction = None
+        if a.rollout_correction != "none":
+            correction = functools.partial(
+                rollout_correction_weights,
+                mode=a.rollout_correction,
+                level=a.rollout_correction_level,
+                cap=a.rollout_correction_cap,
+            )
         return cls(
             kl_fn=KL_ESTIMATORS[a.kl_estimator] if kl_in_loss else None,
             beta=a.beta,
@@ -53,6 +68,9 @@ class PolicyLossSpec:
             clip_high=a.resolved_clip_high,
             dual_clip=a.dual_clip,
             level=a.importance_level,
+            loss_fn=POLICY_LOSSES[a.policy_loss],
+            correction=correction,
+            entropy_coef=a.entropy_coef,
         )
 
 
@@ -64,10 +82,14 @@ def policy_loss(
     *,
     total_seqs: float,
     total_tokens: float,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar loss for a micro-batch, scaled so that micro-batches sum to the minibatch loss."""
+    """Scalar loss for a micro-batch, scaled so that micro-batches sum to the minibatch loss.
+
+    ``entropy`` [N, T] (with its graph when ``spec.entropy_coef > 0``) feeds the entropy bonus.
+    """
     mask = mb.loss_mask
-    sur = clipped_surrogate_loss(
+    sur = spec.loss_fn(
         logprobs,
         old_logprobs,
         mb.advantages,
@@ -83,6 +105,8 @@ def policy_loss(
         "clip_frac_high": _masked_sum(sur.clipped_high.float(), mask),
         "approx_kl_old": _masked_sum(0.5 * (logprobs.detach() - old_logprobs) ** 2, mask),
     }
+    per_token, extra = _rollout_terms(per_token, old_logprobs, mb, spec, entropy)
+    stats.update(extra)
     if spec.kl_fn is not None:
         kl = spec.kl_fn(logprobs, mb.ref_logprobs)
         per_token = per_token + spec.beta * kl
@@ -96,6 +120,24 @@ def policy_loss(
         total_tokens=total_tokens,
     )
     return loss, stats
+
+
+def _rollout_terms(per_token, old_logprobs, mb: RolloutBatch, spec: PolicyLossSpec, entropy):
+    """The sampler/trainer mismatch sums, the rollout-correction weights and the entropy bonus."""
+    stats: dict[str, float] = {}
+    mask = mb.loss_mask
+    if mb.sampler_logprobs is not None:
+        # old_logprobs are the trainer's log-probs at the sampling weights (recomputed, or this pass's own
+        # values when the ratio is 1): what the sampler's log-probs should have been.
+        stats.update(mismatch_sums(old_logprobs, mb.sampler_logprobs, mask))
+        if spec.correction is not None:
+            weights = spec.correction(old_logprobs, mb.sampler_logprobs, mask)
+            per_token = per_token * weights
+            stats["rollout_weight"] = _masked_sum(weights, mask)
+            stats["rollout_masked"] = _masked_sum((weights == 0).float(), mask)
+    if spec.entropy_coef > 0 and entropy is not None:
+        per_token = per_token - spec.entropy_coef * entropy
+    return per_token, stats
 
 
 def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -147,15 +189,22 @@ def update_policy(
                     temperature=cfg.rollout.temperature,
                     autocast_dtype=autocast_dtype,
                     with_entropy=True,
+                    entropy_grad=spec.entropy_coef > 0,
                 )
                 old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
                 loss, stats = policy_loss(
-                    logprobs, old, mb, spec, total_seqs=float(len(rows)), total_tokens=max(total_tokens, 1.0)
+                    logprobs,
+                    old,
+                    mb,
+                    spec,
+                    total_seqs=float(len(rows)),
+                    total_tokens=max(total_tokens, 1.0),
+                    entropy=entropy,
                 )
                 loss.backward()
                 finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
-                sums["entropy"] += _masked_sum(entropy, mb.loss_mask)
+                sums["entropy"] += _masked_sum(entropy.detach(), mb.loss_mask)
                 for k, v in stats.items():
                     sums[k] += v
             counts["tokens"] += total_tokens
@@ -194,4 +243,15 @@ def _summarise(sums, counts, scheduler) -> dict[str, float]:
     }
     if "kl" in sums:
         out["loss/kl"] = sums["kl"] / tokens
+    for key, name in _ROLLOUT_METRICS.items():
+        if key in sums:
+            out[name] = sums[key] / tokens
     return out
+
+
+_ROLLOUT_METRICS = {
+    "sampler_abs_diff": "rollout/sampler_abs_diff",
+    "sampler_kl": "rollout/sampler_kl",
+    "rollout_weight": "loss/rollout_weight_mean",
+    "rollout_masked": "loss/rollout_masked_frac",
+}

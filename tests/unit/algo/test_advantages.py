@@ -96,7 +96,7 @@ def test_rft_is_indicator():
 
 
 def test_outcome_estimators_share_one_signature_and_differ():
-    assert set(OUTCOME_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "online_rft", "reinforce_pp_baseline"}
+    assert set(OUTCOME_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "online_rft", "batch_std"}
     rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
     valid = torch.ones_like(rewards, dtype=torch.bool)
     outs = {name: fn(rewards, valid, std="unbiased", eps=1e-4) for name, fn in OUTCOME_ESTIMATORS.items()}
@@ -106,7 +106,7 @@ def test_outcome_estimators_share_one_signature_and_differ():
         assert not torch.allclose(outs[a], outs[b]), f"{a} behaves like {b}"
     close(outs["grpo"], grpo_advantages(rewards))
     close(outs["dr_grpo"], grpo_advantages(rewards, scale="none"))
-    close(outs["reinforce_pp_baseline"], grpo_advantages(rewards, scale="batch"))
+    close(outs["batch_std"], grpo_advantages(rewards, scale="batch"))
     close(outs["rloo"], rloo_advantages(rewards))
     close(outs["online_rft"], rewards)
     signed = torch.tensor([[1.0, -1.0]])
