@@ -260,6 +260,10 @@ class TrainConfig:
     max_bad_steps: int = 3
     """Stop (TrainingError, last good checkpoint kept) after this many steps in a row whose update was
     skipped for a NaN or infinite loss or gradient; 0 = never stop, only skip."""
+    parallel: Literal["auto", "none", "ddp", "fsdp"] = "auto"
+    """Under torchrun: "ddp" (each rank holds the model; gradients all-reduced), "fsdp" (FSDP2: parameters,
+    gradients and optimizer state sharded; DCP checkpoints), "auto" (ddp when WORLD_SIZE > 1, else none).
+    "none" is the single process; grpolab.run.parallel."""
 
 
 @dataclass(frozen=True)

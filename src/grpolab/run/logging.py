@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from grpolab.run import dist
+
 
 def peak_memory_mb(device: torch.device) -> float:
     """Peak process RSS on CPU; peak allocated memory on a GPU."""
@@ -26,10 +28,16 @@ def _jsonable(v: Any) -> Any:
 
 
 class RunLogger:
-    """Appends metrics and samples to the run directory; on resume, drops rows past the resumed step."""
+    """Appends metrics and samples to the run directory; on resume, drops rows past the resumed step.
+
+    Under torchrun only rank 0 writes; on the other ranks every method does nothing."""
 
     def __init__(self, run_dir: Path, *, tensorboard: bool, resume_step: int | None = None):
         self.run_dir = Path(run_dir)
+        self.enabled = dist.is_main()
+        self._tb = None
+        if not self.enabled:
+            return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.samples_path = self.run_dir / "samples.jsonl"
@@ -46,6 +54,8 @@ class RunLogger:
             self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=resume_step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
         row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
@@ -55,6 +65,8 @@ class RunLogger:
                     self._tb.add_scalar(k, v, step)
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if not self.enabled:
+            return
         with self.samples_path.open("a") as fh:
             for row in rows:
                 fh.write(json.dumps({"step": step, **row}) + "\n")

@@ -12,6 +12,7 @@ import torch
 from grpolab.algo.advantages import OUTCOME_ESTIMATORS, grpo_process_advantages
 from grpolab.config import Config
 from grpolab.models import Reference
+from grpolab.run import dist
 from grpolab.train.logprobs import completion_logprobs
 from grpolab.train.process import StepRewards
 from grpolab.types import Completions, RolloutBatch
@@ -26,7 +27,21 @@ def outcome_estimator(cfg: Config) -> AdvantageFn:
         raise ValueError(
             f"algo.advantage '{name}' is not an outcome estimator; known: {sorted(OUTCOME_ESTIMATORS)}"
         )
-    return functools.partial(OUTCOME_ESTIMATORS[name], std=cfg.algo.std, eps=cfg.algo.eps)
+    fn = functools.partial(OUTCOME_ESTIMATORS[name], std=cfg.algo.std, eps=cfg.algo.eps)
+    return _over_all_ranks(fn) if name in _BATCH_LEVEL else fn
+
+
+_BATCH_LEVEL = {"reinforce_pp_baseline"}
+"""Estimators whose statistics span the whole batch: under torchrun they see every rank's groups."""
+
+
+def _over_all_ranks(fn: AdvantageFn) -> AdvantageFn:
+    """``fn`` on the rewards of all ranks (gathered, in rank order), then this rank's rows of the result."""
+
+    def run(rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return dist.local_rows(fn(dist.gather_rows(rewards), dist.gather_rows(valid)))
+
+    return run
 
 
 def rewards_tensor(total: Sequence[float | None], num_prompts: int, num_generations: int):
