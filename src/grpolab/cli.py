@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides of the demo config (train.num_steps=50)")
     p = sub.add_parser("config", help="print the resolved, validated config and exit")
     _config_args(p)
+    p = sub.add_parser("export", help="a Hugging Face model folder from a sharded (torchrun) checkpoint")
+    p.add_argument("checkpoint", help="checkpoints/step_N folder of a torchrun run")
+    p.add_argument("out", help="folder to write (safetensors, config, tokenizer)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="cast the weights (default: float32)")
     return parser
 
 
@@ -78,6 +82,11 @@ def _run(args: argparse.Namespace) -> int:
 
         demo_config(args.out, args.size, args.overrides)  # a bad override fails before any work
         print_summary(run_demo(args.out, args.size, args.overrides))
+        return 0
+    if args.verb == "export":
+        from grpolab.run.sharded import export
+
+        print(f"grpolab: exported {export(args.checkpoint, args.out, dtype=args.dtype)}")
         return 0
     cfg = load_config(args.config, args.overrides)
     if args.verb == "config":

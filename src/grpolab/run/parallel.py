@@ -132,7 +132,10 @@ class GatheredSampler:
 
 def sampler_for(sampler, model: nn.Module):
     """The sampler itself for a plain or DDP model (built on the inner module), a GatheredSampler under FSDP."""
-    return GatheredSampler(sampler, model) if is_sharded(model) else sampler
+    if not is_sharded(model):
+        return sampler
+    sampler._weights = None  # no low-precision copy of sharded weights: sample from the gathered model
+    return GatheredSampler(sampler, model)
 
 
 def wrap_reference(reference, mode: str, compute_dtype: torch.dtype | None):
