@@ -66,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except GrpolabError as err:
-        print(f"grpolab: error: {one_line(err)}", file=sys.stderr)
+        rank = f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""  # torchrun
+        print(f"grpolab: error: {rank}{one_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # outside train()'s own handling, e.g. while a model loads
         print("grpolab: interrupted", file=sys.stderr)

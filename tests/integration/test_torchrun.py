@@ -127,3 +127,31 @@ def _check_export(folder: Path, start_dir: str, checkpoint: Path) -> None:
           (("exported", exported), ("by_hand", by_hand), ("start", start))}  # fmt: skip
     torch.testing.assert_close(lp["exported"], lp["by_hand"], atol=1e-6, rtol=1e-5)
     assert (lp["exported"] - lp["start"]).abs().max() > 1e-4
+
+
+def test_torchrun_eval_splits_prompts(tiny_model_dir, addition_jsonl, tmp_path):
+    """``torchrun -m grpolab eval``: 5 held-out prompts over 2 ranks (3 + 2), one eval.json, the same
+    greedy answers as one process, and rank 0's sampled completions equal to one process's (same seed)."""
+    import json
+
+    from grpolab.config import load_config
+    from grpolab.eval.runner import evaluate
+
+    overrides = [
+        f"model.name_or_path={tiny_model_dir}", "model.autocast=none", f"data.path={addition_jsonl(16)}",
+        "data.eval_size=5", "eval.num_samples=2", "eval.prompts_per_batch=2", "rollout.max_completion_length=4",
+        "reward.functions=[{name: 'toy_rewards:digit_fraction'}]", "log.progress=false",
+    ]  # fmt: skip
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), "-m", "grpolab", "eval", *overrides, f"eval.output_dir={tmp_path / 'two'}"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 0 samples prompts 0..2 of 5" in done.stderr and "rank 1 samples prompts 3..4 of 5" in done.stderr
+    (two,) = json.loads((tmp_path / "two" / "eval.json").read_text())
+    (one,) = evaluate(load_config(None, [*overrides, f"eval.output_dir={tmp_path / 'one'}"]))
+    assert two["num_prompts"] == one.num_prompts == 5
+    assert two["greedy_accuracy"] == pytest.approx(one.greedy_accuracy)
+    assert [s["greedy"] for s in two["samples"]] == [s["greedy"] for s in one.samples]
+    assert [s["sampled"] for s in two["samples"][:2]] == [s["sampled"] for s in one.samples[:2]]

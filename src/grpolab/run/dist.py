@@ -200,6 +200,22 @@ def shard(rows: Sequence[T]) -> list[T]:
     return list(rows[_WORLD.rank * k : (_WORLD.rank + 1) * k])
 
 
+def my_range(n: int) -> range:
+    """This rank's contiguous share of ``n`` items, as even as it goes (the first ranks take one more)."""
+    k, extra = divmod(n, _WORLD.size)
+    start = _WORLD.rank * k + min(_WORLD.rank, extra)
+    return range(start, start + k + (1 if _WORLD.rank < extra else 0))
+
+
+def gather_lists(*lists: list) -> tuple[list, ...]:
+    """Each list concatenated over ranks, in rank order (the inverse of ``my_range``)."""
+    if not _active():
+        return lists
+    gathered: list[tuple | None] = [None] * _WORLD.size
+    tdist.all_gather_object(gathered, lists)
+    return tuple([x for part in gathered for x in part[i]] for i in range(len(lists)))
+
+
 def check_divisible(prompts_per_step: int) -> None:
     """The launch check of ``shard``, run before any model loads."""
     shard(range(prompts_per_step))
