@@ -60,8 +60,9 @@ def session(device_type: str, *, timeout_s: float = 600.0) -> Iterator[World]:
     """
     global _WORLD
     size = int(os.environ.get("WORLD_SIZE", "1"))
+    launched = size > 1 or "TORCHELASTIC_RUN_ID" in os.environ  # torchrun, even with one process (FSDP)
     started = False
-    if size > 1 and not tdist.is_initialized():
+    if launched and not tdist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -33,6 +33,11 @@ def resolve_parallel(mode: str, world_size: int) -> str:
     """``auto``: DDP when launched on several processes, none otherwise."""
     if mode == "auto":
         return "ddp" if world_size > 1 else "none"
+    if mode == "fsdp" and not torch.distributed.is_initialized():
+        raise ConfigError(
+            "train.parallel=fsdp needs a process group: launch with torchrun (one process: "
+            "torchrun --nproc_per_node 1 -m grpolab train ...), or set train.parallel=none"
+        )
     if mode == "none" and world_size > 1:
         raise ConfigError(
             f"train.parallel=none under {world_size} processes would train {world_size} diverging copies: "
@@ -132,10 +137,7 @@ class GatheredSampler:
 
 def sampler_for(sampler, model: nn.Module):
     """The sampler itself for a plain or DDP model (built on the inner module), a GatheredSampler under FSDP."""
-    if not is_sharded(model):
-        return sampler
-    sampler._weights = None  # no low-precision copy of sharded weights: sample from the gathered model
-    return GatheredSampler(sampler, model)
+    return GatheredSampler(sampler, model) if is_sharded(model) else sampler
 
 
 def wrap_reference(reference, mode: str, compute_dtype: torch.dtype | None):

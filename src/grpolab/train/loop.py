@@ -85,7 +85,9 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     check_context(cfg, prompt_ids, plain.config)
     process = build_process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
 
-    sampler = parallel.sampler_for(sampler_from_config(plain, tok, cfg.rollout, autocast_dtype=amp), model)
+    sharded_weights = parallel.is_sharded(model)  # no low-precision copy of sharded weights
+    sampler = sampler_from_config(plain, tok, cfg.rollout, autocast_dtype=amp, cast_weights=False if sharded_weights else None)
+    sampler = parallel.sampler_for(sampler, model)
     optimizer, scheduler = build_optimizer(model, cfg)
     spec = PolicyLossSpec.from_config(cfg)
     ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, cfg.train.micro_batch_size)
