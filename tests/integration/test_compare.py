@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from grpolab.config import load_config
 def test_compare_cli_writes_a_report_of_models_memory_and_time(
     tiny_model_dir, addition_jsonl, tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # toy_rewards, in the subprocesses
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))  # toy_rewards, in the subprocesses
     data = addition_jsonl(32)
     overrides = [
         f"model.name_or_path={tiny_model_dir}",

@@ -52,7 +52,7 @@ def start(model_dir, dataset, out: Path, name: str, *extra: str) -> subprocess.P
         *extra,
     ]
     # One thread each: three runs share two cores, and spin-waiting threads would slow them ~10x.
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 

@@ -79,7 +79,7 @@ def test_cli_trains_and_resume_matches_an_uninterrupted_run(tiny_model_dir, data
             "train",
             *_overrides(tiny_model_dir, dataset, tmp_path, name, steps),
         ]
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
         done = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
         return read_metrics(tmp_path / name)
