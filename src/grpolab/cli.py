@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.num_steps=100")
     p = sub.add_parser("config", help="print the resolved, validated config and exit")
     _config_args(p)
+    p = sub.add_parser("export", help="a Hugging Face model folder from a sharded (torchrun) checkpoint")
+    p.add_argument("checkpoint", help="checkpoints/step_N folder of a torchrun run")
+    p.add_argument("out", help="folder to write (safetensors, config, tokenizer)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="cast the weights (default: float32)")
     return parser
 
 
@@ -82,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except GrpolabError as err:
-        print(f"grpolab: error: {one_line(err)}", file=sys.stderr)
+        rank = f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""  # torchrun
+        print(f"grpolab: error: {rank}{one_line(err)}", file=sys.stderr)
         return 2
     except OSError as err:
         if err.errno not in _DISK_ERRORS:
@@ -99,7 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run_without_config(args: argparse.Namespace) -> int | None:
+    """The verbs that take no --config of their own (demo, hacking, export); None for the others."""
     if args.verb == "demo":
         # Before torch loads: OpenMP threads that sleep instead of spinning. On a shared 2-core CPU the
         # default spin-wait made each backward pass 20-40x slower; idle, the cost is small.
@@ -113,6 +119,18 @@ def _run(args: argparse.Namespace) -> int:
         from grpolab.hacking.cli import run_hacking
 
         return run_hacking(args)
+    if args.verb == "export":
+        from grpolab.run.sharded import export
+
+        print(f"grpolab: exported {export(args.checkpoint, args.out, dtype=args.dtype)}")
+        return 0
+    return None
+
+
+def _run(args: argparse.Namespace) -> int:
+    early = _run_without_config(args)
+    if early is not None:
+        return early
     cfg = load_config(args.config, _overrides(args))
     if args.verb == "config":
         print(dump_config(cfg), end="")

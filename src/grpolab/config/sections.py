@@ -403,6 +403,10 @@ class TrainConfig:
     max_no_signal_steps: int = 50
     """Stop (TrainingError) after this many steps in a row that carry no learning signal: every group's
     rewards equal (zero std) or no valid reward at all. A warning comes after 3 such steps; 0 = never stop."""
+    parallel: Literal["auto", "none", "ddp", "fsdp"] = "auto"
+    """Under torchrun: "ddp" (each rank holds the model; gradients all-reduced), "fsdp" (FSDP2: parameters,
+    gradients and optimizer state sharded; DCP checkpoints), "auto" (ddp when WORLD_SIZE > 1, else none).
+    "none" is the single process; grpolab.run.parallel."""
 
 
 @dataclass(frozen=True)

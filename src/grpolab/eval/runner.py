@@ -27,10 +27,11 @@ from grpolab.config import Config, ConfigError
 from grpolab.data import DataError, load_examples, split_eval, tokenize_prompts
 from grpolab.eval.metrics import pass_maj_curves
 from grpolab.eval.results import ModelEval, save_evals
-from grpolab.models import load_policy, resolve_autocast
+from grpolab.models import load_policy, resolve_autocast, resolve_device
 from grpolab.rewards import WeightedReward, score_batch
 from grpolab.rewards.math_answer import prediction_text
 from grpolab.rollout.hf import HFSampler, sampler_from_config
+from grpolab.run import dist
 from grpolab.run.progress import Progress
 from grpolab.train.gold import build_gold_rewards
 from grpolab.types import Completions, Example
@@ -131,35 +132,42 @@ def evaluate_model(
     amp = resolve_autocast(cfg.model, device)
     n, chunk = cfg.eval.num_samples, cfg.eval.prompts_per_batch
     sampler = sampler_from_config(model, tok, cfg.rollout, autocast_dtype=amp, temperature=cfg.eval.temperature)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)
     per_problem, texts, lengths, totals = [], [], [], []
     gold: dict[str, list] = {}
-    bar = Progress(total=len(examples), enabled=progress, title=f"eval {label}")
-    for start in range(0, len(examples), chunk):
-        comps = sampler.sample(prompt_ids[start : start + chunk], num_generations=n, generator=generator)
-        correct, total = grader.grade(comps, examples[start : start + chunk])
+    mine = dist.my_range(len(examples))  # under torchrun each rank samples its share of the prompts
+    log.info("eval %s: rank %d samples prompts %d..%d of %d", label, dist.world().rank, mine.start, mine.stop - 1, len(examples))
+    bar = Progress(total=len(examples), enabled=progress and dist.is_main(), title=f"eval {label}")
+    for start in range(mine.start, mine.stop, chunk):
+        stop = min(start + chunk, mine.stop)
+        comps = sampler.sample(prompt_ids[start:stop], num_generations=n, generator=generator)
+        correct, total = grader.grade(comps, examples[start:stop])
         for p in range(len(comps.texts) // n):
             rows = slice(p * n, (p + 1) * n)
             per_problem.append((vote_keys(comps.texts[rows], correct[rows]), correct[rows]))
         texts += comps.texts
         lengths += comps.lengths.tolist()
         totals += total
-        for name, values in grader.gold_scores(comps, examples[start : start + chunk]).items():
+        for name, values in grader.gold_scores(comps, examples[start:stop]).items():
             gold.setdefault(name, []).extend(values)
-        bar.update(min(start + chunk, len(examples)))
+        bar.update(stop)
     bar.close()
+    per_problem, texts, lengths, totals = dist.gather_lists(per_problem, texts, lengths, totals)
+    names = [wr.name for wr in grader.gold] + (["gold_total"] if grader.gold else [])  # the same on every rank
+    gold = dict(zip(names, dist.gather_lists(*[gold.get(name, []) for name in names]), strict=True))
     curves = pass_maj_curves(per_problem, cfg.eval.ks or default_ks(n))
     greedy_ok, greedy_texts = None, None
     if cfg.eval.greedy:
         greedy_ok, greedy_texts = greedy_decode(
             model,
             tok,
-            prompt_ids,
-            examples,
+            prompt_ids[mine.start : mine.stop],
+            examples[mine.start : mine.stop],
             grader,
             max_completion_length=cfg.rollout.max_completion_length,
             autocast_dtype=amp,
         )
+        greedy_ok, greedy_texts = dist.gather_lists(greedy_ok, greedy_texts)
     return ModelEval(
         label=label,
         path=path,
@@ -217,6 +225,11 @@ def evaluate(
         raise ConfigError(f"{len(names)} labels for {len(paths)} checkpoints: give one label per checkpoint")
     out = Path(out_dir) if out_dir is not None else cfg.eval_dir
     show = cfg.log.progress if progress is None else progress
+    with dist.session(resolve_device(cfg.model).type):
+        return _evaluate(cfg, paths, names, out, show)
+
+
+def _evaluate(cfg: Config, paths: list, names: list, out: Path, show: bool) -> list[ModelEval]:
     grader = Grader.from_config(cfg)
     examples = held_out_examples(cfg)
     results = []
@@ -233,10 +246,11 @@ def evaluate(
         log.info("eval %s: pass@1 %.3f, greedy %.3f", label, result.pass_at[1], result.greedy_accuracy or 0.0)
         results.append(result)
         del model
-    save_evals(results, out / "eval.json")
-    from grpolab.eval.report import plot_pass_maj
+    if dist.is_main():  # one result, written once
+        save_evals(results, out / "eval.json")
+        from grpolab.eval.report import plot_pass_maj
 
-    plot_pass_maj(results, out / "pass_maj.png")
+        plot_pass_maj(results, out / "pass_maj.png")
     return results
 
 

@@ -230,7 +230,13 @@ class HFSampler:
 
 
 def sampler_from_config(
-    model: torch.nn.Module, tokenizer, rollout, *, autocast_dtype: torch.dtype | None, temperature: float | None = None
+    model: torch.nn.Module,
+    tokenizer,
+    rollout,
+    *,
+    autocast_dtype: torch.dtype | None,
+    temperature: float | None = None,
+    cast_weights: bool | None = None,
 ) -> HFSampler:
     """An HFSampler with the settings of a ``RolloutConfig``; ``temperature`` overrides it (evaluation)."""
     return HFSampler(
@@ -242,6 +248,7 @@ def sampler_from_config(
         top_k=rollout.top_k,
         autocast_dtype=autocast_dtype,
         max_batch_sequences=rollout.max_batch_sequences,
+        cast_weights=cast_weights,
     )
 
 

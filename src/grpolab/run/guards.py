@@ -68,9 +68,11 @@ class GracefulStop:
 
 
 def weights_finite(model: torch.nn.Module) -> bool:
-    """True when every trainable parameter is finite (one device sync)."""
-    flags = [torch.isfinite(p).all() for p in model.parameters() if p.requires_grad]
-    return bool(torch.stack(flags).all()) if flags else True
+    """True when every trainable parameter is finite on every rank (one device sync, one collective)."""
+    from grpolab.run import dist
+
+    flags = [torch.isfinite(getattr(p, "_local_tensor", p)).all() for p in model.parameters() if p.requires_grad]
+    return not dist.any_rank(not bool(torch.stack(flags).all())) if flags else True
 
 
 class BadSteps:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from grpolab.run import dist
 from grpolab.run.trackers import open_trackers
 
 
@@ -29,7 +30,9 @@ def _jsonable(v: Any) -> Any:
 
 
 class RunLogger:
-    """Appends metrics and samples to the run directory; on resume, drops rows past the resumed step."""
+    """Appends metrics and samples to the run directory; on resume, drops rows past the resumed step.
+
+    Under torchrun only rank 0 writes; on the other ranks every method does nothing."""
 
     def __init__(
         self,
@@ -44,6 +47,10 @@ class RunLogger:
     ):
         """``report_to`` names the trackers (run.trackers.TRACKERS); None means TensorBoard when ``tensorboard``."""
         self.run_dir = Path(run_dir)
+        self.enabled = dist.is_main()
+        self.trackers: dict = {}
+        if not self.enabled:
+            return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.samples_path = self.run_dir / "samples.jsonl"
@@ -64,6 +71,8 @@ class RunLogger:
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
         row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
@@ -72,6 +81,8 @@ class RunLogger:
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Rows to samples.jsonl, and to every tracker as one table."""
+        if not self.enabled:
+            return
         with self.samples_path.open("a") as fh:
             for row in rows:
                 fh.write(json.dumps({"step": step, **row}) + "\n")

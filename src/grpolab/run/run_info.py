@@ -16,6 +16,7 @@ import torch
 
 from grpolab.config import Config
 from grpolab.models import count_parameters
+from grpolab.run import dist
 
 
 def _reward_parameters(rewards: Sequence[Any]) -> int | None:
@@ -59,5 +60,7 @@ def write_run_info(
         "reward_functions": [getattr(r, "name", repr(r)) for r in rewards],
         "baseline_mem_mb": baseline_mem_mb,
     }
-    Path(cfg.run_dir, "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    info["world_size"] = dist.world().size
+    if dist.is_main():
+        Path(cfg.run_dir, "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
     return info

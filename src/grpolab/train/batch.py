@@ -14,6 +14,7 @@ from grpolab.algo.masked import masked_mean
 from grpolab.algo.reinforce import TOKEN_ESTIMATORS
 from grpolab.config import Config
 from grpolab.models import Reference
+from grpolab.run import dist
 from grpolab.train.logprobs import completion_logprobs
 from grpolab.train.process import StepRewards
 from grpolab.types import Completions, RolloutBatch
@@ -24,14 +25,16 @@ AdvantageFn = Callable[..., torch.Tensor]
 
 def outcome_estimator(cfg: Config) -> AdvantageFn:
     """The advantage function, chosen once: an OUTCOME_ESTIMATORS entry ([P, G], one value along T) or a
-    TOKEN_ESTIMATORS entry (REINFORCE++: [N, T])."""
+    TOKEN_ESTIMATORS entry (REINFORCE++: [N, T]). Batch-level statistics span every rank under torchrun."""
     a = cfg.algo
-    if a.advantage in TOKEN_ESTIMATORS:
-        return functools.partial(TOKEN_ESTIMATORS[a.advantage], beta=a.beta, gamma=a.gamma)
+    if a.advantage in TOKEN_ESTIMATORS:  # whitened over the batch's tokens: all ranks' tokens
+        return _tokens_over_all_ranks(functools.partial(TOKEN_ESTIMATORS[a.advantage], beta=a.beta, gamma=a.gamma))
     if a.advantage not in OUTCOME_ESTIMATORS:
         known = sorted([*OUTCOME_ESTIMATORS, *TOKEN_ESTIMATORS])
         raise ValueError(f"algo.advantage '{a.advantage}' is not a GRPO-path estimator; known: {known}")
     per_group = functools.partial(OUTCOME_ESTIMATORS[a.advantage], std=a.std, eps=a.eps)
+    if a.advantage in _BATCH_LEVEL:
+        per_group = _over_all_ranks(per_group)
     return functools.partial(_per_completion, per_group, beta=a.beta)
 
 
@@ -42,6 +45,36 @@ def _per_completion(estimator, rewards, valid, mask, token_kl, *, beta: float) -
         rewards = rewards - beta * (token_kl * mask).sum(-1).view_as(rewards).cpu()
     advantages = estimator(rewards, valid)  # [P, G]
     return advantages.reshape(-1, 1).to(mask.device).expand_as(mask).float() * mask
+
+
+_BATCH_LEVEL = {"batch_std"}
+"""Outcome estimators whose statistics span the whole batch: under torchrun they see every rank's groups."""
+
+
+def _over_all_ranks(fn):
+    """``fn`` on the rewards of all ranks (gathered, in rank order), then this rank's rows of the result."""
+
+    def run(rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return dist.local_rows(fn(dist.gather_rows(rewards), dist.gather_rows(valid)))
+
+    return run
+
+
+def _tokens_over_all_ranks(fn):
+    """A token estimator on every rank's rows ([N, T] padded to the widest rank's T), then this rank's."""
+
+    def run(rewards, valid, mask, token_kl) -> torch.Tensor:
+        t = mask.shape[1]
+        width = int(dist.all_reduce_max(float(t)))
+
+        def wide(x: torch.Tensor) -> torch.Tensor:
+            return dist.gather_rows(torch.cat([x, x.new_zeros((x.shape[0], width - t))], dim=1))
+
+        kl = None if token_kl is None else wide(token_kl)
+        out = fn(dist.gather_rows(rewards), dist.gather_rows(valid), wide(mask), kl)
+        return dist.local_rows(out)[:, :t]
+
+    return run
 
 
 def rewards_tensor(total: Sequence[float | None], num_prompts: int, num_generations: int):

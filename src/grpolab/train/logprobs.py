@@ -23,6 +23,7 @@ import torch
 
 from grpolab.inference import attention_for
 from grpolab.models import autocast_context, is_peft
+from grpolab.run.parallel import is_wrapped, unwrap
 
 _LOGIT_POSTPROCESSING = (
     "final_logit_softcapping",
@@ -96,14 +97,18 @@ def completion_logprobs(
 def _completion_logits(model, prompt_ids, ids: torch.Tensor, pad_id: int, autocast_dtype) -> torch.Tensor:
     """Logits [n, t, V] at the t positions that predict the t completion tokens ``ids`` [n, t]."""
     device = ids.device
-    inner = model.get_base_model() if is_peft(model) else model
-    fp32_head = autocast_dtype is not None and not any(
+    # A DDP / FSDP model is called as a whole (its hooks sync gradients and gather shards): no separate
+    # fp32 head on the decoder's features, and one forward per backward (no shared-prompt pass).
+    wrapped = is_wrapped(model)
+    inner = unwrap(model)
+    inner = inner.get_base_model() if is_peft(inner) else inner
+    fp32_head = autocast_dtype is not None and not wrapped and not any(
         getattr(inner.config, k, None) for k in _LOGIT_POSTPROCESSING
     )
     run = _Forward(inner.get_decoder() if fp32_head else model, inner, fp32_head, autocast_dtype)
     prompts, index = _distinct_prompts(prompt_ids, device)
     with autocast_context(device, autocast_dtype):
-        if len(prompts) < len(prompt_ids) and run.can_share_prefix():
+        if len(prompts) < len(prompt_ids) and run.can_share_prefix() and not wrapped:
             features = _shared_prefix_forward(run, prompts, index, ids, pad_id)
         else:
             input_ids, attention_mask, position_ids = build_inputs(prompt_ids, ids[:, :-1], pad_id)

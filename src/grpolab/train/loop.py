@@ -6,6 +6,7 @@ pi_old <- pi_theta; sample G outputs per question; reward; group-relative advant
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -24,6 +25,7 @@ from grpolab.models import Reference, count_parameters, load_policy, resolve_aut
 from grpolab.rewards import dry_run
 from grpolab.rollout.hf import sampler_from_config
 from grpolab.run import checkpoint as ckpt
+from grpolab.run import dist, parallel, sharded
 from grpolab.run.guards import BadSteps, GracefulStop, NoSignal
 from grpolab.run.lock import hold_run_dir
 from grpolab.run.logging import RunLogger, peak_memory_mb
@@ -65,13 +67,21 @@ def train(cfg: Config, *, resume: bool = False) -> TrainResult:
     SIGINT / SIGTERM while it runs: the current step finishes, a checkpoint is saved, and the result
     has ``stopped_by`` set (guards.py). Bad input fails before the model loads where it can.
     """
-    with GracefulStop() as stop, hold_run_dir(cfg.run_dir):  # one writer per run dir (run/lock.py)
+    with GracefulStop() as stop, dist.session(resolve_device(cfg.model).type), _run_dir_lock(cfg):
         return _train(cfg, resume=resume, stop=stop)
+
+
+def _run_dir_lock(cfg: Config):
+    """One writer per run dir (run/lock.py): under torchrun the rank that writes it, rank 0, holds it."""
+    return hold_run_dir(cfg.run_dir) if dist.is_main() else contextlib.nullcontext()
 
 
 def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     run_dir = cfg.run_dir
-    point = prepare_run_dir(cfg, resume=resume)  # checkpoint verified, config changes checked
+    mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
+    dist.check_divisible(cfg.train.prompts_per_step)
+    # rank 0 checks the run dir (checkpoint verified, config changes checked) and tells the others
+    point = dist.broadcast_object(prepare_run_dir(cfg, resume=resume) if dist.is_main() else None)
     resume_from = point.path if point is not None else None
     check_model_source(cfg.model)
     rewards = build_rewards(cfg)
@@ -89,19 +99,25 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     if device.type == "cpu":
         limit_cpu_threads()  # no more threads than the cores this process may use
     reference = Reference(model, amp) if cfg.algo.needs_reference else None
+    fsdp_compute = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
+    reference = parallel.wrap_reference(reference, mode, fsdp_compute)
+    plain, model = model, parallel.wrap(model, mode, device, compute_dtype=fsdp_compute)  # before the optimizer
+    parallel.log_layout(mode)
     prompt_ids = tokenize_prompts(examples, tok, cfg.data)
-    check_context(cfg, prompt_ids, model.config)
+    check_context(cfg, prompt_ids, plain.config)
     process = build_process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
 
-    sampler = sampler_from_config(model, tok, cfg.rollout, autocast_dtype=amp)
+    sharded_weights = parallel.is_sharded(model)  # no low-precision copy of sharded weights
+    sampler = sampler_from_config(plain, tok, cfg.rollout, autocast_dtype=amp, cast_weights=False if sharded_weights else None)
+    sampler = parallel.sampler_for(sampler, model)
     optimizer, scheduler = build_optimizer(model, cfg)
     spec = PolicyLossSpec.from_config(cfg)
     ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, cfg.train.micro_batch_size)
     critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
     make_batch = rollout_batch_builder(cfg, critic)
-    gold = GoldMonitor.from_config(cfg, gold_rewards, model, reference, ctx, amp)
+    gold = GoldMonitor.from_config(cfg, gold_rewards, plain, reference, ctx, amp)
     data = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
-    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)  # each rank its own
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
 
     bad_steps = BadSteps(cfg.train.max_bad_steps, run_dir)
@@ -110,12 +126,13 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
         model, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps, no_signal
     )
     start = resumable.restore(resume_from, cfg) if resume_from is not None else 0
-    if point is not None:
+    if dist.is_main() and point is not None:
         record_resume(cfg, point, start)
-    else:
+    elif dist.is_main():
         clear_previous_run(cfg)  # log.overwrite: only now, every check passed
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    if dist.is_main():
+        (run_dir / "config.yaml").write_text(dump_config(cfg))
     write_run_info(
         cfg,
         policy=model,
@@ -137,11 +154,11 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
 
     metrics: dict[str, float] = {}
     progress = Progress(
-        total=cfg.train.num_steps, start=start, enabled=cfg.log.progress, title=cfg.algo.name.upper()
+        total=cfg.train.num_steps, start=start, enabled=cfg.log.progress and dist.is_main(), title=cfg.algo.name.upper()
     )
     last_step = start
     for step in range(start + 1, cfg.train.num_steps + 1):
-        if stop.requested:  # SIGINT / SIGTERM: the previous step saved a checkpoint
+        if dist.any_rank(stop.requested):  # SIGINT / SIGTERM: the previous step saved a checkpoint
             break
         t0 = time.perf_counter()
         drawn = sample_step(  # one round, or DAPO's dynamic-sampling rounds (train/sampling.py)
@@ -196,6 +213,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
                 "sys/samples_seen": step * cfg.completions_per_step,
             }
         )
+        metrics = dist.reduce_metrics(metrics)
         logger.log(step, metrics)
         if cfg.log.samples_every and step % cfg.log.samples_every == 0:
             rows_out = _sample_rows(batch_examples, completions, scores, batch.advantages)
@@ -203,9 +221,9 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
         bad_steps.observe(step, metrics.get("train/skipped_updates", 0.0), model)  # raises to stop the run
         no_signal.observe(step, metrics)  # raises after train.max_no_signal_steps steps without signal
         if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0 and reference is not None:
-            reference.reset_to(model)
+            reference.reset_to(parallel.unwrap(model))
         every = cfg.log.checkpoint_every
-        if step == cfg.train.num_steps or (every and step % every == 0) or stop.requested:
+        if step == cfg.train.num_steps or (every and step % every == 0) or dist.any_rank(stop.requested):
             resumable.save(cfg, step)
         last_step = step
         progress.update(step, reward=metrics["train/reward_mean"], step_time=t4 - t0)
@@ -283,6 +301,22 @@ class _Resumable:
     bad_steps: BadSteps
     no_signal: NoSignal
 
+    @property
+    def sharded(self) -> bool:
+        """Several processes, or FSDP: DCP checkpoints written by every rank (run/sharded.py)."""
+        return dist.world().size > 1 or parallel.is_sharded(self.model)
+
+    def _dcp_parts(self, cfg: Config, step: int):
+        models = {"model": self.model}
+        optimizers = {"optimizer": (self.model, self.optimizer)}
+        reset = cfg.algo.ref_reset_every
+        if self.reference is not None and self.reference.frozen_model is not None and reset and step >= reset:
+            models["reference"] = self.reference.frozen_model
+        if self.critic is not None:
+            models["value"] = self.critic.model
+            optimizers["value_optimizer"] = (self.critic.model, self.critic.optimizer)
+        return models, optimizers
+
     def save(self, cfg: Config, step: int) -> None:
         state = {
             "step": step,
@@ -295,6 +329,16 @@ class _Resumable:
             "bad_steps": self.bad_steps.state_dict(),
             "no_signal": self.no_signal.state_dict(),
         }
+        if self.sharded:
+            state.pop("optimizer")
+            if self.critic is not None:
+                state["critic"] = {k: v for k, v in self.critic.state_dict().items() if k != "optimizer"}
+            models, optimizers = self._dcp_parts(cfg, step)
+            sharded.save(
+                cfg.run_dir, step, models=models, optimizers=optimizers, state=state,
+                tokenizer=self.tokenizer, keep_last=cfg.log.keep_last,
+            )
+            return
         extra = {}
         if self.reference is not None and cfg.algo.ref_reset_every and step >= cfg.algo.ref_reset_every:
             extra["reference"] = self.reference.frozen_model
@@ -314,11 +358,17 @@ class _Resumable:
 
     def restore(self, path: Path, cfg: Config) -> int:
         """Load the checkpoint at ``path`` in place; returns its step. cfg's learning rate then applies."""
-        ckpt.load_weights_into(self.model, path)
-        if self.reference is not None and self.reference.frozen_model is not None:
-            ckpt.load_extra(self.reference.frozen_model, path, "reference")
-        state = ckpt.load_state(path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:
+            if not sharded.is_sharded_checkpoint(path):
+                raise ConfigError(f"{path} is a one-process checkpoint; this job runs {dist.world().size} processes: resume it without torchrun")
+            models, optimizers = self._dcp_parts(cfg, sharded.saved_step(path))
+            state = sharded.load(path, models=models, optimizers=optimizers)
+        else:
+            ckpt.load_weights_into(self.model, path)
+            if self.reference is not None and self.reference.frozen_model is not None:
+                ckpt.load_extra(self.reference.frozen_model, path, "reference")
+            state = ckpt.load_state(path)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         apply_optim_config(self.optimizer, self.scheduler, cfg)  # --resume optim.lr=... takes effect
         self.data.load_state_dict(state["data"])
@@ -327,13 +377,16 @@ class _Resumable:
         self.minibatch_gen.set_state(state["minibatch_gen"])
         self.bad_steps.load_state_dict(state.get("bad_steps", {}))
         self.no_signal.load_state_dict(state.get("no_signal", {}))
-        if self.critic is not None:
+        if self.critic is not None and self.sharded:
+            self.critic.load_state_dict({**state["critic"], "optimizer": self.critic.optimizer.state_dict()})
+        elif self.critic is not None:
             if not ckpt.load_extra(self.critic.model, path, "value") or "critic" not in state:
                 raise ConfigError(
                     f"checkpoint {path} has no value model (value.safetensors): it was not a PPO run, so "
                     f"algo.name={cfg.algo.name} cannot resume it; resume with the run's own algo.name"
                 )
             self.critic.load_state_dict(state["critic"])
+        if self.critic is not None:
             value_lr = cfg.algo.value_lr or cfg.optim.lr
             apply_optim_config(self.critic.optimizer, self.critic.scheduler, cfg, lr=value_lr)
         log.info("resumed from %s at step %d", path, state["step"])

@@ -33,9 +33,10 @@ from torch import Tensor
 
 from grpolab.algo.advantages import gae_advantages, kl_shaped_token_rewards
 from grpolab.algo.losses import value_loss
-from grpolab.algo.masked import masked_mean, masked_var, masked_whiten
+from grpolab.algo.masked import masked_mean, masked_var
 from grpolab.config import Config
 from grpolab.models import Reference
+from grpolab.run import dist, parallel
 from grpolab.train.batch import LogprobContext, build_rollout_batch, outcome_estimator, rollout_metrics
 from grpolab.train.optim import build_optimizer
 from grpolab.train.step import micro_batches, minibatch_order
@@ -76,8 +77,9 @@ def ppo_advantages(
     ref = logprobs if ref_logprobs is None else ref_logprobs
     token_rewards = kl_shaped_token_rewards(scores, logprobs, ref, mask, beta=beta)
     advantages, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
-    if whiten:
-        advantages = masked_whiten(advantages, loss_mask)
+    if whiten:  # statistics over every rank's tokens (masked_whiten's, made global)
+        mean, var = dist.masked_mean_var(advantages, loss_mask)
+        advantages = (advantages - mean) * torch.rsqrt(var + 1e-8)
     advantages = torch.where(loss_mask, advantages, torch.zeros_like(advantages))
     return PPOAdvantages(advantages, returns, token_rewards)
 
@@ -97,7 +99,8 @@ class Critic:
 
     @classmethod
     def from_config(cls, cfg: Config, device: torch.device, ctx: LogprobContext) -> Critic:
-        return cls(load_value_model(cfg, device), cfg, ctx)
+        mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
+        return cls(parallel.wrap(load_value_model(cfg, device), mode, device), cfg, ctx)
 
     def warming_up(self, step: int) -> bool:
         """True while only the critic trains (steps 1 .. algo.critic_warmup_steps)."""
@@ -132,18 +135,20 @@ class Critic:
         self.model.train()
         for _ in range(a.mu):
             for rows in minibatch_order(batch.num_sequences, a.num_minibatches, self.generator):
-                total = max(float(batch.loss_mask[rows].sum()), 1.0)
+                total = max(dist.global_token_count(batch.loss_mask[rows]), 1.0)
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in micro_batches(rows, lengths, self.cfg.train.micro_batch_size):
                     mb = batch.select(micro)
                     values = self._values(mb.prompt_ids, mb.completion_ids, mb.completion_mask)
                     loss, clip_frac = value_loss(values, mb.old_values, mb.returns, mb.loss_mask, clip=a.value_clip)
                     weight = float(mb.loss_mask.sum()) / total
-                    (a.vf_coef * weight * loss).backward()
+                    (a.vf_coef * weight * dist.grad_scale() * loss).backward()
                     sums["loss"] += weight * loss.item()
                     sums["clip_frac"] += weight * float(clip_frac)
                 sums["grad_norm"] += self._step()
                 updates += 1
+        grad_norm = sums.pop("grad_norm")  # the same on every rank; loss and clip_frac are per-rank shares
+        sums = {**dist.sum_dict(sums), "grad_norm": grad_norm}
         return {
             "loss/value": sums["loss"] / updates,
             "loss/value_clip_frac": sums["clip_frac"] / updates,
@@ -155,7 +160,7 @@ class Critic:
     def _step(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = self.cfg.optim.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
+        norm = parallel.clip_grad_norm(params, max_norm if max_norm > 0 else math.inf)
         if not torch.isfinite(norm):
             log.warning("non-finite value-model gradient norm (%s): critic update skipped", norm.item())
             self.optimizer.zero_grad(set_to_none=True)
@@ -240,7 +245,7 @@ def build_ppo_batch(
     metrics = rollout_metrics(completions, rewards, valid, seq_adv)
     metrics.update(_value_metrics(old_values, ppo.returns, loss_mask))
     if ref_logprobs is not None:
-        metrics["loss/kl"] = float(masked_mean(sampled - ref_logprobs, mask))  # k1, the estimator in the reward
+        metrics["loss/kl"] = dist.masked_mean(sampled - ref_logprobs, mask)  # k1, the estimator in the reward
     metrics["sys/time_value_forward_s"] = t_values
     return batch, metrics
 

@@ -16,9 +16,10 @@ Where the code departs from the paper, and why:
 * Resume is exact with no state of its own: every round draws from the prompt sampler and the sampling
   generator, which checkpoints already hold.
 
-Distributed (torchrun, later): each rank draws and filters its share; the one decision "enough groups
-kept?" is made on ``_global_count`` (today the local count; there, an all-reduce SUM of the ranks' kept
-counts against the global prompt count), so every rank runs the same number of rounds.
+Distributed (torchrun): each rank draws and filters its share of every round's prompts. Rounds go on
+until every rank has kept its share (one all-reduce, so every rank runs the same rounds), and each rank
+then trains on as many groups as the rank that kept fewest, so the ranks' batches stay equal (DDP and
+FSDP need the same number of forwards and backwards on every rank).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from grpolab.config import Config
 from grpolab.data import PromptSampler
 from grpolab.rewards import score_batch
 from grpolab.rewards.base import ScoreResult
+from grpolab.run import dist
 from grpolab.train.batch import rewards_tensor
 from grpolab.types import Completions, Example
 
@@ -102,7 +104,7 @@ def sample_step(
     """Draw, sample and score one step's groups; with ``algo.dynamic_sampling``, repeat rounds until enough
     groups have a signal. Metrics: ``train/sampling_rounds``, ``train/groups_drawn``, ``train/groups_kept``,
     ``train/reward_mean_drawn`` (over every completion drawn) and the generation / scoring times."""
-    target = cfg.train.prompts_per_step
+    target = cfg.train.prompts_per_step // dist.world().size  # this rank's share (run/dist.py shard)
     dynamic = bool(cfg.algo.dynamic_sampling)
     kept: list[StepGroups] = []
     drawn = n_kept = rounds = 0
@@ -116,9 +118,10 @@ def sample_step(
         part = last.select(groups_with_signal(last.rewards, last.valid)) if dynamic else last
         kept.append(part)
         n_kept += len(part.rows)
-        if _global_count(n_kept) >= target:
+        if dist.all_reduce_max(float(max(target - n_kept, 0))) == 0:  # every rank has its share
             break
-    step = _concat(kept) if n_kept else last
+    common = int(-dist.all_reduce_max(-float(n_kept)))  # the fewest kept on any rank: equal batches
+    step = _concat(kept).select(range(min(common, target))) if common else last
     if dynamic and n_kept < target:
         log.info(
             "dynamic sampling: %d of %d groups with a signal after %d rounds (algo.max_sampling_rounds); "
@@ -146,16 +149,10 @@ def _mean(x: torch.Tensor) -> float:
     return float(x.mean()) if x.numel() else float("nan")
 
 
-def _global_count(local: int) -> int:
-    """The kept-group count the "enough?" decision uses: all-reduce SUM over ranks once training is
-    distributed; a single process is world size 1."""
-    return local
-
-
 def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds) -> StepGroups:
     """One round: ``prompts_per_step`` prompts from the data order, G completions each, scored."""
     t0 = time.perf_counter()
-    rows = data.next(cfg.train.prompts_per_step)
+    rows = dist.shard(data.next(cfg.train.prompts_per_step))  # same order everywhere; this rank's share
     completions = sampler.sample(
         [prompt_ids[i] for i in rows], num_generations=cfg.rollout.num_generations, generator=generator
     )

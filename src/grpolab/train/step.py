@@ -24,6 +24,8 @@ from grpolab.algo.correction import mismatch_sums, rollout_correction_weights
 from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import POLICY_LOSSES, SurrogateLoss, aggregate
 from grpolab.config import Config
+from grpolab.run import dist
+from grpolab.run.parallel import clip_grad_norm
 from grpolab.train.logprobs import completion_logprobs
 from grpolab.types import RolloutBatch
 
@@ -175,7 +177,8 @@ def update_policy(
     model.train()
     for _ in range(cfg.algo.mu):
         for rows in minibatch_order(batch.num_sequences, cfg.algo.num_minibatches, generator):
-            total_tokens = float(batch.loss_mask[rows].sum().item())
+            total_tokens = dist.global_token_count(batch.loss_mask[rows])  # normalisers over all ranks
+            total_seqs = dist.all_reduce_sum(float(len(rows)))
             optimizer.zero_grad(set_to_none=True)
             finite = True
             for micro in micro_batches(rows, lengths, cfg.train.micro_batch_size):
@@ -197,17 +200,18 @@ def update_policy(
                     old,
                     mb,
                     spec,
-                    total_seqs=float(len(rows)),
+                    total_seqs=total_seqs,
                     total_tokens=max(total_tokens, 1.0),
                     entropy=entropy,
                 )
-                loss.backward()
+                (loss * dist.grad_scale()).backward()
                 finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
                 sums["entropy"] += _masked_sum(entropy.detach(), mb.loss_mask)
                 for k, v in stats.items():
                     sums[k] += v
             counts["tokens"] += total_tokens
+            finite = not dist.any_rank(not finite)  # every rank skips, or none
             _optimizer_step(model, optimizer, scheduler, cfg.optim.max_grad_norm, sums, counts, loss_finite=finite)
     return _summarise(sums, counts, scheduler)
 
@@ -216,7 +220,7 @@ def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, cou
     """Clip and step; a NaN / infinite loss or gradient norm skips the update (weights, optimizer and
     schedule untouched) and counts it in ``counts["skipped"]`` (train/skipped_updates; see guards.py)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
+    norm = clip_grad_norm(params, max_grad_norm if max_grad_norm > 0 else math.inf)
     if not loss_finite or not torch.isfinite(norm):
         log.warning("non-finite loss or gradient norm (%s): update skipped", norm.item())
         optimizer.zero_grad(set_to_none=True)
@@ -229,6 +233,8 @@ def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, cou
 
 
 def _summarise(sums, counts, scheduler) -> dict[str, float]:
+    grad_norm = sums.pop("grad_norm", 0.0)  # already the same on every rank
+    sums = defaultdict(float, {**dist.sum_dict(sums), "grad_norm": grad_norm})
     tokens = max(counts["tokens"], 1.0)
     passes = max(counts["updates"] + counts["skipped"], 1)
     out = {

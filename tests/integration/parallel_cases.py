@@ -1,0 +1,161 @@
+"""One train step (rollout batch + policy update, + the critic's for PPO) on a fixed global batch, run
+either in one process or as one rank of a job; used by test_parallel_step.py.
+
+The global batch (prompts, completions, rewards) comes from a generator seeded the same on every rank;
+each rank takes its share of the prompts (dist.shard) with their completions, as the loop does. SGD
+instead of AdamW: Adam's first step is the same for a gradient and twice that gradient, so it could
+not tell a wrongly normalised loss from a right one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+P, G, T = 4, 2, 6
+
+
+def make_config(model_dir: str, algo: str, agg: str, mode: str):
+    from grpolab.config import load_config
+
+    overrides = [
+        f"model.name_or_path={model_dir}",
+        "model.autocast=none",
+        f"algo.name={algo}",
+        "algo.beta=0.05",
+        "algo.mu=2",
+        f"rollout.num_generations={G}",
+        f"rollout.max_completion_length={T}",
+        f"train.prompts_per_step={P}",
+        "train.micro_batch_size=2",
+        f"train.parallel={mode}",
+        "optim.max_grad_norm=0",
+    ]
+    if algo != "ppo":
+        overrides.append(f"algo.loss_agg={agg}")
+    return load_config(None, overrides)
+
+
+def global_batch():
+    """(prompt_ids [P], Completions of N = P*G rows, rewards [P, G]); the same on every rank."""
+    from grpolab.types import Completions
+
+    gen = torch.Generator().manual_seed(1234)
+    prompts = [torch.randint(3, 60, (int(n),), generator=gen).tolist() for n in torch.randint(2, 6, (P,), generator=gen)]
+    n = P * G
+    ids = torch.randint(3, 60, (n, T), generator=gen)
+    lengths = torch.randint(1, T + 1, (n,), generator=gen)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    ids = torch.where(mask, ids, torch.zeros_like(ids))
+    logprobs = -torch.rand(n, T, generator=gen) * mask
+    finish = ["length" if int(k) == T else "stop" for k in lengths]
+    comps = Completions(
+        prompt_ids=[p for p in prompts for _ in range(G)],
+        completion_ids=ids,
+        completion_mask=mask,
+        logprobs=logprobs,
+        texts=["x"] * n,
+        finish_reasons=finish,
+        num_generations=G,
+    )
+    rewards = torch.randint(0, 3, (P, G), generator=gen).float()
+    return prompts, comps, rewards
+
+
+def local_share(prompts, comps, rewards):
+    """This rank's prompts, their completions and rewards."""
+    from grpolab.run import dist
+    from grpolab.types import Completions
+
+    rows = dist.shard(list(range(P)))
+    seq = [p * G + g for p in rows for g in range(G)]
+    local = Completions(
+        prompt_ids=[comps.prompt_ids[i] for i in seq],
+        completion_ids=comps.completion_ids[seq],
+        completion_mask=comps.completion_mask[seq],
+        logprobs=comps.logprobs[seq],
+        texts=[comps.texts[i] for i in seq],
+        finish_reasons=[comps.finish_reasons[i] for i in seq],
+        num_generations=G,
+    )
+    return [prompts[i] for i in rows], local, rewards[rows]
+
+
+def _sgd(model, lr=0.05):
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+
+
+def _full_weights(model) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {k: v.detach().clone().cpu() for k, v in sd.items()}
+
+
+def run_case(model_dir: str, algo: str, agg: str, mode: str) -> dict:
+    """One step; returns {"policy": weights, "value": weights or None, "metrics": {...}}."""
+    from grpolab.models import Reference, load_policy
+    from grpolab.run import dist, parallel
+    from grpolab.train.batch import LogprobContext
+    from grpolab.train.ppo import Critic, rollout_batch_builder
+    from grpolab.train.step import PolicyLossSpec, update_policy
+
+    cfg = make_config(model_dir, algo, agg, mode)
+    torch.manual_seed(0)
+    model, tok = load_policy(cfg.model)
+    mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
+    reference = parallel.wrap_reference(Reference(model, None), mode, None)
+    model = parallel.wrap(model, mode, torch.device("cpu"))
+    optimizer, scheduler = _sgd(model)
+    ctx = LogprobContext(tok.pad_token_id, 1.0, None, cfg.train.micro_batch_size)
+    critic = None
+    if cfg.algo.needs_critic:
+        critic = Critic.from_config(cfg, torch.device("cpu"), ctx)
+        critic.optimizer, critic.scheduler = _sgd(critic.model)
+    prompts, comps, rewards = local_share(*global_batch())
+    valid = torch.ones_like(rewards, dtype=torch.bool)
+    batch, metrics = rollout_batch_builder(cfg, critic)(
+        cfg, comps, prompts, rewards, valid, policy=model, reference=reference, ctx=ctx
+    )
+    spec = PolicyLossSpec.from_config(cfg)
+    gen = torch.Generator().manual_seed(1)
+    metrics.update(update_policy(model, optimizer, scheduler, batch, cfg, spec, pad_id=tok.pad_token_id,
+                                 autocast_dtype=None, generator=gen))
+    if critic is not None:
+        metrics.update(critic.update(batch))
+    metrics = dist.reduce_metrics(metrics)
+    return {
+        "policy": _full_weights(model),
+        "value": None if critic is None else _full_weights(critic.model),
+        "metrics": metrics,
+    }
+
+
+CASES = [
+    ("grpo", "seq-mean-token-mean"),
+    ("grpo", "token-mean"),
+    ("grpo", "seq-mean-token-sum-norm"),
+    ("reinforce_pp", "token-mean"),
+    ("ppo", "token-mean"),
+]
+
+
+def worker(rank: int, world: int, port: int, model_dir: str, out: str, modes: tuple[str, ...]) -> None:
+    """A rank of the job (torch.multiprocessing.spawn): every case in every mode; rank 0 saves them."""
+    os.environ.update(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+         "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)}
+    )
+    torch.set_num_threads(1)
+    from grpolab.run import dist
+
+    results = {}
+    with dist.session("cpu"):
+        for mode in modes:
+            for algo, agg in CASES:
+                results[(algo, agg, mode)] = run_case(model_dir, algo, agg, mode)
+        if dist.is_main():
+            torch.save(results, Path(out))
