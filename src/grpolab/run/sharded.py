@@ -87,6 +87,7 @@ def save(
         (tmp / MARKER).write_text(json.dumps({"world_size": dist.world().size, "step": step}) + "\n")
     dist.barrier()  # every rank's files are written: only now may the folder become step_N
     if dist.is_main():
+        ckpt.write_manifest(tmp)  # sizes and hashes, verified on resume (run/checkpoint.py)
         trash = root / f".old_step_{step}"
         if final.exists():
             shutil.rmtree(trash, ignore_errors=True)
