@@ -37,6 +37,7 @@ from grpolab.algo.masked import masked_mean, masked_var, masked_whiten
 from grpolab.config import Config
 from grpolab.models import Reference
 from grpolab.train.batch import LogprobContext, build_rollout_batch, outcome_estimator, rollout_metrics
+from grpolab.train.master import backward, grads_to_clip, scale_backed_off
 from grpolab.train.optim import build_optimizer
 from grpolab.train.step import micro_batches, minibatch_order
 from grpolab.train.value import ValueModel, load_value_model, token_values
@@ -139,7 +140,7 @@ class Critic:
                     values = self._values(mb.prompt_ids, mb.completion_ids, mb.completion_mask)
                     loss, clip_frac = value_loss(values, mb.old_values, mb.returns, mb.loss_mask, clip=a.value_clip)
                     weight = float(mb.loss_mask.sum()) / total
-                    (a.vf_coef * weight * loss).backward()
+                    backward(a.vf_coef * weight * loss, self.optimizer)
                     sums["loss"] += weight * loss.item()
                     sums["clip_frac"] += weight * float(clip_frac)
                 sums["grad_norm"] += self._step()
@@ -153,10 +154,13 @@ class Critic:
         }
 
     def _step(self) -> float:
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = grads_to_clip(self.model, self.optimizer)  # the fp32 master weights where there are some
         max_norm = self.cfg.optim.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
         if not torch.isfinite(norm):
+            if scale_backed_off(self.optimizer, True):
+                self.optimizer.zero_grad(set_to_none=True)
+                return math.nan
             log.warning("non-finite value-model gradient norm (%s): critic update skipped", norm.item())
             self.optimizer.zero_grad(set_to_none=True)
             return math.nan

@@ -22,6 +22,7 @@ from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import aggregate, clipped_surrogate_loss
 from grpolab.config import Config
 from grpolab.train.logprobs import completion_logprobs
+from grpolab.train.master import backward, grads_to_clip, scale_backed_off
 from grpolab.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def update_policy(
                 loss, stats = policy_loss(
                     logprobs, old, mb, spec, total_seqs=float(len(rows)), total_tokens=max(total_tokens, 1.0)
                 )
-                loss.backward()
+                backward(loss, optimizer)  # through the fp16 loss scaler when there is one
                 finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
                 sums["entropy"] += _masked_sum(entropy, mb.loss_mask)
@@ -166,9 +167,12 @@ def update_policy(
 def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, counts, *, loss_finite=True) -> None:
     """Clip and step; a NaN / infinite loss or gradient norm skips the update (weights, optimizer and
     schedule untouched) and counts it in ``counts["skipped"]`` (train/skipped_updates; see guards.py)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = grads_to_clip(model, optimizer)  # the fp32 master weights where there are some
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
     if not loss_finite or not torch.isfinite(norm):
+        if scale_backed_off(optimizer, loss_finite):  # fp16 loss scale too high: lowered, not a bad step
+            optimizer.zero_grad(set_to_none=True)
+            return
         log.warning("non-finite loss or gradient norm (%s): update skipped", norm.item())
         optimizer.zero_grad(set_to_none=True)
         counts["skipped"] += 1
