@@ -91,6 +91,10 @@ def _check_cross_fields(cfg: Config) -> None:
         (t.prompts_per_step < 1, "train.prompts_per_step must be >= 1"),
         (t.num_steps < 0, "train.num_steps must be >= 0"),
         (t.micro_batch_size < 1, "train.micro_batch_size must be >= 1"),
+        (
+            t.max_tokens_per_micro_batch is not None and t.max_tokens_per_micro_batch < 1,
+            "train.max_tokens_per_micro_batch must be >= 1 (padded tokens per forward), or null for rows only",
+        ),
         (r.max_completion_length < 1, "rollout.max_completion_length must be >= 1"),
         (r.temperature < 0, "rollout.temperature must be >= 0 (0 = greedy)"),
         (not 0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]"),

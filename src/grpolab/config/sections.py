@@ -260,6 +260,10 @@ class TrainConfig:
     max_bad_steps: int = 3
     """Stop (TrainingError, last good checkpoint kept) after this many steps in a row whose update was
     skipped for a NaN or infinite loss or gradient; 0 = never stop, only skip."""
+    max_tokens_per_micro_batch: int | None = None
+    """Also bound each forward by padded tokens, rows x (longest prompt + longest completion): rows are
+    sorted by length and packed up to this budget (a longer row runs alone); null = micro_batch_size only.
+    Activation memory follows tokens, so this keeps long completions from running out of memory."""
 
 
 @dataclass(frozen=True)

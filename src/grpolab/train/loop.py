@@ -81,7 +81,9 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     sampler = sampler_from_config(model, tok, cfg.rollout, autocast_dtype=amp)
     optimizer, scheduler = build_optimizer(model, cfg)
     spec = PolicyLossSpec.from_config(cfg)
-    ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, cfg.train.micro_batch_size)
+    ctx = LogprobContext(
+        tok.pad_token_id, cfg.rollout.temperature, amp, cfg.train.micro_batch_size, cfg.train.max_tokens_per_micro_batch
+    )
     critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
     make_batch = rollout_batch_builder(cfg, critic)
     data = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)

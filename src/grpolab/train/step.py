@@ -23,6 +23,7 @@ from grpolab.algo.losses import aggregate, clipped_surrogate_loss
 from grpolab.config import Config
 from grpolab.train.logprobs import completion_logprobs
 from grpolab.train.master import backward, grads_to_clip, scale_backed_off
+from grpolab.train.microbatch import prompt_lengths_of, split_rows
 from grpolab.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -109,10 +110,12 @@ def minibatch_order(n: int, num_minibatches: int, generator: torch.Generator) ->
     return list(perm.chunk(num_minibatches))
 
 
-def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int) -> list[torch.Tensor]:
-    """Split rows into micro-batches of similar length (less padding in each forward)."""
-    order = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
-    return list(order.split(size))
+def micro_batches(
+    rows: torch.Tensor, lengths: torch.Tensor, size: int, max_tokens: int | None = None, prompt_lengths=None
+) -> list[torch.Tensor]:
+    """Split rows into micro-batches of similar length (less padding in each forward); with ``max_tokens``
+    also bounded by padded tokens (grpolab.train.microbatch)."""
+    return split_rows(rows, lengths, size, max_tokens=max_tokens, prompt_lengths=prompt_lengths)
 
 
 def update_policy(
@@ -131,13 +134,14 @@ def update_policy(
     sums: dict[str, float] = defaultdict(float)
     counts = {"tokens": 0.0, "updates": 0, "skipped": 0}
     lengths = batch.completion_mask.sum(-1)
+    budget = {"max_tokens": cfg.train.max_tokens_per_micro_batch, "prompt_lengths": prompt_lengths_of(batch.prompt_ids)}
     model.train()
     for _ in range(cfg.algo.mu):
         for rows in minibatch_order(batch.num_sequences, cfg.algo.num_minibatches, generator):
             total_tokens = float(batch.loss_mask[rows].sum().item())
             optimizer.zero_grad(set_to_none=True)
             finite = True
-            for micro in micro_batches(rows, lengths, cfg.train.micro_batch_size):
+            for micro in micro_batches(rows, lengths, cfg.train.micro_batch_size, **budget):
                 mb = batch.select(micro)
                 logprobs, entropy = completion_logprobs(
                     model,
