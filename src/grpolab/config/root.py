@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpolab.config.advice import warn_config
 from grpolab.config.sections import (
     AlgoConfig,
     DataConfig,
@@ -116,6 +117,10 @@ def _check_cross_fields(cfg: Config) -> None:
         ("{answer}" not in cfg.sft.completion_format, "sft.completion_format must contain {answer}"),
         (cfg.log.keep_last < 1, "log.keep_last must be >= 1"),
         (cfg.log.checkpoint_every < 0, "log.checkpoint_every must be >= 0 (0 = only at the end)"),
+        (
+            r.kv_cache_budget_mb is not None and r.kv_cache_budget_mb <= 0,
+            "rollout.kv_cache_budget_mb must be > 0 (MB for the sampler's KV cache), or null for a share of free memory",
+        ),
         (t.max_bad_steps < 0, "train.max_bad_steps must be >= 0 (0 = skip bad updates but never stop)"),
         (cfg.reward.timeout_s <= 0, "reward.timeout_s must be > 0 (seconds per reward call on a batch)"),
     ]
@@ -135,6 +140,7 @@ def _check_cross_fields(cfg: Config) -> None:
         _check_ppo(a)
     if a.supervision == "process":
         _check_process(cfg)
+    warn_config(cfg)
 
 
 def _check_process(cfg: Config) -> None:

@@ -105,7 +105,11 @@ class RolloutConfig:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
     max_batch_sequences: int | None = None
-    """Decode at most this many sequences at once (bounds generation memory)."""
+    """Decode at most this many sequences at once (bounds generation memory); null = as many as
+    kv_cache_budget_mb allows (KV cache of prompt + completion, and the step's logits, per sequence)."""
+    kv_cache_budget_mb: float | None = None
+    """Memory for the sampler's KV cache and step logits when max_batch_sequences is null; null = a quarter
+    of the memory free when sampling starts (CUDA: free device memory; CPU: MemAvailable)."""
 
 
 @dataclass(frozen=True)
