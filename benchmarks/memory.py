@@ -73,12 +73,13 @@ def run_child(script: str, src: Path, args: list[str]) -> dict:
 
 
 def configurations(lengths, budget):
+    """Most telling first (a shared CPU runs these slowly): after, before, TRL per length, then
+    checkpointing at the first length (its saving shows in the forward + backward peak)."""
     for t in lengths:
-        yield "grpolab before", "before", t, None, False
         yield "grpolab after", "after", t, budget, False
-        if t == lengths[0]:  # its saving shows in the forward + backward peak at any length; time is short
-            yield "grpolab after + checkpointing", "after", t, budget, True
+        yield "grpolab before", "before", t, None, False
         yield "TRL GRPOTrainer", "trl", t, None, False
+    yield "grpolab after + checkpointing", "after", lengths[0], budget, True
 
 
 def main() -> None:

@@ -112,21 +112,32 @@ def logprobs_from_logits(logits: torch.Tensor, ids: torch.Tensor) -> tuple[torch
     return logprobs, entropy
 
 
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a DDP wrapper (``.module``) and / or a PEFT model. FSDP2's
+    ``fully_shard`` keeps the module's own class, so it needs no unwrapping. Forward calls still go
+    through the wrapper; the unwrapped model is only asked for its config and head."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    return model.get_base_model() if is_peft(model) else model
+
+
 def _chunked_head(model) -> ChunkedLMHead | None:
-    """The model's ChunkedLMHead, installed now on an unwrapped model that has none; None for models that
-    post-process their logits (or whose head cannot be replaced): those take the plain path."""
-    inner = model.get_base_model() if is_peft(model) else model
+    """The model's ChunkedLMHead, installed now on a model that has none (a model built in code); None for
+    models that post-process their logits, or whose head cannot be replaced (or is wrapped by DDP / FSDP2
+    already: install it at load, before wrapping): those take the plain path."""
+    inner = unwrap(model)
     if any(getattr(getattr(inner, "config", None), k, None) for k in _LOGIT_POSTPROCESSING):
         return None
     head = output_head(inner)
-    if head is not None and not isinstance(head, ChunkedLMHead) and install_chunked_head(inner):
+    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel) or "FSDP" in type(inner).__name__
+    if head is not None and not isinstance(head, ChunkedLMHead) and not wrapped and install_chunked_head(inner):
         head = output_head(inner)
     return head if isinstance(head, ChunkedLMHead) else None
 
 
 def _head_logprobs(model, head, prompt_ids, ids, pad_id, autocast_dtype, temperature, chunk) -> torch.Tensor:
     """[n, t, 2] (log-prob, entropy) of the t completion tokens ``ids``, computed inside the head."""
-    inner = model.get_base_model() if is_peft(model) else model
+    inner = unwrap(model)
     run = _Forward(model, inner, autocast_dtype)
     prompts, index = _distinct_prompts(prompt_ids, ids.device)
     with autocast_context(ids.device, autocast_dtype):
@@ -140,7 +151,7 @@ def _head_logprobs(model, head, prompt_ids, ids, pad_id, autocast_dtype, tempera
 def _completion_logits(model, prompt_ids, ids: torch.Tensor, pad_id: int, autocast_dtype) -> torch.Tensor:
     """Logits [n, t, V] at the t positions that predict the t completion tokens ``ids`` [n, t] (the plain
     path, for models that post-process their logits)."""
-    inner = model.get_base_model() if is_peft(model) else model
+    inner = unwrap(model)
     run = _Forward(model, inner, autocast_dtype)
     prompts, index = _distinct_prompts(prompt_ids, ids.device)
     with autocast_context(ids.device, autocast_dtype):
