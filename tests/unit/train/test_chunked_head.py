@@ -20,7 +20,7 @@ TEMPERATURE = 0.7
 
 def _setup(seed=1):
     tok = build_char_tokenizer()
-    model = build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=seed)
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, seed=seed)
     prompts = [tok("12+3=")["input_ids"], tok("7=")["input_ids"]]
     rows = [prompts[i] for i in (0, 0, 1, 1, 0, 1)]
     completion = torch.randint(4, 60, (6, 7), generator=torch.Generator().manual_seed(seed))
