@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from grpolab.config import ModelConfig
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.inference import inference_copy
+from grpolab.train.chunked_head import install_chunked_head
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +100,11 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
 
         base = json.loads(adapter_config.read_text())["base_model_name_or_path"]
         model = _from_pretrained(cfg, base).to(device)
+        install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
         model = PeftModel.from_pretrained(model, source, is_trainable=cfg.lora.enabled)
     else:
         model = _from_pretrained(cfg, source).to(device)
+        install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
         if cfg.lora.enabled:
             model = _wrap_lora(cfg, model)
     if cfg.gradient_checkpointing:

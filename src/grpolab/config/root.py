@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpolab.config.advice import warn_config
 from grpolab.config.sections import (
     ALGO_PRESETS,
     AlgoConfig,
@@ -94,6 +95,10 @@ def _check_cross_fields(cfg: Config) -> None:
         (t.prompts_per_step < 1, "train.prompts_per_step must be >= 1"),
         (t.num_steps < 0, "train.num_steps must be >= 0"),
         (t.micro_batch_size < 1, "train.micro_batch_size must be >= 1"),
+        (
+            t.max_tokens_per_micro_batch is not None and t.max_tokens_per_micro_batch < 1,
+            "train.max_tokens_per_micro_batch must be >= 1 (padded tokens per forward), or null for rows only",
+        ),
         (r.max_completion_length < 1, "rollout.max_completion_length must be >= 1"),
         (r.temperature < 0, "rollout.temperature must be >= 0 (0 = greedy)"),
         (not 0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]"),
@@ -122,6 +127,10 @@ def _check_cross_fields(cfg: Config) -> None:
         ("{answer}" not in cfg.sft.completion_format, "sft.completion_format must contain {answer}"),
         (cfg.log.keep_last < 1, "log.keep_last must be >= 1"),
         (cfg.log.checkpoint_every < 0, "log.checkpoint_every must be >= 0 (0 = only at the end)"),
+        (
+            r.kv_cache_budget_mb is not None and r.kv_cache_budget_mb <= 0,
+            "rollout.kv_cache_budget_mb must be > 0 (MB for the sampler's KV cache), or null for a share of free memory",
+        ),
         (t.max_bad_steps < 0, "train.max_bad_steps must be >= 0 (0 = skip bad updates but never stop)"),
         (cfg.reward.timeout_s <= 0, "reward.timeout_s must be > 0 (seconds per reward call on a batch)"),
     ]
@@ -142,6 +151,7 @@ def _check_cross_fields(cfg: Config) -> None:
         _check_ppo(a)
     if a.supervision == "process":
         _check_process(cfg)
+    warn_config(cfg)
 
 
 def inert_settings(cfg: Config) -> list[str]:

@@ -187,7 +187,11 @@ class RolloutConfig:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
     max_batch_sequences: int | None = None
-    """Decode at most this many sequences at once (bounds generation memory)."""
+    """Decode at most this many sequences at once (bounds generation memory); null = as many as
+    kv_cache_budget_mb allows (KV cache of prompt + completion, and the step's logits, per sequence)."""
+    kv_cache_budget_mb: float | None = None
+    """Memory for the sampler's KV cache and step logits when max_batch_sequences is null; null = a quarter
+    of the memory free when sampling starts (CUDA: free device memory; CPU: MemAvailable)."""
 
 
 @dataclass(frozen=True)
@@ -407,6 +411,10 @@ class TrainConfig:
     """Under torchrun: "ddp" (each rank holds the model; gradients all-reduced), "fsdp" (FSDP2: parameters,
     gradients and optimizer state sharded; DCP checkpoints), "auto" (ddp when WORLD_SIZE > 1, else none).
     "none" is the single process; grpolab.run.parallel."""
+    max_tokens_per_micro_batch: int | None = None
+    """Also bound each forward by padded tokens, rows x (longest prompt + longest completion): rows are
+    sorted by length and packed up to this budget (a longer row runs alone); null = micro_batch_size only.
+    Activation memory follows tokens, so this keeps long completions from running out of memory."""
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ Departures from ``model.generate`` (and why):
   vocabulary: top-k / top-p shape only the distribution we draw from. The trainer computes its
   log-probs from ``logits / temperature`` the same way, so the importance ratio is exactly 1 on the
   first update (mu = 1). With temperature 0 (greedy) the log-probs use temperature 1.
-- With ``max_batch_sequences`` the rows are processed in blocks; greedy results are identical to
-  one batch, but a seeded sampling run draws a different random stream.
+- The rows are processed in blocks of ``max_batch_sequences``, or, when that is unset, of as many as a
+  KV-cache budget allows (grpolab.rollout.budget); greedy results are identical to one batch, but a
+  seeded sampling run draws a different random stream when the rows are split.
 
 Speed on a CPU under bf16 autocast (grpolab.inference; measured in benchmarks/README.md): the
 sampler decodes from a copy of the model whose Linear weights are stored in bf16, refreshed at every
@@ -34,6 +35,7 @@ from transformers.cache_utils import DynamicLayer
 
 from grpolab.inference import WeightCopy, attention_for, wants_eager_attention
 from grpolab.models import is_peft
+from grpolab.rollout.budget import sequences_per_block
 from grpolab.types import Completions, FinishReason
 
 
@@ -57,10 +59,12 @@ class HFSampler:
         eos_token_ids: Sequence[int] | None = None,
         max_batch_sequences: int | None = None,
         cast_weights: bool | None = None,
+        kv_cache_budget_bytes: int | None = None,
     ) -> None:
         """``cast_weights``: sample from a copy whose Linear weights are stored in ``autocast_dtype``
         (refreshed from the model at each call; one more copy of those weights in memory). None = on
-        for a CPU model under autocast without LoRA."""
+        for a CPU model under autocast without LoRA. ``max_batch_sequences`` None: derived at each call
+        from ``kv_cache_budget_bytes`` (None = a share of the free memory; grpolab.rollout.budget)."""
         if max_completion_length < 1:
             raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
         if temperature < 0:
@@ -79,6 +83,7 @@ class HFSampler:
         self.top_k = top_k
         self.autocast_dtype = autocast_dtype
         self.max_batch_sequences = max_batch_sequences
+        self.kv_cache_budget_bytes = kv_cache_budget_bytes
         self.eos_token_ids = _resolve_eos(model, tokenizer, eos_token_ids)
         self.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
@@ -107,7 +112,7 @@ class HFSampler:
         device = next(self.model.parameters()).device
         _check_inputs(prompt_ids, num_generations, generator, device)
         n = len(prompt_ids) * num_generations
-        block = self.max_batch_sequences or n
+        block = self.max_batch_sequences or self._block(prompt_ids, device)
         was_training = self.model.training
         self.model.eval()
         self._net = self._weights.refresh() if self._weights is not None else self.model
@@ -123,6 +128,18 @@ class HFSampler:
                 self._weights.release()
         ids, mask, logprobs = _concat_right_padded(parts, self.pad_token_id)
         return self._package(prompt_ids, num_generations, ids, mask, logprobs)
+
+    def _block(self, prompt_ids, device: torch.device) -> int:
+        """Sequences per block from the KV-cache budget (rollout.kv_cache_budget_mb or free memory)."""
+        tokens = max(len(p) for p in prompt_ids) + self.max_completion_length
+        dtype = self.autocast_dtype or next(self.model.parameters()).dtype
+        return sequences_per_block(
+            self._config,
+            tokens=tokens,
+            dtype_bytes=torch.finfo(dtype).bits // 8,
+            device=device,
+            budget_bytes=self.kv_cache_budget_bytes,
+        )
 
     def _autocast(self, device: torch.device):
         if self.autocast_dtype is None:
@@ -249,6 +266,7 @@ def sampler_from_config(
         autocast_dtype=autocast_dtype,
         max_batch_sequences=rollout.max_batch_sequences,
         cast_weights=cast_weights,
+        kv_cache_budget_bytes=None if rollout.kv_cache_budget_mb is None else int(rollout.kv_cache_budget_mb * 2**20),
     )
 
 

@@ -16,6 +16,7 @@ from grpolab.config import Config
 from grpolab.models import Reference
 from grpolab.run import dist
 from grpolab.train.logprobs import completion_logprobs
+from grpolab.train.microbatch import prompt_lengths_of, split_rows
 from grpolab.train.process import StepRewards
 from grpolab.types import Completions, RolloutBatch
 
@@ -92,23 +93,34 @@ class LogprobContext:
     temperature: float
     autocast_dtype: torch.dtype | None
     micro_batch_size: int
+    max_tokens: int | None = None
+    """train.max_tokens_per_micro_batch: padded tokens per forward (None = rows only)."""
 
     @torch.no_grad()
     def logprobs(self, model, prompt_ids, completion_ids, completion_mask) -> torch.Tensor:
         """[N, T] log-probs without a graph, in micro-batches."""
-        out = []
-        for rows in torch.arange(len(prompt_ids)).split(self.micro_batch_size):
-            lp, _ = completion_logprobs(
-                model,
-                [prompt_ids[i] for i in rows.tolist()],
-                completion_ids[rows],
-                completion_mask[rows],
-                pad_id=self.pad_id,
-                temperature=self.temperature,
-                autocast_dtype=self.autocast_dtype,
+
+        def run(prompts, ids, mask):
+            return completion_logprobs(
+                model, prompts, ids, mask, pad_id=self.pad_id, temperature=self.temperature, autocast_dtype=self.autocast_dtype
+            )[0]
+
+        return self.map_rows(run, prompt_ids, completion_ids, completion_mask)
+
+    def map_rows(self, fn, prompt_ids, completion_ids, completion_mask) -> torch.Tensor:
+        """fn(prompts, completion_ids, completion_mask) -> [n, T] over micro-batches, rows in their order."""
+        rows = torch.arange(len(prompt_ids))
+        if self.max_tokens is None:
+            parts = list(rows.split(self.micro_batch_size))
+        else:
+            lengths = completion_mask.sum(-1).cpu()
+            parts = split_rows(
+                rows, lengths, self.micro_batch_size, max_tokens=self.max_tokens, prompt_lengths=prompt_lengths_of(prompt_ids)
             )
-            out.append(lp)
-        return torch.cat(out)
+        out = [fn([prompt_ids[i] for i in r.tolist()], completion_ids[r], completion_mask[r]) for r in parts]
+        order = torch.cat(parts).to(completion_ids.device)
+        result = torch.cat(out)
+        return torch.empty_like(result).index_copy_(0, order, result)
 
 
 def build_rollout_batch(

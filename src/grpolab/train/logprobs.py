@@ -9,13 +9,17 @@ scored, so it is not fed (causal attention: no other position depends on it).
 
 On a CPU in bf16 the plain attention replaces SDPA where its scores are small (grpolab.inference).
 
-Under bf16 autocast the transformer body runs in bf16 but the output head and the log-softmax run in
-fp32: bf16 logits have a resolution of ~0.06 at magnitude 10, too coarse for ratios and KL. Models that
-post-process logits (soft-capping, logit scales) take the plain forward path instead.
+The log-probs and entropies come out of the LM head itself, chunk by chunk in fp32, without the full
+[n, T, V] logits (grpolab.train.chunked_head): the model's forward is called as a whole, so a DDP- or
+FSDP2-wrapped model works unchanged. Under bf16 autocast the transformer body runs in bf16 but the head
+and the log-softmax run in fp32: bf16 logits have a resolution of ~0.06 at magnitude 10, too coarse for
+ratios and KL. Models that post-process logits (soft-capping, logit scales) take the plain path: the
+model's own logits (full [n, T, V], in the autocast dtype), then the log-softmax in fp32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Sequence
 
@@ -23,7 +27,14 @@ import torch
 
 from grpolab.inference import attention_for
 from grpolab.models import autocast_context, is_peft
-from grpolab.run.parallel import is_wrapped, unwrap
+from grpolab.run import parallel
+from grpolab.train.chunked_head import (
+    ChunkedLMHead,
+    HeadRequest,
+    head_request,
+    install_chunked_head,
+    output_head,
+)
 
 _LOGIT_POSTPROCESSING = (
     "final_logit_softcapping",
@@ -66,67 +77,104 @@ def completion_logprobs(
     autocast_dtype: torch.dtype | None = None,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [n, T], entropy [n, T] or None), zero where completion_mask is False.
 
     Gradients flow when called outside no_grad; through the entropy only with ``entropy_grad`` (an
-    entropy bonus, algo.entropy_coef), since that keeps a second [n, T, V] softmax in the graph.
-    Columns past the longest counted completion are not computed (no padding waste), and come back
-    as zeros.
+    entropy bonus, algo.entropy_coef). Columns past the longest counted completion are not computed (no
+    padding waste), and come back as zeros. ``chunk``: tokens per chunk of the LM head (None = about
+    64 MiB of fp32 logits; grpolab.train.chunked_head).
     """
     n, t_full = completion_ids.shape
     t = max(int(completion_mask.sum(-1).max().item()), 1)
     ids = completion_ids[:, :t]
-    logits = _completion_logits(model, prompt_ids, ids, pad_id, autocast_dtype)
-    logits = logits.float() / (temperature if temperature > 0 else 1.0)
-    logz = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - logz
+    temp = temperature if temperature > 0 else 1.0
+    head = _chunked_head(model)
+    if head is not None:
+        packed = _head_logprobs(model, head, prompt_ids, ids, pad_id, autocast_dtype, temp, chunk)
+        logprobs, entropy = packed[..., 0], packed[..., 1]
+    else:
+        logits = _completion_logits(model, prompt_ids, ids, pad_id, autocast_dtype)
+        logprobs, entropy = logprobs_from_logits(logits.float() / temp, ids, entropy_grad=entropy_grad)
     mask = completion_mask[:, :t]
     logprobs = torch.where(mask, logprobs, torch.zeros_like(logprobs))
-    entropy = None
     if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            probs = torch.softmax(logits, dim=-1)
-            entropy = torch.where(mask, logz - (probs * logits).sum(-1), torch.zeros_like(logz))
+        entropy = entropy if entropy_grad else entropy.detach()
+        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
+    else:
+        entropy = None
     if t < t_full:
         logprobs = torch.nn.functional.pad(logprobs, (0, t_full - t))
         entropy = None if entropy is None else torch.nn.functional.pad(entropy, (0, t_full - t))
     return logprobs, entropy
 
 
+def logprobs_from_logits(
+    logits: torch.Tensor, ids: torch.Tensor, *, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-prob of ``ids`` [n, t], entropy [n, t]) from fp32 logits [n, t, V] (the plain path); the
+    entropy carries a gradient only with ``entropy_grad``."""
+    logz = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - logz
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logprobs, entropy
+
+
+def _inner(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a DDP wrapper and / or a PEFT model (FSDP2 shards in place). Forward
+    calls still go through the wrapper; the inner model is only asked for its config and head."""
+    model = parallel.unwrap(model)
+    return model.get_base_model() if is_peft(model) else model
+
+
+def _chunked_head(model) -> ChunkedLMHead | None:
+    """The model's ChunkedLMHead, installed now on a model that has none (a model built in code); None for
+    models that post-process their logits, or whose head cannot be replaced (or is wrapped by DDP / FSDP2
+    already: install it at load, before wrapping): those take the plain path."""
+    inner = _inner(model)
+    if any(getattr(getattr(inner, "config", None), k, None) for k in _LOGIT_POSTPROCESSING):
+        return None
+    head = output_head(inner)
+    wrapped = parallel.is_wrapped(model) or parallel.is_sharded(inner)
+    if head is not None and not isinstance(head, ChunkedLMHead) and not wrapped and install_chunked_head(inner):
+        head = output_head(inner)
+    return head if isinstance(head, ChunkedLMHead) else None
+
+
+def _head_logprobs(model, head, prompt_ids, ids, pad_id, autocast_dtype, temperature, chunk) -> torch.Tensor:
+    """[n, t, 2] (log-prob, entropy) of the t completion tokens ``ids``, computed inside the head."""
+    inner = _inner(model)
+    run = _Forward(model, inner, autocast_dtype)
+    prompts, index = _distinct_prompts(prompt_ids, ids.device)
+    with autocast_context(ids.device, autocast_dtype):
+        if len(prompts) < len(prompt_ids) and run.can_share_prefix() and not parallel.is_wrapped(model):
+            return _shared_prefix_forward(run, prompts, index, ids, pad_id, head=(head, temperature, chunk))
+        input_ids, attention_mask, position_ids = build_inputs(prompt_ids, ids[:, :-1], pad_id)
+        with head_request(head, HeadRequest(ids, temperature, chunk)):
+            return run(input_ids, attention_mask, position_ids, keep=ids.shape[1])
+
+
 def _completion_logits(model, prompt_ids, ids: torch.Tensor, pad_id: int, autocast_dtype) -> torch.Tensor:
-    """Logits [n, t, V] at the t positions that predict the t completion tokens ``ids`` [n, t]."""
-    device = ids.device
-    # A DDP / FSDP model is called as a whole (its hooks sync gradients and gather shards): no separate
-    # fp32 head on the decoder's features, and one forward per backward (no shared-prompt pass).
-    wrapped = is_wrapped(model)
-    inner = unwrap(model)
-    inner = inner.get_base_model() if is_peft(inner) else inner
-    fp32_head = autocast_dtype is not None and not wrapped and not any(
-        getattr(inner.config, k, None) for k in _LOGIT_POSTPROCESSING
-    )
-    run = _Forward(inner.get_decoder() if fp32_head else model, inner, fp32_head, autocast_dtype)
-    prompts, index = _distinct_prompts(prompt_ids, device)
-    with autocast_context(device, autocast_dtype):
-        if len(prompts) < len(prompt_ids) and run.can_share_prefix() and not wrapped:
-            features = _shared_prefix_forward(run, prompts, index, ids, pad_id)
-        else:
-            input_ids, attention_mask, position_ids = build_inputs(prompt_ids, ids[:, :-1], pad_id)
-            features = run(input_ids, attention_mask, position_ids, keep=ids.shape[1])
-    if not fp32_head:
-        return features
-    head = inner.get_output_embeddings()
-    with torch.autocast(device_type=device.type, enabled=False):
-        bias = None if head.bias is None else head.bias.float()
-        return torch.nn.functional.linear(features.float(), head.weight.float(), bias)
+    """Logits [n, t, V] at the t positions that predict the t completion tokens ``ids`` [n, t] (the plain
+    path, for models that post-process their logits)."""
+    inner = _inner(model)
+    run = _Forward(model, inner, autocast_dtype)
+    prompts, index = _distinct_prompts(prompt_ids, ids.device)
+    with autocast_context(ids.device, autocast_dtype):
+        if len(prompts) < len(prompt_ids) and run.can_share_prefix() and not parallel.is_wrapped(model):
+            return _shared_prefix_forward(run, prompts, index, ids, pad_id)
+        input_ids, attention_mask, position_ids = build_inputs(prompt_ids, ids[:, :-1], pad_id)
+        return run(input_ids, attention_mask, position_ids, keep=ids.shape[1])
 
 
 class _Forward:
-    """One forward of the decoder (hidden states, for the fp32 head) or of the model (logits)."""
+    """One forward of the model as a whole (logits, or what the chunked head returns in their place)."""
 
-    def __init__(self, net, inner, hidden: bool, autocast_dtype):
-        self.net, self.inner, self.hidden, self.autocast_dtype = net, inner, hidden, autocast_dtype
-        params = inspect.signature(net.forward).parameters
+    def __init__(self, net, inner, autocast_dtype):
+        self.net, self.inner, self.autocast_dtype = net, inner, autocast_dtype
+        params = inspect.signature(inner.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"  # transformers 5 vs 4
 
     def can_share_prefix(self) -> bool:
@@ -136,17 +184,16 @@ class _Forward:
         return not (checkpointing and self.inner.training)
 
     def __call__(self, input_ids, attention_mask, position_ids, *, keep: int, cache=None) -> torch.Tensor:
-        """Features [n, keep, F] of the last ``keep`` positions (keep=0: all)."""
+        """Outputs [n, keep, ...] of the last ``keep`` positions (keep=0: all)."""
         rows, width = input_ids.shape
         past = 0 if cache is None else cache.get_seq_length()
         kw = {"use_cache": False} if cache is None else {"use_cache": True, self.cache_arg: cache}
-        if not self.hidden:
-            kw["logits_to_keep"] = keep
         shape = {"rows": rows, "q_len": width, "kv_len": past + width}
         with attention_for(self.inner, input_ids.device, self.autocast_dtype, **shape):
-            out = self.net(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kw)
-        features = out.last_hidden_state if self.hidden else out.logits
-        return features[:, -keep:] if keep else features
+            out = self.net(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=keep, **kw
+            )
+        return out.logits[:, -keep:] if keep else out.logits
 
 
 def _distinct_prompts(prompt_ids, device) -> tuple[list[Sequence[int]], torch.Tensor]:
@@ -156,22 +203,36 @@ def _distinct_prompts(prompt_ids, device) -> tuple[list[Sequence[int]], torch.Te
     return [list(p) for p in first], torch.tensor(index, dtype=torch.long, device=device)
 
 
-def _shared_prefix_forward(run: _Forward, prompts, index: torch.Tensor, ids: torch.Tensor, pad_id: int):
-    """The same features as one forward of [prompt, completion], with each distinct prompt run once.
+def _shared_prefix_forward(run: _Forward, prompts, index: torch.Tensor, ids: torch.Tensor, pad_id: int, head=None):
+    """The same outputs as one forward of [prompt, completion], with each distinct prompt run once.
 
     GRPO repeats each prompt G times: the prompts go through the model once (u rows), their cache is
     expanded to the n rows (differentiably, so gradients from all G completions reach the prompt),
-    and the completions run on top of it.
+    and the completions run on top of it. With ``head`` = (ChunkedLMHead, temperature, chunk) the
+    outputs are [n, t, 2] (log-prob, entropy): the prompt run returns fp32 logits of its one position
+    ([u, V]; the G rows of a prompt predict different tokens there), the completion run asks the head.
     """
     from transformers import DynamicCache
 
     p_ids, p_mask, p_pos = build_inputs(prompts, ids.new_zeros((len(prompts), 0)), pad_id)
     cache = DynamicCache(config=run.inner.config)
-    first = run(p_ids, p_mask, p_pos, keep=1, cache=cache)[index]  # predicts completion token 0
+    with _asking(head, None):
+        first = run(p_ids, p_mask, p_pos, keep=1, cache=cache)[index]  # predicts completion token 0
+    if head is not None:
+        first = torch.stack(logprobs_from_logits(first / head[1], ids[:, :1]), dim=-1)
     if ids.shape[1] == 1:
         return first
     cache.batch_select_indices(index)
     rest = ids[:, :-1]
     mask = torch.cat([p_mask[index], torch.ones_like(rest)], dim=1)
     positions = p_pos[index, -1:] + 1 + torch.arange(rest.shape[1], device=ids.device)
-    return torch.cat([first, run(rest, mask, positions, keep=0, cache=cache)], dim=1)
+    with _asking(head, ids[:, 1:]):
+        return torch.cat([first, run(rest, mask, positions, keep=0, cache=cache)], dim=1)
+
+
+def _asking(head, targets):
+    """head_request for ``head`` = (ChunkedLMHead, temperature, chunk), or nothing when head is None."""
+    if head is None:
+        return contextlib.nullcontext()
+    module, temperature, chunk = head
+    return head_request(module, HeadRequest(targets, temperature, chunk))

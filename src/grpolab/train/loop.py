@@ -112,7 +112,9 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     sampler = parallel.sampler_for(sampler, model)
     optimizer, scheduler = build_optimizer(model, cfg)
     spec = PolicyLossSpec.from_config(cfg)
-    ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, cfg.train.micro_batch_size)
+    ctx = LogprobContext(
+        tok.pad_token_id, cfg.rollout.temperature, amp, cfg.train.micro_batch_size, cfg.train.max_tokens_per_micro_batch
+    )
     critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
     make_batch = rollout_batch_builder(cfg, critic)
     gold = GoldMonitor.from_config(cfg, gold_rewards, plain, reference, ctx, amp)

@@ -8,6 +8,7 @@ import math
 import torch
 
 from grpolab.config import Config
+from grpolab.train.master import MasterWeightOptimizer, wants_master_weights
 
 
 def lr_lambda(step: int, *, warmup: int, total: int, schedule: str) -> float:
@@ -22,15 +23,32 @@ def lr_lambda(step: int, *, warmup: int, total: int, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Config):
+def build_optimizer(model: torch.nn.Module, cfg: Config, *, master_weights: bool | None = None):
+    """(optimizer, scheduler). ``master_weights``: step fp32 copies of bf16 / fp16 parameters
+    (grpolab.train.master); None = whenever a trainable parameter is stored in bf16 / fp16. Pass False
+    where another mechanism keeps fp32 parameters (FSDP2 with a MixedPrecisionPolicy)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
     o = cfg.optim
-    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+
+    def adamw(tensors):
+        # fused: one kernel per step, no full-size temporaries (the foreach default holds ~2 extra copies
+        # of the states at the step's peak); CPU and CUDA floating tensors only
+        fused = all(t.device.type in ("cpu", "cuda") and t.is_floating_point() for t in tensors)
+        return torch.optim.AdamW(tensors, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=fused)
+
+    if master_weights is None:
+        master_weights = wants_master_weights(params)
+    if master_weights:
+        fp16 = any(p.dtype == torch.float16 for p in params)
+        optimizer = MasterWeightOptimizer(params, adamw, loss_scaling=fp16)
+        inner = optimizer.optimizer
+    else:
+        optimizer = inner = adamw(params)
     total = cfg.train.num_steps * cfg.optimizer_steps_per_generation
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_lambda(s, warmup=o.warmup_steps, total=total, schedule=o.schedule)
+        inner, lambda s: lr_lambda(s, warmup=o.warmup_steps, total=total, schedule=o.schedule)
     )
     return optimizer, scheduler
 

@@ -38,6 +38,8 @@ from grpolab.config import Config
 from grpolab.models import Reference
 from grpolab.run import dist, parallel
 from grpolab.train.batch import LogprobContext, build_rollout_batch, outcome_estimator, rollout_metrics
+from grpolab.train.master import backward, grads_to_clip, scale_backed_off
+from grpolab.train.microbatch import prompt_lengths_of
 from grpolab.train.optim import build_optimizer
 from grpolab.train.step import micro_batches, minibatch_order
 from grpolab.train.value import ValueModel, load_value_model, token_values
@@ -110,10 +112,7 @@ class Critic:
     def values(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Tensor, completion_mask: Tensor) -> Tensor:
         """[N, T] V(s_t) without a graph, in micro-batches."""
         self.model.eval()
-        out = []
-        for rows in torch.arange(len(prompt_ids)).split(self.ctx.micro_batch_size):
-            out.append(self._values([prompt_ids[i] for i in rows.tolist()], completion_ids[rows], completion_mask[rows]))
-        return torch.cat(out)
+        return self.ctx.map_rows(self._values, prompt_ids, completion_ids, completion_mask)
 
     def _values(self, prompt_ids, completion_ids, completion_mask) -> Tensor:
         return token_values(
@@ -132,17 +131,18 @@ class Critic:
         sums: dict[str, float] = defaultdict(float)
         updates = 0
         lengths = batch.completion_mask.sum(-1)
+        budget = {"max_tokens": self.ctx.max_tokens, "prompt_lengths": prompt_lengths_of(batch.prompt_ids)}
         self.model.train()
         for _ in range(a.mu):
             for rows in minibatch_order(batch.num_sequences, a.num_minibatches, self.generator):
                 total = max(dist.global_token_count(batch.loss_mask[rows]), 1.0)
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in micro_batches(rows, lengths, self.cfg.train.micro_batch_size):
+                for micro in micro_batches(rows, lengths, self.cfg.train.micro_batch_size, **budget):
                     mb = batch.select(micro)
                     values = self._values(mb.prompt_ids, mb.completion_ids, mb.completion_mask)
                     loss, clip_frac = value_loss(values, mb.old_values, mb.returns, mb.loss_mask, clip=a.value_clip)
                     weight = float(mb.loss_mask.sum()) / total
-                    (a.vf_coef * weight * dist.grad_scale() * loss).backward()
+                    backward(a.vf_coef * weight * dist.grad_scale() * loss, self.optimizer)
                     sums["loss"] += weight * loss.item()
                     sums["clip_frac"] += weight * float(clip_frac)
                 sums["grad_norm"] += self._step()
@@ -158,10 +158,13 @@ class Critic:
         }
 
     def _step(self) -> float:
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = grads_to_clip(self.model, self.optimizer)  # the fp32 master weights where there are some
         max_norm = self.cfg.optim.max_grad_norm
         norm = parallel.clip_grad_norm(params, max_norm if max_norm > 0 else math.inf)
         if not torch.isfinite(norm):
+            if scale_backed_off(self.optimizer, True):
+                self.optimizer.zero_grad(set_to_none=True)
+                return math.nan
             log.warning("non-finite value-model gradient norm (%s): critic update skipped", norm.item())
             self.optimizer.zero_grad(set_to_none=True)
             return math.nan

@@ -30,6 +30,7 @@ from grpolab.models import load_policy, resolve_autocast, resolve_device
 from grpolab.run.logging import RunLogger
 from grpolab.run.progress import Progress
 from grpolab.train.logprobs import completion_logprobs
+from grpolab.train.master import MasterWeightOptimizer, backward, grads_to_clip, wants_master_weights
 from grpolab.types import Example
 
 log = logging.getLogger(__name__)
@@ -89,9 +90,9 @@ def sft_loss_step(
             autocast_dtype=autocast_dtype,
         )
         loss = -(logprobs * mask[rows]).sum() / total_tokens
-        loss.backward()
+        backward(loss, optimizer)
         loss_sum += float(loss.detach())
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = grads_to_clip(model, optimizer)  # the fp32 master weights of a bf16 / fp16 model
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
     optimizer.step()
     return loss_sum, float(norm)
@@ -142,7 +143,11 @@ def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
     targets = tokenize_targets(examples, tok, s.completion_format)
     check = dev_checker(cfg, model, tok, dev) if dev else None
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=cfg.optim.betas)
+    def adamw(tensors):
+        return torch.optim.AdamW(tensors, lr=s.lr, weight_decay=s.weight_decay, betas=cfg.optim.betas)
+
+    fp16 = any(p.dtype == torch.float16 for p in params)
+    optimizer = MasterWeightOptimizer(params, adamw, loss_scaling=fp16) if wants_master_weights(params) else adamw(params)
     order = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     out = cfg.sft_dir
     out.mkdir(parents=True, exist_ok=True)

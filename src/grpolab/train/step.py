@@ -27,6 +27,8 @@ from grpolab.config import Config
 from grpolab.run import dist
 from grpolab.run.parallel import clip_grad_norm
 from grpolab.train.logprobs import completion_logprobs
+from grpolab.train.master import backward, grads_to_clip, scale_backed_off
+from grpolab.train.microbatch import prompt_lengths_of, split_rows
 from grpolab.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -152,10 +154,12 @@ def minibatch_order(n: int, num_minibatches: int, generator: torch.Generator) ->
     return list(perm.chunk(num_minibatches))
 
 
-def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int) -> list[torch.Tensor]:
-    """Split rows into micro-batches of similar length (less padding in each forward)."""
-    order = rows[torch.argsort(lengths[rows], descending=True, stable=True)]
-    return list(order.split(size))
+def micro_batches(
+    rows: torch.Tensor, lengths: torch.Tensor, size: int, max_tokens: int | None = None, prompt_lengths=None
+) -> list[torch.Tensor]:
+    """Split rows into micro-batches of similar length (less padding in each forward); with ``max_tokens``
+    also bounded by padded tokens (grpolab.train.microbatch)."""
+    return split_rows(rows, lengths, size, max_tokens=max_tokens, prompt_lengths=prompt_lengths)
 
 
 def update_policy(
@@ -174,6 +178,7 @@ def update_policy(
     sums: dict[str, float] = defaultdict(float)
     counts = {"tokens": 0.0, "updates": 0, "skipped": 0}
     lengths = batch.completion_mask.sum(-1)
+    budget = {"max_tokens": cfg.train.max_tokens_per_micro_batch, "prompt_lengths": prompt_lengths_of(batch.prompt_ids)}
     model.train()
     for _ in range(cfg.algo.mu):
         for rows in minibatch_order(batch.num_sequences, cfg.algo.num_minibatches, generator):
@@ -181,7 +186,7 @@ def update_policy(
             total_seqs = dist.all_reduce_sum(float(len(rows)))
             optimizer.zero_grad(set_to_none=True)
             finite = True
-            for micro in micro_batches(rows, lengths, cfg.train.micro_batch_size):
+            for micro in micro_batches(rows, lengths, cfg.train.micro_batch_size, **budget):
                 mb = batch.select(micro)
                 logprobs, entropy = completion_logprobs(
                     model,
@@ -204,7 +209,7 @@ def update_policy(
                     total_tokens=max(total_tokens, 1.0),
                     entropy=entropy,
                 )
-                (loss * dist.grad_scale()).backward()
+                backward(loss * dist.grad_scale(), optimizer)  # through the fp16 loss scaler when there is one
                 finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
                 sums["entropy"] += _masked_sum(entropy.detach(), mb.loss_mask)
@@ -219,9 +224,12 @@ def update_policy(
 def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, counts, *, loss_finite=True) -> None:
     """Clip and step; a NaN / infinite loss or gradient norm skips the update (weights, optimizer and
     schedule untouched) and counts it in ``counts["skipped"]`` (train/skipped_updates; see guards.py)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = grads_to_clip(model, optimizer)  # the fp32 master weights where there are some
     norm = clip_grad_norm(params, max_grad_norm if max_grad_norm > 0 else math.inf)
     if not loss_finite or not torch.isfinite(norm):
+        if scale_backed_off(optimizer, loss_finite):  # fp16 loss scale too high: lowered, not a bad step
+            optimizer.zero_grad(set_to_none=True)
+            return
         log.warning("non-finite loss or gradient norm (%s): update skipped", norm.item())
         optimizer.zero_grad(set_to_none=True)
         counts["skipped"] += 1

@@ -1,0 +1,149 @@
+"""The chunked LM head equals the full-logits computation: values and gradients, every loss mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpolab.algo.kl import kl_k3
+from grpolab.algo.losses import AGGREGATIONS
+from grpolab.inference import attention_for
+from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
+from grpolab.train import logprobs as logprobs_module
+from grpolab.train.chunked_head import ChunkedLMHead, ChunkedLogprobs, install_chunked_head
+from grpolab.train.logprobs import build_inputs, completion_logprobs
+from grpolab.train.step import PolicyLossSpec, policy_loss
+from grpolab.types import RolloutBatch
+
+TEMPERATURE = 0.7
+
+
+def _setup(seed=1):
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, seed=seed)
+    prompts = [tok("12+3=")["input_ids"], tok("7=")["input_ids"]]
+    rows = [prompts[i] for i in (0, 0, 1, 1, 0, 1)]
+    completion = torch.randint(4, 60, (6, 7), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(6, 7, dtype=torch.bool)
+    mask[1, 5:] = mask[3, 2:] = False
+    return model, rows, completion, mask
+
+
+def _reference_logprobs(model, rows, completion, mask, amp=None):
+    """The unchunked computation as it was before the chunked head: one padded forward of the decoder,
+    the full fp32 logits [n, t, V], log-softmax and entropy over them."""
+    t = int(mask.sum(-1).max())
+    ids = completion[:, :t]
+    input_ids, attn, pos = build_inputs(rows, ids[:, :-1], pad_id=0)
+    shape = {"rows": len(rows), "q_len": input_ids.shape[1], "kv_len": input_ids.shape[1]}
+    with torch.autocast("cpu", dtype=amp, enabled=amp is not None), attention_for(model, input_ids.device, amp, **shape):
+        hidden = model.model(input_ids=input_ids, attention_mask=attn, position_ids=pos).last_hidden_state[:, -t:]
+    logits = torch.nn.functional.linear(hidden.float(), model.lm_head.weight.float()) / TEMPERATURE
+    logz = torch.logsumexp(logits, -1)
+    lp = logits.gather(-1, ids[..., None]).squeeze(-1) - logz
+    entropy = (logz - (torch.softmax(logits, -1) * logits).sum(-1)).detach()
+    pad = completion.shape[1] - t
+    zero = torch.zeros_like(lp)
+    return (
+        torch.nn.functional.pad(torch.where(mask[:, :t], lp, zero), (0, pad)),
+        torch.nn.functional.pad(torch.where(mask[:, :t], entropy, zero), (0, pad)),
+    )
+
+
+def _loss_and_grads(model, lp, rows, completion, mask, mode):
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.2, -0.2])[:, None].expand_as(mask) * mask
+    ref = lp.detach() - 0.1 * torch.linspace(0, 1, lp.numel()).view_as(lp)  # a non-zero KL term
+    batch = RolloutBatch(rows, completion, mask, mask, advantages, ref_logprobs=ref)
+    spec = PolicyLossSpec(kl_k3, 0.04, mode, 7, 0.2, 0.2, None, "token")
+    old = lp.detach() + 0.05 * torch.linspace(-1, 1, lp.numel()).view_as(lp)  # ratios != 1, some clipped
+    loss, _ = policy_loss(lp, old, batch, spec, total_seqs=6.0, total_tokens=float(mask.sum()))
+    model.zero_grad()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prompt", "row-by-row-prompt"])
+def test_chunked_head_equals_full_logits_in_every_loss_mode(shared, monkeypatch):
+    model, rows, completion, mask = _setup()
+    if not shared:
+        monkeypatch.setattr(logprobs_module._Forward, "can_share_prefix", lambda self: False)
+    for mode in AGGREGATIONS:
+        want_lp, want_ent = _reference_logprobs(model, rows, completion, mask)
+        want_loss, want_grads = _loss_and_grads(model, want_lp, rows, completion, mask, mode)
+        lp, ent = completion_logprobs(
+            model, rows, completion, mask, pad_id=0, temperature=TEMPERATURE, with_entropy=True, chunk=4
+        )
+        assert isinstance(model.lm_head, ChunkedLMHead)
+        torch.testing.assert_close(lp, want_lp, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(ent, want_ent, atol=2e-5, rtol=1e-5)
+        loss, grads = _loss_and_grads(model, lp, rows, completion, mask, mode)
+        torch.testing.assert_close(loss, want_loss, atol=1e-6, rtol=1e-5)
+        for name, g in grads.items():
+            torch.testing.assert_close(g, want_grads[name], atol=1e-6, rtol=1e-4, msg=f"{mode}: {name}")
+
+
+def test_chunked_head_under_bf16_autocast_matches_the_fp32_head(monkeypatch):
+    model, rows, completion, mask = _setup(seed=2)
+    monkeypatch.setattr(logprobs_module._Forward, "can_share_prefix", lambda self: False)  # same bf16 body
+    want, _ = _reference_logprobs(model, rows, completion, mask, amp=torch.bfloat16)
+    got, _ = completion_logprobs(
+        model, rows, completion, mask, pad_id=0, temperature=TEMPERATURE, autocast_dtype=torch.bfloat16, chunk=5
+    )
+    # same bf16 body; the head runs in fp32 on both sides (only summation order differs)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_install_shares_the_tied_weight_and_keeps_keys_and_generation():
+    model, rows, completion, mask = _setup(seed=3)
+    keys = list(model.state_dict())
+    ids = torch.tensor([rows[0]])
+    before = model.generate(ids, max_new_tokens=5, do_sample=False)
+    logits = model(ids).logits
+    assert install_chunked_head(model)
+    assert isinstance(model.lm_head, ChunkedLMHead)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert list(model.state_dict()) == keys
+    torch.testing.assert_close(model(ids).logits, logits, rtol=0, atol=0)
+    assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False), before)
+
+
+def test_chunked_logprobs_gradcheck_with_bias_and_uneven_chunks():
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    bias = torch.randn(11, dtype=torch.float64, generator=g, requires_grad=True)
+    targets = torch.randint(0, 11, (7,), generator=g)
+
+    def logprobs(h, w, b):
+        return ChunkedLogprobs.apply(h, w, b, targets, 0.7, 3)[0]
+
+    assert torch.autograd.gradcheck(logprobs, (hidden, weight, bias))
+    full = torch.log_softmax((hidden @ weight.T + bias) / 0.7, -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(logprobs(hidden, weight, bias), full)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_through_the_chunked_head():
+    model, rows, completion, mask = _setup(seed=4)
+    model.train()
+
+    def grads():
+        lp, _ = completion_logprobs(model, rows, completion, mask, pad_id=0, chunk=4)
+        model.zero_grad()
+        (lp * torch.linspace(-1, 1, lp.numel()).view_as(lp)).sum().backward()
+        return lp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    lp, want = grads()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lp_ckpt, got = grads()
+    torch.testing.assert_close(lp_ckpt, lp, atol=2e-5, rtol=1e-5)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_models_that_post_process_logits_take_the_plain_path():
+    model, rows, completion, mask = _setup(seed=5)
+    model.config.logit_scale = 1.0  # the key alone routes to the plain path; Qwen2 applies no scale
+    want, _ = _reference_logprobs(model, rows, completion, mask)
+    got, _ = completion_logprobs(model, rows, completion, mask, pad_id=0, temperature=TEMPERATURE)
+    assert not isinstance(model.lm_head, ChunkedLMHead)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
