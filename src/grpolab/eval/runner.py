@@ -124,7 +124,7 @@ def evaluate_model(
     sampler = sampler_from_config(model, tok, cfg.rollout, autocast_dtype=amp, temperature=cfg.eval.temperature)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     per_problem, texts, lengths, totals = [], [], [], []
-    bar = Progress(total=len(examples), enabled=progress, title=f"eval {label}")
+    bar = Progress(total=len(examples), enabled=progress, title=f"eval {label}", unit="prompt")
     for start in range(0, len(examples), chunk):
         comps = sampler.sample(prompt_ids[start : start + chunk], num_generations=n, generator=generator)
         correct, total = grader.grade(comps, examples[start : start + chunk])
