@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ def test_the_environment_override_decides_auto_on_a_cpu(monkeypatch, forced, wan
 def test_without_the_override_auto_reads_the_cpu_flags(monkeypatch):
     monkeypatch.delenv("GRPOLAB_CPU_BF16", raising=False)
     try:
-        flags = open("/proc/cpuinfo").read()
+        flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         pytest.skip("no /proc/cpuinfo on this system")
     assert cpu_has_bf16_matmul() is ("avx512_bf16" in flags or "amx_bf16" in flags)
