@@ -26,7 +26,8 @@ def _duration(seconds: float) -> str:
 class Progress:
     """``update(completed, **info)`` after each unit of work; ``close()`` at the end.
 
-    ``tty``: draw the bar (True) or write log lines (False); None asks whether stdout is a terminal."""
+    ``tty``: draw the bar (True) or write log lines (False); None asks whether stdout is a terminal.
+    ``may_stop_early``: the total is a cap (SFT stops at its accuracy target), so the ETA is a bound."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class Progress:
         tty: bool | None = None,
         interval_s: float = 10.0,
         every: int | None = None,
+        may_stop_early: bool = False,
     ):
         self._bar = None
         self._lines = False
@@ -46,6 +48,7 @@ class Progress:
         self._interval, self._every = interval_s, every or max(1, total // 10)
         self._t0 = self._last_time = time.perf_counter()
         self._last_done = self._completed = start
+        self._eta = "ETA <=" if may_stop_early else "ETA"
         self._values: dict[str, float] = {}
         if not enabled:
             return
@@ -91,7 +94,7 @@ class Progress:
         if done > 0:
             per = elapsed / done
             parts.append(f"{per:.2f} s/{self._unit}")
-            parts.append(f"ETA {_duration(per * (self._total - completed))}")
+            parts.append(f"{self._eta} {_duration(per * (self._total - completed))}")
         return "  ".join(parts)
 
     def close(self) -> None:
