@@ -6,13 +6,17 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test bench lint clean
+# constraints.txt pins every package to the version the test suite passed on (`make constraints`
+# rewrites it from the current venv; README "Pinned dependencies").
+PIN    := -c constraints.txt
 
-$(STAMP): pyproject.toml
+.PHONY: setup demo test bench lint clean constraints
+
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	# the CPU build of torch first: a bare `torch` requirement would pull a several-GB CUDA build
-	$(PY) -m pip install -qq torch==2.13.0
-	$(PY) -m pip install -qq -e '.[dev]'
+	$(PY) -m pip install -qq $(PIN) torch==2.13.0
+	$(PY) -m pip install -qq $(PIN) -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,12 +30,17 @@ test: setup
 # grpolab against TRL's GRPOTrainer (TRL from the optional `bench` extra; it leaves torch and
 # transformers as they are), then grpolab's sampler against model.generate. BENCH_ARGS e.g. --rounds 3.
 bench: setup
-	$(PY) -m pip install -qq -e '.[bench]'
+	$(PY) -m pip install -qq $(PIN) -e '.[bench]'
 	$(PY) benchmarks/vs_trl.py $(BENCH_ARGS)
 	$(PY) benchmarks/sampler_vs_generate.py
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
+
+# After upgrading packages in $(VENV) and a passing `make test`: pin what is installed now.
+constraints:
+	( echo "# Versions the test suite passed on; regenerate with \`make constraints\`."; \
+	  $(PY) -m pip freeze --exclude-editable | grep -iv '^grpolab' | sed 's/+cpu$$//' ) > constraints.txt
 
 clean:
 	rm -rf runs .pytest_cache

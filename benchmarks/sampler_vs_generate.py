@@ -3,7 +3,8 @@
 The bench model of vs_trl.py (~33.6M parameters), 4 prompts x 8 samples, 64 tokens each (its EOS is
 unreachable, so every row runs to the limit), temperature 1. ``model.generate`` gets the 32 rows
 (each prompt repeated 8 times) and returns only ids; the sampler also returns every sampled token's
-log-prob. Runs are interleaved, after one warm-up each; medians are printed.
+log-prob. Runs are interleaved, after one warm-up each; medians are printed. The bf16 rows run only
+where grpolab runs bf16 (a CPU with native bf16 instructions: common.bench_dtype).
 
     .venv/bin/python benchmarks/sampler_vs_generate.py [--threads N] [--repeats R]
 """
@@ -17,7 +18,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from common import auto_threads, bench_prompts, median, save_bench_model, set_threads
+from common import auto_threads, bench_dtype, bench_prompts, median, save_bench_model, set_threads
 
 
 def main() -> None:
@@ -49,13 +50,10 @@ def main() -> None:
         out = HFSampler(model, tok, max_completion_length=64, autocast_dtype=dtype)
         return lambda: int(out.sample(prompts, num_generations=8, generator=gen).completion_mask.sum())
 
-    samplers = {d: sampler(d) for d in (None, torch.bfloat16)}
-    runs = {
-        "model.generate, fp32": lambda: generate(None),
-        "model.generate, bf16 autocast": lambda: generate(torch.bfloat16),
-        "grpolab HFSampler, fp32": samplers[None],
-        "grpolab HFSampler, bf16": samplers[torch.bfloat16],
-    }
+    runs = {"model.generate, fp32": lambda: generate(None), "grpolab HFSampler, fp32": sampler(None)}
+    if bench_dtype() == torch.bfloat16:
+        runs["model.generate, bf16 autocast"] = lambda: generate(torch.bfloat16)
+        runs["grpolab HFSampler, bf16"] = sampler(torch.bfloat16)
     rates: dict[str, list[float]] = {k: [] for k in runs}
     for repeat in range(a.repeats + 1):
         for name, fn in runs.items():

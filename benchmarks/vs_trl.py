@@ -5,8 +5,10 @@ tokenizer built in code) saved to a temporary folder; 4 prompts (3-digit additio
 per step, every completion exactly 64 tokens (the model cannot emit its EOS: common.save_bench_model);
 beta 0.04, mu = 1, GRPO's sequence-mean-token-mean loss (TRL loss_type="grpo"); 1 warm-up step, then
 5 timed steps. Each trainer runs in its own process, one after the other, with the same number of
-intra-op threads; TRL in fp32 and in bf16 autocast (gradient checkpointing off, use_vllm False), and
-the faster of the two is the one grpolab is compared with.
+intra-op threads; TRL in fp32 and, where grpolab runs bf16 (a CPU with native bf16 instructions,
+common.bench_dtype), also in bf16 autocast (gradient checkpointing off, use_vllm False); the faster
+TRL run is the one grpolab is compared with. On a CPU without bf16 everything runs in fp32 (emulated
+bf16 runs ~20x slower than fp32 there: hours for the TRL bf16 run).
 
     .venv/bin/python benchmarks/vs_trl.py [--threads N] [--rounds R]
 
@@ -26,12 +28,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
 from common import (
     auto_threads,
     available_cores,
+    bench_dtype,
     bench_prompts,
-    bf16_peak_gflops,
+    bf16_speed_ratio,
+    dtype_name,
     median,
+    peak_gflops,
     save_bench_model,
     set_threads,
 )
@@ -78,7 +84,7 @@ def model_flops(params: int, tokens_per_row: int, completion_tokens: int, rows: 
     return {"gen": 2 * params * completion_tokens, "ref": 2 * params * seq, "train": 6 * params * seq}
 
 
-def print_report(results: list[dict], *, threads: int, peak: float, flops: dict[str, float]) -> None:
+def print_report(results: list[dict], *, threads: int, peak: float, dtype: str, flops: dict[str, float]) -> None:
     head = f"{'trainer':44s} {'compl/s':>8s} {'tok/s':>7s} {'s/step':>7s} {'gen':>6s} {'ref':>6s} {'train':>6s} {'RSS MB':>7s}"
     print(head)
     print("-" * len(head))
@@ -104,7 +110,7 @@ def print_report(results: list[dict], *, threads: int, peak: float, flops: dict[
     mfu = {k: flops[k] / ours[k] / (peak * 1e9) for k in ("gen", "ref", "train")}
     total = sum(flops.values()) / ours["step"] / (peak * 1e9)
     print(
-        f"grpolab model-FLOPs utilisation against the measured bf16 matmul peak ({peak:.0f} GFLOP/s on {threads} "
+        f"grpolab model-FLOPs utilisation against the measured {dtype} matmul peak ({peak:.0f} GFLOP/s on {threads} "
         f"thread(s)): generation {mfu['gen']:.0%}, reference {mfu['ref']:.0%}, training {mfu['train']:.0%}, "
         f"whole step {total:.0%}"
     )
@@ -124,12 +130,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--micro-batch", type=int, default=16, help="grpolab's train.micro_batch_size")
-    p.add_argument("--no-trl-fp32", action="store_true", help="skip TRL's fp32 run")
+    p.add_argument("--no-trl-fp32", action="store_true", help="skip TRL's fp32 run where TRL also runs bf16")
     a = p.parse_args()
     threads = auto_threads() if a.threads == "auto" else int(a.threads)
     print(f"machine: {machine()}; threads per runner: {threads}", flush=True)
     set_threads(threads)
-    peak = bf16_peak_gflops()
+    dtype, ratio = bench_dtype(), bf16_speed_ratio()
+    print(f"compute dtype: {dtype_name(dtype)} (bf16 matmul runs at x{ratio:.2f} of fp32 here)", flush=True)
+    if (dtype == torch.bfloat16) != (ratio > 0.5):
+        print("note: the CPU flags and the timed probe disagree about native bf16", flush=True)
+    peak = peak_gflops(dtype)
     folder = Path(tempfile.mkdtemp(prefix="grpolab-bench-"))
     model = save_bench_model(folder / "model")
     common_args = [
@@ -143,8 +153,9 @@ def main() -> None:
         str(a.warmup),
     ]
     runners = [("grpolab_child.py", ["--micro-batch", str(a.micro_batch)])]
-    runners += [] if a.no_trl_fp32 else [("trl_child.py", [])]
-    runners += [("trl_child.py", ["--bf16"])]
+    bf16 = dtype == torch.bfloat16
+    runners += [] if a.no_trl_fp32 and bf16 else [("trl_child.py", [])]
+    runners += [("trl_child.py", ["--bf16"])] if bf16 else []
     runs: list[list[dict]] = [[] for _ in runners]
     for round_ in range(a.rounds):
         for i, (script, extra) in enumerate(runners):
@@ -164,7 +175,7 @@ def main() -> None:
         f"\nmodel: {params / 1e6:.1f}M parameters; steps timed per runner: {len(results[0]['step_s'])}; "
         f"medians over steps; seconds per step split into generation / reference / training (the rest)\n"
     )
-    print_report(results, threads=threads, peak=peak, flops=flops)
+    print_report(results, threads=threads, peak=peak, dtype=dtype_name(dtype), flops=flops)
 
 
 def _numel(shape) -> int:

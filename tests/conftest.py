@@ -11,7 +11,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# OMP_NUM_THREADS=1 runs the suite single-threaded (reduction orders change with the thread count).
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or min(2, os.cpu_count() or 1)))
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@
 4. Evaluate both models on the held-out prompts: Pass@K and Maj@K up to K = eval.num_samples.
 5. Write ``<run>/report.md`` with plots, and print a summary.
 
-Every stage reads one config, ``grpolab/configs/demo.yaml`` (design A: reversed 3-digit addition),
+Every stage reads one config, ``grpolab/configs/demo.yaml`` (design B: 3-digit addition, normal order),
 with the size preset's overrides and the caller's on top; only the model path changes between stages.
 """
 
@@ -101,7 +101,7 @@ def run_demo(
         evals,
         metrics_rows=read_metrics(trained.run_dir),
         setup=_setup_lines(grpo_cfg, init, sft_result, seconds),
-        title="grpolab demo: GRPO in miniature (reversed 3-digit addition)",
+        title=f"grpolab demo: GRPO in miniature ({_task_name(grpo_cfg)})",
     )
     seconds["total"] = time.perf_counter() - t0
     return DemoResult(run_dir, report, evals, sft_result.steps, sft_result.dev_accuracy, seconds)
@@ -114,6 +114,11 @@ def _with_model(base: Config, path: str) -> Config:
     return dataclasses.replace(base, model=dataclasses.replace(base.model, name_or_path=str(path)))
 
 
+def _task_name(cfg: Config) -> str:
+    order = "sum reversed" if cfg.data.params.get("reverse", True) else "sum in normal order"
+    return f"{cfg.data.params.get('digits', 3)}-digit addition, {order}"
+
+
 def _setup_lines(cfg: Config, init: str, sft_result, seconds: dict[str, float]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
@@ -123,7 +128,7 @@ def _setup_lines(cfg: Config, init: str, sft_result, seconds: dict[str, float]) 
     s, t, r = cfg.sft, cfg.train, cfg.rollout
     acc = "n/a" if sft_result.dev_accuracy is None else f"{sft_result.dev_accuracy:.3f}"
     return {
-        "task": f"{cfg.data.params.get('digits', 3)}-digit addition, sum reversed, exact-match reward; "
+        "task": f"{_task_name(cfg)}, exact-match reward; "
         f"{cfg.data.eval_size} held-out prompts",
         "model": f"Qwen2 architecture built in code, {params:,} parameters, character tokenizer",
         "SFT": f"{sft_result.steps} steps of batch {s.batch_size}, lr {s.lr:g}; stopped at greedy dev accuracy "

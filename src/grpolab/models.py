@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -42,7 +43,14 @@ def resolve_device(cfg: ModelConfig) -> torch.device:
 
 
 def cpu_has_bf16_matmul() -> bool:
-    """True on CPUs whose bf16 matrix work is native (AVX512-BF16 or AMX): there bf16 is ~2x+ faster."""
+    """True on CPUs whose bf16 matrix work is native (AVX512-BF16 or AMX): there bf16 is ~2x+ faster.
+
+    The environment variable GRPOLAB_CPU_BF16=0 (or 1) overrides the detection: ``GRPOLAB_CPU_BF16=0``
+    runs what a CPU without bf16 instructions runs (fp32 everywhere ``autocast: auto``), e.g. to test
+    that path on a machine that has them."""
+    forced = os.environ.get("GRPOLAB_CPU_BF16", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:

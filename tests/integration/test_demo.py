@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -25,10 +26,13 @@ def test_demo_config_is_package_data_and_a_normal_config(tmp_path):
 def test_tiny_demo_writes_a_consistent_report(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "grpolab", "demo", "--size", "tiny", "--out", str(out), "log.progress=false"]
+    cmd = [sys.executable, "-m", "grpolab", "demo", "--size", "tiny", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "report.md" in done.stdout and "pass@1" in done.stdout
+    # stdout is not a terminal: progress comes as log lines, not a bar, for every phase
+    for phase in (r"SFT step \d/4", r"GRPO step 2/2  reward \S+  kl \S+", "eval SFT prompt 6/6", "eval GRPO prompt 6/6"):
+        assert re.search(rf"progress: {phase}.* s/\w+  ETA (<= )?\d", done.stderr), (phase, done.stderr[-3000:])
 
     report = (out / "report.md").read_text()
     assert "What the curves show" in report and "| SFT pass@K |" in report and "| GRPO maj@K |" in report

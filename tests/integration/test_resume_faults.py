@@ -170,15 +170,21 @@ def test_a_second_sigint_stops_at_once(tiny_model_dir, dataset, tmp_path, monkey
     def update(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)  # runs the Python handler before it returns
+            signal.raise_signal(signal.SIGINT)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(loop, "update_policy", update)
-    with pytest.raises(KeyboardInterrupt):
-        loop.train(cfg)
+    # Python's own Ctrl-C handler, which grpolab's must hand the second signal to. A job started in the
+    # background by a shell (`make test &`, some CI runners) inherits SIGINT ignored instead.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.train(cfg)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert ckpt.latest_checkpoint(cfg.run_dir).name == "step_1"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def poison_losses_from_step(monkeypatch, first_bad: int) -> None:

@@ -456,7 +456,7 @@ class LogConfig:
     tensorboard: bool = True
     """Also write TensorBoard events."""
     progress: bool = True
-    """Show a progress bar."""
+    """Show progress: a bar on a terminal, else a log line every ~10 s or tenth of the work (grpolab.run.progress)."""
     overwrite: bool = False
     """Let a fresh run (no --resume) start in a run directory that holds checkpoints, deleting them;
     without it that is an error, so that no saved run is lost by mistake."""

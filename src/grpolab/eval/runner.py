@@ -137,7 +137,7 @@ def evaluate_model(
     gold: dict[str, list] = {}
     mine = dist.my_range(len(examples))  # under torchrun each rank samples its share of the prompts
     log.info("eval %s: rank %d samples prompts %d..%d of %d", label, dist.world().rank, mine.start, mine.stop - 1, len(examples))
-    bar = Progress(total=len(examples), enabled=progress and dist.is_main(), title=f"eval {label}")
+    bar = Progress(total=len(examples), enabled=progress and dist.is_main(), title=f"eval {label}", unit="prompt")
     for start in range(mine.start, mine.stop, chunk):
         stop = min(start + chunk, mine.stop)
         comps = sampler.sample(prompt_ids[start:stop], num_generations=n, generator=generator)

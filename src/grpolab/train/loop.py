@@ -228,7 +228,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
         if step == cfg.train.num_steps or (every and step % every == 0) or dist.any_rank(stop.requested):
             resumable.save(cfg, step)
         last_step = step
-        progress.update(step, reward=metrics["train/reward_mean"], step_time=t4 - t0)
+        progress.update(step, reward=metrics["train/reward_mean"], kl=metrics.get("loss/kl"), step_time=t4 - t0)
     progress.close()
     logger.close()
     stopped_by = stop.signum if last_step < cfg.train.num_steps else None

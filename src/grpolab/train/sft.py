@@ -153,7 +153,8 @@ def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
     logger = RunLogger(out, tensorboard=False)
-    bar = Progress(total=s.steps, enabled=cfg.log.progress if progress is None else progress, title="SFT")
+    show = cfg.log.progress if progress is None else progress
+    bar = Progress(total=s.steps, enabled=show, title="SFT", may_stop_early=check is not None)
     accuracy, step = None, 0
     for step in range(1, s.steps + 1):
         rows = order.next(s.batch_size)
