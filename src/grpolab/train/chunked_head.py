@@ -24,7 +24,7 @@ forward's one prompt position per distinct prompt).
 Models that post-process their logits after the head (soft-capping, logit scales: ``_LOGIT_POSTPROCESSING``
 in logprobs.py) get no chunked head: they take the plain path, which holds the full logits.
 
-The entropy is a diagnostic: it carries no gradient (as before, where it was computed under no_grad).
+The entropy is a diagnostic, and carries a gradient only when the loss uses it (an entropy bonus).
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ class HeadRequest:
     temperature: float = 1.0
     chunk: int | None = None
     """Tokens per chunk; None = ``chunk_tokens(V)``."""
+    into_grad: bool = False
+    """Add the weight's gradient straight into ``weight.grad`` where one exists (see ChunkedLogprobs): only
+    for a training step that calls ``backward()``, on a model no DDP / FSDP2 wrapper watches."""
 
 
 class ChunkedLMHead(nn.Linear):
@@ -87,6 +90,7 @@ class ChunkedLMHead(nn.Linear):
                 request.targets.reshape(-1),
                 float(request.temperature),
                 chunk,
+                request.into_grad and torch.is_grad_enabled(),
             )
         return torch.stack([logprobs, entropy], dim=-1).view(n, t, 2)
 
@@ -98,7 +102,7 @@ def _wide(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def _chunk_logits(h: torch.Tensor, w32: torch.Tensor, b32: torch.Tensor | None, temperature: float):
     logits = nn.functional.linear(h.to(w32.dtype), w32, b32)
-    return logits / temperature if temperature != 1.0 else logits
+    return logits.div_(temperature) if temperature != 1.0 else logits
 
 
 class ChunkedLogprobs(torch.autograd.Function):
@@ -106,11 +110,18 @@ class ChunkedLogprobs(torch.autograd.Function):
 
     The backward recomputes each chunk's logits: d logprob / d z = onehot(target) - softmax(z), and, when
     the entropy is used in the loss (an entropy bonus), d H / d z = -softmax(z) * (z - E_softmax[z]),
-    with E[z] = logz - H.
+    with E[z] = logz - H. Each chunk's gradient is computed in place in its logits (one [chunk, V]
+    buffer; two with the entropy's gradient).
+
+    With ``into_grad`` (a training step whose gradients are consumed by ``backward()``, on a model that
+    no DDP / FSDP2 wrapper watches) the weight's gradient is added straight into ``weight.grad`` where
+    one exists (every micro-batch after the first), and none is returned to autograd: the [V, H] fp32
+    buffer it would need (600 MB for Qwen2.5's vocabulary) is not allocated while the micro-batch's
+    activations are alive. Megatron-LM's gradient_accumulation_fusion does the same for its linear layers.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int):
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int, into_grad: bool = False):
         w32, b32 = _wide(weight), _wide(bias)
         logprobs = hidden.new_empty(targets.shape, dtype=w32.dtype)
         entropy = torch.empty_like(logprobs)
@@ -120,9 +131,11 @@ class ChunkedLogprobs(torch.autograd.Function):
             lz = torch.logsumexp(z, dim=-1)
             logz[s : s + chunk] = lz
             logprobs[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lz
-            entropy[s : s + chunk] = lz - (torch.softmax(z, dim=-1) * z).sum(-1)
+            p = torch.sub(z, lz[:, None]).exp_()
+            entropy[s : s + chunk] = lz - torch.linalg.vecdot(p, z)
         ctx.save_for_backward(hidden, weight, bias, targets, logz, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.param = weight if into_grad else None
         return logprobs, entropy
 
     @staticmethod
@@ -132,28 +145,45 @@ class ChunkedLogprobs(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         with_entropy = grad_entropy is not None and bool(grad_entropy.any())
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(w32) if need_w else None
+        into = _accumulating_grad(ctx.param, w32.dtype) if need_w else None
+        grad_w = into if into is not None else torch.zeros_like(w32) if need_w else None
         grad_b = torch.zeros_like(b32) if need_b else None
         for s in range(0, targets.numel(), ctx.chunk):
             c = slice(s, s + ctx.chunk)
             h = hidden[c]
             z = _chunk_logits(h, w32, b32, ctx.temperature)
-            p = torch.exp(z - logz[c, None])
             g = grad_logprobs[c, None].to(z.dtype)
-            dz = p * -g  # d logprob: onehot - softmax
+            if with_entropy:  # dz = onehot * g - p * (g + (z - E[z]) * g_H)
+                p = torch.sub(z, logz[c, None]).exp_()
+                dz = z.sub_((logz[c] - entropy[c])[:, None]).mul_(grad_entropy[c, None].to(z.dtype)).add_(g)
+                dz.mul_(p).neg_()
+                del p
+            else:  # dz = onehot * g - p * g
+                dz = z.sub_(logz[c, None]).exp_().mul_(-g)
             dz.scatter_add_(-1, targets[c, None], g)
-            if with_entropy:  # d H = -p * (z - E[z])
-                dz.sub_(p * (z - (logz[c] - entropy[c])[:, None]) * grad_entropy[c, None].to(z.dtype))
-            dz.div_(ctx.temperature)
+            if ctx.temperature != 1.0:
+                dz.div_(ctx.temperature)
             if need_h:
                 grad_h[c] = (dz @ w32).to(hidden.dtype)
             if need_w:
                 grad_w.addmm_(dz.t(), h.to(dz.dtype))
             if need_b:
                 grad_b += dz.sum(0)
-        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+        if into is not None:
+            grad_w = None  # already in weight.grad
+        elif grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def _accumulating_grad(param: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``param.grad`` when the head's weight gradient can be added into it in place: a plain dense tensor
+    of the computation's dtype (an fp32 weight; a bf16 one's gradient is rounded as autograd would)."""
+    grad = None if param is None else param.grad
+    if grad is None or type(grad) is not torch.Tensor or grad.layout != torch.strided or grad.dtype != dtype:
+        return None
+    return grad if grad.shape == param.shape else None
 
 
 def output_head(model: nn.Module) -> nn.Module | None:

@@ -20,6 +20,7 @@ model's own logits (full [n, T, V], in the autocast dtype), then the log-softmax
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections.abc import Sequence
 
@@ -78,13 +79,16 @@ def completion_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunk: int | None = None,
+    into_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [n, T], entropy [n, T] or None), zero where completion_mask is False.
 
     Gradients flow when called outside no_grad; through the entropy only with ``entropy_grad`` (an
     entropy bonus, algo.entropy_coef). Columns past the longest counted completion are not computed (no
     padding waste), and come back as zeros. ``chunk``: tokens per chunk of the LM head (None = about
-    64 MiB of fp32 logits; grpolab.train.chunked_head).
+    64 MiB of fp32 logits; grpolab.train.chunked_head). ``into_grad``: the caller calls ``backward()`` on
+    what it computes from these (a training step): the head may then add its weight's gradient straight
+    into ``.grad`` (HeadRequest.into_grad; ignored on a DDP- or FSDP2-wrapped model).
     """
     n, t_full = completion_ids.shape
     t = max(int(completion_mask.sum(-1).max().item()), 1)
@@ -92,7 +96,8 @@ def completion_logprobs(
     temp = temperature if temperature > 0 else 1.0
     head = _chunked_head(model)
     if head is not None:
-        packed = _head_logprobs(model, head, prompt_ids, ids, pad_id, autocast_dtype, temp, chunk)
+        request = HeadRequest(ids, temp, chunk, into_grad=into_grad and not _watched(model))
+        packed = _head_logprobs(model, head, prompt_ids, pad_id, autocast_dtype, request)
         logprobs, entropy = packed[..., 0], packed[..., 1]
     else:
         logits = _completion_logits(model, prompt_ids, ids, pad_id, autocast_dtype)
@@ -143,16 +148,22 @@ def _chunked_head(model) -> ChunkedLMHead | None:
     return head if isinstance(head, ChunkedLMHead) else None
 
 
-def _head_logprobs(model, head, prompt_ids, ids, pad_id, autocast_dtype, temperature, chunk) -> torch.Tensor:
-    """[n, t, 2] (log-prob, entropy) of the t completion tokens ``ids``, computed inside the head."""
+def _watched(model) -> bool:
+    """True when a DDP / FSDP2 wrapper handles the model's gradients (they must reach autograd)."""
+    return parallel.is_wrapped(model) or parallel.is_sharded(_inner(model))
+
+
+def _head_logprobs(model, head, prompt_ids, pad_id, autocast_dtype, request: HeadRequest) -> torch.Tensor:
+    """[n, t, 2] (log-prob, entropy) of the t completion tokens ``request.targets``, computed inside the head."""
+    ids = request.targets
     inner = _inner(model)
     run = _Forward(model, inner, autocast_dtype)
     prompts, index = _distinct_prompts(prompt_ids, ids.device)
     with autocast_context(ids.device, autocast_dtype):
         if len(prompts) < len(prompt_ids) and run.can_share_prefix() and not parallel.is_wrapped(model):
-            return _shared_prefix_forward(run, prompts, index, ids, pad_id, head=(head, temperature, chunk))
+            return _shared_prefix_forward(run, prompts, index, ids, pad_id, head=(head, request))
         input_ids, attention_mask, position_ids = build_inputs(prompt_ids, ids[:, :-1], pad_id)
-        with head_request(head, HeadRequest(ids, temperature, chunk)):
+        with head_request(head, request):
             return run(input_ids, attention_mask, position_ids, keep=ids.shape[1])
 
 
@@ -208,7 +219,7 @@ def _shared_prefix_forward(run: _Forward, prompts, index: torch.Tensor, ids: tor
 
     GRPO repeats each prompt G times: the prompts go through the model once (u rows), their cache is
     expanded to the n rows (differentiably, so gradients from all G completions reach the prompt),
-    and the completions run on top of it. With ``head`` = (ChunkedLMHead, temperature, chunk) the
+    and the completions run on top of it. With ``head`` = (ChunkedLMHead, HeadRequest for all of ``ids``) the
     outputs are [n, t, 2] (log-prob, entropy): the prompt run returns fp32 logits of its one position
     ([u, V]; the G rows of a prompt predict different tokens there), the completion run asks the head.
     """
@@ -219,7 +230,7 @@ def _shared_prefix_forward(run: _Forward, prompts, index: torch.Tensor, ids: tor
     with _asking(head, None):
         first = run(p_ids, p_mask, p_pos, keep=1, cache=cache)[index]  # predicts completion token 0
     if head is not None:
-        first = torch.stack(logprobs_from_logits(first / head[1], ids[:, :1]), dim=-1)
+        first = torch.stack(logprobs_from_logits(first / head[1].temperature, ids[:, :1]), dim=-1)
     if ids.shape[1] == 1:
         return first
     cache.batch_select_indices(index)
@@ -231,8 +242,9 @@ def _shared_prefix_forward(run: _Forward, prompts, index: torch.Tensor, ids: tor
 
 
 def _asking(head, targets):
-    """head_request for ``head`` = (ChunkedLMHead, temperature, chunk), or nothing when head is None."""
+    """head_request for ``head`` = (ChunkedLMHead, HeadRequest) with these ``targets`` (None: fp32 logits),
+    or nothing when head is None."""
     if head is None:
         return contextlib.nullcontext()
-    module, temperature, chunk = head
-    return head_request(module, HeadRequest(targets, temperature, chunk))
+    module, request = head
+    return head_request(module, dataclasses.replace(request, targets=targets))

@@ -88,6 +88,7 @@ def sft_loss_step(
             mask[rows],
             pad_id=pad_id,
             autocast_dtype=autocast_dtype,
+            into_grad=True,
         )
         loss = -(logprobs * mask[rows]).sum() / total_tokens
         backward(loss, optimizer)

@@ -198,6 +198,7 @@ def update_policy(
                     autocast_dtype=autocast_dtype,
                     with_entropy=True,
                     entropy_grad=spec.entropy_coef > 0,
+                    into_grad=True,
                 )
                 old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
                 loss, stats = policy_loss(

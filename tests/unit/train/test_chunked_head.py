@@ -9,6 +9,7 @@ from grpolab.algo.kl import kl_k3
 from grpolab.algo.losses import AGGREGATIONS
 from grpolab.inference import attention_for
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
+from grpolab.train import chunked_head as chunked_head_module
 from grpolab.train import logprobs as logprobs_module
 from grpolab.train.chunked_head import ChunkedLMHead, ChunkedLogprobs, install_chunked_head
 from grpolab.train.logprobs import build_inputs, completion_logprobs
@@ -171,3 +172,62 @@ def test_models_that_post_process_logits_take_the_plain_path():
     got, _ = completion_logprobs(model, rows, completion, mask, pad_id=0, temperature=TEMPERATURE)
     assert not isinstance(model.lm_head, ChunkedLMHead)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("entropy_weight", [0.0, 0.3], ids=["logprob-only", "with-entropy-grad"])
+def test_weight_gradient_added_into_an_existing_grad_equals_autograd_accumulation(entropy_weight):
+    """into_grad (a training step's micro-batches after the first): the head adds its weight gradient
+    straight into weight.grad and returns none to autograd; the sum is autograd's, to float tolerance."""
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(9, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(13, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    bias = torch.randn(13, dtype=torch.float64, generator=g, requires_grad=True)
+    targets = torch.randint(0, 13, (9,), generator=g)
+    a, b = torch.randn(9, dtype=torch.float64, generator=g), entropy_weight * torch.randn(9, dtype=torch.float64, generator=g)
+
+    def loss(into_grad):
+        lp, ent = ChunkedLogprobs.apply(hidden, weight, bias, targets, 0.7, 4, into_grad)
+        return (a * lp).sum() + (b * ent).sum()
+
+    want = torch.autograd.grad(loss(False), (hidden, weight, bias))
+    earlier = torch.randn(13, 5, dtype=torch.float64, generator=g)  # an earlier micro-batch's gradient
+    weight.grad = earlier.clone()
+    held = weight.grad
+    loss(True).backward()
+    assert weight.grad is held  # added in place, not replaced
+    torch.testing.assert_close(weight.grad, earlier + want[1])
+    torch.testing.assert_close(hidden.grad, want[0])
+    torch.testing.assert_close(bias.grad, want[2])
+    weight.grad = hidden.grad = bias.grad = None  # no gradient yet: returned to autograd as usual
+    loss(True).backward()
+    torch.testing.assert_close(weight.grad, want[1])
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prompt", "row-by-row-prompt"])
+def test_micro_batches_with_into_grad_accumulate_the_one_forward_gradient(shared, monkeypatch):
+    """Two micro-batches of a tied-embedding model through completion_logprobs(into_grad=True): the
+    second adds its head gradient into .grad; the total equals one forward over all rows."""
+    model, rows, completion, mask = _setup(seed=6)
+    if not shared:
+        monkeypatch.setattr(logprobs_module._Forward, "can_share_prefix", lambda self: False)
+    weights = torch.linspace(-1, 1, completion.numel()).view_as(completion)
+
+    def backward(idx, into_grad):
+        lp, _ = completion_logprobs(
+            model, [rows[i] for i in idx], completion[idx], mask[idx], pad_id=0, temperature=TEMPERATURE,
+            chunk=4, into_grad=into_grad,
+        )
+        (lp * weights[idx]).sum().backward()
+
+    model.zero_grad()
+    backward(list(range(6)), into_grad=False)
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    added = []
+    real = chunked_head_module._accumulating_grad
+    monkeypatch.setattr(chunked_head_module, "_accumulating_grad", lambda *a: added.append(real(*a)) or added[-1])
+    backward([0, 1, 2], into_grad=True)
+    backward([3, 4, 5], into_grad=True)
+    assert added[0] is None and added[-1] is model.lm_head.weight.grad  # the second micro-batch added in place
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want[name], atol=1e-6, rtol=1e-4, msg=name)
