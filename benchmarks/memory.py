@@ -10,7 +10,11 @@ the prediction passes --limit-gb (the machine is shared) or its arithmetic passe
     peak ~ runtime + max(backward: weights + grads + activations + full-logits copies,
                          optimizer step: weights + grads + AdamW states (+ foreach temporaries))
 
-Usage: nice -n 10 python benchmarks/memory.py [--lengths 256,1024,4096] [--limit-gb 8] [--max-tflop 14]
+grpolab's children set glibc's mmap threshold as the grpolab command line does (grpolab.run.host: freed
+blocks of 1 MiB or more leave the RSS); --trl-malloc adds TRL runs with the same setting (through the
+MALLOC_MMAP_THRESHOLD_ environment variable), so the share of the ratio that comes from it shows.
+
+Usage: nice -n 10 python benchmarks/memory.py [--lengths 256,1024,4096] [--limit-gb 8] [--max-tflop 14] [--trl-malloc]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def predict(kind: str, tokens: int, budget: int | None, checkpointing: bool = Fa
     row = PROMPT + tokens
     rows = G if budget is None else max(1, min(G, budget // row))
     act = rows * row * (LAYERS * H * 4 + ACT_PER_TOKEN // LAYERS if checkpointing else ACT_PER_TOKEN)
+    kind = "trl" if kind.startswith("trl") else kind
     logits = {"before": 4 * G * tokens * V * 4, "after": 3 * 2**26, "trl": 3 * 2**26}[kind]
     step_temps = 8 * PARAMS if kind == "before" else 0  # foreach AdamW before; fused after and in TRL
     backward = 8 * PARAMS + act + logits
@@ -48,6 +53,7 @@ def predict(kind: str, tokens: int, budget: int | None, checkpointing: bool = Fa
 
 def tflop(tokens: int, kind: str) -> float:
     """Arithmetic of the step (and of generation for TRL), in TFLOP."""
+    kind = "trl" if kind.startswith("trl") else kind
     n = G * (PROMPT + tokens)
     body = LAYERS * (2 * H * H + 2 * H * KV_DIM + 3 * H * MLP)
     head = {"before": 3, "after": 4, "trl": 4}[kind]  # the chunked heads recompute the logits in the backward
@@ -63,8 +69,8 @@ def extract_before(tmp: Path) -> Path:
     return tmp / "src"
 
 
-def run_child(script: str, src: Path, args: list[str]) -> dict:
-    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{HERE}", "OMP_NUM_THREADS": "1"}
+def run_child(script: str, src: Path, args: list[str], env: dict | None = None) -> dict:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": f"{src}{os.pathsep}{HERE}", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(HERE / script), *args], env=env, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
@@ -72,13 +78,16 @@ def run_child(script: str, src: Path, args: list[str]) -> dict:
     return json.loads(lines[-1])
 
 
-def configurations(lengths, budget):
-    """Most telling first (a shared CPU runs these slowly): after, before, TRL per length, then
-    checkpointing at the first length (its saving shows in the forward + backward peak)."""
+def configurations(lengths, budget, trl_malloc: bool):
+    """Most telling first (a shared CPU runs these slowly): after, before, TRL per length (and TRL with
+    grpolab's malloc setting), then checkpointing at the first length (its saving shows in the forward +
+    backward peak)."""
     for t in lengths:
         yield "grpolab after", "after", t, budget, False
         yield "grpolab before", "before", t, None, False
         yield "TRL GRPOTrainer", "trl", t, None, False
+        if trl_malloc:
+            yield "TRL GRPOTrainer, MALLOC_MMAP_THRESHOLD_=1MiB", "trl-malloc", t, None, False
     yield "grpolab after + checkpointing", "after", lengths[0], budget, True
 
 
@@ -88,12 +97,16 @@ def main() -> None:
     p.add_argument("--limit-gb", type=float, default=8 * 2**30 / GB)
     p.add_argument("--max-tflop", type=float, default=14.0)
     p.add_argument("--budget", type=int, default=4096 + PROMPT, help="train.max_tokens_per_micro_batch (after)")
+    p.add_argument(
+        "--trl-malloc", action="store_true",
+        help="also run TRL with glibc's mmap threshold at 1 MiB, the setting grpolab makes (grpolab.run.host)",
+    )
     a = p.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         before_src = extract_before(Path(tmp))
         rows = []
-        for name, kind, t, budget, ckpt in configurations(lengths, a.budget):
+        for name, kind, t, budget, ckpt in configurations(lengths, a.budget, a.trl_malloc):
             pred = predict(kind, t, budget, ckpt) / GB
             work = tflop(t, kind)
             if pred > a.limit_gb:
@@ -102,8 +115,9 @@ def main() -> None:
                 rows.append((name, t, pred, None, f"skipped: {work:.0f} TFLOP > --max-tflop {a.max_tflop:g}"))
             else:
                 args = ["--tokens", str(t), "--generations", str(G)]
-                if kind == "trl":
-                    out = run_child("memory_trl_child.py", ROOT / "src", args)
+                if kind.startswith("trl"):
+                    env = {"MALLOC_MMAP_THRESHOLD_": str(2**20)} if kind == "trl-malloc" else None
+                    out = run_child("memory_trl_child.py", ROOT / "src", args, env)
                 else:
                     if kind == "after":
                         args += ["--max-tokens-per-micro-batch", str(budget)]
