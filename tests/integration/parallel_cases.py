@@ -17,7 +17,7 @@ import torch
 P, G, T = 4, 2, 6
 
 
-def make_config(model_dir: str, algo: str, agg: str, mode: str):
+def make_config(model_dir: str, algo: str, agg: str, mode: str, extra: tuple[str, ...] = ()):
     from grpolab.config import load_config
 
     overrides = [
@@ -35,7 +35,7 @@ def make_config(model_dir: str, algo: str, agg: str, mode: str):
     ]
     if algo != "ppo":
         overrides.append(f"algo.loss_agg={agg}")
-    return load_config(None, overrides)
+    return load_config(None, [*overrides, *extra])
 
 
 def global_batch():
@@ -95,7 +95,7 @@ def _full_weights(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone().cpu() for k, v in sd.items()}
 
 
-def run_case(model_dir: str, algo: str, agg: str, mode: str) -> dict:
+def run_case(model_dir: str, algo: str, agg: str, extra: tuple[str, ...], mode: str) -> dict:
     """One step; returns {"policy": weights, "value": weights or None, "metrics": {...}}."""
     from grpolab.models import Reference, load_policy
     from grpolab.run import dist, parallel
@@ -103,7 +103,7 @@ def run_case(model_dir: str, algo: str, agg: str, mode: str) -> dict:
     from grpolab.train.ppo import Critic, rollout_batch_builder
     from grpolab.train.step import PolicyLossSpec, update_policy
 
-    cfg = make_config(model_dir, algo, agg, mode)
+    cfg = make_config(model_dir, algo, agg, mode, extra)
     torch.manual_seed(0)
     model, tok = load_policy(cfg.model)
     mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
@@ -134,12 +134,17 @@ def run_case(model_dir: str, algo: str, agg: str, mode: str) -> dict:
     }
 
 
+BUDGET = ("train.max_tokens_per_micro_batch=16",)
+"""A token budget that gives rank 0 four micro-batches and rank 1 three (its prompts are shorter): rank 1
+splits one more (microbatch._same_count_on_every_rank), and one process makes seven."""
+
 CASES = [
-    ("grpo", "seq-mean-token-mean"),
-    ("grpo", "token-mean"),
-    ("grpo", "seq-mean-token-sum-norm"),
-    ("reinforce_pp", "token-mean"),
-    ("ppo", "token-mean"),
+    ("grpo", "seq-mean-token-mean", ()),
+    ("grpo", "token-mean", ()),
+    ("grpo", "seq-mean-token-sum-norm", ()),
+    ("grpo", "seq-mean-token-mean", BUDGET),
+    ("reinforce_pp", "token-mean", ()),
+    ("ppo", "token-mean", ()),
 ]
 
 
@@ -155,7 +160,7 @@ def worker(rank: int, world: int, port: int, model_dir: str, out: str, modes: tu
     results = {}
     with dist.session("cpu"):
         for mode in modes:
-            for algo, agg in CASES:
-                results[(algo, agg, mode)] = run_case(model_dir, algo, agg, mode)
+            for case in CASES:
+                results[(*case, mode)] = run_case(model_dir, *case, mode)
         if dist.is_main():
             torch.save(results, Path(out))

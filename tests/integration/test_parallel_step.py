@@ -1,6 +1,7 @@
 """A 2-rank step (gloo, CPU) equals the 1-process step on the same global batch, under DDP and FSDP2.
 
-For GRPO with each loss aggregation mode, REINFORCE++ (batch-level advantage scaling) and PPO (critic,
+For GRPO with each loss aggregation mode (and with a token budget that gives the ranks different numbers
+of micro-batches), REINFORCE++ (batch-level advantage scaling) and PPO (critic,
 whitened GAE advantages): the updated policy (and value model) weights, and the loss, KL and gradient
 norm metrics, match the single process's to float tolerance. Both ranks run in one
 torch.multiprocessing launch (every case, both modes) to pay the imports once.
@@ -35,7 +36,7 @@ def results(tiny_model_dir, tmp_path_factory):
         start_method="spawn",
     )
     two = torch.load(out, weights_only=False)
-    one = {(algo, agg): pc.run_case(tiny_model_dir, algo, agg, "none") for algo, agg in pc.CASES}
+    one = {case: pc.run_case(tiny_model_dir, *case, "none") for case in pc.CASES}
     return one, two
 
 
@@ -46,10 +47,10 @@ def _initial(tiny_model_dir):
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-@pytest.mark.parametrize(("algo", "agg"), pc.CASES)
-def test_two_ranks_equal_one_process(results, tiny_model_dir, algo, agg, mode):
+@pytest.mark.parametrize(("algo", "agg", "extra"), pc.CASES, ids=lambda v: ("+".join(v) or "-") if isinstance(v, tuple) else v)
+def test_two_ranks_equal_one_process(results, tiny_model_dir, algo, agg, extra, mode):
     one, two = results
-    ref, got = one[(algo, agg)], two[(algo, agg, mode)]
+    ref, got = one[(algo, agg, extra)], two[(algo, agg, extra, mode)]
     start = _initial(tiny_model_dir)
     moved = max(float((ref["policy"][k] - start[k]).abs().max()) for k in start)
     assert moved > 1e-3  # the step changed the weights, so equal weights say something
@@ -62,3 +63,20 @@ def test_two_ranks_equal_one_process(results, tiny_model_dir, algo, agg, mode):
     for key in EXACT_METRICS:
         if key in ref["metrics"]:
             assert got["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-6), key
+
+
+def test_the_budget_case_gives_the_ranks_different_micro_batch_counts():
+    """What makes the token-budget case above telling: before equalising, the ranks' shares split into
+    different numbers of micro-batches under pc.BUDGET."""
+    from grpolab.config import load_config
+    from grpolab.train.microbatch import prompt_lengths_of, split_rows
+
+    budget = load_config(None, list(pc.BUDGET)).train.max_tokens_per_micro_batch
+    _, comps, _ = pc.global_batch()
+    counts = []
+    for rank in (0, 1):
+        seq = [p * pc.G + g for p in range(rank * pc.P // 2, (rank + 1) * pc.P // 2) for g in range(pc.G)]
+        lengths = comps.completion_mask[seq].sum(-1)
+        prompts = prompt_lengths_of([comps.prompt_ids[i] for i in seq])
+        counts.append(len(split_rows(torch.arange(len(seq)), lengths, 2, max_tokens=budget, prompt_lengths=prompts)))
+    assert counts[0] != counts[1], counts

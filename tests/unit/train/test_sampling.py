@@ -99,3 +99,51 @@ def test_spent_rounds_train_on_what_was_kept_and_the_draw_is_reproducible():
     gen2.set_state(gen_state)
     b, _ = _step(["algo.dynamic_sampling=true"], data=data2, gen=gen2)
     assert a.rows == b.rows and torch.equal(a.completions.completion_ids, b.completions.completion_ids)
+
+
+def _rank_steps(rank: int, world: int, port: int, out: str) -> None:
+    """A rank of a 2-process gloo job (torch.multiprocessing.spawn): dynamic-sampling steps with enough
+    rounds and with one round; rank 0 saves what every rank kept."""
+    import os
+
+    import torch.distributed as tdist
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world)})
+    torch.set_num_threads(1)
+    from grpolab.run import dist
+
+    with dist.session("cpu"):
+        results = {}
+        for rounds in (8, 1):
+            step, sampler = _step(["algo.dynamic_sampling=true", f"algo.max_sampling_rounds={rounds}"])
+            mine = {"rows": step.rows, "calls": sampler.calls, **step.metrics, "n": step.completions.num_sequences}
+            every = [None] * world
+            tdist.all_gather_object(every, mine)
+            results[rounds] = every
+        if rank == 0:
+            torch.save(results, out)
+
+
+def test_two_ranks_sample_the_same_rounds_and_train_on_equal_batches(tmp_path):
+    """Under torchrun each rank keeps its share of every round's prompts: rounds go on until every rank
+    has its 3 groups (the same number of rounds on both), and a step whose rounds ran out trains on as
+    many groups on every rank as the rank that kept fewest (DDP / FSDP need equal forwards)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "steps.pt"
+    mp.start_processes(_rank_steps, args=(2, port, str(out)), nprocs=2, join=True, start_method="spawn")
+    results = torch.load(out, weights_only=False)
+    full, one_round = results[8], results[1]
+    assert full[0]["calls"] == full[1]["calls"] == full[0]["train/sampling_rounds"] >= 2
+    assert [len(r["rows"]) for r in full] == [3, 3] and [r["n"] for r in full] == [3 * G, 3 * G]
+    assert all(k % 3 for r in full for k in r["rows"])
+    assert full[0]["train/groups_kept"] != full[1]["train/groups_kept"]  # one rank kept more: cut to its share
+    assert set(full[0]["rows"]).isdisjoint(full[1]["rows"])  # the ranks' shares of each round differ
+    kept = [int(r["train/groups_kept"]) for r in one_round]
+    assert one_round[0]["calls"] == one_round[1]["calls"] == 1
+    assert kept[0] != kept[1] and [len(r["rows"]) for r in one_round] == [min(kept)] * 2
