@@ -272,6 +272,11 @@ class PromptSampler:
                 self.epoch, self.position = self.epoch + 1, 0
         return out
 
+    @property
+    def drawn(self) -> int:
+        """Prompts drawn since the start, over every epoch (each ``next`` call's count)."""
+        return self.epoch * self.size + self.position
+
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}
 

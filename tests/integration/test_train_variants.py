@@ -52,12 +52,17 @@ def test_dapo_with_dynamic_sampling_resumes_exactly(tiny_model_dir, addition_jso
         assert r["train/groups_kept"] >= 1 and r["train/sampling_rounds"] >= 1
         assert r["train/zero_std_frac"] == 0.0 or r["train/groups_kept"] < 2  # only groups with a signal
         assert r["rollout/sampler_abs_diff"] >= 0 and 0 < r["loss/rollout_weight_mean"] <= 2
+    drawn = [sum(r["train/groups_drawn"] for r in rows[: i + 1]) for i in range(len(rows))]
+    g = _cfg(tiny_model_dir, dataset, tmp_path, "whole", 2, *DAPO).rollout.num_generations
+    assert [r["sys/samples_seen"] for r in rows] == [n * g for n in drawn]  # every round's samples count
     train(_cfg(tiny_model_dir, dataset, tmp_path, "parts", 1, *DAPO))
     resumed = train(_cfg(tiny_model_dir, dataset, tmp_path, "parts", 2, *DAPO), resume=True)
     a = load_file(latest_checkpoint(whole.run_dir) / "model.safetensors")
     b = load_file(latest_checkpoint(resumed.run_dir) / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert read_metrics(resumed.run_dir)[-1]["train/groups_drawn"] == rows[-1]["train/groups_drawn"]
+    last = read_metrics(resumed.run_dir)[-1]
+    assert last["train/groups_drawn"] == rows[-1]["train/groups_drawn"]
+    assert last["sys/samples_seen"] == rows[-1]["sys/samples_seen"]  # the count resumes with the data sampler
 
 
 def test_reinforce_pp_trains_with_one_completion_per_prompt(tiny_model_dir, addition_jsonl, tmp_path):

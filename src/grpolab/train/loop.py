@@ -152,7 +152,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
         run_name=cfg.log.run_name,
         config=config_to_dict(cfg),
     )
-    _announce(cfg, model, reference, start)
+    _announce(cfg, model, reference, gold, start)
 
     metrics: dict[str, float] = {}
     progress = Progress(
@@ -212,7 +212,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
                 "sys/time_training_s": t4 - t3,
                 "sys/step_time_s": t4 - t0,
                 "sys/peak_mem_mb": peak_memory_mb(device),
-                "sys/samples_seen": step * cfg.completions_per_step,
+                "sys/samples_seen": data.drawn * cfg.rollout.num_generations,  # dynamic sampling's rounds too
             }
         )
         metrics = dist.reduce_metrics(metrics)
@@ -276,12 +276,14 @@ def _sample_rows(examples, completions, scores, advantages) -> list[dict[str, An
     ]
 
 
-def _announce(cfg: Config, model, reference, start: int) -> None:
+def _announce(cfg: Config, model, reference, gold: GoldMonitor, start: int) -> None:
+    kind = "frozen copy or adapter-disabled base"  # with beta=0, loaded only to measure train/kl_seq (gold.py)
+    described = kind if reference is not None else f"{kind}, measuring the KL only (beta=0)" if gold.active else "none (beta=0)"
     info = {
         **cfg.derived(),
         "policy_parameters": count_parameters(model),
         "trainable_parameters": count_parameters(model, trainable_only=True),
-        "reference": "none (beta=0)" if reference is None else "frozen copy or adapter-disabled base",
+        "reference": described,
         "start_step": start,
     }
     log.info("grpolab train: %s", json.dumps(info))

@@ -73,3 +73,4 @@ def test_prompt_sampler_covers_each_epoch_and_resumes_exactly():
     b = PromptSampler(size=5, seed=3)
     b.load_state_dict(state)
     assert a.next(7) == b.next(7)
+    assert a.drawn == b.drawn == 14  # sys/samples_seen counts from it: every prompt drawn, across epochs
