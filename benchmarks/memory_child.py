@@ -38,12 +38,6 @@ def main() -> None:
     p.add_argument("--gradient-checkpointing", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(1)
-    try:  # as the grpolab command line does at its start (grpolab.run.host); older revisions have none
-        from grpolab.run.host import return_freed_memory
-    except ImportError:
-        pass
-    else:
-        return_freed_memory()
     from grpolab.config import load_config
     from grpolab.train.optim import build_optimizer
     from grpolab.train.step import PolicyLossSpec, update_policy

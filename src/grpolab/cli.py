@@ -21,7 +21,6 @@ from collections.abc import Sequence
 
 from grpolab.config import ConfigError, dump_config, load_config
 from grpolab.errors import GrpolabError, one_line
-from grpolab.run.host import return_freed_memory
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
@@ -84,7 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    return_freed_memory()  # freed activations leave the process's RSS (grpolab.run.host)
     try:
         return _run(args)
     except GrpolabError as err:

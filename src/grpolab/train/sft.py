@@ -27,6 +27,7 @@ import torch
 from grpolab.config import Config, ConfigError, dump_config
 from grpolab.data import DataError, PromptSampler, load_examples, split_eval, tokenize_prompts
 from grpolab.models import load_policy, resolve_autocast, resolve_device
+from grpolab.run.host import freed_memory_returned
 from grpolab.run.logging import RunLogger
 from grpolab.run.progress import Progress
 from grpolab.train.logprobs import completion_logprobs
@@ -69,6 +70,7 @@ def pad_targets(targets: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Te
     return ids, mask
 
 
+@freed_memory_returned()  # grpolab.run.host
 def sft_loss_step(
     model, optimizer, prompts, targets, *, pad_id: int, autocast_dtype, micro: int, max_grad_norm: float
 ):

@@ -25,6 +25,7 @@ from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import POLICY_LOSSES, SurrogateLoss, aggregate
 from grpolab.config import Config
 from grpolab.run import dist
+from grpolab.run.host import freed_memory_returned
 from grpolab.run.parallel import clip_grad_norm
 from grpolab.train.logprobs import completion_logprobs
 from grpolab.train.master import backward, grads_to_clip, scale_backed_off
@@ -162,6 +163,7 @@ def micro_batches(
     return split_rows(rows, lengths, size, max_tokens=max_tokens, prompt_lengths=prompt_lengths)
 
 
+@freed_memory_returned()  # on a CPU, freed activations leave the RSS before gradients and states arrive
 def update_policy(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
