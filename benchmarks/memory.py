@@ -10,9 +10,10 @@ the prediction passes --limit-gb (the machine is shared) or its arithmetic passe
     peak ~ runtime + max(backward: weights + grads + activations + full-logits copies,
                          optimizer step: weights + grads + AdamW states (+ foreach temporaries))
 
-grpolab's training step sets glibc's mmap threshold itself (grpolab.run.host: freed blocks of 1 MiB or
-more leave the RSS); --trl-malloc adds TRL runs with that threshold for the whole process (through the
-MALLOC_MMAP_THRESHOLD_ environment variable), so the share of the ratio that comes from it shows.
+grpolab's training step hands glibc's freed heap back before its biggest allocations (grpolab.run.host);
+--trl-malloc adds TRL runs with glibc's mmap threshold at 1 MiB for the whole process (through the
+MALLOC_MMAP_THRESHOLD_ environment variable), which gives TRL's freed activations back too, so the share
+of the ratio that comes from malloc shows.
 
 Usage: nice -n 10 python benchmarks/memory.py [--lengths 256,1024,4096] [--limit-gb 8] [--max-tflop 14] [--trl-malloc]
 """

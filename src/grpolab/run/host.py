@@ -1,22 +1,19 @@
-"""Process-wide host settings: a training step's freed memory goes back to the system.
+"""A training step's freed memory goes back to the system before its largest allocations (glibc).
 
-glibc's malloc serves blocks under its mmap threshold from its heap and, each time a larger mapped
-block is freed, raises that threshold to the freed size (up to 32 MiB). Freed heap memory mostly stays
-resident. A training step is the worst case for this: a micro-batch's activations (CPU tensors of a
-few MiB each) are freed during its backward, and the gradients, the tied embedding's dense gradient and
-the optimizer's states are allocated after them in fresh mappings, so the freed activations are still
-counted in the process's memory under them. Inside ``freed_memory_returned`` every block of
-``OWN_MAPPING_BYTES`` or more has a mapping of its own, unmapped when freed. Measured on
-benchmarks/memory.py's step at 1,024 tokens: peak RSS 3,338 MiB without, 2,932 MiB with.
+glibc's malloc serves blocks under its mmap threshold from its heap and raises that threshold (up to 32
+MiB) as larger blocks are freed; freed heap memory stays resident until trimmed. On a CPU a training
+step allocates its largest tensors right after freeing many smaller ones: the backward frees the
+micro-batch's activations (tensors of a few MiB) layer by layer and ends with the input embedding's
+dense [V, H] gradient (600 MB at Qwen2.5's vocabulary); the optimizer step then allocates AdamW's
+states. Those big blocks are fresh mappings, so the freed activations were still counted under them
+(measured on benchmarks/memory.py at 1,024 tokens: ~0.4 GB of the step's peak). ``malloc_trim(0)``
+just before each hands the free heap pages back.
 
-Decoding is the opposite case: each token allocates logits-sized temporaries (rows x vocabulary), and
-mapping and unmapping them every token cost ~4% of the sampler's speed at Qwen2.5's vocabulary
-(README, "Memory"). So the setting holds during training steps only; on leaving, the threshold goes to
-32 MiB, where glibc's own dynamic threshold settles in a torch process, and those temporaries come from
-the heap again (with the trim threshold at 64 MiB, as glibc pairs them).
-
-The setting is glibc's ``mallopt(M_MMAP_THRESHOLD, ...)``; a threshold the user chose with the
-``MALLOC_MMAP_THRESHOLD_`` environment variable is kept, and other C libraries are left alone.
+Why trim at these two points rather than lower the mmap threshold for the whole step (tried first):
+a low threshold maps and unmaps every elementwise temporary. In benchmarks/vs_trl.py on a Zen 3 (1
+thread) the training phase then took 7.80 s per step against 6.79 s without, and the run's system time
+went from 9 s to 24 s; with the two trims, 7.01 s and 19 s (the trimmed pages are faulted in again once
+by the next micro-batch). The same memory comes back (2,905 MiB at 1,024 tokens against 2,932).
 """
 
 from __future__ import annotations
@@ -24,29 +21,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-"""glibc <malloc.h>: the mallopt parameters for the heap-top trim threshold and the mmap threshold."""
-OWN_MAPPING_BYTES = 1 << 20
-SETTLED_BYTES = 32 << 20
-"""glibc's ceiling for its dynamic threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)."""
+import torch
 
+from grpolab.run.parallel import unwrap
 
-def _set_thresholds(libc: ctypes.CDLL, mmap_bytes: int) -> None:
-    """Both thresholds as glibc's dynamic rule pairs them (trim = 2 x mmap): a fixed mmap threshold
-    alone leaves the trim threshold at 128 KiB, and the heap top is then given back and faulted in
-    again at every decoded token (measured: ~5% of the sampler's speed)."""
-    libc.mallopt(M_MMAP_THRESHOLD, int(mmap_bytes))
-    libc.mallopt(M_TRIM_THRESHOLD, 2 * int(mmap_bytes))
+T = TypeVar("T")
 
 
 @functools.cache
 def _glibc() -> ctypes.CDLL | None:
-    """The process's glibc, or None (not Linux, another C library, or MALLOC_MMAP_THRESHOLD_ set)."""
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    """The process's glibc, or None (not Linux, or another C library)."""
+    if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(None)
@@ -55,17 +44,48 @@ def _glibc() -> ctypes.CDLL | None:
     return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "malloc_trim") else None
 
 
-@contextlib.contextmanager
-def freed_memory_returned(threshold: int = OWN_MAPPING_BYTES) -> Iterator[bool]:
-    """Inside the block, glibc maps blocks of ``threshold`` bytes or more on their own (unmapped when
-    freed); free heap memory is handed back on entry. Yields whether the setting applies (see _glibc)."""
+def give_back_freed_memory() -> bool:
+    """Hand glibc's free heap pages back to the system (``malloc_trim(0)``); False where there is no glibc."""
     libc = _glibc()
     if libc is None:
-        yield False
-        return
+        return False
     libc.malloc_trim(0)
-    _set_thresholds(libc, threshold)
+    return True
+
+
+@contextlib.contextmanager
+def freed_memory_given_back_before(embeddings: torch.nn.Module | None) -> Iterator[None]:
+    """Inside the block, every backward gives the freed heap back just before ``embeddings`` (the model's
+    input embeddings) computes its weight's gradient: by then the backward has freed the activations."""
+    if _glibc() is None or embeddings is None:
+        yield
+        return
+
+    def on_forward(_module, _inputs, output):
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(_give_back_then_pass)
+
+    handle = embeddings.register_forward_hook(on_forward)
     try:
-        yield True
+        yield
     finally:
-        _set_thresholds(libc, SETTLED_BYTES)
+        handle.remove()
+
+
+def _give_back_then_pass(grad: torch.Tensor) -> None:
+    give_back_freed_memory()  # the hook returns None: the gradient passes unchanged
+
+
+def giving_back_freed_memory(step: Callable[..., T]) -> Callable[..., T]:
+    """Decorator for a training step whose first argument is the model (DDP-wrapped or not): inside it,
+    freed memory goes back before the input embeddings' gradient; the step calls
+    ``give_back_freed_memory()`` itself before its optimizer step."""
+
+    @functools.wraps(step)
+    def wrapped(model: torch.nn.Module, *args, **kwargs) -> T:
+        inner = unwrap(model)
+        get = getattr(inner, "get_input_embeddings", None)
+        with freed_memory_given_back_before(get() if callable(get) else None):
+            return step(model, *args, **kwargs)
+
+    return wrapped

@@ -27,7 +27,7 @@ import torch
 from grpolab.config import Config, ConfigError, dump_config
 from grpolab.data import DataError, PromptSampler, load_examples, split_eval, tokenize_prompts
 from grpolab.models import load_policy, resolve_autocast, resolve_device
-from grpolab.run.host import freed_memory_returned
+from grpolab.run.host import give_back_freed_memory, giving_back_freed_memory
 from grpolab.run.logging import RunLogger
 from grpolab.run.progress import Progress
 from grpolab.train.logprobs import completion_logprobs
@@ -70,7 +70,7 @@ def pad_targets(targets: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Te
     return ids, mask
 
 
-@freed_memory_returned()  # grpolab.run.host
+@giving_back_freed_memory  # grpolab.run.host
 def sft_loss_step(
     model, optimizer, prompts, targets, *, pad_id: int, autocast_dtype, micro: int, max_grad_norm: float
 ):
@@ -97,6 +97,7 @@ def sft_loss_step(
         loss_sum += float(loss.detach())
     params = grads_to_clip(model, optimizer)  # the fp32 master weights of a bf16 / fp16 model
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
+    give_back_freed_memory()
     optimizer.step()
     return loss_sum, float(norm)
 

@@ -25,7 +25,7 @@ from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import POLICY_LOSSES, SurrogateLoss, aggregate
 from grpolab.config import Config
 from grpolab.run import dist
-from grpolab.run.host import freed_memory_returned
+from grpolab.run.host import give_back_freed_memory, giving_back_freed_memory
 from grpolab.run.parallel import clip_grad_norm
 from grpolab.train.logprobs import completion_logprobs
 from grpolab.train.master import backward, grads_to_clip, scale_backed_off
@@ -163,7 +163,7 @@ def micro_batches(
     return split_rows(rows, lengths, size, max_tokens=max_tokens, prompt_lengths=prompt_lengths)
 
 
-@freed_memory_returned()  # on a CPU, freed activations leave the RSS before gradients and states arrive
+@giving_back_freed_memory  # on a CPU, freed activations leave the RSS before the biggest allocations
 def update_policy(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -220,6 +220,7 @@ def update_policy(
                     sums[k] += v
             counts["tokens"] += total_tokens
             finite = not dist.any_rank(not finite)  # every rank skips, or none
+            give_back_freed_memory()  # before AdamW's states and the step's temporaries (run/host.py)
             _optimizer_step(model, optimizer, scheduler, cfg.optim.max_grad_norm, sums, counts, loss_finite=finite)
     return _summarise(sums, counts, scheduler)
 
