@@ -96,6 +96,19 @@ class Completions:
         """[N] bool, True where no EOS was produced."""
         return torch.tensor([r == "length" for r in self.finish_reasons], dtype=torch.bool)
 
+    def select(self, seqs: list[int]) -> Completions:
+        """The rows ``seqs`` (indices into the N sequences), in that order."""
+        index = torch.tensor(seqs, dtype=torch.long, device=self.completion_ids.device)
+        return Completions(
+            prompt_ids=[self.prompt_ids[i] for i in seqs],
+            completion_ids=self.completion_ids[index],
+            completion_mask=self.completion_mask[index],
+            logprobs=self.logprobs[index],
+            texts=[self.texts[i] for i in seqs],
+            finish_reasons=[self.finish_reasons[i] for i in seqs],
+            num_generations=self.num_generations,
+        )
+
 
 @dataclass
 class RolloutBatch:

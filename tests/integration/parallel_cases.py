@@ -67,19 +67,9 @@ def global_batch():
 def local_share(prompts, comps, rewards):
     """This rank's prompts, their completions and rewards."""
     from grpolab.run import dist
-    from grpolab.types import Completions
 
     rows = dist.shard(list(range(P)))
-    seq = [p * G + g for p in rows for g in range(G)]
-    local = Completions(
-        prompt_ids=[comps.prompt_ids[i] for i in seq],
-        completion_ids=comps.completion_ids[seq],
-        completion_mask=comps.completion_mask[seq],
-        logprobs=comps.logprobs[seq],
-        texts=[comps.texts[i] for i in seq],
-        finish_reasons=[comps.finish_reasons[i] for i in seq],
-        num_generations=G,
-    )
+    local = comps.select([p * G + g for p in rows for g in range(G)])
     return [prompts[i] for i in rows], local, rewards[rows]
 
 

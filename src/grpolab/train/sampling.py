@@ -70,7 +70,7 @@ class StepGroups:
         index = torch.tensor(list(groups), dtype=torch.long)
         return StepGroups(
             rows=[self.rows[p] for p in groups],
-            completions=_select_completions(self.completions, seqs),
+            completions=self.completions.select(seqs),
             scores=scores,
             rewards=self.rewards[index],
             valid=self.valid[index],
@@ -163,19 +163,6 @@ def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
     seconds["sys/time_generation_s"] += t1 - t0
     seconds["sys/time_scoring_s"] += time.perf_counter() - t1
     return StepGroups(rows, completions, scores, reward_t, valid)
-
-
-def _select_completions(c: Completions, seqs: list[int]) -> Completions:
-    index = torch.tensor(seqs, dtype=torch.long, device=c.completion_ids.device)
-    return Completions(
-        prompt_ids=[c.prompt_ids[i] for i in seqs],
-        completion_ids=c.completion_ids[index],
-        completion_mask=c.completion_mask[index],
-        logprobs=c.logprobs[index],
-        texts=[c.texts[i] for i in seqs],
-        finish_reasons=[c.finish_reasons[i] for i in seqs],
-        num_generations=c.num_generations,
-    )
 
 
 def _concat(parts: list[StepGroups]) -> StepGroups:
