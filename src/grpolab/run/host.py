@@ -44,10 +44,31 @@ def _glibc() -> ctypes.CDLL | None:
     return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "malloc_trim") else None
 
 
-def give_back_freed_memory() -> bool:
-    """Hand glibc's free heap pages back to the system (``malloc_trim(0)``); False where there is no glibc."""
+TRIM_MIN_FREE_BYTES = 64 << 20
+"""Below this much free heap a trim is not worth it: the next micro-batch faults the pages in again."""
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
+
+
+def _free_heap_bytes(libc: ctypes.CDLL) -> float:
+    """Free bytes in glibc's heaps (mallinfo2, glibc >= 2.33; unknown before: infinite)."""
+    info = getattr(libc, "mallinfo2", None)
+    if info is None:
+        return float("inf")
+    info.restype = _MallInfo2
+    return float(info().fordblks)
+
+
+def give_back_freed_memory(min_free: int = TRIM_MIN_FREE_BYTES) -> bool:
+    """Hand glibc's free heap pages back to the system (``malloc_trim(0)``) when at least ``min_free``
+    bytes are free; True when it did. Small models free too little for the re-faults to pay."""
     libc = _glibc()
-    if libc is None:
+    if libc is None or _free_heap_bytes(libc) < min_free:
         return False
     libc.malloc_trim(0)
     return True

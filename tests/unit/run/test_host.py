@@ -79,3 +79,8 @@ def _null():
     import contextlib
 
     return contextlib.nullcontext()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim: Linux only")
+def test_too_little_free_heap_is_not_trimmed():
+    assert host.give_back_freed_memory(min_free=1 << 50) is False  # the next micro-batch would fault it back
