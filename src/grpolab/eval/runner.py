@@ -29,11 +29,11 @@ from grpolab.eval.metrics import pass_maj_curves
 from grpolab.eval.results import ModelEval, save_evals
 from grpolab.models import load_policy, resolve_autocast, resolve_device
 from grpolab.rewards import WeightedReward, score_batch
+from grpolab.rewards.gold import build_gold_rewards
 from grpolab.rewards.math_answer import prediction_text
 from grpolab.rollout.hf import HFSampler, sampler_from_config
 from grpolab.run import dist
 from grpolab.run.progress import Progress
-from grpolab.train.gold import build_gold_rewards
 from grpolab.types import Completions, Example
 
 log = logging.getLogger(__name__)

@@ -43,6 +43,7 @@ ACCEPTED = (
     "model.device",
     "model.gradient_checkpointing",
     "rollout.max_batch_sequences",
+    "rollout.engine",
     "vllm.gpu_memory_utilization",
     "vllm.kv_cache_space_gb",
     "vllm.max_model_len",
