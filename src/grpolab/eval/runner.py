@@ -31,7 +31,9 @@ from grpolab.models import load_policy, resolve_autocast, resolve_device
 from grpolab.rewards import WeightedReward, score_batch
 from grpolab.rewards.gold import build_gold_rewards
 from grpolab.rewards.math_answer import prediction_text
-from grpolab.rollout.hf import HFSampler, sampler_from_config
+from grpolab.rollout.base import Sampler
+from grpolab.rollout.engines import build_sampler
+from grpolab.rollout.hf import HFSampler
 from grpolab.run import dist
 from grpolab.run.progress import Progress
 from grpolab.types import Completions, Example
@@ -104,9 +106,11 @@ def greedy_decode(
     max_completion_length: int,
     autocast_dtype,
     batch: int = 256,
+    sampler: Sampler | None = None,
 ) -> tuple[list[bool], list[str]]:
-    """([P] correct, [P] text) of the greedy completion of every prompt."""
-    sampler = HFSampler(
+    """([P] correct, [P] text) of the greedy completion of every prompt; ``sampler``: a greedy sampler of
+    the run's engine (None = grpolab's own decoder over ``model``)."""
+    sampler = sampler or HFSampler(
         model,
         tok,
         max_completion_length=max_completion_length,
@@ -131,7 +135,7 @@ def evaluate_model(
     device = next(model.parameters()).device
     amp = resolve_autocast(cfg.model, device)
     n, chunk = cfg.eval.num_samples, cfg.eval.prompts_per_batch
-    sampler = sampler_from_config(model, tok, cfg.rollout, autocast_dtype=amp, temperature=cfg.eval.temperature)
+    sampler = build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=amp, temperature=cfg.eval.temperature)
     generator = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)
     per_problem, texts, lengths, totals = [], [], [], []
     gold: dict[str, list] = {}
@@ -166,6 +170,7 @@ def evaluate_model(
             grader,
             max_completion_length=cfg.rollout.max_completion_length,
             autocast_dtype=amp,
+            sampler=build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=amp, temperature=0.0),
         )
         greedy_ok, greedy_texts = dist.gather_lists(greedy_ok, greedy_texts)
     return ModelEval(

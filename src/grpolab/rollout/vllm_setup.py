@@ -69,6 +69,13 @@ def check_vllm(cfg: Config, *, device_type: str) -> None:
     _check_kv_cache(cfg, hf, device_type)
 
 
+def check_vllm_config(cfg: Config) -> None:
+    """``check_vllm`` on the device the run's model goes to."""
+    from grpolab.models import resolve_device
+
+    check_vllm(cfg, device_type=resolve_device(cfg.model).type)
+
+
 def _check_architecture(hf, device_type: str) -> None:
     import os
 
