@@ -85,7 +85,6 @@ class VLLMSampler:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.device = torch.device(device)
         self.sleep_mode = sleep_mode
-        self._asleep = False
         self._pending = weights_from
         self.last_sync_s = 0.0
         """Seconds the last weight sync took (gather, merge, load, cache reset)."""
@@ -133,16 +132,15 @@ class VLLMSampler:
             samples = [s for s in samples for _ in range(num_generations)]
         if self.sleep_mode:
             self.engine.sleep(level=1)  # weights to host memory, KV cache freed, while the trainer runs
-            self._asleep = True
         return self._package(prompt_ids, num_generations, samples)
 
     def close(self) -> None:
         """Nothing to release: the engine stays for the next sampler of this process (``shutdown_engines``)."""
 
     def _wake(self) -> None:
-        if self._asleep:
+        """Wake the engine if any sampler on it put it to sleep (an evaluation shares the run's engine)."""
+        if self.sleep_mode and self.engine.llm_engine.is_sleeping():
             self.engine.wake_up()
-            self._asleep = False
 
     def _params(self, seed: int | None):
         from vllm import SamplingParams
