@@ -95,3 +95,30 @@ def test_torchrun_two_ranks_one_engine_each(model_dir, addition_jsonl, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_metrics(tmp_path / "ranks")
     assert [r["step"] for r in rows] == [1, 2] and all(mismatch(r) < SYNCED for r in rows)
+
+
+def test_eval_samples_with_the_engine(model_dir, addition_jsonl, tmp_path, monkeypatch):
+    """``grpolab eval`` with rollout.engine=vllm: greedy completions equal the hf engine's."""
+    from grpolab.eval.runner import evaluate
+    from grpolab.rollout.vllm import VLLMSampler
+
+    temperatures = []
+    sample = VLLMSampler.sample
+
+    def counted(self, *args, **kwargs):
+        temperatures.append(self.temperature)
+        return sample(self, *args, **kwargs)
+
+    monkeypatch.setattr(VLLMSampler, "sample", counted)
+
+    extra = ["data.eval_size=4", "eval.num_samples=2", "eval.ks=[1,2]"]
+    results = {}
+    for engine in ("hf", "vllm"):
+        cfg = load_config(
+            None, [*overrides(model_dir, addition_jsonl(16), tmp_path, engine, 1), f"rollout.engine={engine}", *extra]
+        )
+        (result,) = evaluate(cfg, out_dir=tmp_path / engine, progress=False)
+        results[engine] = result
+    assert [s["greedy"] for s in results["vllm"].samples] == [s["greedy"] for s in results["hf"].samples]
+    assert results["vllm"].num_prompts == 4 and results["vllm"].greedy_accuracy is not None
+    assert set(temperatures) == {0.0, 1.0}  # sampled (eval.temperature) and greedy, both on the engine
