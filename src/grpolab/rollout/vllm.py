@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import random
 import time
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from typing import Any
 
 import torch
 
+from grpolab.rollout.vllm_setup import import_vllm
 from grpolab.rollout.vllm_sync import policy_weights
 from grpolab.types import Completions, FinishReason
 
@@ -209,14 +209,13 @@ _ENGINES: dict[str, Any] = {}
 def start_engine(**kwargs):
     """The process's vLLM ``LLM`` with these settings: started once, then reused.
 
-    Before vLLM is imported the engine is made in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``). vLLM
+    vLLM is imported by ``import_vllm`` (engines in this process, its INFO lines off). vLLM
     seeds python / numpy / torch and replaces ``torch.set_num_threads`` while it starts; both are restored,
     so the trainer's random streams (saved in checkpoints) and its thread count are its own.
     """
     key = json.dumps(kwargs, sort_keys=True, default=str)
     if key not in _ENGINES:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        from vllm import LLM
+        LLM = import_vllm().LLM  # noqa: N806 - vLLM's name
 
         t0 = time.perf_counter()
         with _trainer_state_kept():

@@ -4,6 +4,7 @@ and the builder that ``rollout.engine=vllm`` names (rollout/engines.py)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any
 
 import torch
@@ -76,11 +77,18 @@ def check_vllm_config(cfg: Config) -> None:
     check_vllm(cfg, device_type=resolve_device(cfg.model).type)
 
 
-def _check_architecture(hf, device_type: str) -> None:
-    import os
-
+def import_vllm():
+    """The vllm package, set up before its first import: engines in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and its INFO lines off unless ``VLLM_LOGGING_LEVEL`` is set."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import ModelRegistry
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    import vllm
+
+    return vllm
+
+
+def _check_architecture(hf, device_type: str) -> None:
+    ModelRegistry = import_vllm().ModelRegistry  # noqa: N806 - vLLM's name
 
     archs = list(getattr(hf, "architectures", None) or [])
     if not any(a in ModelRegistry.get_supported_archs() for a in archs):
@@ -132,9 +140,7 @@ def _head_dim(hf) -> int | None:
 
 
 def _vllm_version() -> str:
-    import vllm
-
-    return vllm.__version__
+    return import_vllm().__version__
 
 
 def build_vllm_sampler(
