@@ -96,7 +96,7 @@ class VLLMSampler:
         rank calls it (FSDP2 gathers are collectives)."""
         t0 = time.perf_counter()
         self._wake()
-        weights = policy_weights(model)
+        weights = policy_weights(model, _engine_dtype(self.engine))
         self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.engine.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self._pending = None
@@ -183,6 +183,11 @@ class VLLMSampler:
             finish_reasons=reasons,
             num_generations=group,
         )
+
+
+def _engine_dtype(engine) -> torch.dtype | None:
+    dtype = getattr(getattr(engine.llm_engine, "model_config", None), "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 def _draw_seed(generator: torch.Generator) -> int:

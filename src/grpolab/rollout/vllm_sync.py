@@ -29,12 +29,12 @@ from grpolab.run import parallel
 Weights = Iterator[tuple[str, torch.Tensor]]
 
 
-def policy_weights(model: torch.nn.Module) -> Weights:
-    """``(checkpoint name, full tensor)`` of every weight the engine needs (module docstring)."""
+def policy_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Weights:
+    """``(checkpoint name, full tensor)`` of every weight the engine needs (module docstring), cast to
+    ``dtype`` (the engine's: vLLM warns on every tensor of another dtype, then casts it itself)."""
     model = parallel.unwrap(model)
-    if is_peft(model):
-        return _merged_lora(model)
-    return _plain(model)
+    weights = _merged_lora(model) if is_peft(model) else _plain(model)
+    return weights if dtype is None else ((name, t.to(dtype)) for name, t in weights)
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
