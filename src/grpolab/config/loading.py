@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from grpolab.config.root import Config, inert_settings
+from grpolab.config.trl_names import trl_hint
 from grpolab.errors import ConfigError
 
 log = logging.getLogger("grpolab.config")
@@ -177,6 +178,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
+            hint = trl_hint(str(key)) or hint
             raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
     values = {k: _coerce(hints[k], v, f"{prefix}{k}") for k, v in raw.items()}
     return cls(**values)
