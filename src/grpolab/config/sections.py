@@ -192,15 +192,20 @@ class AlgoConfig:
         # holds its effective value (what code reads, what config.yaml holds, what a reload rebuilds).
         if self.name not in ALGO_PRESETS:
             return  # the loader reports an unknown name with a suggestion
-        for key, value in ALGO_PRESETS[self.name].items():
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, value)
+        filled = [key for key in ALGO_PRESETS[self.name] if getattr(self, key) is None]
+        for key in filled:
+            object.__setattr__(self, key, ALGO_PRESETS[self.name][key])
+        object.__setattr__(self, "_from_preset", frozenset(filled))  # not a field: neither dumped nor compared
         if self.clip_high is None:
             object.__setattr__(self, "clip_high", self.clip_low)
 
     @property
     def preset(self) -> dict[str, Any]:
         return ALGO_PRESETS[self.name]
+
+    def from_preset(self, key: str) -> bool:
+        """True when ``key`` was left null and the preset filled it (False when set explicitly)."""
+        return key in getattr(self, "_from_preset", ())
 
     # Kept for callers written before presets resolved into the fields: each is now the field itself.
     @property
