@@ -20,7 +20,8 @@ import sys
 from collections.abc import Sequence
 
 from grpolab import __version__
-from grpolab.config import ConfigError, dump_config, load_config
+from grpolab.config import ConfigError, load_config
+from grpolab.config.view import SECTIONS
 from grpolab.errors import GrpolabError, one_line
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -91,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.num_steps=100")
     p = _verb(sub, "config", help="print the resolved, validated config and exit")
     _config_args(p)
+    p.add_argument(
+        "--for", dest="for_verb", default="train", choices=list(SECTIONS), help="show the sections this verb reads"
+    )
     p = _verb(sub, "export", help="a Hugging Face model folder from a sharded (torchrun) checkpoint")
     p.add_argument("checkpoint", help="checkpoints/step_N folder of a torchrun run")
     p.add_argument("out", help="folder to write (safetensors, config, tokenizer)")
@@ -178,7 +182,12 @@ def _run(args: argparse.Namespace) -> int:
         return early
     cfg = load_config(args.config, _overrides(args))
     if args.verb == "config":
-        print(dump_config(cfg), end="")
+        import yaml
+
+        from grpolab.config.view import config_view
+
+        print(f"# the config grpolab {args.for_verb} reads (grpolab config --for VERB shows another verb's)")
+        print(yaml.safe_dump(config_view(cfg, args.for_verb), sort_keys=False), end="")
         return 0
     if args.verb == "train":
         from grpolab.train.loop import train

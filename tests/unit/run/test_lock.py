@@ -47,7 +47,6 @@ def test_a_killed_run_leaves_its_record_and_the_next_start_says_so(tmp_path, cap
 
 def test_a_refused_second_run_leaves_the_holders_record(tmp_path):
     with hold_run_dir(tmp_path) as me:
-        with pytest.raises(RunDirLocked):
-            with hold_run_dir(tmp_path):
-                pass
+        with pytest.raises(RunDirLocked), hold_run_dir(tmp_path):
+            pass
         assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == me["pid"]
