@@ -72,6 +72,12 @@ CASES = {
     "missing model path": Case(
         ["model.name_or_path=/nonexistent/tiny"], "model.name_or_path: /nonexistent/tiny does not exist", ModelLoadError
     ),
+    "hub id not cached, offline": Case(
+        ["model.name_or_path=nobody/not-a-cached-model"],
+        "model.name_or_path 'nobody/not-a-cached-model' is not a local folder and not in the Hugging Face cache, "
+        "and HF_HUB_OFFLINE=1",
+        GrpolabError,
+    ),
     "model folder without config.json": Case(
         ["model.name_or_path={tmp}/empty"], "is a folder without config.json", ModelLoadError, files={"empty/x": ""}
     ),
