@@ -89,3 +89,21 @@ def test_an_unknown_key_that_is_a_trl_name_gets_the_grpolab_name(override, messa
         load_config(None, [override])
     assert message in str(err.value)
     assert "did you mean" not in str(err.value)  # not algo.eps / train.max_bad_steps
+
+
+def test_a_reward_module_beside_the_config_imports_without_pythonpath(tmp_path, monkeypatch):
+    import sys
+
+    from grpolab.rewards import build_reward
+    from grpolab.types import Completion, Example
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # undone after the test
+    (tmp_path / "beside_config_rewards.py").write_text(
+        "def brevity(completions, **kwargs):\n    return [-len(c) / 10 for c in completions]\n"
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text("reward:\n  functions: [{name: 'beside_config_rewards:brevity'}]\n")
+    cfg = load_config(config)
+    reward = build_reward(cfg.reward.functions[0].name)
+    assert reward.reward([Completion(text="abcd", num_tokens=4)], [Example(prompt="p")]) == [-0.4]
+    assert sys.path[-1] == str(tmp_path)  # appended: installed packages keep precedence

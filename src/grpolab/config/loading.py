@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import logging
 import re
+import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -42,7 +43,16 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"{path}:{line}: {err}") from err
     for message in inert_settings(cfg):
         log.warning(message)
+    if path is not None:
+        _importable(Path(path).resolve().parent)
     return cfg
+
+
+def _importable(folder: Path) -> None:
+    """The config file's folder joins the import path (last, so it shadows no installed package): a reward
+    module beside the config (``reward.functions=[{name: 'my_rewards:fn'}]``) imports without PYTHONPATH."""
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
 
 
 _DOTTED = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*|\[\d+\])+")
