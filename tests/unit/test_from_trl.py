@@ -47,6 +47,7 @@ def test_a_real_grpoconfig_object_converts_with_every_field_accounted_for(tmp_pa
     # the use_bias_correction_kl difference is stated: the ratio is not 1 with 2 optimizer steps per batch
     assert any("use_bias_correction_kl" in n for n in out.notes)
     config_from_dict(out.config_dict())
+    assert [i.split("=")[0] for i in out.ignored] == ["dataloader_pin_memory"]  # use_cpu=True turned it off
 
 
 def test_a_field_unknown_to_trl_and_a_refused_value_name_themselves():
@@ -382,6 +383,9 @@ def test_trl_cli_args_and_yaml(tmp_path):
     assert (k["optim.lr"], k["rollout.num_generations"], k["algo.beta"]) == (1e-6, 4, 0.02)
     assert (k["data.shuffle"], k["log.report_to"], k["train.num_steps"]) == (False, ["wandb", "tensorboard"], 5)
     assert convert_trl(trl_yaml).keys["optim.lr"] == 1e-6  # YAML reads 1e-6 as text; TRL's field is a float
+    assert convert_trl([str(trl_yaml), "--num_generations", "2"]).keys["rollout.num_generations"] == 2
+    with pytest.raises(ConfigError, match="expected a TRL YAML file or --field value"):
+        convert_trl(["learning_rate", "1e-6"])
 
 
 def test_the_cli_writes_a_config_that_loads(tmp_path, capsys):

@@ -324,7 +324,17 @@ def _apply(name: str, rule: TrlField, value: Any, default: Any, view: TrlView, o
 
 
 def _same(value: Any, default: Any) -> bool:
-    return value == default or getattr(value, "value", value) == getattr(default, "value", default)
+    """Is a field left at its default? Also after GRPOConfig.__post_init__, which turns None / "" into
+    False / [] / a default AcceleratorConfig and "auto" padding into None (off Neuron)."""
+    value, default = getattr(value, "value", value), getattr(default, "value", default)
+    if value == default or (not value and not default) or (default == "auto" and value is None):
+        return True
+    if dataclasses.is_dataclass(value) and not default:
+        try:
+            return value == type(value)()
+        except TypeError:
+            return False
+    return False
 
 
 def _validate(out: TrlConversion) -> None:

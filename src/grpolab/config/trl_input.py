@@ -45,8 +45,12 @@ def _read_args(args: list[str]) -> dict[str, Any]:
     i = 0
     while i < len(args):
         arg = args[i]
+        if arg.endswith((".yaml", ".yml")) and not arg.startswith("--"):  # grpolab convert-trl trl.yaml
+            out = {**_read_yaml(Path(arg)), **out}
+            i += 1
+            continue
         if not arg.startswith("--"):
-            raise ConfigError(f"TRL argument {arg!r}: expected --field value")
+            raise ConfigError(f"TRL argument {arg!r}: expected a TRL YAML file or --field value")
         name, eq, text = arg[2:].partition("=")
         values = [text] if eq else []
         i += 1
