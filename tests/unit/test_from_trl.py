@@ -410,3 +410,24 @@ def test_defaults_come_from_the_installed_trl():
     d = trl_defaults()
     assert (d["loss_type"], d["beta"], d["num_generations"]) == ("dapo", 0.0, 8)
     assert math.isclose(d["learning_rate"], 1e-6)
+
+
+def test_model_device_sharding_and_run_name_fields():
+    out = convert_trl({"trust_remote_code": True, "use_cpu": True, "fsdp": "full_shard", "disable_dropout": True,
+                       "output_dir": "runs/a", "run_name": "b"})
+    k = out.keys
+    assert (k["model.trust_remote_code"], k["model.device"], k["train.parallel"]) == (True, "cpu", "fsdp")
+    assert (k["log.output_dir"], k["log.run_name"]) == ("runs", "a")
+    assert any("run_name='b'" in n for n in out.notes) and not any("disable_dropout" in n for n in out.notes)
+    assert "model.device" not in keys() and "train.parallel" not in keys()
+    assert any("disable_dropout=False" in n for n in convert_trl({}).notes)
+
+
+def test_trls_named_rewards_build_as_trl_style_rewards():
+    from grpolab.rewards import build_reward
+
+    spec = keys(reward_funcs=["think_format_reward"])["reward.functions"][0]
+    reward = build_reward(spec["name"], kind=spec["kind"])
+    assert reward.name == "think_format_reward"
+    with pytest.raises(ConfigError, match="soft_overlong"):
+        keys(reward_funcs=["get_soft_overlong_punishment"])
