@@ -278,15 +278,18 @@ def convert_trl(
             refused.append(f"{name}={values[name]!r}: {err}")
     if refused:
         raise ConfigError("convert-trl: grpolab cannot reproduce " + "; ".join(refused))
-    out.notes, out.todo = view.notes, view.todos
-    if "model.name_or_path" not in out.keys:
-        out.todo.insert(0, "model.name_or_path: the model TRL's GRPOTrainer was given")
-    if "data.path" not in out.keys:
-        out.todo.insert(1, "data.source / data.path: the train_dataset (hf id, folder, or a .jsonl/.parquet/.csv file)")
-    if "reward.functions" not in out.keys:
-        out.todo.insert(2, "reward.functions: the reward_funcs ('module:function', kind trl, runs TRL's functions)")
+    out.notes = view.notes
+    out.todo = [text for key, text in _TRAINER_ARGUMENTS.items() if key not in out.keys] + view.todos
     _validate(out)
     return out
+
+
+_TRAINER_ARGUMENTS = {
+    "model.name_or_path": "model.name_or_path: the model TRL's GRPOTrainer was given",
+    "data.path": "data.source / data.path: the train_dataset (hf id, folder, or a .jsonl/.parquet/.csv file)",
+    "reward.functions": "reward.functions: the reward_funcs ('module:function', kind trl, runs TRL's functions)",
+}
+"""What GRPOTrainer takes as arguments rather than in its GRPOConfig: the converted config names them as to fill."""
 
 
 def write_trl_conversion(
