@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         "convert-trl",
         help="a grpolab config from a TRL GRPOConfig: TRL YAML (--config trl.yaml) and/or TRL flags "
         "(--learning_rate 1e-6 --num_generations 8)",
+        epilog="Every other argument is TRL's: a TRL YAML file (trl.yaml or --config trl.yaml), then any GRPOConfig "
+        "or trl grpo script flag, as TRL's command line takes them. See docs/coming_from_trl.md.",
     )
     p.add_argument("--out", "-o", default="-", help="grpolab YAML to write (default: print it)")
     p.add_argument("--num-processes", type=int, default=1, help="TRL's world size (its batch sizes are per device)")
