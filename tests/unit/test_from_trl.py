@@ -347,6 +347,7 @@ def test_logging_checkpoint_and_eval_fields():
     assert (k["log.report_to"], k["log.project"], k["data.shuffle"]) == ([], "p", False)
     assert (k["eval.every"], k["eval.num_samples"], k["train.num_steps"]) == (25, 4, 200)
     assert keys(max_steps=10, save_steps=5)["log.keep_last"] == 10  # TRL keeps every checkpoint
+    assert keys(eval_strategy="steps", logging_steps=3)["eval.every"] == 3  # eval_steps defaults to logging_steps
     with pytest.raises(ConfigError, match="mlflow"):
         keys(report_to=["mlflow"])
 

@@ -360,11 +360,12 @@ def evaluation(v: Any, t: TrlView) -> dict[str, Any]:
     strategy = getattr(v, "value", v)
     if strategy == "no":
         return {"eval.every": 0}
-    if strategy != "steps" or not t["eval_steps"] or t["eval_steps"] < 1:
-        raise Refused(f"eval_strategy={strategy}: grpolab evaluates every eval.every steps (eval_strategy=steps, eval_steps >= 1)")
+    every = t["eval_steps"] or t["logging_steps"]  # transformers: eval_steps defaults to logging_steps
+    if strategy != "steps" or every < 1:
+        raise Refused(f"eval_strategy={strategy}: grpolab evaluates every eval.every steps (eval_strategy=steps)")
     t.todo("data.eval_size: grpolab evaluates Pass@K / Maj@K on held-out rows of the training data")
     return {
-        "eval.every": _to_generation_steps(t, t["eval_steps"], "eval_steps"),
+        "eval.every": _to_generation_steps(t, every, "eval_steps"),
         "eval.num_samples": t["num_generations_eval"] or t["num_generations"],
     }
 
