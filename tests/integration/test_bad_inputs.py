@@ -72,6 +72,12 @@ CASES = {
     "missing model path": Case(
         ["model.name_or_path=/nonexistent/tiny"], "model.name_or_path: /nonexistent/tiny does not exist", ModelLoadError
     ),
+    "hub id not cached, offline": Case(
+        ["model.name_or_path=nobody/not-a-cached-model"],
+        "model.name_or_path 'nobody/not-a-cached-model' is not a local folder and not in the Hugging Face cache, "
+        "and HF_HUB_OFFLINE=1",
+        GrpolabError,
+    ),
     "model folder without config.json": Case(
         ["model.name_or_path={tmp}/empty"], "is a folder without config.json", ModelLoadError, files={"empty/x": ""}
     ),
@@ -85,8 +91,11 @@ CASES = {
         DataError,
         files={"d.jsonl": jsonl([ROWS[0], {"question": "1+1", "answer": "2"}])},
     ),
-    "row without the answer": Case(
-        ["data.path={tmp}/d.jsonl"], "Set data.answer_field=null", DataError, files={"d.jsonl": jsonl([{"prompt": "1+1"}])}
+    "row without the answer, a reward needs it": Case(
+        ["data.path={tmp}/d.jsonl"],
+        "the dataset row has no 'answer' field (data.answer_field), which reward 'exact_match' needs",
+        RewardError,
+        files={"d.jsonl": jsonl([{"prompt": "1+1"}])},
     ),
     "empty dataset": Case(["data.path={tmp}/d.jsonl"], "d.jsonl holds no rows", DataError, files={"d.jsonl": "\n"}),
     "no training rows left": Case(["data.eval_size=8"], "data.eval_size=8 leaves no training examples", DataError),

@@ -56,9 +56,11 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DataConfig:
     source: Literal["jsonl", "hf", "reasoning_gym", "arithmetic"] = "jsonl"
-    """Where examples come from: a JSONL file, a Hugging Face dataset, a reasoning-gym task, or the built-in arithmetic task."""
+    """Where examples come from: a local file (jsonl), a Hugging Face dataset (hf), a reasoning-gym task, or the
+    built-in arithmetic task. Either of the first two reads a local .jsonl, .json, .parquet, .csv or .arrow file
+    by its suffix (.jsonl natively, the others through datasets' builders)."""
     path: str = ""
-    """JSONL path, or Hugging Face dataset id / local dataset folder."""
+    """A local data file, or a Hugging Face dataset id / local dataset folder (hf)."""
     name: str | None = None
     """Dataset config name (hf) or reasoning-gym dataset name."""
     split: str = "train"
@@ -66,7 +68,8 @@ class DataConfig:
     prompt_field: str = "prompt"
     """Row field holding the question."""
     answer_field: str | None = "answer"
-    """Row field holding the reference answer (None when the rewards need none)."""
+    """Row field holding the reference answer. A row without it is fine unless a reward needs the answer
+    (exact_match, math_accuracy, sft): that reward then stops naming itself and this field."""
     template: str = "none"
     """Prompt template: a key of grpolab.tasks.templates.TEMPLATES ("none", "r1", "r1_think") or a string containing {prompt}."""
     system_prompt: str | None = None
@@ -192,15 +195,20 @@ class AlgoConfig:
         # holds its effective value (what code reads, what config.yaml holds, what a reload rebuilds).
         if self.name not in ALGO_PRESETS:
             return  # the loader reports an unknown name with a suggestion
-        for key, value in ALGO_PRESETS[self.name].items():
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, value)
+        filled = [key for key in ALGO_PRESETS[self.name] if getattr(self, key) is None]
+        for key in filled:
+            object.__setattr__(self, key, ALGO_PRESETS[self.name][key])
+        object.__setattr__(self, "_from_preset", frozenset(filled))  # not a field: neither dumped nor compared
         if self.clip_high is None:
             object.__setattr__(self, "clip_high", self.clip_low)
 
     @property
     def preset(self) -> dict[str, Any]:
         return ALGO_PRESETS[self.name]
+
+    def from_preset(self, key: str) -> bool:
+        """True when ``key`` was left null and the preset filled it (False when set explicitly)."""
+        return key in getattr(self, "_from_preset", ())
 
     # Kept for callers written before presets resolved into the fields: each is now the field itself.
     @property

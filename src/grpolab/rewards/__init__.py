@@ -101,8 +101,8 @@ def _import_attr(spec: str) -> Any:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise ValueError(
-            f"reward {spec!r}: cannot import module {module_name!r} ({exc}); install it or put its "
-            "folder on PYTHONPATH"
+            f"reward {spec!r}: cannot import module {module_name!r} ({exc}); put it beside the config file, "
+            "install it, or put its folder on PYTHONPATH"
         ) from exc
     if not hasattr(module, attr):
         public = [n for n in dir(module) if not n.startswith("_")]
