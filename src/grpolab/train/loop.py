@@ -12,6 +12,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from grpolab.config import Config, ConfigError, config_to_dict, dump_config
 from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
 from grpolab.inference import limit_cpu_threads
 from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
-from grpolab.rewards import dry_run
+from grpolab.rewards import WeightedReward, dry_run
 from grpolab.rollout.hf import sampler_from_config
 from grpolab.run import checkpoint as ckpt
 from grpolab.run import dist, parallel, sharded
@@ -47,7 +48,7 @@ from grpolab.train.ppo import Critic, rollout_batch_builder
 from grpolab.train.process import build_process_supervision
 from grpolab.train.sampling import sample_step
 from grpolab.train.step import PolicyLossSpec, update_policy
-from grpolab.types import Completion
+from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +62,22 @@ class TrainResult:
     """The signal (SIGINT, SIGTERM) that stopped the run before train.num_steps, after a checkpoint."""
 
 
-def train(cfg: Config, *, resume: bool = False) -> TrainResult:
+def train(
+    cfg: Config,
+    *,
+    resume: bool = False,
+    rewards: Sequence[WeightedReward] | None = None,
+    examples: Sequence[Example] | None = None,
+) -> TrainResult:
     """Run GRPO (or a variant chosen by cfg.algo) and return where the run was written.
 
+    ``rewards`` / ``examples`` replace what cfg.reward.functions / cfg.data would build (the Python API,
+    grpolab.api, passes callables and in-memory datasets this way).
     SIGINT / SIGTERM while it runs: the current step finishes, a checkpoint is saved, and the result
     has ``stopped_by`` set (guards.py). Bad input fails before the model loads where it can.
     """
     with GracefulStop() as stop, dist.session(resolve_device(cfg.model).type), _run_dir_lock(cfg):
-        return _train(cfg, resume=resume, stop=stop)
+        return _train(cfg, resume=resume, stop=stop, rewards=rewards, examples=examples)
 
 
 def _run_dir_lock(cfg: Config):
@@ -76,7 +85,7 @@ def _run_dir_lock(cfg: Config):
     return hold_run_dir(cfg.run_dir) if dist.is_main() else contextlib.nullcontext()
 
 
-def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
+def _train(cfg: Config, *, resume: bool, stop: GracefulStop, rewards=None, examples=None) -> TrainResult:
     run_dir = cfg.run_dir
     mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
     dist.check_divisible(cfg.train.prompts_per_step)
@@ -84,10 +93,11 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     point = dist.broadcast_object(prepare_run_dir(cfg, resume=resume) if dist.is_main() else None)
     resume_from = point.path if point is not None else None
     check_model_source(cfg.model)
-    rewards = build_rewards(cfg)
+    rewards = build_rewards(cfg) if rewards is None else list(rewards)
     check_trackers(cfg.log.trackers)
     gold_rewards = build_gold_rewards(cfg)  # logged, never in the advantages (train/gold.py)
-    examples, _eval_examples = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
+    examples = load_examples(cfg.data, seed=cfg.seed) if examples is None else list(examples)
+    examples, _eval_examples = split_eval(examples, cfg.data.eval_size)
     _dry_run(cfg, rewards, examples)
     _dry_run(cfg, gold_rewards, examples)
     _seed_everything(cfg.seed)
