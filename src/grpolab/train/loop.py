@@ -41,7 +41,7 @@ from grpolab.run.progress import Progress
 from grpolab.run.resume import record_resume
 from grpolab.run.run_info import write_run_info
 from grpolab.run.trackers import check_trackers
-from grpolab.train.batch import LogprobContext, length_by_correctness
+from grpolab.train.batch import LogprobContext, length_by_reward, step_tokens
 from grpolab.train.gold import GoldMonitor, build_gold_rewards
 from grpolab.train.optim import apply_optim_config, build_optimizer
 from grpolab.train.ppo import Critic, rollout_batch_builder
@@ -213,7 +213,8 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop, rewards=None, examp
         if critic is not None:
             metrics.update(critic.update(batch))
         t4 = time.perf_counter()
-        metrics.update(length_by_correctness(completions, reward_t))
+        metrics.update(length_by_reward(completions, reward_t, valid))
+        resumable.num_tokens += int(dist.all_reduce_sum(float(step_tokens(completions))))
         metrics.update(_component_means(scores.components))
         metrics.update(drawn.metrics)
         metrics.update(
@@ -226,6 +227,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop, rewards=None, examp
             }
         )
         metrics = dist.reduce_metrics(metrics)
+        metrics["num_tokens"] = float(resumable.num_tokens)  # already summed over the ranks
         logger.log(step, metrics)
         if cfg.log.samples_every and step % cfg.log.samples_every == 0:
             rows_out = _sample_rows(batch_examples, completions, scores, batch.advantages)
@@ -238,7 +240,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop, rewards=None, examp
         if step == cfg.train.num_steps or (every and step % every == 0) or dist.any_rank(stop.requested):
             resumable.save(cfg, step)
         last_step = step
-        progress.update(step, reward=metrics["train/reward_mean"], kl=metrics.get("loss/kl"), step_time=t4 - t0)
+        progress.update(step, reward=metrics["reward"], kl=metrics.get("kl"), step_time=t4 - t0)
     progress.close()
     logger.close()
     stopped_by = stop.signum if last_step < cfg.train.num_steps else None
@@ -265,8 +267,8 @@ def _component_means(components: dict[str, list[float | None]]) -> dict[str, flo
     out = {}
     for name, values in components.items():
         vals = torch.tensor([v for v in values if v is not None], dtype=torch.float64)
-        out[f"train/reward/{name}"] = float(vals.mean()) if len(vals) else math.nan
-        out[f"train/reward/{name}_std"] = float(vals.std()) if len(vals) > 1 else 0.0
+        out[f"rewards/{name}/mean"] = float(vals.mean()) if len(vals) else math.nan  # TRL's names
+        out[f"rewards/{name}/std"] = float(vals.std()) if len(vals) > 1 else 0.0
     return out
 
 
@@ -314,6 +316,8 @@ class _Resumable:
     critic: Critic | None
     bad_steps: BadSteps
     no_signal: NoSignal
+    num_tokens: int = 0
+    """Prompt + completion tokens trained on since step 1, over every rank (TRL's ``num_tokens``)."""
 
     @property
     def sharded(self) -> bool:
@@ -342,6 +346,7 @@ class _Resumable:
             "minibatch_gen": self.minibatch_gen.get_state(),
             "bad_steps": self.bad_steps.state_dict(),
             "no_signal": self.no_signal.state_dict(),
+            "num_tokens": self.num_tokens,
         }
         if self.sharded:
             state.pop("optimizer")
@@ -391,6 +396,7 @@ class _Resumable:
         self.minibatch_gen.set_state(state["minibatch_gen"])
         self.bad_steps.load_state_dict(state.get("bad_steps", {}))
         self.no_signal.load_state_dict(state.get("no_signal", {}))
+        self.num_tokens = int(state.get("num_tokens", 0))
         if self.critic is not None and self.sharded:
             self.critic.load_state_dict({**state["critic"], "optimizer": self.critic.optimizer.state_dict()})
         elif self.critic is not None:

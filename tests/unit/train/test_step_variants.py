@@ -45,7 +45,7 @@ def test_mismatch_is_measured_every_step_even_without_correction():
     torch.testing.assert_close(grad, torch.tensor([[-1 / 3, -1 / 3], [1 / 3, 0.0]]))
     sums = {**stats, "loss": 0.0, "grad_norm": 0.0, "entropy": 0.0}
     out = _summarise(sums, {"tokens": 3.0, "updates": 1, "skipped": 0}, _Sched())
-    assert out["rollout/sampler_abs_diff"] == pytest.approx(stats["sampler_abs_diff"] / 3)
+    assert out["sampling/sampling_logp_difference/mean"] == pytest.approx(stats["sampler_abs_diff"] / 3)
     _, _, same = _loss([], sampler=OLD)
     assert same["sampler_abs_diff"] == 0.0 and same["sampler_kl"] == 0.0
 
