@@ -52,7 +52,7 @@ def test_trl_quickstart_with_a_dataset_and_trl_rewards(tiny_model_dir, tmp_path,
         step = [s for s in samples if s["step"] == m["step"]]
         assert m["reward"] == pytest.approx(sum(s["reward"] for s in step) / len(step), abs=1e-6)
         assert m["rewards/format_reward/mean"] == pytest.approx(sum(s["reward/format_reward"] for s in step) / len(step), abs=1e-6)
-    assert "trl" == trainer.args.reward.functions[0].kind
+    assert trainer.args.reward.functions[0].kind == "trl"
 
 
 def test_one_call_with_a_list_of_rows_and_a_builtin_reward_name(tiny_model_dir, tmp_path):
