@@ -1,5 +1,5 @@
-"""The README's "Coming from TRL" table: every TRL field exists in the installed GRPOConfig with the default
-the table gives, every grpolab key exists in our config, and the README shows the table as generated."""
+"""The "Coming from TRL" table (docs/trl.md): every TRL field exists in the installed GRPOConfig with the default
+the table gives, every grpolab key exists in our config, and docs/trl.md shows the table as generated."""
 
 import dataclasses
 import typing
@@ -10,7 +10,7 @@ import pytest
 from grpolab.config import Config
 from grpolab.config.from_trl import TRL_KEYS, markdown_table
 
-README = Path(__file__).parents[2] / "README.md"
+README = Path(__file__).parents[2] / "docs" / "trl.md"
 
 
 def _grpolab_key_exists(key: str) -> bool:
@@ -46,5 +46,5 @@ def test_every_grpolab_key_exists_in_the_config():
 
 def test_the_readme_shows_the_table():
     assert markdown_table() in README.read_text(), (
-        "README's 'Coming from TRL' table differs from grpolab.config.from_trl.markdown_table(): paste it again"
+        "docs/trl.md's table differs from grpolab.config.from_trl.markdown_table(): paste it again"
     )
