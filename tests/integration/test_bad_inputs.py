@@ -351,8 +351,7 @@ def test_bad_input_stops_with_a_message_that_says_how_to_fix_it(
         def no_model(*args, **kwargs):
             raise AssertionError("the policy was loaded before the bad input was found")
 
-        for module in (assemble_mod, sft_mod, runner):
-            monkeypatch.setattr(module, "load_policy", no_model)
+        monkeypatch.setattr(assemble_mod, "load_policy", no_model)  # train, sft and eval load it there
     with pytest.raises(case.error) as err:
         run_verb(case.verb, load_config(config, overrides))
     assert message in str(err.value)
