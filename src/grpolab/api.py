@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpolab.config import Config, config_from_dict, config_to_dict, inert_settings, load_config
+from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, inert_settings, load_config
 from grpolab.data import DataError, examples_from_rows
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
@@ -154,7 +154,8 @@ def _assemble(
         if raw.get("data", {}).get("path"):
             raise ConfigError("the data is given twice, as train_dataset and in the config's data.path: keep one")
         rows = dataset_rows(train_dataset)
-        if "answer_field" not in raw.get("data", {}) and not any("answer" in r for r in rows):
+        default = DataConfig.answer_field
+        if raw.get("data", {}).get("answer_field", default) == default and not any(default in r for r in rows):
             _set(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
     cfg = config_from_dict(raw)
     for message in inert_settings(cfg):

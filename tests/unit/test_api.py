@@ -68,6 +68,11 @@ def test_a_trl_reward_is_called_with_the_rows_columns():
     assert reward([Completion(text="2", num_tokens=1), Completion(text="5", num_tokens=1)], trainer.train_dataset) == [1.0, 0.0]
 
 
+def test_a_config_object_with_the_default_answer_field_takes_rows_without_answers():
+    trainer = _trainer(args=Config())
+    assert trainer.args.data.answer_field is None and trainer.train_dataset[1].meta["row"]["solution"] == "4"
+
+
 def test_conversational_rows_and_an_answer_column():
     rows = [{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}]
     trainer = _trainer(train_dataset=rows)
