@@ -170,6 +170,12 @@ def test_a_handler_the_user_set_up_wins(monkeypatch):
     assert package.handlers == []
 
 
+def test_the_top_level_names():
+    import grpolab
+
+    assert grpolab.GRPOTrainer is GRPOTrainer and "GRPOTrainer" in grpolab.__all__
+
+
 @pytest.mark.xfail(strict=True, reason="package rename by lead")
 def test_grpolab_train_is_the_function_after_a_submodule_import():
     import grpolab
