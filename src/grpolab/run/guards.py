@@ -143,7 +143,7 @@ class NoSignal:
 
     @classmethod
     def from_config(cls, cfg) -> NoSignal:
-        """Group baselines read zero_std_frac; process supervision is not judged (its signal is in the step
+        """Group baselines read frac_reward_zero_std; process supervision is not judged (its signal is in the step
         rewards, which these outcome metrics do not see)."""
         from grpolab.config.validate import GROUP_ADVANTAGES
 
