@@ -173,6 +173,11 @@ def _load_from_disk(datasets, local: Path, cfg: DataConfig):
     return ds
 
 
+def examples_from_rows(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, *, origin: str) -> list[Example]:
+    """Examples from rows already in memory (a datasets.Dataset, a list of dicts), read as a file's rows are."""
+    return _rows_to_examples(rows, cfg, origin)
+
+
 def _rows_to_examples(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, origin: str) -> list[Example]:
     from grpolab.tasks.templates import apply_template
 

@@ -20,7 +20,7 @@ from grpolab.config import ModelConfig
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.hub import hub_load_kwargs
 from grpolab.inference import inference_copy
-from grpolab.train.chunked_head import install_chunked_head
+from grpolab.nn.chunked_head import install_chunked_head
 
 log = logging.getLogger(__name__)
 

@@ -90,6 +90,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine (rollout/engines.py): hf = grpolab's own decoder over the live policy; vllm = a
+    vLLM engine per process, its weights synced after every update (pip install 'grpolab[vllm]')."""
     num_generations: int = 8
     """G, completions sampled per prompt (DeepSeekMath: 64; DeepSeek-R1-Zero: 16)."""
     max_completion_length: int = 256
@@ -181,7 +184,7 @@ class AlgoConfig:
     rollout_correction: Literal["none", "tis", "mis"] = "none"
     """Correct for the sampler / trainer log-prob mismatch: tis = truncated importance sampling (weight capped
     at rollout_correction_cap), mis = mask tokens (or sequences) whose weight exceeds the cap. The mismatch
-    itself (rollout/sampler_abs_diff, rollout/sampler_kl) is logged every step either way."""
+    itself (sampling/sampling_logp_difference/mean, rollout/sampler_kl) is logged every step either way."""
     rollout_correction_level: Literal["token", "sequence"] = "token"
     """One correction weight per token, or per sequence (the product of its token weights)."""
     rollout_correction_cap: float = 2.0
@@ -260,7 +263,7 @@ class RewardSpec:
     prompts, completion_ids and every dataset column as keyword lists; native = fn(completion, example);
     auto = trl when the function names completions, prompts or completion_ids."""
     alias: str | None = None
-    """Name this reward is logged and combined under (train/reward/<alias>); needed when two entries
+    """Name this reward is logged and combined under (rewards/<alias>/mean); needed when two entries
     would otherwise share a name, e.g. the same reward with two kwargs. null = the reward's own name."""
 
 
@@ -281,7 +284,7 @@ class ProcessRewardSpec:
 @dataclass(frozen=True)
 class RewardConfig:
     functions: tuple[RewardSpec, ...] = ()
-    """Rewards summed with their weights; each component is logged as train/reward/<name>."""
+    """Rewards summed with their weights; each component is logged as rewards/<name>/mean."""
     timeout_s: float = 60.0
     """Per-call time limit for a reward on one batch."""
     dry_run_examples: int = 4
