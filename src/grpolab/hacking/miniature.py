@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from grpolab import jsonio
 from grpolab.config import Config
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def _reward_model_stage(base: Config, sft_dir: Path) -> tuple[Path, str]:
     examples, _ = split_eval(load_examples(base.data, seed=base.seed), base.data.eval_size)
     pairs = length_shortcut_pairs(examples[:NUM_PAIRS], seed=base.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    path.write_text("".join(jsonio.dumps(p) + "\n" for p in pairs))
     rm_cfg = dataclasses.replace(rm_cfg, base_model=str(sft_dir), data_path=str(path))
     train_reward_model(dataclasses.replace(base, reward_model=rm_cfg))
     return out, _rm_note(out, path, rm_cfg.epochs)

@@ -16,7 +16,6 @@ that checkpoint (``config.yaml`` inside it, else the run's), field by field:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from grpolab import jsonio
 from grpolab.config import Config, ConfigError, config_from_dict, config_to_dict
 from grpolab.run import checkpoint as ckpt
 
@@ -139,4 +139,4 @@ def record_resume(cfg: Config, point: ResumePoint, step: int) -> None:
     row = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "checkpoint": str(point.path), "step": step,
            "changes": changes}
     with Path(cfg.run_dir, "resumes.jsonl").open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(row, default=str) + "\n")
+        fh.write(jsonio.dumps(row, default=str) + "\n")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from grpolab import jsonio
 from grpolab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class TensorBoardTracker:
         self.state: dict[str, Any] = {}
         self.writer = SummaryWriter(str(run.run_dir / "tb"), purge_step=run.resume_step)
         if run.resume_step is None:
-            self.writer.add_text("config", "```\n" + json.dumps(run.config, indent=2) + "\n```", 0)
+            self.writer.add_text("config", "```\n" + jsonio.dumps(run.config, indent=2) + "\n```", 0)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for k, v in finite_scalars(metrics).items():
@@ -215,7 +216,7 @@ def open_trackers(
     if names:
         state = {**saved, **{name: t.state for name, t in opened.items() if t.state}}
         tmp = state_path.with_name(STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.write_text(jsonio.dumps(state, indent=2) + "\n")
         os.replace(tmp, state_path)
     return opened
 

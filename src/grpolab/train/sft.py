@@ -13,7 +13,6 @@ The result is a model folder (``save_pretrained`` + tokenizer) that ``grpolab tr
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab import jsonio
 from grpolab.config import Config, ConfigError, dump_config
 from grpolab.data import DataError, PromptSampler, load_examples, split_eval, tokenize_prompts
 from grpolab.models import load_policy, resolve_autocast, resolve_device
@@ -193,5 +193,5 @@ def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
         "reached_target": reached,
         "seconds": result.seconds,
     }
-    (out / "sft_result.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "sft_result.json").write_text(jsonio.dumps(summary, indent=1) + "\n")
     return result
