@@ -19,9 +19,16 @@ from typing import Any
 import torch
 
 from grpolab.config import Config, ConfigError, config_to_dict, dump_config
-from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
+from grpolab.data import PromptSampler, check_prompt_chars, load_examples, split_eval, tokenize_prompts
 from grpolab.inference import limit_cpu_threads
-from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
+from grpolab.models import (
+    Reference,
+    count_parameters,
+    load_policy,
+    load_tokenizer,
+    resolve_autocast,
+    resolve_device,
+)
 from grpolab.rewards import dry_run
 from grpolab.rollout.hf import sampler_from_config
 from grpolab.run import checkpoint as ckpt
@@ -90,6 +97,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     examples, _eval_examples = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
     _dry_run(cfg, rewards, examples)
     _dry_run(cfg, gold_rewards, examples)
+    check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)  # a 30 MB prompt: an error, before the model
     _seed_everything(cfg.seed)
     baseline_mem_mb = peak_memory_mb(resolve_device(cfg.model))  # before any model loads
 

@@ -25,8 +25,15 @@ import torch
 
 from grpolab import jsonio
 from grpolab.config import Config, ConfigError, dump_config
-from grpolab.data import DataError, PromptSampler, load_examples, split_eval, tokenize_prompts
-from grpolab.models import load_policy, resolve_autocast, resolve_device
+from grpolab.data import (
+    DataError,
+    PromptSampler,
+    check_prompt_chars,
+    load_examples,
+    split_eval,
+    tokenize_prompts,
+)
+from grpolab.models import load_policy, load_tokenizer, resolve_autocast, resolve_device
 from grpolab.run.host import give_back_freed_memory, giving_back_freed_memory
 from grpolab.run.logging import RunLogger
 from grpolab.run.progress import Progress
@@ -138,6 +145,7 @@ def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
     examples, _held_out = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
     if missing := [i for i, e in enumerate(examples) if e.answer is None]:  # before any model loads
         raise DataError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
+    check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)
     model, tok = load_policy(cfg.model)
     amp = resolve_autocast(cfg.model, resolve_device(cfg.model))
     dev: list[Example] = []
