@@ -121,11 +121,26 @@ def check_context(cfg: Config, prompt_ids: Sequence[Sequence[int]], model_config
     total = prompt_len + cfg.rollout.max_completion_length
     if total <= limit:
         return
+    room = limit - cfg.rollout.max_completion_length  # what the completions leave for a prompt
+    if prompt_len >= limit:
+        advice = (
+            f"The prompt alone fills the context: set data.max_prompt_length to {limit - 1} or less to find "
+            "the long prompts, and lower rollout.max_completion_length"
+        )
+    elif room < 1:
+        advice = (
+            f"rollout.max_completion_length alone fills the context: lower it to {limit - prompt_len} or less "
+            "(the prompts need room too)"
+        )
+    else:
+        advice = (
+            f"Lower rollout.max_completion_length to {limit - prompt_len} or less, or set "
+            f"data.max_prompt_length to {room} or less to find the long prompts"
+        )
     message = (
         f"the longest prompt (example {longest}, {prompt_len} tokens) + rollout.max_completion_length="
         f"{cfg.rollout.max_completion_length} = {total} tokens, beyond the model's max_position_embeddings="
-        f"{limit}. Lower rollout.max_completion_length to {max(limit - prompt_len, 0)} or less, or set "
-        f"data.max_prompt_length below {limit - cfg.rollout.max_completion_length} to find the long prompts"
+        f"{limit}. {advice}"
     )
     rotary = getattr(model_config, "rope_parameters", None) or getattr(model_config, "rope_theta", None)
     if rotary is None:
