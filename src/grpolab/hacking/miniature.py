@@ -103,7 +103,9 @@ def _sft_stage(base: Config) -> tuple[Path, str]:
         log.warning("reusing the SFT model in %s (delete it to train it again)", base.sft_dir)
     else:
         init = save_tiny(base.run_dir / "init_model", seed=base.seed, **SIZES["full"][0])
-        sft(dataclasses.replace(base, model=dataclasses.replace(base.model, name_or_path=init)))
+        done = sft(dataclasses.replace(base, model=dataclasses.replace(base.model, name_or_path=init)), resume=True)
+        if done.stopped_by is not None:  # Ctrl-C: the SFT checkpoint is saved; a rerun continues it
+            raise KeyboardInterrupt
     return base.sft_dir, _sft_note(base.sft_dir)
 
 
