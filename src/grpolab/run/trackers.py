@@ -18,11 +18,11 @@ creates.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import logging
 import math
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +132,7 @@ class TrackioTracker:
 
     def __init__(self, run: TrackerRun) -> None:
         trackio = _import("trackio")
+        check_trackio_store()
         resuming = run.resume_step is not None and bool(run.state)
         self.trackio = trackio
         self.run = trackio.init(
@@ -176,20 +177,50 @@ def _missing(module: str) -> ConfigError:
     )
 
 
-def _import(module: str):
+MODULES = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "trackio": "trackio"}
+"""What each tracker imports."""
+
+
+def _import(module: str, name: str | None = None):
+    """The tracker's module; one that is missing or breaks while importing is a ConfigError."""
+    name = name or module
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise _missing(module) from err
+        raise _missing(name) from err
+    except Exception as err:  # noqa: BLE001 - a broken install raises anything (SyntaxError, AttributeError...)
+        raise ConfigError(
+            f"log.report_to names {name}, but importing it failed ({type(err).__name__}: "
+            f"{' '.join(str(err).split())[:200]}); reinstall it (pip install --force-reinstall {name}) or remove "
+            "it from log.report_to"
+        ) from err
 
 
 def check_trackers(names: Sequence[str]) -> None:
-    """Before any model loads: every tracker of log.report_to is installed."""
+    """Before any model loads: every tracker of log.report_to imports, and trackio's store is writable."""
     for name in names:
         if name not in TRACKERS:
             raise ConfigError(f"log.report_to: unknown tracker {name!r}; known: {', '.join(TRACKERS)}")
-        if name != "tensorboard" and importlib.util.find_spec(name) is None:
-            raise _missing(name)
+        _import(MODULES[name], name)
+        if name == "trackio":
+            check_trackio_store()
+
+
+def check_trackio_store() -> None:
+    """trackio writes its local store from a background thread that drops what it cannot write: an
+    unwritable store would lose every metric with exit status 0, so it is tested here."""
+    from trackio import utils
+
+    store = Path(utils.TRACKIO_DIR)
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=store, prefix=".grpolab_check_"):
+            pass
+    except OSError as err:
+        raise ConfigError(
+            f"log.report_to: trackio's store {store} cannot be written ({err.strerror or err}); set TRACKIO_DIR "
+            "to a writable folder, fix its permissions, or remove trackio from log.report_to"
+        ) from err
 
 
 def open_trackers(

@@ -6,7 +6,6 @@ pi_old <- pi_theta; sample G outputs per question; reward; group-relative advant
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -34,7 +33,7 @@ from grpolab.rollout.hf import sampler_from_config
 from grpolab.run import checkpoint as ckpt
 from grpolab.run import dist, parallel, sharded
 from grpolab.run.guards import BadSteps, GracefulStop, NoSignal
-from grpolab.run.lock import hold_run_dir
+from grpolab.run.lock import hold_run_dir_for_job
 from grpolab.run.logging import RunLogger, peak_memory_mb
 from grpolab.run.preflight import (
     build_rewards,
@@ -80,7 +79,7 @@ def train(cfg: Config, *, resume: bool = False) -> TrainResult:
 
 def _run_dir_lock(cfg: Config):
     """One writer per run dir (run/lock.py): under torchrun the rank that writes it, rank 0, holds it."""
-    return hold_run_dir(cfg.run_dir) if dist.is_main() else contextlib.nullcontext()
+    return hold_run_dir_for_job(cfg.run_dir)  # a refusal stops every rank with one line
 
 
 def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
