@@ -18,11 +18,11 @@ RECIPES = {
     "cispo": ("grpo", "token-mean", "cispo", "token", "loss", "k3", 0.0, 1.0, 4.0, 1, 16, False, False),
     "rloo": ("rloo", "seq-mean-token-sum", "clip", "token", "reward", "k1", 0.05, 0.2, 0.2, 1, 1, False, False),
     "online_rft": ("online_rft", "seq-mean-token-mean", "clip", "token", "loss", "k3", 0.0, 0.2, 0.2, 1, 1, False, False),
-    "reinforce_pp": ("reinforce_pp", "token-mean", "clip", "token", "reward", "k1", 0.01, 0.2, 0.2, 1, 4, False, False),
+    "reinforce_pp": ("reinforce_pp", "token-mean", "clip", "token", "reward", "k1", 0.01, 0.2, 0.2, 1, 2, False, False),
     "reinforce_pp_baseline": (
         "reinforce_pp_baseline", "token-mean", "clip", "token", "loss", "k2", 1e-3, 0.2, 0.2, 1, 1, False, False,
     ),
-    "ppo": ("gae", "seq-mean-token-mean", "clip", "token", "reward", "k1", 0.04, 0.2, 0.2, 1, 4, False, False),
+    "ppo": ("gae", "seq-mean-token-mean", "clip", "token", "reward", "k1", 0.04, 0.2, 0.2, 1, 2, False, False),
 }  # fmt: skip
 FIELDS = (
     "advantage", "loss_agg", "policy_loss", "importance_level", "kl_in", "kl_estimator", "beta", "clip_low",
