@@ -43,6 +43,9 @@ SEED_LIMIT = INT_LIMIT - (1 << 16)
 
 def check_finite(cfg: Any) -> None:
     """Every float finite, every int within 64 bits (math.isfinite of a huge int raises OverflowError)."""
+    seed = getattr(cfg, "seed", 0)
+    if not -SEED_LIMIT < seed < SEED_LIMIT:
+        raise ConfigError(f"seed={seed} is too large: give a seed of at most 63 bits (|seed| < 2**63 - 65536)")
     for key, value in numeric_fields(cfg):
         if isinstance(value, int) and not -INT_LIMIT < value < INT_LIMIT:
             raise ConfigError(
@@ -51,8 +54,6 @@ def check_finite(cfg: Any) -> None:
             )
         if not math.isfinite(value):
             raise ConfigError(f"config key '{key}' is {value!r}; give a finite number")
-    if not -SEED_LIMIT < getattr(cfg, "seed", 0) < SEED_LIMIT:
-        raise ConfigError(f"seed={cfg.seed} is too large: give a seed of at most 63 bits (|seed| < 2**63 - 65536)")
 
 
 def _range_checks(cfg: Any) -> list[tuple[bool, str]]:
