@@ -198,6 +198,8 @@ def verify_checkpoint(path: Path) -> str | None:
                 return f"{name} has {file.stat().st_size} bytes, {want['size']} were written"
             if want.get("sha256") is not None and _sha256(file) != want["sha256"]:
                 return f"{name} does not match its checksum"
+        for state in path.glob("trainer_state*.pt"):
+            check_safe(state)  # intact, perhaps, but hostile: say so rather than call it damaged
         return None
     missing = [f for f in REQUIRED if not (path / f).is_file()]
     if not any((path / w).is_file() for w in WEIGHTS):
@@ -272,13 +274,32 @@ def safe_load(file: Path) -> Any:
     try:
         return torch.load(file, weights_only=True)
     except pickle.UnpicklingError as err:
-        found = next((line.strip() for line in str(err).splitlines() if "Unsupported" in line), "")
-        raise CheckpointError(
-            f"{file} holds more than tensors and plain data ({found or 'objects torch will not load safely'}); "
-            "grpolab reads checkpoints with torch.load(weights_only=True), so a crafted file cannot run code on "
-            "--resume. It was edited or written by other software: resume from another checkpoint (move this "
-            "one away) or start the run anew (log.overwrite=true)"
-        ) from err
+        raise _unsafe(file, _unsafe_globals(file)) from err
+
+
+def check_safe(file: Path) -> None:
+    """A CheckpointError if ``file`` names anything torch.load(weights_only=True) refuses; reads the
+    pickle's opcodes only (no tensor data), so a checkpoint is judged before any model loads."""
+    found = _unsafe_globals(file)
+    if found:
+        raise _unsafe(file, found)
+
+
+def _unsafe_globals(file: Path) -> list[str]:
+    try:
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(file))
+    except Exception:  # noqa: BLE001 - a damaged file: the load that follows names the damage
+        return []
+
+
+def _unsafe(file: Path, found: list[str]) -> CheckpointError:
+    named = f"it names {', '.join(found[:3])}" if found else "torch will not load it safely"
+    return CheckpointError(
+        f"{file} holds more than tensors and plain data ({named}); grpolab reads checkpoints with "
+        "torch.load(weights_only=True) so that a crafted file cannot run code on --resume. It was edited or "
+        "written by other software: resume from another checkpoint (move this one away) or start the run anew "
+        "(log.overwrite=true)"
+    )
 
 
 def _fsync_dir(path: Path) -> None:

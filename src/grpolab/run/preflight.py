@@ -6,6 +6,7 @@ then (once the tokenizer and model config are loaded) the context length.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Sequence
@@ -75,6 +76,29 @@ def check_model_source(cfg: ModelConfig) -> None:
             f"model.name_or_path: {source} is a folder without config.json (or adapter_config.json); "
             "point it at the model folder itself"
         )
+    if path.is_dir():
+        _check_model_files(path, source)
+
+
+def _check_model_files(path: Path, source: str) -> None:
+    """A sharded (torchrun) checkpoint, or a model whose index names a shard that is not there."""
+    if (path / "sharded.json").exists():
+        raise ModelLoadError(
+            f"model.name_or_path: {source} is a sharded (torchrun) checkpoint, not a model folder: export it "
+            f"first (grpolab export {source} <folder>), or resume its run with grpolab train --resume"
+        )
+    for index in path.glob("*.safetensors.index.json"):
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ModelLoadError(f"model.name_or_path: {index} is unreadable ({err}); the model folder is damaged") from err
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise ModelLoadError(
+                f"model.name_or_path: {path / missing[0]}, listed in {index.name}, is missing"
+                f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: the folder was copied or "
+                "exported only in part; copy or export it again"
+            )
 
 
 def build_rewards(
