@@ -383,9 +383,12 @@ def dry_run(
     _check_inputs(rewards, completions, examples)
     count = min(max_examples, len(completions))
     per_sample_s: dict[str, float] = {}
+    values: dict[str, list[float | None]] = {}
     for wr in rewards:
         start = time.perf_counter()
-        for j in range(count):
-            _score_one(wr, [completions[j]], [examples[j]], timeout_s, first_index=j)
+        values[wr.name] = [_score_one(wr, [completions[j]], [examples[j]], timeout_s, first_index=j)[0]
+                           for j in range(count)]
         per_sample_s[wr.name] = (time.perf_counter() - start) / max(count, 1)
+    for j in range(count):  # the weighted totals too: 1e308 x weight 10 is inf
+        _total(rewards, values, j, examples[j])
     return per_sample_s
