@@ -7,8 +7,9 @@ naming that holder. The kernel drops a flock when its process dies (even by SIGK
 left by a dead run is simply taken over (its old holder is logged). ``flock`` is advisory and local:
 on NFS each host sees only its own locks.
 
-In a distributed job only the process that writes the run directory takes it (rank 0): call
-``hold_run_dir`` there and a no-op context elsewhere; this is the single entry point.
+In a distributed job only the process that writes the run directory takes it (rank 0):
+``hold_run_dir_for_job`` takes it there and tells every rank the outcome, so that a refused lock stops
+each rank with its own one-line error.
 """
 
 from __future__ import annotations
