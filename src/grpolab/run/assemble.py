@@ -15,7 +15,8 @@ order so that bad input fails before the model loads and nothing is deleted befo
    then config.yaml, run_info.json and the logger.
 
 ``sft`` and ``eval`` (and so ``compare`` and the demo, which run train, sft and eval) use the same pieces:
-``training_examples``, ``load_model``, ``build_rewards``, ``build_gold_rewards``, ``build_sampler``.
+``training_examples`` / ``split_examples``, ``load_model``, ``build_rewards``, ``build_gold_rewards`` and
+``build_sampler``.
 
 For the Python API, ``rewards`` (a list like ``build_rewards`` returns) and ``examples`` (``Example``
 objects, in place of what ``cfg.data`` loads; ``data.eval_size`` still holds out the last ones) may be
@@ -35,17 +36,24 @@ from typing import Any
 
 import torch
 
-from grpolab.config import Config, config_to_dict, dump_config
-from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
+from grpolab.config import Config, ModelConfig, config_to_dict, dump_config
+from grpolab.data import PromptSampler, check_prompt_chars, load_examples, split_eval, tokenize_prompts
 from grpolab.inference import limit_cpu_threads
-from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
+from grpolab.models import (
+    Reference,
+    count_parameters,
+    load_policy,
+    load_tokenizer,
+    resolve_autocast,
+    resolve_device,
+)
 from grpolab.rewards import WeightedReward, dry_run
 from grpolab.rewards.gold import GoldMonitor, build_gold_rewards
 from grpolab.rollout.base import Sampler
 from grpolab.rollout.engines import build_sampler, check_engine
 from grpolab.run import dist, parallel
 from grpolab.run.guards import BadSteps, NoSignal
-from grpolab.run.lock import hold_run_dir
+from grpolab.run.lock import hold_run_dir_for_job
 from grpolab.run.logging import RunLogger, peak_memory_mb
 from grpolab.run.preflight import (
     build_rewards,
@@ -75,6 +83,7 @@ __all__ = [
     "build_sampler",
     "load_model",
     "session",
+    "split_examples",
     "training_examples",
 ]
 
@@ -123,10 +132,9 @@ class Run:
 def session(cfg: Config) -> Iterator[None]:
     """The process group (one process: world size 1) and the run directory's lock, held by the rank
     that writes it, rank 0 (run/lock.py): ``assemble`` and the loop run inside it."""
-    with dist.session(resolve_device(cfg.model).type):
-        lock = hold_run_dir(cfg.run_dir) if dist.is_main() else contextlib.nullcontext()
-        with lock:
-            yield
+    # a refused lock stops every rank with one line (run/lock.py)
+    with dist.session(resolve_device(cfg.model).type), hold_run_dir_for_job(cfg.run_dir):
+        yield
 
 
 def assemble(
@@ -158,7 +166,7 @@ def assemble(
 
 def _build(cfg: Config, mode: str, rewards, gold_rewards, examples) -> Run:
     """The models, then the parts of a step, at step 0 (``_start`` restores a checkpoint into them)."""
-    plain, tok = load_model(cfg)
+    plain, tok = load_model(cfg.model)
     device = resolve_device(cfg.model)
     amp = resolve_autocast(cfg.model, device)
     reference = Reference(plain, amp) if cfg.algo.needs_reference else None
@@ -209,20 +217,29 @@ def _check_inputs(cfg: Config, resume: bool, rewards, examples):
     examples = training_examples(cfg, examples)
     _dry_run(cfg, rewards, examples)
     _dry_run(cfg, gold_rewards, examples)
+    check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)  # a 30 MB prompt: an error, before the model
     return mode, point, rewards, gold_rewards, examples
+
+
+def split_examples(
+    cfg: Config, examples: Sequence[Example] | None = None
+) -> tuple[list[Example], list[Example]]:
+    """(training, held out): the examples of ``cfg.data`` (or ``examples``), the last ``data.eval_size``
+    held out for evaluation and never drawn for training."""
+    loaded = load_examples(cfg.data, seed=cfg.seed) if examples is None else list(examples)
+    return split_eval(loaded, cfg.data.eval_size)
 
 
 def training_examples(cfg: Config, examples: Sequence[Example] | None = None) -> list[Example]:
     """The examples of ``cfg.data`` (or ``examples``) less the ``data.eval_size`` held out at the end."""
-    loaded = load_examples(cfg.data, seed=cfg.seed) if examples is None else list(examples)
-    return split_eval(loaded, cfg.data.eval_size)[0]
+    return split_examples(cfg, examples)[0]
 
 
-def load_model(cfg: Config):
-    """(policy, tokenizer) of ``cfg.model`` on its device; on a CPU no more threads than the cores this
+def load_model(model_cfg: ModelConfig):
+    """(policy, tokenizer) of ``model_cfg`` on its device; on a CPU no more threads than the cores this
     process may use."""
-    model, tok = load_policy(cfg.model)
-    if resolve_device(cfg.model).type == "cpu":
+    model, tok = load_policy(model_cfg)
+    if resolve_device(model_cfg).type == "cpu":
         limit_cpu_threads()
     return model, tok
 
