@@ -10,13 +10,19 @@ A reward may also be asynchronous: ``is_async = True`` and ``async acall(complet
 (TRL-style ``async def`` functions, rewards.trl_style). ``score_batch`` awaits all of a batch's async
 rewards together with ``asyncio.gather`` under one ``timeout_s``, then runs the others in turn.
 
-A reward with ``main_thread = True`` (a synchronous TRL function, whose math-verify calls use
-signal.alarm) runs in the main thread instead, and its timeout interrupts it there.
+With a timeout, a reward runs in a worker process (grpolab.rewards.worker), killed when the time is
+up, so the timeout holds whatever the reward does (a bare ``except:``, a catastrophic regex in C),
+unless the reward sets ``in_process = True``: grpolab's rule rewards (short, linear-time string
+code), code_tests (its own sandboxes are killed at their deadlines; it waits on them without the
+GIL) and the neural rewards (they need the trainer's device) do. Those run in the trainer:
 
-Timeouts run the reward in a daemon ``threading.Thread`` rather than a ``concurrent.futures``
-pool: a pool's worker threads are joined at interpreter exit, so one reward stuck forever (a
-math-verify parse on an adversarial string) would keep the process from exiting after the error.
-A daemon thread is abandoned instead.
+* a reward with ``main_thread = True`` (a synchronous TRL function, whose math-verify calls use
+  signal.alarm) in the main thread, interrupted there between bytecodes;
+* the others in a daemon ``threading.Thread`` rather than a ``concurrent.futures`` pool: a pool's
+  threads are joined at interpreter exit, so one reward stuck forever would keep the process from
+  exiting after the error. A daemon thread is abandoned instead.
+
+Without a timeout (``timeout_s=None``) every reward is called directly.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import _thread
 import asyncio
 import math
 import numbers
+import os
 import signal
 import threading
 import time
@@ -33,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn, Protocol, runtime_checkable
 
 from grpolab.errors import GrpolabError
+from grpolab.rewards.worker import WorkerDied, WorkerTimeout, gathered, worker_for
 from grpolab.types import Completion, Example
 
 SampleFn = Callable[[Completion, Example], "float | None"]
@@ -51,6 +59,9 @@ class SampleError(RewardError):
             "Fix the reward function, or the dataset row it cannot handle."
         )
         self.name, self.index, self.example, self.exc = name, index, example, exc
+
+    def __reduce__(self):  # pickled by its fields (sent back from a reward's worker process)
+        return (type(self), (self.name, self.index, self.example, self.exc), {"__notes__": getattr(self, "__notes__", [])})
 
 
 @runtime_checkable
@@ -133,12 +144,44 @@ class ScoreResult:
     """Per reward name, wall-clock seconds of its call."""
 
 
+def isolated(reward: object, timeout_s: float | None) -> bool:
+    """Whether ``reward`` runs in a worker process (module docstring)."""
+    return timeout_s is not None and not getattr(reward, "in_process", False) and hasattr(os, "fork")
+
+
 def _call(reward: Reward, completions: list, examples: list, timeout_s: float | None, first_index: int):
     call = lambda: reward(completions, examples)  # noqa: E731
     label = f"'{reward.name}'"
+    if isolated(reward, timeout_s):
+        return _bounded_in_worker(reward, (completions, examples), label, examples, timeout_s, first_index)
     if getattr(reward, "main_thread", False) and timeout_s is not None and _can_interrupt_main():
         return _bounded_in_main(call, label, examples, timeout_s, first_index)
     return _bounded(call, label, examples, timeout_s, first_index)
+
+
+def _too_slow(label: str, examples: list, timeout_s: float, first_index: int) -> RewardError:
+    return RewardError(
+        f"reward {label} took longer than {timeout_s:g} s on a batch of {len(examples)} "
+        f"completions (first {describe_example(examples[0], first_index)}); raise reward.timeout_s or make it faster"
+    )
+
+
+def _died(label: str, examples: list, first_index: int, how: object) -> RewardError:
+    return RewardError(
+        f"reward {label} ended its worker process ({how}) on a batch of {len(examples)} completions (first "
+        f"{describe_example(examples[0], first_index)}); a reward must return its values, not exit or crash"
+    )
+
+
+def _bounded_in_worker(reward, args: tuple, label: str, examples: list, timeout_s, first_index: int):
+    worker = worker_for(reward)
+    worker.submit(reward, args)
+    try:
+        return worker.result(time.monotonic() + timeout_s)
+    except WorkerTimeout:
+        raise _too_slow(label, examples, timeout_s, first_index) from None
+    except WorkerDied as died:
+        raise _died(label, examples, first_index, died) from None
 
 
 class _Timeout(BaseException):
@@ -171,10 +214,7 @@ def _bounded_in_main(fn: Callable[[], object], label: str, examples: list, timeo
         done.set()
         return value
     except _Timeout:
-        raise RewardError(
-            f"reward {label} took longer than {timeout_s:g} s on a batch of {len(examples)} "
-            f"completions (first {describe_example(examples[0], first_index)}); raise reward.timeout_s or make it faster"
-        ) from None
+        raise _too_slow(label, examples, timeout_s, first_index) from None
     finally:
         done.set()
         timer.cancel()
@@ -197,10 +237,7 @@ def _bounded(fn: Callable[[], object], label: str, examples: list, timeout_s: fl
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
-        raise RewardError(
-            f"reward {label} took longer than {timeout_s:g} s on a batch of {len(examples)} "
-            f"completions (first {describe_example(examples[0], first_index)}); raise reward.timeout_s or make it faster"
-        )
+        raise _too_slow(label, examples, timeout_s, first_index)
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["value"]
@@ -282,21 +319,46 @@ def _score_async(
     rewards: Sequence[WeightedReward], completions: list, examples: list, timeout_s: float | None
 ) -> dict[str, list[float | None]]:
     """Await every async reward together (asyncio.gather, in a fresh loop), each result then checked."""
-
-    async def gather() -> list:
-        calls = (wr.reward.acall(completions, examples) for wr in rewards)  # type: ignore[attr-defined]
-        return await asyncio.gather(*calls, return_exceptions=True)
-
     label = "+".join(f"'{wr.name}'" for wr in rewards) + " (async, awaited together)"
-    results = _bounded(lambda: asyncio.run(gather()), label, examples, timeout_s, 0)
+    away = [i for i, wr in enumerate(rewards) if isolated(wr.reward, timeout_s)]
+    here = [i for i in range(len(rewards)) if i not in away]
+    results: dict[int, object] = {}
+    start = time.monotonic()
+    if away:  # awaited together in one worker's event loop, as TRL awaits them
+        group = gathered(tuple(rewards[i].reward for i in away))
+        worker = worker_for(group)
+        worker.submit(group, (completions, examples), asynchronous=True)
+    try:
+
+        async def gather() -> list:
+            calls = (rewards[i].reward.acall(completions, examples) for i in here)  # type: ignore[attr-defined]
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+        if here:
+            results.update(zip(here, _bounded(lambda: asyncio.run(gather()), label, examples, timeout_s, 0), strict=True))
+        if away:
+            results.update(zip(away, _in_worker(worker, start + timeout_s, label, examples, timeout_s), strict=True))  # type: ignore[operator]
+    finally:
+        if away and worker.pending:  # not waited for (the others failed): stopped
+            worker.kill()
     out = {}
-    for wr, values in zip(rewards, results, strict=True):  # type: ignore[call-overload]
+    for wr, values in zip(rewards, (results[i] for i in range(len(rewards))), strict=True):
         if isinstance(values, BaseException):
             if not isinstance(values, Exception):
                 raise values
             _raise_failure(wr, values, examples, 0)
         out[wr.name] = _checked_values(wr.name, values, examples, 0)
     return out
+
+
+def _in_worker(worker, deadline: float, label: str, examples: list, timeout_s: float) -> list:
+    """The values of each async reward awaited in ``worker``, or the exception it raised."""
+    try:
+        return worker.result(deadline)
+    except WorkerTimeout:
+        raise _too_slow(label, examples, timeout_s, 0) from None
+    except WorkerDied as died:
+        raise _died(label, examples, 0, died) from None
 
 
 def _check_inputs(rewards: Sequence[WeightedReward], completions: Sequence, examples: Sequence) -> None:

@@ -28,10 +28,10 @@ when the trainer stopped waiting for this run (a reward timeout) or was killed.
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import json
 import os
-import builtins
 import resource
 import select
 import shutil
