@@ -38,6 +38,7 @@ from grpolab.rewards.base import (
 from grpolab.rewards.code import make_code_tests
 from grpolab.rewards.math_answer import make_math_accuracy
 from grpolab.rewards.trl_style import TrlReward, looks_like_trl
+from grpolab.rewards.worker import start_workers
 
 
 def _make_gym_score() -> PerSample:
@@ -217,4 +218,5 @@ __all__ = [
     "dry_run",
     "per_sample",
     "score_batch",
+    "start_workers",
 ]

@@ -31,7 +31,6 @@ import _thread
 import asyncio
 import math
 import numbers
-import os
 import signal
 import threading
 import time
@@ -40,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn, Protocol, runtime_checkable
 
 from grpolab.errors import GrpolabError
-from grpolab.rewards.worker import WorkerDied, WorkerTimeout, gathered, worker_for
+from grpolab.rewards.worker import WorkerDied, WorkerTimeout, gathered, isolated, worker_for
 from grpolab.types import Completion, Example
 
 SampleFn = Callable[[Completion, Example], "float | None"]
@@ -142,11 +141,6 @@ class ScoreResult:
     """Per reward name, [N] unweighted values, for logging."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Per reward name, wall-clock seconds of its call."""
-
-
-def isolated(reward: object, timeout_s: float | None) -> bool:
-    """Whether ``reward`` runs in a worker process (module docstring)."""
-    return timeout_s is not None and not getattr(reward, "in_process", False) and hasattr(os, "fork")
 
 
 def _call(reward: Reward, completions: list, examples: list, timeout_s: float | None, first_index: int):

@@ -29,6 +29,7 @@ import sys
 import time
 import traceback
 import weakref
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -62,12 +63,16 @@ class Worker:
             self._forget()
         return not done
 
+    def start(self, reward: Any) -> None:
+        """Fork the worker now (it is also made at the first call, when there is none)."""
+        if not self.alive():
+            self._start(reward)
+
     def submit(self, reward: Any, args: tuple, *, asynchronous: bool = False) -> None:
         """Send one call (``reward(*args)``, or ``reward.acall(*args)`` awaited) to the worker."""
         if self.pending:
             self.kill()  # a call nobody waited for: its answer must not be read as this one's
-        if not self.alive():
-            self._start(reward)
+        self.start(reward)
         self.conn.send_bytes(pickle.dumps((asynchronous, args), pickle.HIGHEST_PROTOCOL))  # type: ignore[union-attr]
         self.pending = True
 
@@ -149,6 +154,25 @@ class Worker:
 _PARENT_ENDS: set[Connection] = set()
 _WORKERS: weakref.WeakKeyDictionary[Any, Worker] = weakref.WeakKeyDictionary()
 _WORKERS_BY_ID: dict[int, tuple[Any, Worker]] = {}  # rewards that cannot be weakly referenced
+
+
+def isolated(reward: Any, timeout_s: float | None) -> bool:
+    """Whether ``reward`` runs in a worker process: with a timeout, unless it sets ``in_process = True``."""
+    return timeout_s is not None and not getattr(reward, "in_process", False) and hasattr(os, "fork")
+
+
+def start_workers(rewards: Sequence[Any], timeout_s: float | None) -> None:
+    """Fork the workers of ``rewards`` (WeightedReward or reward objects) now, as score_batch would group them.
+
+    Call it before a model loads when no dry run comes first, so that a worker shares almost no memory
+    with the trainer (module docstring).
+    """
+    found = [getattr(r, "reward", r) for r in rewards]
+    away = [r for r in found if isolated(r, timeout_s)]
+    is_async = [bool(getattr(r, "is_async", False)) and hasattr(r, "acall") for r in away]
+    group = tuple(r for r, a in zip(away, is_async, strict=True) if a)  # awaited together, as in score_batch
+    for reward in [r for r, a in zip(away, is_async, strict=True) if not a] + ([gathered(group)] if group else []):
+        worker_for(reward).start(reward)
 
 
 def worker_for(reward: Any) -> Worker:

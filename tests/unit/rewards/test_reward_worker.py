@@ -23,6 +23,7 @@ from grpolab.rewards import (
     dry_run,
     per_sample,
     score_batch,
+    start_workers,
 )
 from grpolab.rewards.base import isolated
 from grpolab.rewards.worker import worker_for
@@ -198,3 +199,13 @@ def test_overhead_per_call_is_small():
         score_batch([reward], completions, examples, timeout_s=5.0)
     per_call_s = (time.perf_counter() - start) / 200
     assert per_call_s < 0.02  # about 0.2 ms alone on this machine; 100x that under heavy contention
+
+
+def test_workers_can_be_started_before_the_first_call():
+    """So that a run without a dry run forks them before its model loads (docs/code_reward.md)."""
+    sync, asynchronous = WeightedReward(per_sample(lambda c, e: 1.0, name="sync")), WeightedReward(AsyncOk())
+    start_workers([sync, asynchronous, build_reward("exact_match")], timeout_s=5.0)
+    pid = worker_for(sync.reward).pid
+    assert pid is not None
+    assert score_batch([sync, asynchronous], *batch("a"), timeout_s=5.0).total == [1.5]
+    assert worker_for(sync.reward).pid == pid  # the call went to the worker started above
