@@ -95,16 +95,22 @@ class Worker:
         return payload
 
     def kill(self) -> None:
+        """Kill the worker and what it started in its process group (a reward's subprocess), and reap it."""
         if self.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:  # not yet its own group leader
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
         self._forget()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit the worker dies with us anyway
+        try:  # noqa: SIM105 (contextlib may be gone at interpreter exit)
             self.kill()
+        except Exception:  # noqa: BLE001 (then the worker dies with the trainer anyway)
+            pass
 
     def _status(self) -> str:
         """How the worker ended (it closed its pipe: it is ending, or is killed now)."""
@@ -140,20 +146,36 @@ class Worker:
             code = 1
             try:
                 parent_end.close()
-                for other in list(_PARENT_ENDS):  # other workers' pipes: theirs to close
-                    other.close()
+                _leave_siblings()
                 _serve(reward, child_end, parent_pid)
                 code = 0
             finally:
                 os._exit(code)
+        with contextlib.suppress(OSError):  # its own process group (also set by the worker: no race)
+            os.setpgid(pid, pid)
         child_end.close()
         self.pid, self.conn, self.pending = pid, parent_end, False
         _PARENT_ENDS.add(parent_end)
 
 
 _PARENT_ENDS: set[Connection] = set()
-_WORKERS: weakref.WeakKeyDictionary[Any, Worker] = weakref.WeakKeyDictionary()
-_WORKERS_BY_ID: dict[int, tuple[Any, Worker]] = {}  # rewards that cannot be weakly referenced
+_WORKERS: dict[int, Worker] = {}  # by id() of the reward: one worker per reward object, equal or not
+_KEPT: list[Any] = []  # rewards that cannot be weakly referenced: kept alive, so that their id stays theirs
+
+
+def _drop(key: int) -> None:
+    worker = _WORKERS.pop(key, None)
+    if worker is not None:
+        worker.kill()
+
+
+def _leave_siblings() -> None:
+    """In a new worker: the other workers are the trainer's, not this one's to close, kill or reap."""
+    for conn in list(_PARENT_ENDS):
+        conn.close()
+    _PARENT_ENDS.clear()
+    for worker in _WORKERS.values():
+        worker.pid, worker.conn, worker.pending = None, None, False
 
 
 def isolated(reward: Any, timeout_s: float | None) -> bool:
@@ -176,14 +198,15 @@ def start_workers(rewards: Sequence[Any], timeout_s: float | None) -> None:
 
 
 def worker_for(reward: Any) -> Worker:
-    """The worker of ``reward`` (one per reward object), made on first use."""
-    try:
-        worker = _WORKERS.get(reward)
-        if worker is None:
-            worker = _WORKERS[reward] = Worker()
-        return worker
-    except TypeError:  # unhashable, or no weak references: kept until the process exits
-        return _WORKERS_BY_ID.setdefault(id(reward), (reward, Worker()))[1]
+    """The worker of ``reward`` (one per reward object), made on first use and killed when the reward is gone."""
+    key = id(reward)
+    if key not in _WORKERS:
+        _WORKERS[key] = Worker()
+        try:
+            weakref.finalize(reward, _drop, key)
+        except TypeError:
+            _KEPT.append(reward)
+    return _WORKERS[key]
 
 
 class Gathered:
@@ -211,6 +234,8 @@ def gathered(rewards: tuple) -> Gathered:
 
 def _serve(reward: Any, conn: Connection, parent_pid: int) -> None:
     """The worker's loop: one call at a time, until the trainer closes the pipe or dies."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)  # killed with what it starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with contextlib.suppress(OSError, AttributeError):

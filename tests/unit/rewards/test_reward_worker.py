@@ -11,6 +11,7 @@ import asyncio
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -209,3 +210,32 @@ def test_workers_can_be_started_before_the_first_call():
     assert pid is not None
     assert score_batch([sync, asynchronous], *batch("a"), timeout_s=5.0).total == [1.5]
     assert worker_for(sync.reward).pid == pid  # the call went to the worker started above
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")  # a zombie (no reaper in some containers) runs nothing
+
+
+def test_what_a_reward_started_dies_with_its_worker(tmp_path):
+    """A user code reward that runs a compiler or a test binary with subprocess, and hangs on it."""
+    marker = tmp_path / "child.pid"
+
+    def spawns_and_hangs(completion, example):
+        import subprocess
+
+        child = subprocess.Popen(["sleep", "60"])
+        marker.write_text(str(child.pid))
+        child.wait()
+        return 1.0
+
+    with pytest.raises(RewardError, match="took longer than 0.5 s"):
+        score_batch([WeightedReward(per_sample(spawns_and_hangs))], *batch("a"), timeout_s=TIMEOUT_S)
+    pid = int(marker.read_text())
+    end = time.monotonic() + 5
+    while _running(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _running(pid)
