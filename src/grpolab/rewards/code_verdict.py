@@ -125,8 +125,20 @@ _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
 
 
 def _text(value: Any, convert: Callable[[Any], str]) -> str:
-    if type(value) in (int, bool):
-        _check_bits(_bits(value) * 2)  # decimal text of a big int costs quadratic time
+    """str() or repr() of a value whose text is bounded (a list repeating one long string is not)."""
+    budget, stack = MAX_ITEMS, [value]
+    while stack:
+        item = stack.pop()
+        if type(item) in (int, bool):
+            _check_bits(_bits(item) * 2)  # decimal text of a big int costs quadratic time
+        sized = isinstance(item, str | bytes | dict | list | tuple | set | frozenset)
+        budget -= len(item) * (2 if isinstance(item, dict) else 1) + 1 if sized else 1
+        if budget < 0:  # checked before the stack grows: it never holds more than the budget
+            raise Failed("str() or repr() of a value beyond the evaluator's bound")
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack += item
     return convert(value)
 
 

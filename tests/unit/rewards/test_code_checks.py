@@ -107,11 +107,12 @@ def test_the_verdict_is_evaluated_here(test, values, passes):
         "assert '%*d' % (f(), 1) == ''",
         "assert round(f(), -10**9) == 0",
         "assert bytes(f()) == b''",
+        "assert str([g()] * 1000) == ''",
     ],
 )
 def test_values_cannot_make_the_trainer_hang(test):
     """The candidate chose the value (a huge int, a long list): each operation is refused past its bound."""
-    huge = 10**19000 if "sum" not in test else [[0]] * 100000
+    huge = [[0]] * 100000 if "sum" in test else "x" * 200000 if "g()" in test else 10**19000
     start = time.monotonic()
     assert split_test(test, 0).passes([huge] * len(split_test(test, 0).probes)) is False
     assert time.monotonic() - start < 1.0

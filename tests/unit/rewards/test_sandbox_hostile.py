@@ -69,7 +69,7 @@ FORGERY = {
         _walk_frames("found = repr(f.f_locals) + repr(f.f_globals)\nif '=' * 2 + ' 42' in found:\n    ok = True")
     ),
     "patch the harness to send code as a value": _walk_frames(
-        "if '_plain' in f.f_globals:\n    f.f_globals['_plain'] = lambda value, depth=0: value"
+        "if '_encode' in f.f_globals:\n    f.f_globals['_encode'] = lambda value, depth=0: value"
     )
     + f"class R:\n    def __repr__(self):\n        return \"__import__('os').system('touch /tmp/grpolab-pwned-{TOKEN}')\"\n"
     "def add(a, b):\n    return R()",
