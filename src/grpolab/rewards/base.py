@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import contextlib
 import math
 import numbers
+import pickle
 import signal
 import threading
 import time
@@ -169,13 +171,24 @@ def _died(label: str, examples: list, first_index: int, how: object) -> RewardEr
 
 def _bounded_in_worker(reward, args: tuple, label: str, examples: list, timeout_s, first_index: int):
     worker = worker_for(reward)
-    worker.submit(reward, args)
+    with worker.lock:
+        _submit(worker, reward, args, label, asynchronous=False)
+        try:
+            return worker.result(time.monotonic() + timeout_s)
+        except WorkerTimeout:
+            raise _too_slow(label, examples, timeout_s, first_index) from None
+        except WorkerDied as died:
+            raise _died(label, examples, first_index, died) from None
+
+
+def _submit(worker, reward, args: tuple, label: str, *, asynchronous: bool) -> None:
     try:
-        return worker.result(time.monotonic() + timeout_s)
-    except WorkerTimeout:
-        raise _too_slow(label, examples, timeout_s, first_index) from None
-    except WorkerDied as died:
-        raise _died(label, examples, first_index, died) from None
+        worker.submit(reward, args, asynchronous=asynchronous)
+    except (pickle.PicklingError, TypeError, AttributeError) as err:
+        raise RewardError(
+            f"reward {label}: the batch cannot be sent to the reward's worker process ({type(err).__name__}: "
+            f"{err}); keep the examples' meta to plain data, or set in_process = True on the reward"
+        ) from err
 
 
 class _Timeout(BaseException):
@@ -312,37 +325,46 @@ def _is_async(wr: WeightedReward) -> bool:
 def _score_async(
     rewards: Sequence[WeightedReward], completions: list, examples: list, timeout_s: float | None
 ) -> dict[str, list[float | None]]:
-    """Await every async reward together (asyncio.gather, in a fresh loop), each result then checked."""
+    """Await every async reward together (asyncio.gather, in a fresh loop), each result then checked.
+
+    With a timeout, those that run in worker processes are awaited together in one worker's event loop.
+    """
     label = "+".join(f"'{wr.name}'" for wr in rewards) + " (async, awaited together)"
     away = [i for i, wr in enumerate(rewards) if isolated(wr.reward, timeout_s)]
-    here = [i for i in range(len(rewards)) if i not in away]
-    results: dict[int, object] = {}
-    start = time.monotonic()
-    if away:  # awaited together in one worker's event loop, as TRL awaits them
-        group = gathered(tuple(rewards[i].reward for i in away))
-        worker = worker_for(group)
-        worker.submit(group, (completions, examples), asynchronous=True)
-    try:
-
-        async def gather() -> list:
-            calls = (rewards[i].reward.acall(completions, examples) for i in here)  # type: ignore[attr-defined]
-            return await asyncio.gather(*calls, return_exceptions=True)
-
-        if here:
-            results.update(zip(here, _bounded(lambda: asyncio.run(gather()), label, examples, timeout_s, 0), strict=True))
-        if away:
-            results.update(zip(away, _in_worker(worker, start + timeout_s, label, examples, timeout_s), strict=True))  # type: ignore[operator]
-    finally:
-        if away and worker.pending:  # not waited for (the others failed): stopped
-            worker.kill()
+    group = gathered(tuple(rewards[i].reward for i in away)) if away else None
+    worker = worker_for(group) if group is not None else None
+    with worker.lock if worker is not None else contextlib.nullcontext():
+        start = time.monotonic()
+        if worker is not None:
+            _submit(worker, group, (completions, examples), label, asynchronous=True)
+        try:
+            here = [i for i in range(len(rewards)) if i not in away]
+            results = dict(zip(here, _gather_here([rewards[i] for i in here], completions, examples, timeout_s, label), strict=True))
+            if worker is not None:
+                results.update(zip(away, _in_worker(worker, start + timeout_s, label, examples, timeout_s), strict=True))  # type: ignore[operator]
+        finally:
+            if worker is not None and worker.pending:  # not waited for (the others failed): stopped
+                worker.kill()
     out = {}
-    for wr, values in zip(rewards, (results[i] for i in range(len(rewards))), strict=True):
+    for i, wr in enumerate(rewards):
+        values = results[i]
         if isinstance(values, BaseException):
             if not isinstance(values, Exception):
                 raise values
             _raise_failure(wr, values, examples, 0)
         out[wr.name] = _checked_values(wr.name, values, examples, 0)
     return out
+
+
+def _gather_here(rewards: list, completions: list, examples: list, timeout_s: float | None, label: str) -> list:
+    if not rewards:
+        return []
+
+    async def gather() -> list:
+        calls = (wr.reward.acall(completions, examples) for wr in rewards)
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    return _bounded(lambda: asyncio.run(gather()), label, examples, timeout_s, 0)  # type: ignore[return-value]
 
 
 def _in_worker(worker, deadline: float, label: str, examples: list, timeout_s: float) -> list:

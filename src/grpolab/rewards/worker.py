@@ -26,6 +26,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 import weakref
@@ -51,6 +52,8 @@ class Worker:
         self.pid: int | None = None
         self.conn: Connection | None = None
         self.pending = False
+        self.lock = threading.Lock()
+        """Held from submit to result: one call at a time, whichever thread scores."""
 
     def alive(self) -> bool:
         if self.pid is None:
@@ -72,8 +75,9 @@ class Worker:
         """Send one call (``reward(*args)``, or ``reward.acall(*args)`` awaited) to the worker."""
         if self.pending:
             self.kill()  # a call nobody waited for: its answer must not be read as this one's
+        request = pickle.dumps((asynchronous, args), pickle.HIGHEST_PROTOCOL)  # before a fork, if it cannot be
         self.start(reward)
-        self.conn.send_bytes(pickle.dumps((asynchronous, args), pickle.HIGHEST_PROTOCOL))  # type: ignore[union-attr]
+        self.conn.send_bytes(request)  # type: ignore[union-attr]
         self.pending = True
 
     def result(self, deadline: float) -> Any:
@@ -97,11 +101,7 @@ class Worker:
     def kill(self) -> None:
         """Kill the worker and what it started in its process group (a reward's subprocess), and reap it."""
         if self.pid is not None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except OSError:  # not yet its own group leader
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGKILL)
+            _kill_group(self.pid)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(self.pid, 0)
         self._forget()
@@ -121,7 +121,7 @@ class Worker:
             while (status := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < end:  # type: ignore[arg-type]
                 time.sleep(0.01)
             if status[0] == 0:
-                os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+                _kill_group(pid)  # type: ignore[arg-type]
                 status = os.waitpid(pid, 0)  # type: ignore[arg-type]
         except (ChildProcessError, ProcessLookupError):
             return "exit status unknown"
@@ -156,6 +156,14 @@ class Worker:
         child_end.close()
         self.pid, self.conn, self.pending = pid, parent_end, False
         _PARENT_ENDS.add(parent_end)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:  # not yet its own group leader
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 _PARENT_ENDS: set[Connection] = set()
