@@ -79,7 +79,7 @@ REWARDS: dict[str, Callable[..., Reward]] = {
 IN_PROCESS = frozenset(
     {"exact_match", "r1_format", "soft_overlong", "length_penalty", "truncation_penalty", "code_tests", "reward_model"}
 )
-"""REWARDS that run in the trainer even with a timeout (rewards.base): grpolab's rule rewards are short string
+"""REWARDS that run in the trainer even with a timeout (rewards.timeouts): grpolab's rule rewards are short string
 code whose regexes run in linear time, code_tests kills its own sandboxes, the reward model needs the trainer's
 device. The others (math_accuracy, reasoning_gym: third-party parsers of the completion's text) and every user
 reward run in a worker process that is killed when reward.timeout_s is up (rewards.worker)."""

@@ -10,38 +10,22 @@ A reward may also be asynchronous: ``is_async = True`` and ``async acall(complet
 (TRL-style ``async def`` functions, rewards.trl_style). ``score_batch`` awaits all of a batch's async
 rewards together with ``asyncio.gather`` under one ``timeout_s``, then runs the others in turn.
 
-With a timeout, a reward runs in a worker process (grpolab.rewards.worker), killed when the time is
-up, so the timeout holds whatever the reward does (a bare ``except:``, a catastrophic regex in C),
-unless the reward sets ``in_process = True``: grpolab's rule rewards (short, linear-time string
-code), code_tests (its own sandboxes are killed at their deadlines; it waits on them without the
-GIL) and the neural rewards (they need the trainer's device) do. Those run in the trainer:
-
-* a reward with ``main_thread = True`` (a synchronous TRL function, whose math-verify calls use
-  signal.alarm) in the main thread, interrupted there between bytecodes;
-* the others in a daemon ``threading.Thread`` rather than a ``concurrent.futures`` pool: a pool's
-  threads are joined at interpreter exit, so one reward stuck forever would keep the process from
-  exiting after the error. A daemon thread is abandoned instead.
-
-Without a timeout (``timeout_s=None``) every reward is called directly.
+Each call is bounded by ``timeout_s`` (grpolab.rewards.timeouts): with a timeout a reward runs in a
+worker process killed at the deadline (grpolab.rewards.worker), unless it sets ``in_process = True``.
 """
 
 from __future__ import annotations
 
-import _thread
-import asyncio
-import contextlib
 import math
 import numbers
-import pickle
-import signal
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol, runtime_checkable
 
 from grpolab.errors import GrpolabError
-from grpolab.rewards.worker import WorkerDied, WorkerTimeout, gathered, isolated, worker_for
+from grpolab.rewards.timeouts import TimedOut, Unsendable, call_bounded, gather_bounded
+from grpolab.rewards.worker import WorkerDied
 from grpolab.types import Completion, Example
 
 SampleFn = Callable[[Completion, Example], "float | None"]
@@ -146,108 +130,29 @@ class ScoreResult:
 
 
 def _call(reward: Reward, completions: list, examples: list, timeout_s: float | None, first_index: int):
-    call = lambda: reward(completions, examples)  # noqa: E731
+    """``reward(completions, examples)`` within ``timeout_s`` (rewards.timeouts), failures as RewardError."""
     label = f"'{reward.name}'"
-    if isolated(reward, timeout_s):
-        return _bounded_in_worker(reward, (completions, examples), label, examples, timeout_s, first_index)
-    if getattr(reward, "main_thread", False) and timeout_s is not None and _can_interrupt_main():
-        return _bounded_in_main(call, label, examples, timeout_s, first_index)
-    return _bounded(call, label, examples, timeout_s, first_index)
-
-
-def _too_slow(label: str, examples: list, timeout_s: float, first_index: int) -> RewardError:
-    return RewardError(
-        f"reward {label} took longer than {timeout_s:g} s on a batch of {len(examples)} "
-        f"completions (first {describe_example(examples[0], first_index)}); raise reward.timeout_s or make it faster"
-    )
-
-
-def _died(label: str, examples: list, first_index: int, how: object) -> RewardError:
-    return RewardError(
-        f"reward {label} ended its worker process ({how}) on a batch of {len(examples)} completions (first "
-        f"{describe_example(examples[0], first_index)}); a reward must return its values, not exit or crash"
-    )
-
-
-def _bounded_in_worker(reward, args: tuple, label: str, examples: list, timeout_s, first_index: int):
-    worker = worker_for(reward)
-    with worker.lock:
-        _submit(worker, reward, args, label, asynchronous=False)
-        try:
-            return worker.result(time.monotonic() + timeout_s)
-        except WorkerTimeout:
-            raise _too_slow(label, examples, timeout_s, first_index) from None
-        except WorkerDied as died:
-            raise _died(label, examples, first_index, died) from None
-
-
-def _submit(worker, reward, args: tuple, label: str, *, asynchronous: bool) -> None:
     try:
-        worker.submit(reward, args, asynchronous=asynchronous)
-    except (pickle.PicklingError, TypeError, AttributeError) as err:
-        raise RewardError(
-            f"reward {label}: the batch cannot be sent to the reward's worker process ({type(err).__name__}: "
-            f"{err}); keep the examples' meta to plain data, or set in_process = True on the reward"
-        ) from err
+        return call_bounded(reward, (completions, examples), timeout_s)
+    except (TimedOut, WorkerDied, Unsendable) as err:
+        raise _bound_error(err, label, examples, timeout_s, first_index) from None
 
 
-class _Timeout(BaseException):
-    """Raised in the main thread by _bounded_in_main's timer; BaseException so `except Exception` in a reward lets it by."""
-
-
-def _can_interrupt_main() -> bool:
-    return threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR2")
-
-
-def _bounded_in_main(fn: Callable[[], object], label: str, examples: list, timeout_s: float, first_index: int):
-    """Run ``fn`` in the main thread, interrupted after ``timeout_s`` (between bytecodes, so a call stuck
-    inside C code is interrupted only when it returns).
-
-    For rewards that need the main thread: math-verify's default timeout (TRL's documented accuracy
-    reward) uses signal.alarm, which raises ValueError in any other thread.
-    """
-    done = threading.Event()
-
-    def on_timer(signum, frame) -> None:
-        if not done.is_set():
-            raise _Timeout
-
-    previous = signal.signal(signal.SIGUSR2, on_timer)
-    timer = threading.Timer(timeout_s, _thread.interrupt_main, args=(signal.SIGUSR2,))
-    timer.daemon = True
-    timer.start()
-    try:
-        value = fn()
-        done.set()
-        return value
-    except _Timeout:
-        raise _too_slow(label, examples, timeout_s, first_index) from None
-    finally:
-        done.set()
-        timer.cancel()
-        timer.join()
-        signal.signal(signal.SIGUSR2, previous)
-
-
-def _bounded(fn: Callable[[], object], label: str, examples: list, timeout_s: float | None, first_index: int):
-    if timeout_s is None:
-        return fn()
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the caller's thread, re-raised there
-            box["error"] = exc
-
-    worker = threading.Thread(target=target, name=f"reward-{label}", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        raise _too_slow(label, examples, timeout_s, first_index)
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]
+def _bound_error(err: Exception, label: str, examples: list, timeout_s, first_index: int) -> RewardError:
+    where = f"a batch of {len(examples)} completions (first {describe_example(examples[0], first_index)})"
+    if isinstance(err, TimedOut):
+        return RewardError(
+            f"reward {label} took longer than {timeout_s:g} s on {where}; raise reward.timeout_s or make it faster"
+        )
+    if isinstance(err, WorkerDied):
+        return RewardError(
+            f"reward {label} ended its worker process ({err}) on {where}; a reward must return its values, "
+            "not exit or crash"
+        )
+    return RewardError(
+        f"reward {label}: the batch cannot be sent to the reward's worker process ({err}); keep the examples' "
+        "meta to plain data, or set in_process = True on the reward"
+    )
 
 
 def _checked_values(name: str, values: object, examples: Sequence[Example], first_index: int) -> list:
@@ -325,56 +230,20 @@ def _is_async(wr: WeightedReward) -> bool:
 def _score_async(
     rewards: Sequence[WeightedReward], completions: list, examples: list, timeout_s: float | None
 ) -> dict[str, list[float | None]]:
-    """Await every async reward together (asyncio.gather, in a fresh loop), each result then checked.
-
-    With a timeout, those that run in worker processes are awaited together in one worker's event loop.
-    """
+    """Await every async reward together (asyncio.gather, in a fresh loop), each result then checked."""
     label = "+".join(f"'{wr.name}'" for wr in rewards) + " (async, awaited together)"
-    away = [i for i, wr in enumerate(rewards) if isolated(wr.reward, timeout_s)]
-    group = gathered(tuple(rewards[i].reward for i in away)) if away else None
-    worker = worker_for(group) if group is not None else None
-    with worker.lock if worker is not None else contextlib.nullcontext():
-        start = time.monotonic()
-        if worker is not None:
-            _submit(worker, group, (completions, examples), label, asynchronous=True)
-        try:
-            here = [i for i in range(len(rewards)) if i not in away]
-            results = dict(zip(here, _gather_here([rewards[i] for i in here], completions, examples, timeout_s, label), strict=True))
-            if worker is not None:
-                results.update(zip(away, _in_worker(worker, start + timeout_s, label, examples, timeout_s), strict=True))  # type: ignore[operator]
-        finally:
-            if worker is not None and worker.pending:  # not waited for (the others failed): stopped
-                worker.kill()
+    try:
+        results = gather_bounded([wr.reward for wr in rewards], (completions, examples), timeout_s)
+    except (TimedOut, WorkerDied, Unsendable) as err:
+        raise _bound_error(err, label, examples, timeout_s, 0) from None
     out = {}
-    for i, wr in enumerate(rewards):
-        values = results[i]
+    for wr, values in zip(rewards, results, strict=True):
         if isinstance(values, BaseException):
             if not isinstance(values, Exception):
                 raise values
             _raise_failure(wr, values, examples, 0)
         out[wr.name] = _checked_values(wr.name, values, examples, 0)
     return out
-
-
-def _gather_here(rewards: list, completions: list, examples: list, timeout_s: float | None, label: str) -> list:
-    if not rewards:
-        return []
-
-    async def gather() -> list:
-        calls = (wr.reward.acall(completions, examples) for wr in rewards)
-        return await asyncio.gather(*calls, return_exceptions=True)
-
-    return _bounded(lambda: asyncio.run(gather()), label, examples, timeout_s, 0)  # type: ignore[return-value]
-
-
-def _in_worker(worker, deadline: float, label: str, examples: list, timeout_s: float) -> list:
-    """The values of each async reward awaited in ``worker``, or the exception it raised."""
-    try:
-        return worker.result(deadline)
-    except WorkerTimeout:
-        raise _too_slow(label, examples, timeout_s, 0) from None
-    except WorkerDied as died:
-        raise _died(label, examples, 0, died) from None
 
 
 def _check_inputs(rewards: Sequence[WeightedReward], completions: Sequence, examples: Sequence) -> None:

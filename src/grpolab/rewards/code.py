@@ -113,7 +113,7 @@ class CodeTests:
     """Batched reward: fraction of ``read_tests(example)`` the completion's code passes, in a sandbox."""
 
     in_process = True
-    """Runs in the trainer even with a timeout (rewards.base): each sandbox is killed at its own deadline, and
+    """Runs in the trainer even with a timeout (rewards.timeouts): each sandbox is killed at its own deadline, and
     the trainer only waits on them (without the GIL)."""
 
     def __init__(

@@ -112,7 +112,7 @@ class RewardModel:
     """
 
     in_process = True
-    """Runs in the trainer, on its device, even with a timeout (rewards.base; a fork cannot use CUDA)."""
+    """Runs in the trainer, on its device, even with a timeout (rewards.timeouts; a fork cannot use CUDA)."""
 
     def __init__(
         self,

@@ -26,8 +26,7 @@ from grpolab.rewards import (
     score_batch,
     start_workers,
 )
-from grpolab.rewards.base import isolated
-from grpolab.rewards.worker import worker_for
+from grpolab.rewards.worker import isolated, worker_for
 from grpolab.types import Completion, Example
 
 TIMEOUT_S = 0.5
