@@ -21,17 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import multiprocessing
 import os
 import pickle
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
 import traceback
 import weakref
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -50,7 +50,7 @@ class Worker:
 
     def __init__(self) -> None:
         self.pid: int | None = None
-        self.conn: Connection | None = None
+        self.conn: socket.socket | None = None
         self.pending = False
         self.lock = threading.Lock()
         """Held from submit to result: one call at a time, whichever thread scores."""
@@ -77,16 +77,17 @@ class Worker:
             self.kill()  # a call nobody waited for: its answer must not be read as this one's
         request = pickle.dumps((asynchronous, args), pickle.HIGHEST_PROTOCOL)  # before a fork, if it cannot be
         self.start(reward)
-        self.conn.send_bytes(request)  # type: ignore[union-attr]
+        try:
+            _send(self.conn, request)  # type: ignore[arg-type]
+        except OSError as err:  # it died between two calls (its pipe closed)
+            raise WorkerDied(self._status()) from err
         self.pending = True
 
     def result(self, deadline: float) -> Any:
         """The call's value, or the exception it raised; WorkerTimeout past ``deadline`` (time.monotonic)."""
         try:
-            if not self.conn.poll(max(deadline - time.monotonic(), 0.0)):  # type: ignore[union-attr]
-                raise WorkerTimeout
-            ok, payload = pickle.loads(self.conn.recv_bytes())  # type: ignore[union-attr]
-        except (EOFError, OSError) as err:
+            ok, payload = pickle.loads(_receive(self.conn, deadline))  # type: ignore[arg-type]
+        except (EOFError, ConnectionError) as err:
             raise WorkerDied(self._status()) from err
         except BaseException:  # the timeout, Ctrl-C: the call is abandoned, and so is the worker
             self.kill()
@@ -136,7 +137,7 @@ class Worker:
         self.pid, self.conn, self.pending = None, None, False
 
     def _start(self, reward: Any) -> None:
-        parent_end, child_end = multiprocessing.Pipe()
+        parent_end, child_end = socket.socketpair()
         parent_pid = os.getpid()
         for stream in (sys.stdout, sys.stderr):  # what is buffered is printed once, not twice
             with contextlib.suppress(Exception):
@@ -158,6 +159,39 @@ class Worker:
         _PARENT_ENDS.add(parent_end)
 
 
+_HEADER = struct.Struct("!Q")
+
+
+def _send(conn: socket.socket, payload: bytes) -> None:
+    conn.settimeout(None)
+    conn.sendall(_HEADER.pack(len(payload)) + payload)
+
+
+def _receive(conn: socket.socket, deadline: float | None) -> bytes:
+    """One message; WorkerTimeout past ``deadline``, however the bytes come (or do not)."""
+    header = _read(conn, _HEADER.size, deadline)
+    return _read(conn, _HEADER.unpack(header)[0], deadline)
+
+
+def _read(conn: socket.socket, size: int, deadline: float | None) -> bytes:
+    chunks, left = [], size
+    while left:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerTimeout
+            conn.settimeout(remaining)
+        try:
+            chunk = conn.recv(min(left, 1 << 20))
+        except TimeoutError:
+            raise WorkerTimeout from None
+        if not chunk:
+            raise EOFError("the worker's socket closed")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -166,7 +200,7 @@ def _kill_group(pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-_PARENT_ENDS: set[Connection] = set()
+_PARENT_ENDS: set[socket.socket] = set()
 _WORKERS: dict[int, Worker] = {}  # by id() of the reward: one worker per reward object, equal or not
 _KEPT: list[Any] = []  # rewards that cannot be weakly referenced: kept alive, so that their id stays theirs
 
@@ -240,7 +274,7 @@ def gathered(rewards: tuple) -> Gathered:
     return _GROUPS[key]
 
 
-def _serve(reward: Any, conn: Connection, parent_pid: int) -> None:
+def _serve(reward: Any, conn: socket.socket, parent_pid: int) -> None:
     """The worker's loop: one call at a time, until the trainer closes the pipe or dies."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # killed with what it starts
@@ -252,10 +286,10 @@ def _serve(reward: Any, conn: Connection, parent_pid: int) -> None:
         return
     while True:
         try:
-            asynchronous, args = pickle.loads(conn.recv_bytes())
+            asynchronous, args = pickle.loads(_receive(conn, None))
         except (EOFError, OSError):
             return
-        conn.send_bytes(_reply(reward, asynchronous, args))
+        _send(conn, _reply(reward, asynchronous, args))
 
 
 def _reply(reward: Any, asynchronous: bool, args: tuple) -> bytes:

@@ -238,3 +238,24 @@ def test_what_a_reward_started_dies_with_its_worker(tmp_path):
     while _running(pid) and time.monotonic() < end:
         time.sleep(0.05)
     assert not _running(pid)
+
+
+def garbles_its_channel(completion, example):
+    """Writes a header announcing a huge reply on every socket it has, then never sends it."""
+    import stat
+
+    for fd in range(3, 256):
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.write(fd, b"\x7f" * 8 + b"partial")
+        except OSError:
+            pass
+    while True:
+        time.sleep(1)
+
+
+def test_the_timeout_holds_when_the_reward_writes_on_its_channel():
+    start = time.monotonic()
+    with pytest.raises(RewardError, match="took longer than 0.5 s"):
+        score_batch([WeightedReward(per_sample(garbles_its_channel))], *batch("a"), timeout_s=TIMEOUT_S)
+    assert time.monotonic() - start < TIMEOUT_S + SLACK_S
