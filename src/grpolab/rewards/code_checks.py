@@ -17,18 +17,33 @@ A test is one or more ``assert`` statements (all must hold; messages are ignored
 ``import math``. Around the probes it may use constants, list/tuple/set/dict displays, arithmetic,
 comparisons (chained too; ``is`` / ``is not`` only with None, True or False), ``and``/``or``/``not``,
 ``x if c else y``, subscripts and slices, and calls of code_verdict.FUNCTIONS and ``math.<name>``
-for the names of code_verdict.MATH. Anything else (comprehensions, lambdas, f-strings, other
+for the names of code_verdict.MATH. Comprehensions and generator expressions whose iterables are
+known here (``all(f(i) == 2 * i for i in range(3))``) are unrolled when the test is split: each
+binding of the loop variables gives its own probes (``f(0)``, ``f(1)``, ``f(2)``), up to
+MAX_UNROLLED bindings. Anything else (an iterable that calls the code, lambdas, f-strings, other
 statements) is refused with a message naming the test; stdin/stdout tests remain for the rest.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpolab.rewards.code_verdict import _NODES, FUNCTIONS, MATH, PROBE, RAISED, TYPES, holds
+from grpolab.rewards.code_verdict import (
+    _NODES,
+    FUNCTIONS,
+    MATH,
+    PROBE,
+    RAISED,
+    TYPES,
+    Unrolled,
+    evaluate,
+    holds,
+)
 
 _KNOWN = frozenset(FUNCTIONS) | frozenset(TYPES) | {"math"}
 _SINGLETONS = (None, True, False)
@@ -110,6 +125,8 @@ class _Splitter(ast.NodeTransformer):
         self.probes: list[str] = []
 
     def visit(self, node: ast.AST) -> ast.AST:
+        if type(node) in _COMPREHENSIONS:
+            return self._unroll(node)  # type: ignore[arg-type]
         if _is_probe(node):
             self.probes.append(ast.unparse(node))
             return ast.Name(id=f"{PROBE}{len(self.probes) - 1}", ctx=ast.Load())
@@ -118,6 +135,87 @@ class _Splitter(ast.NodeTransformer):
             if isinstance(node, ast.Attribute):
                 return node  # math.<name>: nothing below it to visit
         return self.generic_visit(node)
+
+
+    def _unroll(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp) -> Unrolled:
+        """The comprehension over its iterables' values (they may not call the code under test)."""
+        parts = (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)
+        conditions = [c for generator in node.generators for c in generator.ifs]
+        items = []
+        for env in _bindings(node.generators, {}, [0]):
+            condition = ast.BoolOp(ast.And(), conditions) if conditions else ast.Constant(True)
+            condition = self.visit(_substituted(condition, env))
+            items.append((condition, tuple(self.visit(_substituted(part, env)) for part in parts)))
+        return Unrolled(_COMPREHENSIONS[type(node)], items)
+
+
+_COMPREHENSIONS = {ast.ListComp: "list", ast.SetComp: "set", ast.GeneratorExp: "generator", ast.DictComp: "dict"}
+MAX_UNROLLED = 1000
+"""Most bindings of a comprehension's loop variables (each one's calls are probes)."""
+
+
+def _bindings(generators: list[ast.comprehension], env: dict, count: list[int]):
+    """Every binding of the loop variables, in order; an iterable may use the variables bound before it."""
+    if not generators:
+        count[0] += 1
+        if count[0] > MAX_UNROLLED:
+            raise Unsupported(f"a comprehension over more than {MAX_UNROLLED} values")
+        yield env
+        return
+    first = generators[0]
+    checker = _Splitter()
+    iterable = checker.visit(_substituted(first.iter, env))
+    if first.is_async or checker.probes:
+        raise Unsupported(f"{ast.unparse(first.iter)!r} (a comprehension's iterable must not call the code)")
+    try:
+        values = list(evaluate(iterable, []))
+    except Exception as err:  # noqa: BLE001 (refused, with the reason)
+        raise Unsupported(f"{ast.unparse(first.iter)!r} ({type(err).__name__}: {err})") from None
+    for value in values:
+        yield from _bindings(generators[1:], {**env, **_assigned(first.target, value)}, count)
+
+
+def _assigned(target: ast.expr, value: Any) -> dict:
+    if isinstance(target, ast.Name):
+        return {target.id: value}
+    if isinstance(target, ast.Tuple | ast.List) and all(isinstance(t, ast.Name) for t in target.elts):
+        values = list(value) if isinstance(value, list | tuple) else None
+        if values is not None and len(values) == len(target.elts):
+            return {t.id: v for t, v in zip(target.elts, values, strict=True)}  # type: ignore[attr-defined]
+    raise Unsupported(f"{ast.unparse(target)!r} = {value!r} (a loop target is a name or a tuple of names)")
+
+
+def _literal(value: Any) -> ast.expr:
+    """``value`` as an expression (it goes into probes' source, sent to the sandbox, as an argument)."""
+    if value is None or type(value) in (bool, int, str, bytes, complex) or (type(value) is float and math.isfinite(value)):
+        return ast.Constant(value)
+    if type(value) in (list, tuple, set) and (value or type(value) is not set):
+        kind = {list: ast.List, tuple: ast.Tuple, set: ast.Set}[type(value)]
+        return kind(elts=[_literal(v) for v in value], ctx=ast.Load()) if kind is not ast.Set else ast.Set([_literal(v) for v in value])
+    if type(value) is dict:
+        return ast.Dict(keys=[_literal(k) for k in value], values=[_literal(v) for v in value.values()])
+    raise Unsupported(f"a loop value {value!r} that cannot be written as a literal")
+
+
+class _Substitute(ast.NodeTransformer):
+    def __init__(self, env: dict) -> None:
+        self.env = env
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        return _literal(self.env[node.id]) if node.id in self.env else node
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        bound = {n.id for g in getattr(node, "generators", ()) for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+        if isinstance(node, ast.Lambda):
+            bound |= {a.arg for a in node.args.args}
+        if bound & set(self.env):
+            raise Unsupported(f"{ast.unparse(node)!r} (binds a name of the enclosing comprehension again)")
+        return super().generic_visit(node)
+
+
+def _substituted(node: ast.expr, env: dict) -> ast.expr:
+    """A copy of ``node`` with the loop variables of ``env`` replaced by their values."""
+    return _Substitute(env).visit(copy.deepcopy(node))
 
 
 def _is_math_import(statement: ast.stmt) -> bool:

@@ -180,6 +180,13 @@ def _minmax(pick: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _range(*args: Any) -> range:
+    values = range(*args)
+    if len(values) > MAX_ITEMS:
+        raise Failed("a range beyond the evaluator's bound")
+    return values
+
+
 TYPES: dict[str, type] = {
     t.__name__: t for t in (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
 }
@@ -201,6 +208,9 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "round": _round,
     "sorted": _sorted,
     "reversed": lambda values: list(reversed(values)),
+    "range": _range,
+    "enumerate": lambda values, start=0: list(enumerate(values, start)),
+    "zip": lambda *values: list(zip(*values)),  # noqa: B905 (Python's zip, as a test means it)
     "sum": _sum,
     "type": lambda value: type(value),
 }
@@ -265,6 +275,29 @@ def _subscript(node: ast.Subscript, probes: Sequence[Any]) -> Any:
     return value[index]
 
 
+class Unrolled(ast.expr):
+    """A comprehension unrolled over its iterables (known when the test is split): per binding of its
+    loop variables, the condition (all its ``if``s) and the element (key and value for a dict), with the
+    loop variables replaced by their values. Evaluated lazily: an element only where its condition holds,
+    a generator's elements only as they are consumed (``all`` and ``any`` stop early, as in Python)."""
+
+    _fields = ()
+
+    def __init__(self, kind: str, items: list[tuple[ast.expr, tuple[ast.expr, ...]]]) -> None:
+        super().__init__()
+        self.kind, self.items = kind, items
+
+
+def _unrolled(node: Unrolled, probes: Sequence[Any]) -> Any:
+    chosen = (
+        tuple(evaluate(part, probes) for part in parts) for condition, parts in node.items if evaluate(condition, probes)
+    )
+    if node.kind == "dict":
+        return {key: value for key, value in chosen}
+    elements = (parts[0] for parts in chosen)
+    return {"list": list, "set": set, "generator": iter}[node.kind](elements)
+
+
 def _dict(node: ast.Dict, probes: Sequence[Any]) -> dict:
     return {evaluate(k, probes): evaluate(v, probes) for k, v in zip(node.keys, node.values, strict=True)}  # type: ignore[arg-type]
 
@@ -284,6 +317,7 @@ _NODES: dict[type[ast.AST], Callable[[Any, Sequence[Any]], Any]] = {
     ast.Tuple: lambda node, p: tuple(evaluate(e, p) for e in node.elts),
     ast.Set: lambda node, p: {evaluate(e, p) for e in node.elts},
     ast.Dict: _dict,
+    Unrolled: _unrolled,
 }
 """Every node type the evaluator knows (code_checks refuses a test holding any other)."""
 

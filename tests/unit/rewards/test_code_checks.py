@@ -27,6 +27,11 @@ from grpolab.rewards.code_verdict import MAX_DEPTH, decode
         ("assert 0 < f() < 3", ["f()"]),
         ("assert f() == g()", ["f()", "g()"]),
         ("assert True", []),
+        # comprehensions over iterables known here are unrolled: each call is a probe
+        ("assert 7 in [p for p in range(10) if is_prime(p)]", [f"is_prime({p})" for p in range(10)]),
+        ("assert all(f(i) == 2 * i for i in range(3))", ["f(0)", "f(1)", "f(2)"]),
+        ("assert {k: f(k) for k in 'ab'} == {'a': 1}", ["f('a')", "f('b')"]),
+        ("assert [g(i, j) for i in range(3) for j in range(i)]", ["g(1, 0)", "g(2, 0)", "g(2, 1)"]),
         ("assert f(1) == 1, 'msg'\nassert g() == {'a': [1]}", ["f(1)", "g()"]),
     ],
 )
@@ -37,8 +42,10 @@ def test_only_the_calls_under_test_are_probes(test, probes):
 @pytest.mark.parametrize(
     ("test", "message"),
     [
-        ("assert 7 in [p for p in range(10) if is_prime(p)]", "ListComp"),
-        ("assert all(f(i) == i for i in range(3))", "GeneratorExp"),
+        ("assert all(f(i) for i in g())", "must not call the code"),
+        ("assert [f(x) for x in range(2000)] == []", "more than 1000 values"),
+        ("assert [f([p for p in range(2)]) for p in range(2)]", "binds a name of the enclosing"),
+        ("assert [f(x) for x in range(3.5)]", "TypeError"),
         ("assert sorted(f(), key=lambda t: t[1]) == [1]", "Lambda"),
         ("assert f() == f'{1}'", "JoinedStr"),
         ("assert math.factorial(f()) == 6", "math.factorial"),
@@ -88,6 +95,12 @@ def test_refused_shapes_name_the_test(test, message):
         ("assert f() == 3 or True", [RAISED], False),  # evaluated first, as in Python
         ("assert True or f() == 3", [RAISED], True),  # never evaluated, as in Python
         ("assert True", [], True),
+        ("assert all(f(i) == 2 * i for i in range(3))", [0, 2, 4], True),
+        ("assert all(f(i) == 2 * i for i in range(3))", [0, 3, 4], False),
+        ("assert any(f(i) for i in range(3))", [0, 1, RAISED], True),  # stops at the first true, as in Python
+        ("assert any(f(i) for i in range(3))", [RAISED, 1, 0], False),
+        ("assert [f(x) for x in range(3) if x != 1] == [0, 4]", [0, RAISED, 4], True),  # f(1) is never needed
+        ("assert sum(f(x) for x, y in [(1, 2), (3, 4)] if y > 2) == 5", [9, 5], True),
     ],
 )
 def test_the_verdict_is_evaluated_here(test, values, passes):

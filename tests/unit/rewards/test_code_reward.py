@@ -130,7 +130,7 @@ SOLUTIONS = {  # (code, tests): correct solutions using the stdlib modules model
             "assert origin() == (0, 0)",
             "assert uniq([1, 1, 2]) == {1, 2}",
             "assert is_prime(7)\nassert not is_prime(9)",
-            "assert (is_prime(2), is_prime(7), is_prime(9)) == (True, True, False)",
+            "assert 7 in [p for p in range(10) if is_prime(p)]",
         ],
     ),
 }
@@ -171,8 +171,8 @@ def test_correct_solutions_with_typical_imports_score_one():
 
 
 def test_a_test_that_cannot_be_split_names_the_example():
-    examples = [Example("the one", meta={"tests": ["assert all(f(i) == i for i in range(3))"]})]
-    with pytest.raises(RewardError, match=r"example 0 \(prompt: 'the one'\).*cannot check.*GeneratorExp"):
+    examples = [Example("the one", meta={"tests": ["assert sorted(f(), key=lambda t: -t) == [1]"]})]
+    with pytest.raises(RewardError, match=r"example 0 \(prompt: 'the one'\).*cannot check.*Lambda"):
         score_batch([build_reward("code_tests")], [Completion("", 1)], examples, timeout_s=None)
 
 
