@@ -138,6 +138,8 @@ class _Splitter(ast.NodeTransformer):
 
 
     def _unroll(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp) -> Unrolled:
+        if len(self.probes) > MAX_UNROLLED:  # nested comprehensions multiply
+            raise Unsupported(f"more than {MAX_UNROLLED} calls of the code in one test")
         """The comprehension over its iterables' values (they may not call the code under test)."""
         parts = (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)
         conditions = [c for generator in node.generators for c in generator.ifs]
@@ -146,6 +148,8 @@ class _Splitter(ast.NodeTransformer):
             condition = ast.BoolOp(ast.And(), conditions) if conditions else ast.Constant(True)
             condition = self.visit(_substituted(condition, env))
             items.append((condition, tuple(self.visit(_substituted(part, env)) for part in parts)))
+        if len(self.probes) > MAX_UNROLLED:
+            raise Unsupported(f"more than {MAX_UNROLLED} calls of the code in one test")
         return Unrolled(_COMPREHENSIONS[type(node)], items)
 
 

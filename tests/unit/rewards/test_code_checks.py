@@ -44,6 +44,7 @@ def test_only_the_calls_under_test_are_probes(test, probes):
     [
         ("assert all(f(i) for i in g())", "must not call the code"),
         ("assert [f(x) for x in range(2000)] == []", "more than 1000 values"),
+        ("assert [[f(i, j) for j in range(100)] for i in range(100)]", "more than 1000 calls"),
         ("assert [f([p for p in range(2)]) for p in range(2)]", "binds a name of the enclosing"),
         ("assert [f(x) for x in range(3.5)]", "TypeError"),
         ("assert sorted(f(), key=lambda t: t[1]) == [1]", "Lambda"),
