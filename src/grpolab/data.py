@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 
 from grpolab.config import DataConfig
-from grpolab.errors import GrpolabError
+from grpolab.errors import GrpolabError, one_line
 from grpolab.types import Example
 
 
@@ -22,9 +23,11 @@ class DataError(GrpolabError, ValueError):
 
 def load_examples(cfg: DataConfig, *, seed: int) -> list[Example]:
     """All examples of the configured source, with the prompt template applied."""
-    if cfg.source == "jsonl":
+    if cfg.source == "jsonl" and _builder(cfg.path) in (None, "jsonl"):
         rows = _read_jsonl(Path(cfg.path))
         return _rows_to_examples(rows, cfg, origin=cfg.path)
+    if cfg.source == "jsonl":  # a local .json / .parquet / .csv / .arrow file
+        return _rows_to_examples(_read_hf(cfg), cfg, origin=cfg.path)
     if cfg.source == "hf":
         return _rows_to_examples(_read_hf(cfg), cfg, origin=cfg.path)
     if cfg.source == "reasoning_gym":
@@ -119,21 +122,60 @@ def _jsonable(value: Any) -> bool:
     return True
 
 
+BUILDERS: dict[str, str] = {
+    ".jsonl": "jsonl",  # grpolab's own reader (errors name the line); data.source=hf reads it with "json"
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".arrow": "arrow",
+}
+"""Local file suffix -> the ``datasets`` builder that reads it."""
+
+
+def _builder(path: str) -> str | None:
+    return BUILDERS.get(Path(path).suffix.lower())
+
+
 def _read_hf(cfg: DataConfig) -> list[dict[str, Any]]:
+    """A local file (by suffix, through datasets' builders), a save_to_disk folder, or a hub dataset."""
     try:
         import datasets
     except ImportError as err:
-        raise DataError("data.source=hf needs the 'datasets' package: pip install datasets") from err
-    local = Path(cfg.path)
-    if local.is_dir() and any((local / f).exists() for f in ("dataset_dict.json", "state.json")):
-        ds = datasets.load_from_disk(str(local))  # a folder written by save_to_disk
-        if isinstance(ds, datasets.DatasetDict):
-            if cfg.split not in ds:
-                raise DataError(f"{cfg.path} has no split '{cfg.split}' (data.split); it has {sorted(ds)}")
-            ds = ds[cfg.split]
+        raise DataError(f"data.path {cfg.path} is read with the 'datasets' package: pip install datasets") from err
+    local = Path(cfg.path).expanduser()
+    builder = _builder(cfg.path)
+    if builder is not None and not local.is_dir():
+        if not local.is_file():
+            raise DataError(f"data.path: {cfg.path} does not exist")
+        load = functools.partial(
+            datasets.load_dataset, "json" if builder == "jsonl" else builder, data_files=str(local), split="train"
+        )
+    elif local.is_dir() and any((local / f).exists() for f in ("dataset_dict.json", "state.json")):
+        load = functools.partial(_load_from_disk, datasets, local, cfg)  # a folder written by save_to_disk
     else:
-        ds = datasets.load_dataset(cfg.path, cfg.name, split=cfg.split)
+        load = functools.partial(datasets.load_dataset, cfg.path, cfg.name, split=cfg.split)
+    try:
+        ds = load()
+    except GrpolabError:
+        raise
+    except (OSError, ValueError) as err:  # not found, offline, unreadable (pyarrow's errors are ValueErrors)
+        what = f"a {builder} file" if builder else "a Hugging Face dataset (hub id or local folder)"
+        raise DataError(f"data.path {cfg.path} could not be read as {what}: {one_line(err)}") from err
     return [dict(row) for row in ds]
+
+
+def _load_from_disk(datasets, local: Path, cfg: DataConfig):
+    ds = datasets.load_from_disk(str(local))
+    if isinstance(ds, datasets.DatasetDict):
+        if cfg.split not in ds:
+            raise DataError(f"{cfg.path} has no split '{cfg.split}' (data.split); it has {sorted(ds)}")
+        ds = ds[cfg.split]
+    return ds
+
+
+def examples_from_rows(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, *, origin: str) -> list[Example]:
+    """Examples from rows already in memory (a datasets.Dataset, a list of dicts), read as a file's rows are."""
+    return _rows_to_examples(rows, cfg, origin)
 
 
 def _rows_to_examples(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, origin: str) -> list[Example]:
@@ -146,20 +188,16 @@ def _rows_to_examples(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, origin
             raise DataError(
                 f"{where} has no field '{cfg.prompt_field}' (data.prompt_field); its fields are {sorted(row)}"
             )
-        answer = None
-        if cfg.answer_field is not None:
-            if cfg.answer_field not in row:
-                raise DataError(
-                    f"{where} has no field '{cfg.answer_field}' (data.answer_field); its fields are {sorted(row)}. "
-                    "Set data.answer_field=null if your rewards need no reference answer."
-                )
+        answer = None  # a row without the answer field: only a reward that needs the answer fails (rules.py)
+        if cfg.answer_field is not None and row.get(cfg.answer_field) is not None:
             answer = _text_field(row, cfg.answer_field, where, "data.answer_field")
         if isinstance(row[cfg.prompt_field], list):  # TRL's conversational format
             examples.append(_conversational(row, answer, cfg, where))
             continue
         question = _text_field(row, cfg.prompt_field, where, "data.prompt_field")
         prompt = apply_template(cfg.template, question, None if cfg.chat_template else cfg.system_prompt)
-        examples.append(Example(prompt=prompt, answer=answer, meta={"row": dict(row), "question": question}))
+        meta = {"row": dict(row), "question": question, "answer_field": cfg.answer_field}
+        examples.append(Example(prompt=prompt, answer=answer, meta=meta))
     return examples
 
 
@@ -188,7 +226,7 @@ def _conversational(row: Mapping[str, Any], answer: str | None, cfg: DataConfig,
     return Example(
         prompt=text,
         answer=answer,
-        meta={"row": dict(row), "question": question},
+        meta={"row": dict(row), "question": question, "answer_field": cfg.answer_field},
         messages=tuple(messages),
     )
 

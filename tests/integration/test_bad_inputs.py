@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import grpolab.eval.runner as runner
+import grpolab.run.assemble as assemble_mod
 import grpolab.train.loop as loop
 import grpolab.train.sft as sft_mod
 from grpolab.cli import main
@@ -72,6 +73,12 @@ CASES = {
     "missing model path": Case(
         ["model.name_or_path=/nonexistent/tiny"], "model.name_or_path: /nonexistent/tiny does not exist", ModelLoadError
     ),
+    "hub id not cached, offline": Case(
+        ["model.name_or_path=nobody/not-a-cached-model"],
+        "model.name_or_path 'nobody/not-a-cached-model' is not a local folder and not in the Hugging Face cache, "
+        "and HF_HUB_OFFLINE=1",
+        GrpolabError,
+    ),
     "model folder without config.json": Case(
         ["model.name_or_path={tmp}/empty"], "is a folder without config.json", ModelLoadError, files={"empty/x": ""}
     ),
@@ -85,8 +92,11 @@ CASES = {
         DataError,
         files={"d.jsonl": jsonl([ROWS[0], {"question": "1+1", "answer": "2"}])},
     ),
-    "row without the answer": Case(
-        ["data.path={tmp}/d.jsonl"], "Set data.answer_field=null", DataError, files={"d.jsonl": jsonl([{"prompt": "1+1"}])}
+    "row without the answer, a reward needs it": Case(
+        ["data.path={tmp}/d.jsonl"],
+        "the dataset row has no 'answer' field (data.answer_field), which reward 'exact_match' needs",
+        RewardError,
+        files={"d.jsonl": jsonl([{"prompt": "1+1"}])},
     ),
     "empty dataset": Case(["data.path={tmp}/d.jsonl"], "d.jsonl holds no rows", DataError, files={"d.jsonl": "\n"}),
     "no training rows left": Case(["data.eval_size=8"], "data.eval_size=8 leaves no training examples", DataError),
@@ -358,8 +368,7 @@ def test_bad_input_stops_with_a_message_that_says_how_to_fix_it(
         def no_model(*args, **kwargs):
             raise AssertionError("the policy was loaded before the bad input was found")
 
-        for module in (loop, sft_mod, runner):
-            monkeypatch.setattr(module, "load_policy", no_model)
+        monkeypatch.setattr(assemble_mod, "load_policy", no_model)  # train, sft and eval load it there
     with pytest.raises(case.error) as err:
         run_verb(case.verb, load_config(config, overrides))
     assert message in str(err.value)
@@ -401,7 +410,7 @@ def test_rotary_model_past_its_positions_warns(tiny_model_dir, dataset, tmp_path
     def stop_here(*args, **kwargs):
         raise AssertionError("stop here")
 
-    monkeypatch.setattr(loop, "sampler_from_config", stop_here)  # the check has run by then: no need to train
+    monkeypatch.setattr(assemble_mod, "build_sampler", stop_here)  # the check has run by then: no need to train
     with caplog.at_level(logging.WARNING), pytest.raises(AssertionError, match="stop here"):
         loop.train(cfg)
     assert "beyond the model's max_position_embeddings=256" in caplog.text

@@ -57,9 +57,22 @@ def test_explicit_settings_win_and_the_printed_config_holds_resolved_values():
     assert _load("algo.clip_low=0.1").algo.clip_high == 0.1
 
 
-def test_dapo_preset_names_the_minibatch_fix():
+@pytest.mark.parametrize("name", ["dapo", "cispo"])
+def test_a_16_minibatch_preset_runs_with_the_default_prompts_per_step(name, caplog):
+    """16 minibatches cannot split 8 prompts into whole groups: the preset runs 8 and says what to set."""
+    with caplog.at_level(logging.WARNING, logger="grpolab.config"):
+        cfg = load_config(None, [f"algo.name={name}"])
+    assert cfg.train.prompts_per_step == 8 and cfg.algo.num_minibatches == 8
+    assert "set train.prompts_per_step=16 for the paper's 16 updates per rollout" in caplog.text
+    assert load_config(None, [f"algo.name={name}", "train.prompts_per_step=12"]).algo.num_minibatches == 12
+    assert load_config(None, [f"algo.name={name}", "train.prompts_per_step=20"]).algo.num_minibatches == 10
+    reloaded = config_from_dict(yaml.safe_load(dump_config(cfg)))
+    assert reloaded == cfg  # config.yaml holds the count it ran
+
+
+def test_an_explicit_minibatch_count_is_never_changed():
     with pytest.raises(Exception, match=r"or set algo.num_minibatches \(the 'dapo' preset uses 16\)"):
-        load_config(None, ["algo.name=dapo", "train.prompts_per_step=8"])
+        load_config(None, ["algo.name=dapo", "algo.num_minibatches=16"])
 
 
 def test_inert_clip_settings_are_warned_at_load(caplog):

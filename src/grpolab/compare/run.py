@@ -189,7 +189,7 @@ def summarise(run: AlgoRun) -> dict[str, Any]:
         "time_step_s": _mean(steady, "sys/step_time_s"),
         "steps": len(rows),
         "samples": rows[-1].get("sys/samples_seen") if rows else 0,
-        "reward_first": rows[0].get("train/reward_mean") if rows else None,
-        "reward_last": _mean(tail, "train/reward_mean"),
+        "reward_first": rows[0].get("reward") if rows else None,
+        "reward_last": _mean(tail, "reward"),
         "wall_s": run.wall_s,
     }

@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import logging
 import re
+import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from grpolab.config.root import Config, inert_settings
+from grpolab.config.trl_names import trl_hint
 from grpolab.errors import ConfigError
 
 log = logging.getLogger("grpolab.config")
@@ -41,7 +43,16 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"{path}:{line}: {err}") from err
     for message in inert_settings(cfg):
         log.warning(message)
+    if path is not None:
+        _importable(Path(path).resolve().parent)
     return cfg
+
+
+def _importable(folder: Path) -> None:
+    """The config file's folder joins the import path (last, so it shadows no installed package): a reward
+    module beside the config (``reward.functions=[{name: 'my_rewards:fn'}]``) imports without PYTHONPATH."""
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
 
 
 _DOTTED = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*|\[\d+\])+")
@@ -177,6 +188,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
+            hint = trl_hint(str(key)) or hint
             raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
     values = {k: _coerce(hints[k], v, f"{prefix}{k}") for k, v in raw.items()}
     return cls(**values)

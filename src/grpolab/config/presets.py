@@ -1,4 +1,4 @@
-"""algo.name -> the paper's recipe: the value of every algo field a preset fills (README "Algorithm presets").
+"""algo.name -> the paper's recipe: the value of every algo field a preset fills (README "Presets", docs/presets.md).
 
 A field the user sets explicitly wins; the others are filled from here when AlgoConfig is built.
 """
@@ -23,7 +23,7 @@ _GRPO: dict[str, Any] = {
     "mask_truncated": False,
 }
 
-# algo.name -> the paper's recipe for every algo field left null. README "Algorithm presets" has the table.
+# algo.name -> the paper's recipe for every algo field left null. README "Presets" has the table.
 ALGO_PRESETS: dict[str, dict[str, Any]] = {
     "grpo": _GRPO,
     # Dr. GRPO (arXiv 2503.20783): no std, constant normaliser (max completion length), no KL.

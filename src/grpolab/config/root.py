@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from grpolab.config.sections import (
 from grpolab.config.stages import IterativeConfig, RewardModelConfig, SFTConfig
 from grpolab.config.validate import check_numbers
 from grpolab.errors import ConfigError
+
+log = logging.getLogger("grpolab.config")
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_numbers(self)  # every number finite and in range, first: NaN passes every comparison below
+        _fit_preset_minibatches(self)
         _check_cross_fields(self)
 
     @property
@@ -80,6 +85,23 @@ class Config:
             "optimizer_steps_per_generation": self.optimizer_steps_per_generation,
             "max_completion_tokens_per_step": self.completions_per_step * self.rollout.max_completion_length,
         }
+
+
+def _fit_preset_minibatches(cfg: Config) -> None:
+    """A preset's minibatch count (DAPO, CISPO: 16) that does not divide train.prompts_per_step into whole
+    groups becomes the largest count that does, with one warning; a count set explicitly is never changed."""
+    a, prompts = cfg.algo, cfg.train.prompts_per_step
+    if not a.from_preset("num_minibatches") or prompts < 1 or a.num_minibatches < 1:
+        return
+    if prompts % a.num_minibatches == 0:
+        return
+    fit = max(d for d in range(1, a.num_minibatches + 1) if prompts % d == 0)
+    log.warning(
+        "algo.name=%s: the preset's %d minibatches per step need train.prompts_per_step divisible by %d; with %d "
+        "prompts per step it runs %d (set train.prompts_per_step=%d for the paper's %d updates per rollout)",
+        a.name, a.num_minibatches, a.num_minibatches, prompts, fit, a.num_minibatches, a.num_minibatches,
+    )
+    object.__setattr__(cfg, "algo", dataclasses.replace(a, num_minibatches=fit))
 
 
 def _check_cross_fields(cfg: Config) -> None:

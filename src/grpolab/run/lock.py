@@ -4,7 +4,9 @@ Two runs on one run dir would interleave metrics rows, overwrite config.yaml and
 checkpoints. ``hold_run_dir(run_dir)`` takes an exclusive, non-blocking ``flock`` and writes the
 holder (pid, host, command, start time) into the file; a second run fails at once with a RunDirLocked
 naming that holder. The kernel drops a flock when its process dies (even by SIGKILL), so a lock file
-left by a dead run is simply taken over (its old holder is logged). ``flock`` is advisory and local:
+left by a dead run is simply taken over (its old holder is logged). A run that leaves the block (done, or
+stopped by an error or a signal it handled) empties the file first, so only a run killed outright leaves
+a holder for the next one to report. ``flock`` is advisory and local:
 on NFS each host sees only its own locks.
 
 In a distributed job only the process that writes the run directory takes it (rank 0): call
@@ -91,6 +93,11 @@ def hold_run_dir(run_dir: Path | str) -> Iterator[dict]:
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, (json.dumps(me) + "\n").encode())
-        yield me
+        try:
+            yield me
+        finally:
+            # Leaving the block (done, or an error Python saw): the holder record goes, so the next run finds
+            # an empty lock file. Only a process killed outright (SIGKILL, OOM, power) leaves its record behind.
+            os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # closing the descriptor releases the flock

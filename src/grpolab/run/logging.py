@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from grpolab.run import dist
-from grpolab.run.trackers import open_trackers
+from grpolab.run.trackers import open_trackers, tracker_key
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -76,8 +76,9 @@ class RunLogger:
         row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
+        charted = {tracker_key(k): v for k, v in metrics.items()} if self.trackers else {}
         for tracker in self.trackers.values():
-            tracker.log(step, metrics)
+            tracker.log(step, charted)
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Rows to samples.jsonl, and to every tracker as one table."""

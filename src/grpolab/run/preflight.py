@@ -14,6 +14,7 @@ from pathlib import Path
 from grpolab.config import Config, ConfigError, ModelConfig, RewardSpec
 from grpolab.data import DataError
 from grpolab.errors import GrpolabError
+from grpolab.hub import hub_load_kwargs
 from grpolab.models import ModelLoadError, resolve_device
 from grpolab.rewards import WeightedReward, build_reward
 from grpolab.run import checkpoint as ckpt
@@ -58,7 +59,7 @@ def check_model_source(cfg: ModelConfig) -> None:
     """A local model path that does not exist fails here, before the data and rewards are loaded.
 
     An absolute path, or one starting with ``.`` or ``~``, is local; anything else that is not an
-    existing folder is taken for a hub id and left to from_pretrained.
+    existing folder is taken for a hub id, which must be cached or the Hub reachable (grpolab.hub).
     """
     resolve_device(cfg)  # model.device=cuda without CUDA
     source = cfg.name_or_path
@@ -75,6 +76,7 @@ def check_model_source(cfg: ModelConfig) -> None:
             f"model.name_or_path: {source} is a folder without config.json (or adapter_config.json); "
             "point it at the model folder itself"
         )
+    hub_load_kwargs(source, cfg.revision, "model.name_or_path")  # a hub id: cached or reachable, else one line
 
 
 def build_rewards(

@@ -11,6 +11,9 @@ A resumed run continues the same tracker run: the first start writes each tracke
 past the resumed step; wandb and trackio cannot rewind a run, so rows logged after the last
 checkpoint of a killed run stay there and the resumed steps follow them.
 
+Metric names: metrics.jsonl holds TRL's log names (``reward``, ``kl``); trackers chart them as TRL's
+trackers do, with ``train/`` in front (``tracker_key``).
+
 Tracker runs are opened by the RunLogger, which only the process that writes the run directory
 creates.
 """
@@ -59,6 +62,17 @@ class Tracker(Protocol):
     def table(self, step: int, columns: list[str], rows: list[list[Any]]) -> None: ...
 
     def close(self) -> None: ...
+
+
+GRPOLAB_NAMESPACES = ("train", "loss", "rollout", "sys", "eval", "sft")
+"""The prefixes of grpolab's own metrics; every other key is one of TRL GRPOTrainer's names."""
+
+
+def tracker_key(key: str) -> str:
+    """The name a tracker charts a metric under: TRL's names get ``train/`` in front, as transformers'
+    TensorBoard, wandb and trackio callbacks write them for TRL (``reward`` -> ``train/reward``), so
+    a TRL user's charts keep their names; grpolab's own (``sys/peak_mem_mb``) are charted as logged."""
+    return key if key.split("/", 1)[0] in GRPOLAB_NAMESPACES and "/" in key else f"train/{key}"
 
 
 def finite_scalars(metrics: Mapping[str, Any]) -> dict[str, float]:

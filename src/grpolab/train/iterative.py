@@ -88,7 +88,7 @@ def iterative_rl(cfg: Config) -> IterativeResult:
         replay = rng.sample(history, round(it.replay_fraction * len(history)))
         summary = {"iteration": i, "run_dir": str(result.run_dir), "policy": policy, "new_pairs": len(new)}
         summary.update(
-            {"replayed_pairs": len(replay), "train/reward_mean": result.last_metrics.get("train/reward_mean")}
+            {"replayed_pairs": len(replay), "reward": result.last_metrics.get("reward")}
         )
         if new:
             rm_path, rm_metrics = _update_reward_model(cfg, i, rm_path, [*new, *replay], result.run_dir)

@@ -248,7 +248,7 @@ def build_ppo_batch(
     metrics = rollout_metrics(completions, rewards, valid, seq_adv)
     metrics.update(_value_metrics(old_values, ppo.returns, loss_mask))
     if ref_logprobs is not None:
-        metrics["loss/kl"] = dist.masked_mean(sampled - ref_logprobs, mask)  # k1, the estimator in the reward
+        metrics["kl"] = dist.masked_mean(sampled - ref_logprobs, mask)  # k1, the estimator in the reward
     metrics["sys/time_value_forward_s"] = t_values
     return batch, metrics
 

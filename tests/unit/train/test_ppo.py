@@ -88,7 +88,7 @@ def test_ppo_advantages_reaching_the_loss_match_a_hand_computation():
     torch.testing.assert_close(batch.returns, torch.tensor(RETURNS))
     torch.testing.assert_close(batch.old_values, VALUES)
     assert batch.old_logprobs is None and torch.equal(batch.ref_logprobs, REF)
-    assert metrics["loss/kl"] == pytest.approx((0.5 + 0 + 0.5 - 0.5 + 0) / 5)
+    assert metrics["kl"] == pytest.approx((0.5 + 0 + 0.5 - 0.5 + 0) / 5)
     # At ratio 1 the surrogate is -A per token; PPO's preset aggregates as DeepSeekMath Eq. 1: (1/|o|) sum_t.
     spec = PolicyLossSpec.from_config(cfg)
     assert spec.kl_fn is None  # the KL is in the reward, not the loss
