@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p = _verb(sub, "sft", help="supervised warm start on (prompt, answer) examples, accuracy early stop")
     _config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue an SFT run that a signal stopped")
     p = _verb(sub, "eval", help="Pass@K / Maj@K of checkpoints (eval.checkpoints=[...]), with plots")
     _config_args(p)
     p = _verb(sub, "demo", help="the embedded default: SFT, GRPO and Pass@K / Maj@K on a tiny model, CPU")
@@ -205,7 +206,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.verb == "sft":
         from grpolab.train.sft import sft
 
-        done = sft(cfg)
+        done = sft(cfg, resume=args.resume)
+        if done.stopped_by is not None:
+            print(
+                f"grpolab: SFT stopped by {signal.Signals(done.stopped_by).name} after step {done.steps}; checkpoint "
+                f"saved in {done.output_dir}/checkpoints; continue with: grpolab sft --resume (same config)",
+                file=sys.stderr,
+            )
+            return 128 + done.stopped_by
         print(f"grpolab: SFT {done.steps} steps, dev accuracy {done.dev_accuracy}; saved {done.output_dir}")
         return 0
     if args.verb == "eval":

@@ -55,3 +55,11 @@ def swallows_timeout(completion, example):
 def catastrophic_regex(completion, example):
     """Minutes in C code, holding the GIL: no thread or signal interrupts it."""
     return float(bool(re.match(r"(a+)+$", "a" * 40 + "b")))
+
+
+def huge_int(completion, example):
+    return 10**400  # beyond float's range
+
+
+def near_max(completion, example):
+    return 1e308  # finite, but not once weighted by 10

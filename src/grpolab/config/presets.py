@@ -74,7 +74,9 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
     # Online RFT (DeepSeekMath Eqs. 10-11): I(correct) * (1/|o|) sum_t log pi, no KL.
     "online_rft": {**_GRPO, "advantage": "online_rft", "beta": 0.0},
     # REINFORCE++ (arXiv 2501.03262, Eqs. 8-10): k1 KL in every token's reward, return-to-go, whitened over
-    # the batch's tokens; beta 0.01 as OpenRLHF's example (the paper does not pin one).
+    # the batch's tokens; beta 0.01 as OpenRLHF's example (the paper does not pin one). Its PPO-style clip
+    # acts only if the policy moves within a rollout, so the rollout is split into mini-batches as in verl's
+    # and OpenRLHF's recipes (verl's example: 1024 / 256 = 4); 2 here, which any even prompts_per_step allows.
     "reinforce_pp": {
         **_GRPO,
         "advantage": "reinforce_pp",
@@ -82,6 +84,7 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
         "kl_in": "reward",
         "kl_estimator": "k1",
         "beta": 0.01,
+        "num_minibatches": 2,
     },
     # REINFORCE++-baseline (same paper): group mean, then token-weighted batch whitening; k2 KL loss,
     # beta 1e-3 as OpenRLHF's example.
@@ -94,5 +97,7 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
     },
     # PPO as DeepSeekMath Eqs. 1-2 write it: GAE with a critic, k1 KL in the per-token reward, (1/|o|)
     # sum_t per completion like GRPO, so `grpolab compare` isolates the critic (TRL and verl use token-mean).
-    "ppo": {**_GRPO, "advantage": "gae", "kl_in": "reward", "kl_estimator": "k1"},
+    # Mini-batches per rollout (verl's PPO example: 1024 / 256 = 4; 2 here, as reinforce_pp) so that the ratio
+    # clip and the value clip act.
+    "ppo": {**_GRPO, "advantage": "gae", "kl_in": "reward", "kl_estimator": "k1", "num_minibatches": 2},
 }

@@ -125,8 +125,9 @@ class AlgoConfig:
     """Added to the std before dividing."""
     beta: float | None = None
     """KL coefficient (DeepSeekMath: 0.04). 0 skips the reference model entirely. null = preset."""
-    kl_estimator: Literal["k1", "k2", "k3"] | None = None
-    """KL estimator used in the loss (DeepSeekMath eq. 4 is k3); the reward path always uses k1. null = preset."""
+    kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
+    """Per-token KL estimator, in the loss (DeepSeekMath eq. 4 is k3) or in the reward (algo.kl_in=reward:
+    RLOO, REINFORCE++ and PPO use k1), as verl's kl_penalty (kl = k1, mse = k2, low_var_kl = k3, abs). null = preset."""
     kl_in: Literal["loss", "reward"] | None = None
     """Where the KL penalty goes: the loss (GRPO) or the per-token reward (PPO, RLOO). null = preset."""
     clip_low: float | None = None

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from grpolab import jsonio
 from grpolab.run import dist
 from grpolab.run.trackers import open_trackers, tracker_key
 
@@ -73,9 +74,9 @@ class RunLogger:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
-        row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        row = {"step": step, **metrics}
         with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+            fh.write(jsonio.dumps_row(row) + "\n")  # non-finite values as null, counted
         charted = {tracker_key(k): v for k, v in metrics.items()} if self.trackers else {}
         for tracker in self.trackers.values():
             tracker.log(step, charted)
@@ -86,7 +87,7 @@ class RunLogger:
             return
         with self.samples_path.open("a") as fh:
             for row in rows:
-                fh.write(json.dumps({"step": step, **row}) + "\n")
+                fh.write(jsonio.dumps_row({"step": step, **row}) + "\n")
         if self.trackers and rows:
             columns, table = completions_table(rows)
             for tracker in self.trackers.values():

@@ -108,6 +108,8 @@ class Resumable:
             models, optimizers = self._dcp_parts(cfg, sharded.saved_step(path))
             state = sharded.load(path, models=models, optimizers=optimizers)
         else:
+            if sharded.is_sharded_checkpoint(path):  # an FSDP run's: its weights are DCP shards
+                raise ConfigError(f"{path} is a sharded checkpoint; resume it as it was run (torchrun / train.parallel), or export it (grpolab export)")
             ckpt.load_weights_into(self.model, path)
             if self.reference is not None and self.reference.frozen_model is not None:
                 ckpt.load_extra(self.reference.frozen_model, path, "reference")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from grpolab.algo.advantages import OUTCOME_ESTIMATORS, grpo_process_advantages
+from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.masked import masked_mean
 from grpolab.algo.reinforce import TOKEN_ESTIMATORS
 from grpolab.config import Config
@@ -155,9 +156,10 @@ def build_rollout_batch(
     sampler_logprobs = completions.logprobs.to(device)
     token_kl = None
     if cfg.algo.resolved_kl_in == "reward" and ref_logprobs is not None:
-        # k1 = log(pi/pi_ref) per token, with the sampling log-probs as pi (no grad): summed into the
-        # sequence reward (RLOO) or into every token's reward (REINFORCE++), as the estimator does.
-        token_kl = torch.where(mask, sampler_logprobs - ref_logprobs, torch.zeros_like(ref_logprobs))
+        # algo.kl_estimator per token (k1 = log(pi/pi_ref) in the presets), with the sampling log-probs as pi
+        # (no grad): summed into the sequence reward (RLOO) or into every token's reward (REINFORCE++).
+        kl = KL_ESTIMATORS[cfg.algo.kl_estimator](sampler_logprobs, ref_logprobs)
+        token_kl = torch.where(mask, kl, torch.zeros_like(ref_logprobs))
     if steps is None:
         adv_tokens = estimator(rewards, valid, mask, token_kl)  # [N, T]
         advantages = masked_mean(adv_tokens, mask, dim=-1).view_as(rewards).cpu()  # [P, G], for metrics

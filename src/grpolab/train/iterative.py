@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from grpolab import jsonio
 from grpolab.config import Config, ConfigError
 from grpolab.data import load_examples
 from grpolab.rewards import WeightedReward, score_batch
@@ -98,7 +99,7 @@ def iterative_rl(cfg: Config) -> IterativeResult:
         history.extend(new)
         done.append(summary)
         log.info("iterative RL: %s", json.dumps(summary))
-    (cfg.run_dir / "iterative.json").write_text(json.dumps(done, indent=2) + "\n")
+    (cfg.run_dir / "iterative.json").write_text(jsonio.dumps(done, indent=2) + "\n")
     return IterativeResult(cfg.run_dir, Path(policy), Path(rm_path), done)
 
 

@@ -1,6 +1,6 @@
 """log.report_to: every tracker gets the config, each metric and the completions table, read back from its store."""
 
-import importlib.util
+import importlib
 import json
 
 import pytest
@@ -121,6 +121,39 @@ def test_a_missing_tracker_package_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.delitem(__import__("sys").modules, "wandb", raising=False)
     with pytest.raises(ConfigError, match=r"pip install 'grpolab\[wandb\]'"):
         RunLogger(tmp_path, report_to=["wandb"])
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "trackio" else True)
+    _fail_import(monkeypatch, "trackio", ImportError("No module named 'trackio'"))
     with pytest.raises(ConfigError, match=r"names trackio, which is not installed: pip install 'grpolab\[trackio\]'"):
-        check_trackers(["tensorboard", "wandb", "trackio"])
+        check_trackers(["tensorboard", "trackio"])
+
+
+def _fail_import(monkeypatch, module: str, exc: Exception) -> None:
+    """importlib.import_module raises ``exc`` for ``module`` (the trackers import through it)."""
+    real = importlib.import_module
+
+    def fake(name, *args, **kwargs):
+        if name == module:
+            raise exc
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", fake)
+
+
+def test_a_tracker_that_breaks_while_importing_is_one_config_error(monkeypatch):
+    _fail_import(monkeypatch, "trackio", AttributeError("module 'numpy' has no attribute 'float'"))
+    with pytest.raises(
+        ConfigError, match=r"log.report_to names trackio, but importing it failed \(AttributeError: module 'numpy' "
+        r"has no attribute 'float'\); reinstall it"
+    ):
+        check_trackers(["trackio"])
+
+
+def test_an_unwritable_trackio_store_is_refused_before_the_model(trackio_dir, tmp_path, monkeypatch):
+    """trackio writes from a background thread and drops what it cannot write (exit 0, no metrics)."""
+    import trackio.utils
+
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("a file where the store's parent should be")  # unwritable even for root
+    monkeypatch.setattr(trackio.utils, "TRACKIO_DIR", blocker / "trackio")
+    with pytest.raises(ConfigError, match=r"log.report_to: trackio's store .*not_a_folder/trackio cannot be written "
+                       r"\(Not a directory\); set TRACKIO_DIR"):
+        check_trackers(["trackio"])
