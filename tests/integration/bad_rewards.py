@@ -40,3 +40,11 @@ def constant(completion, example):
 
 def never(completion, example):
     return None
+
+
+def huge_int(completion, example):
+    return 10**400  # beyond float's range
+
+
+def near_max(completion, example):
+    return 1e308  # finite, but not once weighted by 10

@@ -101,8 +101,8 @@ def _import_attr(spec: str) -> Any:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise ValueError(
-            f"reward {spec!r}: cannot import module {module_name!r} ({exc}); install it or put its "
-            "folder on PYTHONPATH"
+            f"reward {spec!r}: cannot import module {module_name!r} ({exc}); put it beside the config file, "
+            "install it, or put its folder on PYTHONPATH"
         ) from exc
     if not hasattr(module, attr):
         public = [n for n in dir(module) if not n.startswith("_")]
@@ -113,7 +113,13 @@ def _import_attr(spec: str) -> Any:
 
 
 def _user_reward(spec: str, kwargs: Mapping[str, Any], kind: str = "auto") -> Reward:
-    obj = _import_attr(spec)
+    return reward_from_object(_import_attr(spec), spec, kwargs, kind)
+
+
+def reward_from_object(obj: Any, spec: str, kwargs: Mapping[str, Any] | None = None, kind: str = "auto") -> Reward:
+    """A reward from a Python object (see the module docstring): a TRL function, a class, a reward object or a
+    per-sample function. ``spec`` names it in errors (and names a class instance without a ``name``)."""
+    kwargs = dict(kwargs or {})
     if kind == "trl" or (kind == "auto" and not inspect.isclass(obj) and _trl_function(obj)):
         if not callable(obj) or inspect.isclass(obj):
             raise ValueError(f"reward {spec!r} (kind: trl) must be a function fn(completions, **kwargs)")
@@ -203,5 +209,6 @@ __all__ = [
     "build_reward",
     "dry_run",
     "per_sample",
+    "reward_from_object",
     "score_batch",
 ]

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol, runtime_checkable
 
-from grpolab.errors import GrpolabError
+from grpolab.errors import ConfigError, GrpolabError
 from grpolab.types import Completion, Example
 
 SampleFn = Callable[[Completion, Example], "float | None"]
@@ -104,14 +104,24 @@ def per_sample(fn: SampleFn | None = None, *, name: str | None = None):
     return PerSample(fn, name)
 
 
+def _as_float(value: numbers.Real) -> float:
+    """float(value), or inf for an int beyond float's range."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 @dataclass(frozen=True)
 class WeightedReward:
     reward: Reward
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.weight, numbers.Real) or not math.isfinite(self.weight):
-            raise ValueError(f"reward '{self.name}' has weight {self.weight!r}; give a finite number")
+        if not isinstance(self.weight, numbers.Real) or not math.isfinite(_as_float(self.weight)):
+            raise ConfigError(
+                f"reward '{getattr(self.reward, 'name', self.reward)}' has weight {self.weight!r}; give a finite number"
+            )
         if not callable(self.reward) or not isinstance(getattr(self.reward, "name", None), str):
             raise ValueError(
                 f"{self.reward!r} is not a reward: it needs a str `name` and a batched call "
@@ -229,12 +239,14 @@ def _checked_values(name: str, values: object, examples: Sequence[Example], firs
                 f"reward '{name}' returned {value!r} ({type(value).__name__}) for {where}; "
                 "return a float, or None when the reward does not apply"
             )
-        if not math.isfinite(value):
+        number = _as_float(value)  # an int beyond float's range (about 1.8e308) is inf
+        if not math.isfinite(number):
+            shown = repr(value) if len(repr(value)) <= 40 else f"an int of {len(str(abs(value)))} digits"
             raise RewardError(
-                f"reward '{name}' returned {value!r} for {where}; return a finite float "
+                f"reward '{name}' returned {shown} for {where}; return a finite float "
                 "(guard divisions and logs), or None when the reward does not apply"
             )
-        out.append(float(value))
+        out.append(number)
     return out
 
 
@@ -337,11 +349,23 @@ def score_batch(
         components[wr.name] = _score_one(wr, completions, examples, timeout_s)
         seconds[wr.name] = time.perf_counter() - start
     components = {wr.name: components[wr.name] for wr in rewards}  # in the configured order
-    total: list[float | None] = []
-    for i in range(len(completions)):
-        parts = [wr.weight * v for wr in rewards if (v := components[wr.name][i]) is not None]
-        total.append(sum(parts) if parts else None)
+    total = [_total(rewards, components, i, examples[i]) for i in range(len(completions))]
     return ScoreResult(total=total, components=components, seconds=seconds)
+
+
+def _total(rewards: Sequence[WeightedReward], components: dict, i: int, example: Example) -> float | None:
+    """The weighted sum of completion ``i``'s components; one that is not finite (1e308 x 10) is an error."""
+    parts = [(wr, v) for wr in rewards if (v := components[wr.name][i]) is not None]
+    if not parts:
+        return None
+    total = sum(wr.weight * v for wr, v in parts)
+    if not math.isfinite(total):
+        terms = " + ".join(f"{wr.weight:g} x {v:g} ('{wr.name}')" for wr, v in parts)
+        raise RewardError(
+            f"the total reward of {describe_example(example, i)} is {total} ({terms}): a weight or a reward "
+            "value is too large; scale the reward (return values near [-1, 1]) or lower its weight"
+        )
+    return total
 
 
 def dry_run(
@@ -359,9 +383,12 @@ def dry_run(
     _check_inputs(rewards, completions, examples)
     count = min(max_examples, len(completions))
     per_sample_s: dict[str, float] = {}
+    values: dict[str, list[float | None]] = {}
     for wr in rewards:
         start = time.perf_counter()
-        for j in range(count):
-            _score_one(wr, [completions[j]], [examples[j]], timeout_s, first_index=j)
+        values[wr.name] = [_score_one(wr, [completions[j]], [examples[j]], timeout_s, first_index=j)[0]
+                           for j in range(count)]
         per_sample_s[wr.name] = (time.perf_counter() - start) / max(count, 1)
+    for j in range(count):  # the weighted totals too: 1e308 x weight 10 is inf
+        _total(rewards, values, j, examples[j])
     return per_sample_s

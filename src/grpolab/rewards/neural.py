@@ -108,7 +108,7 @@ class RewardModel:
         max_length: token limit per text (the start is cut).
         autocast: "auto" | "bf16" | "none", as ``model.autocast``.
         device: "auto" | "cpu" | "cuda".
-        name: the name logged as ``train/reward/<name>``.
+        name: the name logged as ``rewards/<name>/mean``.
     """
 
     def __init__(
