@@ -123,7 +123,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
-    args.overrides = [*args.overrides, *extra]
+    if extra:  # only verbs that take overrides get here with any
+        args.overrides = [*args.overrides, *extra]
     return args
 
 

@@ -131,6 +131,14 @@ CASES = {
     "reward too slow": Case(
         ["reward.functions=[{name: 'bad_rewards:slow'}]", "reward.timeout_s=0.2"], "took longer than 0.2 s", RewardError
     ),
+    "reward swallows the timeout": Case(
+        ["reward.functions=[{name: 'bad_rewards:swallows_timeout'}]", "reward.timeout_s=0.5"],
+        "reward 'swallows_timeout' took longer than 0.5 s", RewardError,
+    ),
+    "reward stuck in a C regex": Case(
+        ["reward.functions=[{name: 'bad_rewards:catastrophic_regex'}]", "reward.timeout_s=0.5"],
+        "reward 'catastrophic_regex' took longer than 0.5 s", RewardError,
+    ),
     "code reward without tests": Case(
         ["reward.functions=[{name: code_tests}]"], "on example 0 (prompt: '6+6='): the example has no 'tests'", RewardError
     ),
@@ -399,7 +407,9 @@ def test_bad_input_stops_with_a_message_that_says_how_to_fix_it(
         assert (tmp_path / case.kept).exists(), f"{case.kept} was deleted before the error"
 
 
-@pytest.mark.parametrize("name", ["unknown key", "missing model path", "row without the prompt", "reward raises"])
+@pytest.mark.parametrize(
+    "name", ["unknown key", "missing model path", "row without the prompt", "reward raises", "reward stuck in a C regex"]
+)
 def test_the_cli_prints_one_line_and_exits_2(name, tmp_path, tiny_model_dir, dataset, gpt2_dir, capsys):
     config, overrides, message = setup_case(CASES[name], tmp_path, tiny_model_dir, dataset, gpt2_dir)
     code = main(["--log-level", "ERROR", "train", *(["--config", config] if config else []), *overrides])

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import grpolab.eval.runner as runner
+import grpolab.run.assemble as assemble
 import grpolab.train.loop as loop
 import grpolab.train.sft as sft_mod
 from grpolab.cli import main
@@ -75,7 +76,7 @@ def test_a_crafted_trainer_state_is_refused_without_running_it(trained, tmp_path
     monkeypatch.setenv("GRPOLAB_TEST_PWNED", str(pwned))
     torch.save(state, step / "trainer_state.pt")
     ckpt.write_manifest(step)  # intact by its manifest: only the content is hostile
-    monkeypatch.setattr(loop, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))  # judged first
+    monkeypatch.setattr(assemble, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))  # judged first
     cfg = load_config(None, overrides(tiny_model_dir, addition_jsonl(16), tmp_path))
     with pytest.raises(ckpt.CheckpointError, match=r"trainer_state.pt holds more than tensors and plain data "
                        r"\(it names posix.system\)"):
@@ -109,7 +110,7 @@ def test_a_sharded_checkpoint_resumed_at_another_world_size_fails_before_the_mod
 ):
     run = copy_run(trained, tmp_path)
     (run / "checkpoints" / "step_1" / sharded.MARKER).write_text('{"world_size": 2, "step": 1}\n')
-    monkeypatch.setattr(loop, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))
+    monkeypatch.setattr(assemble, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))
     cfg = load_config(None, overrides(tiny_model_dir, addition_jsonl(16), tmp_path, "train.num_steps=2"))
     with pytest.raises(ConfigError, match=r"is a sharded checkpoint written by 2 processes and this job has 1: "
                        r"resume it with torchrun --nproc_per_node=2"):
@@ -175,8 +176,8 @@ def test_eval_checks_every_path_first_and_keeps_each_finished_model(
     base = overrides(tiny_model_dir, addition_jsonl(16), tmp_path, "data.eval_size=2", "eval.num_samples=2",
                      "eval.greedy=false", f"eval.output_dir={tmp_path / 'eval'}")
     loaded = []
-    real_load = runner.load_policy
-    monkeypatch.setattr(runner, "load_policy", lambda cfg: loaded.append(cfg.name_or_path) or real_load(cfg))
+    real_load = runner.load_model
+    monkeypatch.setattr(runner, "load_model", lambda cfg: loaded.append(cfg.name_or_path) or real_load(cfg))
     cfg = load_config(None, [*base, f"eval.checkpoints=[{tiny_model_dir}, {tmp_path}/missing]"])
     with pytest.raises(ModelLoadError, match="missing does not exist"):
         runner.evaluate(cfg)

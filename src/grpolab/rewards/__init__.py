@@ -38,6 +38,7 @@ from grpolab.rewards.base import (
 from grpolab.rewards.code import make_code_tests
 from grpolab.rewards.math_answer import make_math_accuracy
 from grpolab.rewards.trl_style import TrlReward, looks_like_trl
+from grpolab.rewards.worker import start_workers
 
 
 def _make_gym_score() -> PerSample:
@@ -73,6 +74,15 @@ REWARDS: dict[str, Callable[..., Reward]] = {
     "reward_model": _make_reward_model,
     "code_tests": make_code_tests,
 }
+
+
+IN_PROCESS = frozenset(
+    {"exact_match", "r1_format", "soft_overlong", "length_penalty", "truncation_penalty", "code_tests", "reward_model"}
+)
+"""REWARDS that run in the trainer even with a timeout (rewards.timeouts): grpolab's rule rewards are short string
+code whose regexes run in linear time, code_tests kills its own sandboxes, the reward model needs the trainer's
+device. The others (math_accuracy, reasoning_gym: third-party parsers of the completion's text) and every user
+reward run in a worker process that is killed when reward.timeout_s is up (rewards.worker)."""
 
 
 def _check_kwargs(label: str, fn: Callable[..., Any], kwargs: Mapping[str, Any], *args: Any) -> None:
@@ -194,10 +204,14 @@ def build_reward(
             f"unknown reward {name!r}; {hint}known rewards: {', '.join(REWARDS)}; "
             "or give your own as 'package.module:function'"
         )
-    return WeightedReward(_call_factory(name, REWARDS[name], kwargs), weight)
+    reward = _call_factory(name, REWARDS[name], kwargs)
+    if name in IN_PROCESS:
+        reward.in_process = True
+    return WeightedReward(reward, weight)
 
 
 __all__ = [
+    "IN_PROCESS",
     "REWARDS",
     "PerSample",
     "Reward",
@@ -211,4 +225,5 @@ __all__ = [
     "per_sample",
     "reward_from_object",
     "score_batch",
+    "start_workers",
 ]

@@ -47,7 +47,7 @@ from grpolab.models import (
     resolve_autocast,
     resolve_device,
 )
-from grpolab.rewards import WeightedReward, dry_run
+from grpolab.rewards import WeightedReward, dry_run, start_workers
 from grpolab.rewards.gold import GoldMonitor, build_gold_rewards
 from grpolab.rollout.base import Sampler
 from grpolab.rollout.engines import build_sampler, check_engine
@@ -150,16 +150,21 @@ def assemble(
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     baseline_mem_mb = peak_memory_mb(resolve_device(cfg.model))  # before any model loads
+    start_workers([*rewards, *gold_rewards], cfg.reward.timeout_s)  # forked while the process is small
     run = _build(cfg, mode, rewards, gold_rewards, examples)
-    run.start = _start(cfg, point, run.resumable, run.sampler)
-    write_run_info(
-        cfg, policy=run.policy, reference=run.reference, critic=run.critic, rewards=rewards,
-        baseline_mem_mb=baseline_mem_mb, device=run.device,
-    )  # fmt: skip
-    run.logger = RunLogger(
-        cfg.run_dir, resume_step=run.start if point is not None else None, report_to=cfg.log.trackers,
-        project=cfg.log.project, run_name=cfg.log.run_name, config=config_to_dict(cfg),
-    )  # fmt: skip
+    try:
+        run.start = _start(cfg, point, run.resumable, run.sampler)
+        write_run_info(
+            cfg, policy=run.policy, reference=run.reference, critic=run.critic, rewards=rewards,
+            baseline_mem_mb=baseline_mem_mb, device=run.device,
+        )  # fmt: skip
+        run.logger = RunLogger(
+            cfg.run_dir, resume_step=run.start if point is not None else None, report_to=cfg.log.trackers,
+            project=cfg.log.project, run_name=cfg.log.run_name, config=config_to_dict(cfg),
+        )  # fmt: skip
+    except BaseException:
+        run.sampler.close()  # an engine's memory and processes are not left behind (the loop closes it otherwise)
+        raise
     _announce(cfg, run.policy, run.reference, run.gold, run.start)
     return run
 

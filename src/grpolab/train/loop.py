@@ -27,7 +27,7 @@ from grpolab.run.guards import GracefulStop
 from grpolab.run.logging import peak_memory_mb
 from grpolab.run.progress import Progress
 from grpolab.train.batch import length_by_reward, step_tokens
-from grpolab.train.sampling import sample_step
+from grpolab.train.sampling import StepGroups, sample_step
 from grpolab.train.step import update_policy
 from grpolab.types import Example
 
@@ -75,21 +75,13 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
             cfg, sampler=run.sampler, rewards=run.rewards, data=run.data, examples=run.examples,
             prompt_ids=run.prompt_ids, generator=run.sample_gen,
         )  # fmt: skip
-        completions = drawn.completions
         batch_examples = [run.examples[i] for i in drawn.rows]
-        repeated = [e for e in batch_examples for _ in range(completions.num_generations)]
-        by_step = {} if run.process is None else {"steps": run.process.score(completions, repeated)}
-        t2 = time.perf_counter()
-        batch, metrics = run.make_batch(  # advantages, and the reference's log-probs
-            cfg, completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,
-            policy=run.policy, reference=run.reference, ctx=run.ctx, **by_step,
-        )  # fmt: skip
-        metrics.update(run.gold.measure(completions, repeated, batch))
+        t2, (batch, metrics) = _advantages(run, drawn, batch_examples)
         t3 = time.perf_counter()
-        metrics.update(_update(run, batch, step))
+        metrics.update(_update(run, batch, step))  # mu passes; then the sampler takes the new weights
         t4 = time.perf_counter()
-        metrics.update(length_by_reward(completions, drawn.rewards, drawn.valid))
-        run.resumable.num_tokens += int(dist.all_reduce_sum(float(step_tokens(completions))))
+        metrics.update(length_by_reward(drawn.completions, drawn.rewards, drawn.valid))
+        run.resumable.num_tokens += int(dist.all_reduce_sum(float(step_tokens(drawn.completions))))
         metrics.update(_component_means(drawn.scores.components))
         metrics.update(drawn.metrics)
         metrics.update(
@@ -105,7 +97,7 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
         metrics["num_tokens"] = float(run.resumable.num_tokens)  # already summed over the ranks
         run.logger.log(step, metrics)
         if cfg.log.samples_every and step % cfg.log.samples_every == 0:
-            rows_out = _sample_rows(batch_examples, completions, drawn.scores, batch.advantages)
+            rows_out = _sample_rows(batch_examples, drawn.completions, drawn.scores, batch.advantages)
             run.logger.samples(step, run.gold.annotate(rows_out))
         run.bad_steps.observe(step, metrics.get("train/skipped_updates", 0.0), run.policy)  # raises to stop the run
         run.no_signal.observe(step, metrics)  # raises after train.max_no_signal_steps steps without signal
@@ -120,6 +112,22 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
     run.logger.close()
     stopped_by = stop.signum if last_step < cfg.train.num_steps else None
     return TrainResult(run_dir=cfg.run_dir, final_step=last_step, last_metrics=metrics, stopped_by=stopped_by)
+
+
+def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
+    """(start time of the batch, (RolloutBatch, metrics)): the advantages of the sampled groups (group-relative,
+    or PPO's GAE), the reference's log-probs, and the gold rewards and KL measured on them. Process
+    supervision's step scores come first, outside the timed part."""
+    completions = drawn.completions
+    repeated = [e for e in batch_examples for _ in range(completions.num_generations)]
+    by_step = {} if run.process is None else {"steps": run.process.score(completions, repeated)}
+    t2 = time.perf_counter()
+    batch, metrics = run.make_batch(
+        run.cfg, completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,
+        policy=run.policy, reference=run.reference, ctx=run.ctx, **by_step,
+    )  # fmt: skip
+    metrics.update(run.gold.measure(completions, repeated, batch))  # logged, never trained on
+    return t2, (batch, metrics)
 
 
 def _update(run: Run, batch, step: int) -> dict[str, float]:

@@ -74,7 +74,7 @@ def test_tensorboard_gets_scalars_and_the_table_as_text(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("train/reward")] == [(1, 0.25), (2, 0.5)]
     assert [e.step for e in events.Scalars("train/kl")] == [2]  # NaN left out
     assert [(e.step, e.value) for e in events.Scalars("sys/peak_mem_mb")] == [(1, 7.0)]
-    assert read_metrics(tmp_path)[0] == {"step": 1, "reward": 0.25, "kl": None, "sys/peak_mem_mb": 7.0}
+    assert read_metrics(tmp_path)[0] == {"step": 1, "reward": 0.25, "kl": None, "sys/peak_mem_mb": 7.0, "nonfinite_count": 1}
     (text,) = events.Tensors("completions/text_summary")
     table = text.tensor_proto.string_val[0].decode()
     assert "| prompt | completion | reward | reward/exact | reward/fmt | advantage |" in table
