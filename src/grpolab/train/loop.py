@@ -141,7 +141,9 @@ def _update(run: Run, batch, step: int) -> dict[str, float]:
                 pad_id=run.tokenizer.pad_token_id, autocast_dtype=run.amp, generator=run.minibatch_gen,
             )  # fmt: skip
         )
+        t0 = time.perf_counter()
         run.sampler.update_weights(run.policy)
+        metrics["sys/time_weight_sync_s"] = time.perf_counter() - t0  # vllm: gather, merge, load; hf: nothing
     if run.critic is not None:
         metrics.update(run.critic.update(batch))
     return metrics

@@ -152,7 +152,7 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
     if missing := [i for i, e in enumerate(examples) if e.answer is None]:  # before any model loads
         raise DataError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
     if s.target_accuracy is not None:
-        check_engine(cfg.rollout.engine)  # the dev checks decode with it
+        check_engine(cfg.rollout.engine, cfg)  # the dev checks decode with it
     check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)
     out = cfg.sft_dir
     point = _resume_point(out, resume)  # before any model loads
