@@ -19,14 +19,28 @@ from grpolab.errors import ConfigError
 MakeEnv = Callable[[], Environment]
 
 
-def _calculator(limits: ToolLimits, call_format: str = "hermes", system_prompt: str | None = None, tools_enabled: bool = True) -> MakeEnv:
+def _calculator(
+    limits: ToolLimits,
+    call_format: str = "hermes",
+    system_prompt: str | None = None,
+    tools_enabled: bool = True,
+) -> MakeEnv:
     from grpolab.envs.tools import ToolEnv, calculator
 
     tool = Tool.from_function(calculator)
-    return partial(ToolEnv, [tool], call_format=call_format, limits=limits, system_prompt=system_prompt, tools_enabled=tools_enabled)
+    return partial(
+        ToolEnv,
+        [tool],
+        call_format=call_format,
+        limits=limits,
+        system_prompt=system_prompt,
+        tools_enabled=tools_enabled,
+    )
 
 
-def _python(limits: ToolLimits, call_format: str = "hermes", system_prompt: str | None = None, memory_mb: int = 512) -> MakeEnv:
+def _python(
+    limits: ToolLimits, call_format: str = "hermes", system_prompt: str | None = None, memory_mb: int = 512
+) -> MakeEnv:
     from grpolab.envs.tools import ToolEnv, python_tool
 
     # the sandbox's own wall limit sits inside the tool's timeout, so the process is killed, not abandoned
@@ -67,7 +81,9 @@ def build_environment(name: str, kwargs: Mapping[str, Any], limits: ToolLimits) 
         made = factory
         factory = lambda **kw: partial(made, **kw)  # noqa: E731 - a class or function per episode
     else:
-        raise ConfigError(f"env.name={name!r} is unknown; choose one of {sorted(ENVIRONMENTS)} or 'package.module:attribute'")
+        raise ConfigError(
+            f"env.name={name!r} is unknown; choose one of {sorted(ENVIRONMENTS)} or 'package.module:attribute'"
+        )
     try:
         make_env = factory(**dict(kwargs))
         make_env()  # built once now: a bad argument fails before any model loads

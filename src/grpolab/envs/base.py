@@ -116,16 +116,22 @@ async def run_tool(tool: Tool | None, arguments: Mapping[str, Any], limits: Tool
         else:
             output = await asyncio.wait_for(_in_daemon_thread(tool.fn, arguments), limits.timeout_s)
     except TimeoutError:
-        log.warning("tool %s timed out after %.1f s; the model reads an error instead", tool.name, limits.timeout_s)
+        log.warning(
+            "tool %s timed out after %.1f s; the model reads an error instead", tool.name, limits.timeout_s
+        )
         return _failed("timeout", f"error: the tool {tool.name} timed out after {limits.timeout_s:g} s")
     except TypeError as exc:  # wrong or missing arguments from the model
         return _failed("bad_arguments", _bounded(f"error: {exc}", limits.max_output_chars))
-    except Exception as exc:  # the tool's own bug or the model's bad input: the model reads it, the run goes on
+    except (
+        Exception
+    ) as exc:  # the tool's own bug or the model's bad input: the model reads it, the run goes on
         log.warning("tool %s raised %s: %s", tool.name, type(exc).__name__, exc)
         return _failed("raised", _bounded(f"error: {type(exc).__name__}: {exc}", limits.max_output_chars))
     text = output if isinstance(output, str) else repr(output)
     if len(text) > limits.max_output_chars:
-        log.warning("tool %s returned %d characters; cut to %d", tool.name, len(text), limits.max_output_chars)
+        log.warning(
+            "tool %s returned %d characters; cut to %d", tool.name, len(text), limits.max_output_chars
+        )
         return ToolResult(_bounded(text, limits.max_output_chars), "too_long")
     return ToolResult(text)
 
@@ -139,7 +145,7 @@ def _bounded(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     note = f"...[cut {len(text) - limit} chars]"
-    return text[: max(limit - len(note), 0)] + note[: limit]
+    return text[: max(limit - len(note), 0)] + note[:limit]
 
 
 def _in_daemon_thread(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> asyncio.Future:

@@ -11,7 +11,9 @@ from __future__ import annotations
 from grpolab.envs.base import EnvStep, Message
 from grpolab.types import Completion, Example
 
-FEEDBACK = "That answer is wrong. Think again and give a corrected final answer between <answer> and </answer> tags."
+FEEDBACK = (
+    "That answer is wrong. Think again and give a corrected final answer between <answer> and </answer> tags."
+)
 
 
 class GymRetryEnv:
@@ -21,7 +23,9 @@ class GymRetryEnv:
 
     def __init__(self, *, retries: int = 1, retry_discount: float = 1.0, threshold: float = 1.0) -> None:
         if retries < 0 or not 0 <= retry_discount <= 1:
-            raise ValueError(f"retries must be >= 0 and retry_discount in [0, 1], got {retries}, {retry_discount}")
+            raise ValueError(
+                f"retries must be >= 0 and retry_discount in [0, 1], got {retries}, {retry_discount}"
+            )
         self.retries = retries
         self.retry_discount = retry_discount
         self.threshold = threshold

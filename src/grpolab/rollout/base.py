@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from grpolab.types import Completions
+from grpolab.types import Completions, Example
 
 
 @runtime_checkable
@@ -16,6 +17,9 @@ class Sampler(Protocol):
     Rows are prompt-major: row ``p * G + g`` of every [N, ...] field is sample g of prompt p.
     ``logprobs`` are the log-probs the sampler assigned to the sampled tokens (see
     ``grpolab.types``); the trainer uses them as ``old_logprobs``.
+
+    ``examples`` [P] are the task items the prompts ask: an environment sampler
+    (grpolab.rollout.multiturn) resets its environments with them; a single-turn sampler ignores them.
     """
 
     def sample(
@@ -24,4 +28,5 @@ class Sampler(Protocol):
         *,
         num_generations: int,
         generator: torch.Generator | None = None,
+        examples: Sequence[Example] | None = None,
     ) -> Completions: ...

@@ -86,7 +86,9 @@ def _end_tokens(tokenizer) -> list[str]:
     return sorted({n for n in names if n}, key=len, reverse=True)
 
 
-def episode_prompt_ids(examples: Sequence[Example], tokenizer, make_env: Callable[[], Environment]) -> list[list[int]]:
+def episode_prompt_ids(
+    examples: Sequence[Example], tokenizer, make_env: Callable[[], Environment]
+) -> list[list[int]]:
     """Each example's first messages (``env.reset``) rendered with the env's tools: the training prompts."""
     delta = ChatDelta(tokenizer, make_env().tools)
     return [delta.prompt_ids(make_env().reset(e)) for e in examples]
@@ -133,7 +135,9 @@ class MultiTurnSampler:
         max_episode_tokens: int,
     ) -> None:
         if max_turns < 1 or max_episode_tokens < 1:
-            raise ValueError(f"max_turns and max_episode_tokens must be >= 1, got {max_turns}, {max_episode_tokens}")
+            raise ValueError(
+                f"max_turns and max_episode_tokens must be >= 1, got {max_turns}, {max_episode_tokens}"
+            )
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.make_env = make_env
@@ -159,7 +163,9 @@ class MultiTurnSampler:
     ) -> Completions:
         """G episodes for each prompt, prompt-major. ``examples`` [P]: what each environment is reset with."""
         if examples is None or len(examples) != len(prompt_ids):
-            raise ValueError("a multi-turn sampler needs examples=[...], one per prompt, to reset the environments")
+            raise ValueError(
+                "a multi-turn sampler needs examples=[...], one per prompt, to reset the environments"
+            )
         episodes = []
         for prompt, example in zip(prompt_ids, examples, strict=True):
             for _ in range(num_generations):
@@ -171,7 +177,9 @@ class MultiTurnSampler:
                 break
             self._model_turn(running, generator)
             acting = [e for e in running if e.finish is None]
-            steps = asyncio.run(_step_all([e.env for e in acting], [e.messages[-1]["content"] for e in acting]))
+            steps = asyncio.run(
+                _step_all([e.env for e in acting], [e.messages[-1]["content"] for e in acting])
+            )
             for e, step in zip(acting, steps, strict=True):
                 e.record(step)
                 if step.done:

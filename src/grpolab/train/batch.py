@@ -146,8 +146,9 @@ def build_rollout_batch(
     g = completions.num_generations
     ids = [list(p) for p in prompt_ids for _ in range(g)]
     device = completions.completion_ids.device
-    mask = completions.completion_mask
-    loss_mask = mask & ~completions.truncated.to(device)[:, None] if cfg.algo.mask_truncated else mask
+    mask = completions.completion_mask  # the sequence the trainer runs (a multi-turn episode: env tokens too)
+    trains = completions.model_mask  # the tokens the model sampled: only they get loss, KL and advantage
+    loss_mask = trains & ~completions.truncated.to(device)[:, None] if cfg.algo.mask_truncated else trains
     ref_logprobs = None
     if reference is not None:
         with reference.model() as ref_model:
@@ -157,10 +158,10 @@ def build_rollout_batch(
     if cfg.algo.resolved_kl_in == "reward" and ref_logprobs is not None:
         # k1 = log(pi/pi_ref) per token, with the sampling log-probs as pi (no grad): summed into the
         # sequence reward (RLOO) or into every token's reward (REINFORCE++), as the estimator does.
-        token_kl = torch.where(mask, sampler_logprobs - ref_logprobs, torch.zeros_like(ref_logprobs))
+        token_kl = torch.where(trains, sampler_logprobs - ref_logprobs, torch.zeros_like(ref_logprobs))
     if steps is None:
-        adv_tokens = estimator(rewards, valid, mask, token_kl)  # [N, T]
-        advantages = masked_mean(adv_tokens, mask, dim=-1).view_as(rewards).cpu()  # [P, G], for metrics
+        adv_tokens = estimator(rewards, valid, trains, token_kl)  # [N, T]
+        advantages = masked_mean(adv_tokens, trains, dim=-1).view_as(rewards).cpu()  # [P, G], for metrics
     else:
         adv_tokens = grpo_process_advantages(
             steps.step_rewards, steps.step_end_mask, mask, num_generations=g, std=cfg.algo.std, eps=cfg.algo.eps
@@ -204,6 +205,23 @@ def rollout_metrics(
         "rollout/len_max": float(lengths.max()),
         "rollout/len_min": float(lengths.min()),
         "rollout/truncated_frac": float(completions.truncated.float().mean()),
+        **episode_metrics(completions),
+    }
+
+
+def episode_metrics(completions: Completions) -> dict[str, float]:
+    """Multi-turn episodes: mean model turns, tool calls and tool failures per episode, and the share of
+    the episode's tokens that the model sampled (the rest are environment context)."""
+    if completions.episodes is None:
+        return {}
+    eps = completions.episodes
+    n = len(eps)
+    sampled = float(completions.model_mask.sum()) / max(float(completions.completion_mask.sum()), 1.0)
+    return {
+        "rollout/turns_mean": sum(e.turns for e in eps) / n,
+        "rollout/tool_calls_mean": sum(e.tool_calls for e in eps) / n,
+        "rollout/tool_errors_mean": sum(e.tool_errors for e in eps) / n,
+        "rollout/model_token_frac": sampled,
     }
 
 

@@ -20,6 +20,7 @@ import torch
 
 from grpolab.config import Config, ConfigError, config_to_dict, dump_config
 from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
+from grpolab.envs.setup import environment_from_config, episode_sampler
 from grpolab.inference import limit_cpu_threads
 from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
 from grpolab.rewards import dry_run
@@ -85,6 +86,7 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     resume_from = point.path if point is not None else None
     check_model_source(cfg.model)
     rewards = build_rewards(cfg)
+    make_env = environment_from_config(cfg.env)  # None: one completion per prompt (docs/multiturn.md)
     check_trackers(cfg.log.trackers)
     gold_rewards = build_gold_rewards(cfg)  # logged, never in the advantages (train/gold.py)
     examples, _eval_examples = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
@@ -103,13 +105,14 @@ def _train(cfg: Config, *, resume: bool, stop: GracefulStop) -> TrainResult:
     reference = parallel.wrap_reference(reference, mode, fsdp_compute)
     plain, model = model, parallel.wrap(model, mode, device, compute_dtype=fsdp_compute)  # before the optimizer
     parallel.log_layout(mode)
-    prompt_ids = tokenize_prompts(examples, tok, cfg.data)
+    prompt_ids = tokenize_prompts(examples, tok, cfg.data, make_env)
     check_context(cfg, prompt_ids, plain.config)
     process = build_process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
 
     sharded_weights = parallel.is_sharded(model)  # no low-precision copy of sharded weights
     sampler = sampler_from_config(plain, tok, cfg.rollout, autocast_dtype=amp, cast_weights=False if sharded_weights else None)
     sampler = parallel.sampler_for(sampler, model)
+    sampler = episode_sampler(sampler, tok, make_env, cfg.env)  # multi-turn episodes when env.name is set
     optimizer, scheduler = build_optimizer(model, cfg)
     spec = PolicyLossSpec.from_config(cfg)
     ctx = LogprobContext(
