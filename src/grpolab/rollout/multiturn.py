@@ -171,21 +171,25 @@ class MultiTurnSampler:
             for _ in range(num_generations):
                 env = self.make_env()
                 episodes.append(_Running(list(prompt), env, [dict(m) for m in env.reset(example)]))
-        for turn in range(self.max_turns):
-            running = [e for e in episodes if e.finish is None]
-            if not running:
-                break
-            self._model_turn(running, generator)
-            acting = [e for e in running if e.finish is None]
-            steps = asyncio.run(
-                _step_all([e.env for e in acting], [e.messages[-1]["content"] for e in acting])
-            )
-            for e, step in zip(acting, steps, strict=True):
-                e.record(step)
-                if step.done:
-                    e.finish = "stop"
-                elif turn + 1 < self.max_turns:
-                    self._env_turn(e, step.messages)
+        loop = asyncio.new_event_loop()  # one loop for the whole call: clients opened in a step stay usable
+        try:
+            for turn in range(self.max_turns):
+                running = [e for e in episodes if e.finish is None]
+                if not running:
+                    break
+                self._model_turn(running, generator)
+                acting = [e for e in running if e.finish is None]
+                turns = [e.messages[-1]["content"] for e in acting]
+                steps = loop.run_until_complete(_step_all([e.env for e in acting], turns))
+                for e, step in zip(acting, steps, strict=True):
+                    e.record(step)
+                    if step.done:
+                        e.finish = "stop"
+                    elif turn + 1 < self.max_turns:
+                        self._env_turn(e, step.messages)
+        finally:
+            loop.run_until_complete(_close_all([e.env for e in episodes]))
+            loop.close()
         for e in episodes:
             e.finish = e.finish or "length"  # max_turns without the environment's done
         return self._package(episodes, num_generations)
@@ -250,3 +254,13 @@ async def _step_all(envs: Sequence[Environment], turns: Sequence[str]) -> list[E
         return await result if inspect.isawaitable(result) else result
 
     return list(await asyncio.gather(*(one(env, turn) for env, turn in zip(envs, turns, strict=True))))
+
+
+async def _close_all(envs: Sequence[Environment]) -> None:
+    """``close()`` on the environments that have one (a connection to an environment server)."""
+    for env in envs:
+        close = getattr(env, "close", None)
+        if close is not None:
+            result = close()
+            if inspect.isawaitable(result):
+                await result
