@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 # rewrites it from the current venv; README "Pinned dependencies").
 PIN    := -c constraints.txt
 
-.PHONY: setup demo test bench lint clean constraints
+.PHONY: setup demo demo-agent test bench lint clean constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,6 +23,9 @@ setup: $(STAMP)
 
 demo: setup
 	$(PY) -m grpolab demo
+
+demo-agent: setup
+	$(PY) -m grpolab demo --agent
 
 test: setup
 	$(PY) -m pytest -q
