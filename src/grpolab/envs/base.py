@@ -116,24 +116,29 @@ async def run_tool(tool: Tool | None, arguments: Mapping[str, Any], limits: Tool
         else:
             output = await asyncio.wait_for(_in_daemon_thread(tool.fn, arguments), limits.timeout_s)
     except TimeoutError:
-        log.warning(
-            "tool %s timed out after %.1f s; the model reads an error instead", tool.name, limits.timeout_s
-        )
+        _log_failure(tool.name, "timeout", f"timed out after {limits.timeout_s:g} s")
         return _failed("timeout", f"error: the tool {tool.name} timed out after {limits.timeout_s:g} s")
     except TypeError as exc:  # wrong or missing arguments from the model
         return _failed("bad_arguments", _bounded(f"error: {exc}", limits.max_output_chars))
-    except (
-        Exception
-    ) as exc:  # the tool's own bug or the model's bad input: the model reads it, the run goes on
-        log.warning("tool %s raised %s: %s", tool.name, type(exc).__name__, exc)
+    except Exception as exc:  # the tool's bug or the model's bad input: the model reads it, the run goes on
+        _log_failure(tool.name, "raised", f"raised {type(exc).__name__}: {exc}")
         return _failed("raised", _bounded(f"error: {type(exc).__name__}: {exc}", limits.max_output_chars))
     text = output if isinstance(output, str) else repr(output)
     if len(text) > limits.max_output_chars:
-        log.warning(
-            "tool %s returned %d characters; cut to %d", tool.name, len(text), limits.max_output_chars
-        )
+        _log_failure(tool.name, "too_long", f"returned {len(text)} characters, cut to {limits.max_output_chars}")
         return ToolResult(_bounded(text, limits.max_output_chars), "too_long")
     return ToolResult(text)
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _log_failure(tool: str, kind: str, what: str) -> None:
+    """The first failure of each kind per tool is a warning, the rest debug lines: a model that writes bad
+    calls all the time must not flood the log (rollout/tool_errors_mean counts them every step)."""
+    level = logging.DEBUG if (tool, kind) in _WARNED else logging.WARNING
+    _WARNED.add((tool, kind))
+    log.log(level, "tool %s %s; the model reads an error instead (further ones: DEBUG)", tool, what[:300])
 
 
 def _failed(error: str, text: str) -> ToolResult:

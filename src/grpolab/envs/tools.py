@@ -19,6 +19,7 @@ import json
 import math
 import operator
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -140,7 +141,10 @@ def calculator(expression: str) -> str:
     Args:
         expression: The expression, e.g. "123*456 + 7".
     """
-    value = _evaluate(ast.parse(expression.strip(), mode="eval").body)
+    with warnings.catch_warnings():  # "0123" parses with a SyntaxWarning first: the error is the answer
+        warnings.simplefilter("ignore", SyntaxWarning)
+        tree = ast.parse(expression.strip(), mode="eval")
+    value = _evaluate(tree.body)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return str(value)
