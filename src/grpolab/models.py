@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from grpolab.config import ModelConfig
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.inference import inference_copy
-from grpolab.train.chunked_head import install_chunked_head
+from grpolab.nn.chunked_head import install_chunked_head
 
 log = logging.getLogger(__name__)
 

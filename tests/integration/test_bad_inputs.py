@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import grpolab.eval.runner as runner
+import grpolab.run.assemble as assemble_mod
 import grpolab.train.loop as loop
 import grpolab.train.sft as sft_mod
 from grpolab.cli import main
@@ -350,8 +351,7 @@ def test_bad_input_stops_with_a_message_that_says_how_to_fix_it(
         def no_model(*args, **kwargs):
             raise AssertionError("the policy was loaded before the bad input was found")
 
-        for module in (loop, sft_mod, runner):
-            monkeypatch.setattr(module, "load_policy", no_model)
+        monkeypatch.setattr(assemble_mod, "load_policy", no_model)  # train, sft and eval load it there
     with pytest.raises(case.error) as err:
         run_verb(case.verb, load_config(config, overrides))
     assert message in str(err.value)
@@ -391,7 +391,7 @@ def test_rotary_model_past_its_positions_warns(tiny_model_dir, dataset, tmp_path
     def stop_here(*args, **kwargs):
         raise AssertionError("stop here")
 
-    monkeypatch.setattr(loop, "sampler_from_config", stop_here)  # the check has run by then: no need to train
+    monkeypatch.setattr(assemble_mod, "build_sampler", stop_here)  # the check has run by then: no need to train
     with caplog.at_level(logging.WARNING), pytest.raises(AssertionError, match="stop here"):
         loop.train(cfg)
     assert "beyond the model's max_position_embeddings=256" in caplog.text

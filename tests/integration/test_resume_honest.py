@@ -15,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+import grpolab.run.assemble as assemble_mod
 import grpolab.train.loop as loop
 from grpolab.cli import main
 from grpolab.compare import CompareStopped, compare
@@ -120,13 +121,13 @@ def test_a_locked_run_dir_stops_train_before_anything_is_touched(
 def test_sigint_before_step_1_says_no_checkpoint_was_written(
     tiny_model_dir, addition_jsonl, tmp_path, monkeypatch, capsys
 ):
-    real = loop.load_policy
+    real = assemble_mod.load_policy
 
     def load_then_interrupt(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the model loads
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "load_policy", load_then_interrupt)
+    monkeypatch.setattr(assemble_mod, "load_policy", load_then_interrupt)
     code = main(["--log-level", "ERROR", "train", *overrides(tiny_model_dir, addition_jsonl(32), tmp_path)])
     err = capsys.readouterr().err
     assert code == 130

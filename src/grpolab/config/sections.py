@@ -88,6 +88,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine (rollout/engines.py): hf = grpolab's own decoder over the live policy; vllm = a
+    vLLM engine per process, its weights synced after every update (pip install 'grpolab[vllm]')."""
     num_generations: int = 8
     """G, completions sampled per prompt (DeepSeekMath: 64; DeepSeek-R1-Zero: 16)."""
     max_completion_length: int = 256

@@ -1,4 +1,7 @@
-"""The sampler contract: prompt token ids in, a prompt-major group of completions out."""
+"""The sampler contract: prompt token ids in, a prompt-major group of completions out.
+
+The engines that implement it, and how one is chosen (``rollout.engine``), are in rollout/engines.py.
+"""
 
 from __future__ import annotations
 
@@ -30,3 +33,14 @@ class Sampler(Protocol):
         generator: torch.Generator | None = None,
         examples: Sequence[Example] | None = None,
     ) -> Completions: ...
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Take the policy's current weights. The loop calls it after every policy update (after the
+        step's optimizer steps, before the next ``sample``) and once after a resume, with the policy
+        as the trainer holds it (possibly DDP- or FSDP-wrapped). A sampler that reads the live model
+        (hf) does nothing."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds (memory, processes) at the end of a run; hf: nothing."""
+        ...

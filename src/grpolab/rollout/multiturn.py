@@ -149,9 +149,11 @@ class MultiTurnSampler:
         """Where the inner sampler's tensors live; the episode's tensors go there too."""
 
     def update_weights(self, model) -> None:
-        """The inner engine's weight sync (i20's hook), when it has one."""
-        if hasattr(self.sampler, "update_weights"):
-            self.sampler.update_weights(model)
+        """The inner engine takes the policy's weights (rollout.base.Sampler)."""
+        self.sampler.update_weights(model)
+
+    def close(self) -> None:
+        self.sampler.close()
 
     def sample(
         self,

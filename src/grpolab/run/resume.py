@@ -43,6 +43,7 @@ ACCEPTED = (
     "model.device",
     "model.gradient_checkpointing",
     "rollout.max_batch_sequences",
+    "rollout.engine",
     "log",
     "eval",
     "sft",

@@ -25,8 +25,10 @@ from pathlib import Path
 import torch
 
 from grpolab.config import Config, ConfigError, dump_config
-from grpolab.data import DataError, PromptSampler, load_examples, split_eval, tokenize_prompts
-from grpolab.models import load_policy, resolve_autocast, resolve_device
+from grpolab.data import DataError, PromptSampler, split_eval, tokenize_prompts
+from grpolab.models import resolve_autocast, resolve_device
+from grpolab.rollout.engines import check_engine
+from grpolab.run.assemble import load_model, training_examples
 from grpolab.run.host import give_back_freed_memory, giving_back_freed_memory
 from grpolab.run.logging import RunLogger
 from grpolab.run.progress import Progress
@@ -103,23 +105,20 @@ def sft_loss_step(
 
 
 def dev_checker(cfg: Config, model, tok, dev: Sequence[Example]) -> Callable[[], float]:
-    """A function returning the greedy accuracy on ``dev`` graded with the configured rewards."""
-    from grpolab.eval.runner import Grader, greedy_decode
+    """A function returning the greedy accuracy on ``dev`` graded with the configured rewards, decoded by
+    the engine of ``rollout.engine``. Each check builds its sampler and closes it after: between checks
+    the training steps get back the memory it holds (hf: a low-precision copy of the weights)."""
+    from grpolab.eval.runner import Grader, greedy_decode, greedy_sampler
 
     grader = Grader.from_config(cfg)
     prompt_ids = tokenize_prompts(dev, tok, cfg.data)
-    amp = resolve_autocast(cfg.model, next(model.parameters()).device)
 
     def check() -> float:
-        correct, _ = greedy_decode(
-            model,
-            tok,
-            prompt_ids,
-            dev,
-            grader,
-            max_completion_length=cfg.rollout.max_completion_length,
-            autocast_dtype=amp,
-        )
+        sampler = greedy_sampler(cfg, model, tok)
+        try:
+            correct, _ = greedy_decode(sampler, prompt_ids, dev, grader)
+        finally:
+            sampler.close()
         return sum(correct) / len(correct)
 
     return check
@@ -135,10 +134,12 @@ def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
         )
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    examples, _held_out = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
+    examples = training_examples(cfg)
     if missing := [i for i, e in enumerate(examples) if e.answer is None]:  # before any model loads
         raise DataError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
-    model, tok = load_policy(cfg.model)
+    if s.target_accuracy is not None:
+        check_engine(cfg.rollout.engine)  # the dev checks decode with it
+    model, tok = load_model(cfg.model)
     amp = resolve_autocast(cfg.model, resolve_device(cfg.model))
     dev: list[Example] = []
     if s.target_accuracy is not None:

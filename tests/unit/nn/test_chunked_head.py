@@ -8,10 +8,10 @@ import torch
 from grpolab.algo.kl import kl_k3
 from grpolab.algo.losses import AGGREGATIONS
 from grpolab.inference import attention_for
+from grpolab.nn import chunked_head as chunked_head_module
+from grpolab.nn.chunked_head import ChunkedLMHead, ChunkedLogprobs, install_chunked_head
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
-from grpolab.train import chunked_head as chunked_head_module
 from grpolab.train import logprobs as logprobs_module
-from grpolab.train.chunked_head import ChunkedLMHead, ChunkedLogprobs, install_chunked_head
 from grpolab.train.logprobs import build_inputs, completion_logprobs
 from grpolab.train.step import PolicyLossSpec, policy_loss
 from grpolab.types import RolloutBatch
