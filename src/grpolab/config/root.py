@@ -133,6 +133,11 @@ def _check_cross_fields(cfg: Config) -> None:
             r.kv_cache_budget_mb is not None and r.kv_cache_budget_mb <= 0,
             "rollout.kv_cache_budget_mb must be > 0 (MB for the sampler's KV cache), or null for a share of free memory",
         ),
+        (
+            cfg.env.name is not None and a.supervision == "process",
+            "algo.supervision=process splits a completion at a text delimiter, not at an episode's turns: "
+            "use algo.supervision=outcome with env.name (per-turn rewards are summed; docs/multiturn.md)",
+        ),
         (cfg.env.max_turns < 1, "env.max_turns must be >= 1"),
         (cfg.env.max_episode_tokens < 1, "env.max_episode_tokens must be >= 1"),
         (cfg.env.tool_timeout_s <= 0, "env.tool_timeout_s must be > 0 (seconds per tool call)"),

@@ -126,3 +126,14 @@ def test_python_tool_runs_in_the_sandbox():
     step = asyncio.run(env.step(loop))
     assert "killed" in step.messages[0]["content"] or "exit status" in step.messages[0]["content"]  # wall or CPU limit
     assert time.perf_counter() - t0 < 8
+
+
+def test_env_config_checks():
+    from grpolab.config import load_config
+
+    with pytest.raises(ConfigError, match="not at an episode's turns"):
+        load_config(None, ["env.name=calculator", "algo.supervision=process", "reward.process={name: x}"])
+    with pytest.raises(ConfigError, match="env.max_turns"):
+        load_config(None, ["env.max_turns=0"])
+    cfg = load_config(None, ["env.name=calculator", "env.kwargs={call_format: python}"])
+    assert cfg.env.max_episode_tokens == 1024 and cfg.env.on_tool_error == "message"
