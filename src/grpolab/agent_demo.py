@@ -86,12 +86,23 @@ def _with_model(cfg: Config, path: str) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=path))
 
 
-def _tokenizer():
-    from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer
+AGENT_TEMPLATE = (  # no spaces: a saved character tokenizer reloads (as Qwen2Tokenizer) without them
+    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def _tokenizer(path: Path):
+    """The character tokenizer with the agent template, saved to ``path`` and read back: the SFT traces,
+    the GRPO run and the evaluation all tokenize with the tokenizer the model folder holds."""
+    from transformers import AutoTokenizer
+
+    from grpolab.tasks.tiny import build_char_tokenizer
 
     tok = build_char_tokenizer()
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
+    tok.chat_template = AGENT_TEMPLATE
+    tok.save_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
 
 
 def _make_env(cfg: Config, tools_enabled: bool = True):
@@ -127,7 +138,8 @@ def _sft(cfg: Config, examples, shape: dict[str, int]) -> Path:
     from grpolab.tasks.tiny import build_tiny_model
     from grpolab.train.logprobs import completion_logprobs
 
-    tok = _tokenizer()
+    out = cfg.sft_dir
+    tok = _tokenizer(out)
     model = build_tiny_model(tok, seed=cfg.seed, **shape)
     prompts, episodes, masks = sft_traces(examples, tok, _make_env(cfg), seed=cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr)
@@ -145,9 +157,7 @@ def _sft(cfg: Config, examples, shape: dict[str, int]) -> Path:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-    out = cfg.sft_dir
     model.save_pretrained(out)
-    tok.save_pretrained(out)
     return out
 
 
