@@ -69,15 +69,19 @@ class ChatDelta:
         text = self._render(list(messages), generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def ids(self, messages: Sequence[Message]) -> list[int]:
-        """The ids that follow a model turn (after its EOS) for ``messages``, then the next assistant header."""
+    def text(self, messages: Sequence[Message]) -> str:
+        """The text that follows a model turn (after its EOS) for ``messages``, then the next assistant header."""
         full = self._render([*self._prefix, *messages], generation_prompt=True)
         if not full.startswith(self._head):
             raise ConfigError(
                 "env: the chat template renders earlier turns differently once environment messages follow "
                 "(it is not append-only), so their tokens cannot be laid out after the model's; use another template"
             )
-        return self.tokenizer(full[self._cut :], add_special_tokens=False)["input_ids"]
+        return full[self._cut :]
+
+    def ids(self, messages: Sequence[Message]) -> list[int]:
+        """``text(messages)`` as token ids, tokenized alone (the model's tokens before it are never touched)."""
+        return self.tokenizer(self.text(messages), add_special_tokens=False)["input_ids"]
 
 
 def _end_tokens(tokenizer) -> list[str]:

@@ -205,3 +205,43 @@ def test_chat_delta_on_a_qwen_style_template(chat_tok):
         assert tok.decode(ids) == ".<tool>36<eos>.<assistant>"
     finally:
         tok.chat_template = saved
+
+
+QWEN25_TOOLS = (  # Qwen2.5-Instruct's template, its tool parts (assistant tool_calls left out: not used here)
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{{- 'You are Qwen.' }}"
+    "{{- '\\n\\n# Tools\\n\\n<tools>' }}{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are Qwen.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or message.role == 'assistant' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_chat_delta_on_qwen25s_tool_template():
+    """Tool results grouped under one user turn, the "\\n" after the model's <|im_end|> as env context, the
+    tools declared in the prompt's system turn."""
+    from grpolab.envs.base import Tool
+    from grpolab.envs.tools import calculator
+    from grpolab.tasks.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    tok.add_special_tokens({"eos_token": "<|im_end|>"})
+    tok.chat_template = QWEN25_TOOLS
+    tools = [Tool.from_function(calculator).schema]
+    delta = ChatDelta(tok, tools)
+    one = delta.text([{"role": "tool", "name": "calculator", "content": "5535"}])
+    assert one == "\n<|im_start|>user\n<tool_response>\n5535\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    two = delta.text([{"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}])
+    assert two == (
+        "\n<|im_start|>user\n<tool_response>\n1\n</tool_response>\n<tool_response>\n2\n</tool_response>"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
+    prompt = tok.apply_chat_template([{"role": "user", "content": "q"}], tools=tools, tokenize=False, add_generation_prompt=True)
+    assert '"name": "calculator"' in prompt and prompt.endswith("<|im_start|>assistant\n")
