@@ -5,12 +5,11 @@ The engines that implement it, and how one is chosen (``rollout.engine``), are i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from grpolab.types import Completions, Example
+from grpolab.types import Completions
 
 
 @runtime_checkable
@@ -21,8 +20,9 @@ class Sampler(Protocol):
     ``logprobs`` are the log-probs the sampler assigned to the sampled tokens (see
     ``grpolab.types``); the trainer uses them as ``old_logprobs``.
 
-    ``examples`` [P] are the task items the prompts ask: an environment sampler
-    (grpolab.rollout.multiturn) resets its environments with them; a single-turn sampler ignores them.
+    A sampler that needs the task items of the prompts (an environment sampler,
+    grpolab.rollout.multiturn) sets ``takes_examples = True`` and accepts ``examples=`` [P] in
+    ``sample``; the loop passes them only to such a sampler, so every other one keeps this signature.
     """
 
     def sample(
@@ -31,7 +31,6 @@ class Sampler(Protocol):
         *,
         num_generations: int,
         generator: torch.Generator | None = None,
-        examples: Sequence[Example] | None = None,
     ) -> Completions: ...
 
     def update_weights(self, model: torch.nn.Module) -> None:

@@ -36,7 +36,7 @@ from transformers.cache_utils import DynamicLayer
 from grpolab.inference import WeightCopy, attention_for, wants_eager_attention
 from grpolab.models import is_peft
 from grpolab.rollout.budget import sequences_per_block
-from grpolab.types import Completions, Example, FinishReason
+from grpolab.types import Completions, FinishReason
 
 
 class HFSampler:
@@ -107,10 +107,8 @@ class HFSampler:
         *,
         num_generations: int,
         generator: torch.Generator | None = None,
-        examples: Sequence[Example] | None = None,
     ) -> Completions:
-        """G completions for each prompt, prompt-major (row p*G + g is sample g of prompt p).
-        ``examples`` is ignored: one completion per prompt needs only its ids."""
+        """G completions for each prompt, prompt-major (row p*G + g is sample g of prompt p)."""
         device = next(self.model.parameters()).device
         _check_inputs(prompt_ids, num_generations, generator, device)
         n = len(prompt_ids) * num_generations

@@ -129,6 +129,9 @@ class _Running:
 class MultiTurnSampler:
     """Implements ``grpolab.rollout.Sampler`` for environment episodes, over an inner Sampler."""
 
+    takes_examples = True
+    """``sample`` needs ``examples=``: the environments are reset with them (rollout/base.py)."""
+
     def __init__(
         self,
         sampler,

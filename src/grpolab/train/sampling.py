@@ -153,11 +153,10 @@ def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
     """One round: ``prompts_per_step`` prompts from the data order, G completions each, scored."""
     t0 = time.perf_counter()
     rows = dist.shard(data.next(cfg.train.prompts_per_step))  # same order everywhere; this rank's share
+    # an environment sampler (takes_examples) resets its episodes with the rows' examples
+    items = {"examples": [examples[i] for i in rows]} if getattr(sampler, "takes_examples", False) else {}
     completions = sampler.sample(
-        [prompt_ids[i] for i in rows],
-        num_generations=cfg.rollout.num_generations,
-        generator=generator,
-        examples=[examples[i] for i in rows],  # an environment sampler resets its episodes with them
+        [prompt_ids[i] for i in rows], num_generations=cfg.rollout.num_generations, generator=generator, **items
     )
     t1 = time.perf_counter()
     repeated = [examples[i] for i in rows for _ in range(completions.num_generations)]
