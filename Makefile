@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 # constraints.txt pins every package to the version the test suite passed on (`make constraints`
-# rewrites it from the current venv; README "Pinned dependencies").
+# rewrites it from the current venv; docs/dependencies.md).
 PIN    := -c constraints.txt
 
 .PHONY: setup demo demo-agent test bench lint clean constraints

@@ -78,7 +78,7 @@ def main() -> None:
                 "step_s": [r["sys/step_time_s"] for r in timed],
                 "generation_s": [r["sys/time_generation_s"] for r in timed],
                 "reference_s": [r["sys/time_reference_s"] for r in timed],
-                "tokens": [int(round(r["rollout/len_mean"] * n)) for r in timed],
+                "tokens": [int(round(r["completions/mean_length"] * n)) for r in timed],
                 "completions_per_step": n,
                 "peak_rss_mb": peak_rss_mb(),
                 "pid": os.getpid(),

@@ -84,9 +84,9 @@ def main() -> None:
     out = {
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "forward_backward_peak_mb": forward_backward_peak[0],
-        "loss": metrics["loss/policy"],
-        "grad_norm": metrics["train/grad_norm"],
-        "entropy": metrics["loss/entropy"],
+        "loss": metrics["loss"],
+        "grad_norm": metrics["grad_norm"],
+        "entropy": metrics["entropy"],
     }
     if torch.cuda.is_available():
         out["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20

@@ -188,7 +188,7 @@ def _write_report(run_dir: Path, cfg: Config, evals: list[AgentEval], seconds: d
     from grpolab.run.logging import read_metrics
 
     rows = read_metrics(run_dir)
-    curve = [(r["step"], r.get("train/reward_mean"), r.get("rollout/tool_calls_mean")) for r in rows]
+    curve = [(r["step"], r.get("reward"), r.get("tools/call_frequency")) for r in rows]
     every = max(len(curve) // 10, 1)
     lines = [
         "# grpolab demo --agent: a tiny model learns to use a calculator",

@@ -84,7 +84,9 @@ def run_demo(
     run_dir, seconds = base.run_dir, {}
     t0 = time.perf_counter()
     init = save_tiny(run_dir / "init_model", seed=base.seed, **SIZES[size][0])
-    sft_result = sft(_with_model(base, init))
+    sft_result = sft(_with_model(base, init), resume=True)  # continues an SFT a Ctrl-C stopped
+    if sft_result.stopped_by is not None:  # Ctrl-C during SFT: its checkpoint is saved, stop here
+        raise KeyboardInterrupt
     seconds["sft"] = time.perf_counter() - t0
     grpo_cfg = _with_model(base, str(base.sft_dir))
     t1 = time.perf_counter()

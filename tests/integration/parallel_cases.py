@@ -26,6 +26,7 @@ def make_config(model_dir: str, algo: str, agg: str, mode: str, extra: tuple[str
         f"algo.name={algo}",
         "algo.beta=0.05",
         "algo.mu=2",
+        "algo.num_minibatches=1",  # one update per pass whatever the preset: the test is about the ranks
         f"rollout.num_generations={G}",
         f"rollout.max_completion_length={T}",
         f"train.prompts_per_step={P}",

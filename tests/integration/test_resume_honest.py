@@ -72,7 +72,7 @@ def test_resume_with_a_new_lr_trains_at_it_and_records_it(two_steps, tiny_model_
     cfg = load_config(None, overrides(tiny_model_dir, addition_jsonl(32), tmp_path, *extra))
     assert loop.train(cfg, resume=True).final_step == 3
     rows = read_metrics(cfg.run_dir)
-    assert rows[1]["train/lr"] == pytest.approx(1e-3) and rows[2]["train/lr"] == pytest.approx(1e-5)
+    assert rows[1]["learning_rate"] == pytest.approx(1e-3) and rows[2]["learning_rate"] == pytest.approx(1e-5)
     assert yaml.safe_load((cfg.run_dir / "config.yaml").read_text())["optim"]["lr"] == pytest.approx(1e-5)
     saved = yaml.safe_load((cfg.run_dir / "checkpoints/step_3/config.yaml").read_text())
     assert saved["optim"]["lr"] == pytest.approx(1e-5)

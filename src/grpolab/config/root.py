@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+import logging
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from grpolab.config.advice import warn_config
@@ -22,6 +24,8 @@ from grpolab.config.sections import (
 from grpolab.config.stages import IterativeConfig, RewardModelConfig, SFTConfig
 from grpolab.config.validate import check_numbers
 from grpolab.errors import ConfigError
+
+log = logging.getLogger("grpolab.config")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_numbers(self)  # every number finite and in range, first: NaN passes every comparison below
+        _fit_preset_minibatches(self)
         _check_cross_fields(self)
 
     @property
@@ -82,6 +87,23 @@ class Config:
             "optimizer_steps_per_generation": self.optimizer_steps_per_generation,
             "max_completion_tokens_per_step": self.completions_per_step * self.rollout.max_completion_length,
         }
+
+
+def _fit_preset_minibatches(cfg: Config) -> None:
+    """A preset's minibatch count (DAPO, CISPO: 16) that does not divide train.prompts_per_step into whole
+    groups becomes the largest count that does, with one warning; a count set explicitly is never changed."""
+    a, prompts = cfg.algo, cfg.train.prompts_per_step
+    if not a.from_preset("num_minibatches") or prompts < 1 or a.num_minibatches < 1:
+        return
+    if prompts % a.num_minibatches == 0:
+        return
+    fit = max(d for d in range(1, a.num_minibatches + 1) if prompts % d == 0)
+    log.warning(
+        "algo.name=%s: the preset's %d minibatches per step need train.prompts_per_step divisible by %d; with %d "
+        "prompts per step it runs %d (set train.prompts_per_step=%d for the paper's %d updates per rollout)",
+        a.name, a.num_minibatches, a.num_minibatches, prompts, fit, a.num_minibatches, a.num_minibatches,
+    )
+    object.__setattr__(cfg, "algo", dataclasses.replace(a, num_minibatches=fit))
 
 
 def _check_cross_fields(cfg: Config) -> None:
@@ -166,28 +188,68 @@ def _check_cross_fields(cfg: Config) -> None:
 
 
 def inert_settings(cfg: Config) -> list[str]:
-    """Settings that are valid but cannot act, one sentence each with the fix (logged when a config loads)."""
-    a = cfg.algo
-    out = []
+    """Settings that are valid but cannot act, one sentence each with the fix (logged once when a config loads).
+
+    A preset's own values are flagged only where the preset cannot make them act either (DeepSeekMath's
+    GRPO clip at mu=1 is the paper's recipe, not the user's choice); a value the user chose is flagged.
+    """
+    a, out = cfg.algo, []
     if a.ratio_is_one:
-        why = (
-            "algo.mu=1 and algo.num_minibatches=1 make the importance ratio exactly 1 (the policy does not move "
-            "before its batch is used up), so {what} cannot act; set algo.num_minibatches > 1 or algo.mu > 1 "
-            "(DAPO: 16 minibatches, GSPO: 4)"
+        out += [_RATIO_IS_ONE.format(what=what) for what in _inert_clips(a)]
+    if not a.dynamic_sampling and a.max_sampling_rounds != _default(AlgoConfig, "max_sampling_rounds"):
+        out.append(
+            f"algo.max_sampling_rounds={a.max_sampling_rounds} has no effect without dynamic sampling: set "
+            "algo.dynamic_sampling=true (DAPO) or leave it out"
         )
-        if a.policy_loss == "clip" and a.clip_high != a.clip_low:
-            out.append(why.format(what=f"Clip-Higher (algo.clip_high={a.clip_high:g})"))
-        if a.policy_loss == "clip" and a.dual_clip is not None:
-            out.append(why.format(what=f"the dual clip (algo.dual_clip={a.dual_clip:g})"))
-        if a.importance_level == "sequence":
-            out.append(why.format(what="GSPO's sequence-level clip (algo.importance_level=sequence)"))
-        if a.policy_loss == "cispo":
-            out.append(why.format(what="CISPO's IS-weight clip (it is REINFORCE with token-mean here)"))
+    if a.rollout_correction == "none":
+        changed = [
+            f"algo.{k}={getattr(a, k)}"
+            for k in ("rollout_correction_level", "rollout_correction_cap")
+            if getattr(a, k) != _default(AlgoConfig, k)
+        ]
+        if changed:
+            out.append(
+                f"{' and '.join(changed)} have no effect with algo.rollout_correction=none: set "
+                "algo.rollout_correction=tis (or mis) to correct the sampler / trainer mismatch"
+            )
+    if a.beta == 0 and a.kl_estimator != a.preset["kl_estimator"]:
+        out.append(f"algo.kl_estimator={a.kl_estimator} has no effect with algo.beta=0 (no KL term): set algo.beta > 0")
     if a.importance_level == "sequence" and a.loss_agg == "token-mean":
         out.append(
             "algo.importance_level=sequence (GSPO) with algo.loss_agg=token-mean weighs each sequence's ratio by "
             "its length; GSPO's objective averages over sequences: set algo.loss_agg=seq-mean-token-mean"
         )
+    return out
+
+
+_RATIO_IS_ONE = (
+    "algo.mu=1 and algo.num_minibatches=1 make the importance ratio exactly 1 (the policy does not move "
+    "before its batch is used up), so {what} cannot act; set algo.num_minibatches > 1 or algo.mu > 1 "
+    "(DAPO: 16 minibatches, GSPO: 4)"
+)
+
+
+def _default(cls, name: str):
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
+def _inert_clips(a: AlgoConfig) -> list[str]:
+    """What a ratio of exactly 1 leaves inert, each named by its own setting."""
+    out = []
+    clips = f"algo.clip_low={a.clip_low:g}, algo.clip_high={a.clip_high:g}"
+    chosen = a.clip_low != a.preset["clip_low"] or a.clip_high != a.preset.get("clip_high", a.preset["clip_low"])
+    if a.policy_loss == "cispo":
+        out.append(f"CISPO's IS-weight clip ({clips}; it is REINFORCE with token-mean here)")
+    elif a.importance_level == "sequence":
+        out.append(f"GSPO's sequence-level clip ({clips})")
+    elif a.clip_high != a.clip_low:
+        out.append(f"the ratio clip with Clip-Higher ({clips})")
+    elif chosen:
+        out.append(f"the symmetric ratio clip (algo.clip_low=algo.clip_high={a.clip_low:g})")
+    if a.policy_loss == "clip" and a.dual_clip is not None:
+        out.append(f"the dual clip (algo.dual_clip={a.dual_clip:g})")
+    if a.needs_critic and a.value_clip is not None:
+        out.append(f"the value clip (algo.value_clip={a.value_clip:g}: the value model does not move either)")
     return out
 
 

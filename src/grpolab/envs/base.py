@@ -135,7 +135,7 @@ _WARNED: set[tuple[str, str]] = set()
 
 def _log_failure(tool: str, kind: str, what: str) -> None:
     """The first failure of each kind per tool is a warning, the rest debug lines: a model that writes bad
-    calls all the time must not flood the log (rollout/tool_errors_mean counts them every step)."""
+    calls all the time must not flood the log (tools/failure_frequency counts them every step)."""
     level = logging.DEBUG if (tool, kind) in _WARNED else logging.WARNING
     _WARNED.add((tool, kind))
     log.log(level, "tool %s %s; the model reads an error instead (further ones: DEBUG)", tool, what[:300])

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 from grpolab.config import Config, ConfigError
-from grpolab.data import DataError, tokenize_prompts
+from grpolab.data import DataError, check_prompt_chars, tokenize_prompts
 from grpolab.eval.metrics import pass_maj_curves
 from grpolab.eval.results import ModelEval, save_evals
-from grpolab.models import resolve_autocast, resolve_device
+from grpolab.models import load_tokenizer, resolve_autocast, resolve_device
 from grpolab.rewards import WeightedReward, score_batch
 from grpolab.rewards.math_answer import prediction_text
 from grpolab.rollout.engines import check_engine
@@ -215,16 +215,30 @@ def evaluate(
         return _evaluate(cfg, paths, names, out, show)
 
 
+def _model_configs(cfg: Config, paths: list, examples: list[Example]) -> list:
+    """One model config per path, every path checked (and the prompts against its tokenizer) before any
+    model loads: a mistyped third path must not cost the first two evaluations."""
+    from grpolab.run.preflight import check_model_source
+
+    configs = []
+    for path in paths:
+        model_cfg = dataclasses.replace(
+            cfg.model, name_or_path=str(path), lora=dataclasses.replace(cfg.model.lora, enabled=False)
+        )
+        check_model_source(model_cfg)
+        check_prompt_chars(examples, load_tokenizer(model_cfg), cfg.data)
+        configs.append(model_cfg)
+    return configs
+
+
 def _evaluate(cfg: Config, paths: list, names: list, out: Path, show: bool) -> list[ModelEval]:
     grader = Grader.from_config(cfg)
     examples = held_out_examples(cfg)
     check_engine(cfg.rollout.engine)  # before any model loads
+    configs = _model_configs(cfg, paths, examples)
     results = []
-    for path, label in zip(paths, names, strict=True):
+    for path, label, model_cfg in zip(paths, names, configs, strict=True):
         torch.manual_seed(cfg.seed)
-        model_cfg = dataclasses.replace(
-            cfg.model, name_or_path=str(path), lora=dataclasses.replace(cfg.model.lora, enabled=False)
-        )
         model, tok = load_model(model_cfg)
         prompt_ids = tokenize_prompts(examples, tok, cfg.data)
         result = evaluate_model(
@@ -233,8 +247,9 @@ def _evaluate(cfg: Config, paths: list, names: list, out: Path, show: bool) -> l
         log.info("eval %s: pass@1 %.3f, greedy %.3f", label, result.pass_at[1], result.greedy_accuracy or 0.0)
         results.append(result)
         del model
-    if dist.is_main():  # one result, written once
-        save_evals(results, out / "eval.json")
+        if dist.is_main():  # after each model: a stop during the next one keeps these results
+            save_evals(results, out / "eval.json")
+    if dist.is_main():
         from grpolab.eval.report import plot_pass_maj
 
         plot_pass_maj(results, out / "pass_maj.png")

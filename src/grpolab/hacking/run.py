@@ -46,7 +46,10 @@ def effective_beta(cfg: Config) -> float:
 
 
 def run_name(beta: float, seed: int) -> str:
-    return f"beta{beta:g}_seed{seed}"
+    """beta<beta>_seed<seed>, the beta written short (0.04) unless that loses digits (0.040000001): two
+    betas never share a folder."""
+    short = f"{beta:g}"
+    return f"beta{short if float(short) == beta else repr(float(beta))}_seed{seed}"
 
 
 def grid_configs(cfg: Config, betas: Sequence[float] = (), seeds: Sequence[int] = ()) -> dict[str, Config]:
@@ -63,6 +66,9 @@ def grid_configs(cfg: Config, betas: Sequence[float] = (), seeds: Sequence[int] 
     seeds = list(seeds) or [cfg.seed]
     if any(b < 0 for b in betas) or len(set(betas)) != len(betas) or len(set(seeds)) != len(seeds):
         raise ConfigError(f"--betas and --seeds take distinct values, betas >= 0; got {betas} and {seeds}")
+    names = [run_name(b, s) for s in seeds for b in betas]
+    if len(set(names)) != len(names):  # a guard: run_name is lossless, so this cannot happen
+        raise ConfigError(f"--betas {betas} and --seeds {seeds} give two runs one folder name")
     out = {}
     for seed in seeds:  # seed-major: a grid stopped early has every beta for the seeds it ran
         for beta in betas:

@@ -1,7 +1,7 @@
 """Per-token log-probs and entropies from the LM head without the full [n, T, V] logits.
 
     logprobs[:, t] = log softmax(h_t W^T / temperature)[completion[:, t]]
-    entropy[:, t]  = logsumexp(z_t) - sum_v softmax(z_t)_v z_tv,   z_t = h_t W^T / temperature
+    entropy[:, t]  = -sum_v softmax(z_t)_v log softmax(z_t)_v,     z_t = h_t W^T / temperature
 
 A real vocabulary makes the logits the largest tensor of a training step (Qwen2.5: V = 151,936; 64
 rows of 1,024 tokens in fp32 is ~40 GB, and the softmax for the entropy and the backward add copies).
@@ -131,8 +131,10 @@ class ChunkedLogprobs(torch.autograd.Function):
             lz = torch.logsumexp(z, dim=-1)
             logz[s : s + chunk] = lz
             logprobs[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lz
-            p = torch.sub(z, lz[:, None]).exp_()
-            entropy[s : s + chunk] = lz - torch.linalg.vecdot(p, z)
+            logp = z.sub_(lz[:, None])  # in place: z is not needed again
+            # H = -sum p log p on the log-probs: lz - sum p z subtracts two large numbers (8.5e-5 nats off
+            # in fp32 at logit std 10, against 2e-6 this way)
+            entropy[s : s + chunk] = -torch.linalg.vecdot(logp.exp(), logp)
         ctx.save_for_backward(hidden, weight, bias, targets, logz, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.param = weight if into_grad else None

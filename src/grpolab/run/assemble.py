@@ -37,17 +37,24 @@ from typing import Any
 import torch
 
 from grpolab.config import Config, ModelConfig, config_to_dict, dump_config
-from grpolab.data import PromptSampler, load_examples, split_eval, tokenize_prompts
+from grpolab.data import PromptSampler, check_prompt_chars, load_examples, split_eval, tokenize_prompts
 from grpolab.envs.setup import environment_from_config, episode_sampler
 from grpolab.inference import limit_cpu_threads
-from grpolab.models import Reference, count_parameters, load_policy, resolve_autocast, resolve_device
-from grpolab.rewards import WeightedReward, dry_run
+from grpolab.models import (
+    Reference,
+    count_parameters,
+    load_policy,
+    load_tokenizer,
+    resolve_autocast,
+    resolve_device,
+)
+from grpolab.rewards import WeightedReward, dry_run, start_workers
 from grpolab.rewards.gold import GoldMonitor, build_gold_rewards
 from grpolab.rollout.base import Sampler
 from grpolab.rollout.engines import build_sampler, check_engine
 from grpolab.run import dist, parallel
 from grpolab.run.guards import BadSteps, NoSignal
-from grpolab.run.lock import hold_run_dir
+from grpolab.run.lock import hold_run_dir_for_job
 from grpolab.run.logging import RunLogger, peak_memory_mb
 from grpolab.run.preflight import (
     build_rewards,
@@ -126,10 +133,9 @@ class Run:
 def session(cfg: Config) -> Iterator[None]:
     """The process group (one process: world size 1) and the run directory's lock, held by the rank
     that writes it, rank 0 (run/lock.py): ``assemble`` and the loop run inside it."""
-    with dist.session(resolve_device(cfg.model).type):
-        lock = hold_run_dir(cfg.run_dir) if dist.is_main() else contextlib.nullcontext()
-        with lock:
-            yield
+    # a refused lock stops every rank with one line (run/lock.py)
+    with dist.session(resolve_device(cfg.model).type), hold_run_dir_for_job(cfg.run_dir):
+        yield
 
 
 def assemble(
@@ -145,6 +151,7 @@ def assemble(
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     baseline_mem_mb = peak_memory_mb(resolve_device(cfg.model))  # before any model loads
+    start_workers([*rewards, *gold_rewards], cfg.reward.timeout_s)  # forked while the process is small
     run = _build(cfg, mode, rewards, gold_rewards, examples, make_env)
     try:
         run.start = _start(cfg, point, run.resumable, run.sampler)
@@ -218,6 +225,7 @@ def _check_inputs(cfg: Config, resume: bool, rewards, examples):
     examples = training_examples(cfg, examples)
     _dry_run(cfg, rewards, examples)
     _dry_run(cfg, gold_rewards, examples)
+    check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)  # a 30 MB prompt: an error, before the model
     return mode, point, rewards, gold_rewards, examples, make_env
 
 

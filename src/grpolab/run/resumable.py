@@ -41,6 +41,8 @@ class Resumable:
     critic: Critic | None
     bad_steps: BadSteps
     no_signal: NoSignal
+    num_tokens: int = 0
+    """Prompt + completion tokens trained on since step 1, over every rank (TRL's ``num_tokens``)."""
 
     @property
     def sharded(self) -> bool:
@@ -69,6 +71,7 @@ class Resumable:
             "minibatch_gen": self.minibatch_gen.get_state(),
             "bad_steps": self.bad_steps.state_dict(),
             "no_signal": self.no_signal.state_dict(),
+            "num_tokens": self.num_tokens,
         }
         if self.sharded:
             state.pop("optimizer")
@@ -105,6 +108,8 @@ class Resumable:
             models, optimizers = self._dcp_parts(cfg, sharded.saved_step(path))
             state = sharded.load(path, models=models, optimizers=optimizers)
         else:
+            if sharded.is_sharded_checkpoint(path):  # an FSDP run's: its weights are DCP shards
+                raise ConfigError(f"{path} is a sharded checkpoint; resume it as it was run (torchrun / train.parallel), or export it (grpolab export)")
             ckpt.load_weights_into(self.model, path)
             if self.reference is not None and self.reference.frozen_model is not None:
                 ckpt.load_extra(self.reference.frozen_model, path, "reference")
@@ -118,6 +123,7 @@ class Resumable:
         self.minibatch_gen.set_state(state["minibatch_gen"])
         self.bad_steps.load_state_dict(state.get("bad_steps", {}))
         self.no_signal.load_state_dict(state.get("no_signal", {}))
+        self.num_tokens = int(state.get("num_tokens", 0))
         if self.critic is not None and self.sharded:
             self.critic.load_state_dict({**state["critic"], "optimizer": self.critic.optimizer.state_dict()})
         elif self.critic is not None:

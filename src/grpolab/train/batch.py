@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from grpolab.algo.advantages import OUTCOME_ESTIMATORS, grpo_process_advantages
+from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.masked import masked_mean
 from grpolab.algo.reinforce import TOKEN_ESTIMATORS
 from grpolab.config import Config
@@ -156,9 +157,10 @@ def build_rollout_batch(
     sampler_logprobs = completions.logprobs.to(device)
     token_kl = None
     if cfg.algo.resolved_kl_in == "reward" and ref_logprobs is not None:
-        # k1 = log(pi/pi_ref) per token, with the sampling log-probs as pi (no grad): summed into the
-        # sequence reward (RLOO) or into every token's reward (REINFORCE++), as the estimator does.
-        token_kl = torch.where(trains, sampler_logprobs - ref_logprobs, torch.zeros_like(ref_logprobs))
+        # algo.kl_estimator per token (k1 = log(pi/pi_ref) in the presets), with the sampling log-probs as pi
+        # (no grad): summed into the sequence reward (RLOO) or into every token's reward (REINFORCE++).
+        kl = KL_ESTIMATORS[cfg.algo.kl_estimator](sampler_logprobs, ref_logprobs)
+        token_kl = torch.where(trains, kl, torch.zeros_like(ref_logprobs))
     if steps is None:
         adv_tokens = estimator(rewards, valid, trains, token_kl)  # [N, T]
         advantages = masked_mean(adv_tokens, trains, dim=-1).view_as(rewards).cpu()  # [P, G], for metrics
@@ -187,50 +189,76 @@ def build_rollout_batch(
 def rollout_metrics(
     completions: Completions, rewards: torch.Tensor, valid: torch.Tensor, advantages: torch.Tensor
 ) -> dict[str, float]:
+    """The step's reward and completion statistics, under TRL GRPOTrainer's names where TRL logs the same
+    quantity (``reward``, ``completions/mean_length``, ...: README "Metrics"); grpolab's own keep a prefix."""
     lengths = completions.lengths.float()
     ok = valid.float()
     group_has_signal = torch.tensor(
         [len(set(r[v].tolist())) > 1 for r, v in zip(rewards, valid, strict=True)], dtype=torch.float32
     )
     rv = rewards[valid]
+    terminated = lengths[~completions.truncated.to(lengths.device)]
+    if terminated.numel() == 0:  # as TRL: 0 when every completion was cut
+        terminated = torch.zeros(1)
     return {
-        "train/reward_mean": float(rv.mean()) if rv.numel() else math.nan,
-        "train/reward_std": float(rv.std()) if rv.numel() > 1 else 0.0,
+        "reward": float(rv.mean()) if rv.numel() else math.nan,
+        "reward_std": float(rv.std()) if rv.numel() > 1 else 0.0,
+        "frac_reward_zero_std": float(1 - group_has_signal.mean()),
         "train/reward_valid_frac": float(ok.mean()),
-        "train/zero_std_frac": float(1 - group_has_signal.mean()),
         "train/adv_mean": float(advantages[valid].mean()) if rv.numel() else 0.0,
         "train/adv_std": float(advantages[valid].std()) if rv.numel() > 1 else 0.0,
         "train/adv_abs_max": float(advantages.abs().max()),
-        "rollout/len_mean": float(lengths.mean()),
-        "rollout/len_max": float(lengths.max()),
-        "rollout/len_min": float(lengths.min()),
-        "rollout/truncated_frac": float(completions.truncated.float().mean()),
+        "completions/mean_length": float(lengths.mean()),
+        "completions/min_length": float(lengths.min()),
+        "completions/max_length": float(lengths.max()),
+        "completions/clipped_ratio": float(completions.truncated.float().mean()),
+        "completions/mean_terminated_length": float(terminated.mean()),
+        "completions/min_terminated_length": float(terminated.min()),
+        "completions/max_terminated_length": float(terminated.max()),
         **episode_metrics(completions),
     }
 
 
 def episode_metrics(completions: Completions) -> dict[str, float]:
-    """Multi-turn episodes: mean model turns, tool calls and tool failures per episode, and the share of
-    the episode's tokens that the model sampled (the rest are environment context)."""
+    """Multi-turn episodes: model turns per episode (verl's num_turns), tool calls per episode and the share
+    of them that failed (TRL's tools/call_frequency, tools/failure_frequency), and the share of the
+    episode's tokens that the model sampled (the rest are environment context)."""
     if completions.episodes is None:
         return {}
     eps = completions.episodes
-    n = len(eps)
+    turns = torch.tensor([float(e.turns) for e in eps])
+    calls = sum(e.tool_calls for e in eps)
     sampled = float(completions.model_mask.sum()) / max(float(completions.completion_mask.sum()), 1.0)
     return {
-        "rollout/turns_mean": sum(e.turns for e in eps) / n,
-        "rollout/tool_calls_mean": sum(e.tool_calls for e in eps) / n,
-        "rollout/tool_errors_mean": sum(e.tool_errors for e in eps) / n,
+        "num_turns/mean": float(turns.mean()),
+        "num_turns/max": float(turns.max()),
+        "tools/call_frequency": calls / len(eps),
+        "tools/failure_frequency": sum(e.tool_errors for e in eps) / calls if calls else 0.0,
         "rollout/model_token_frac": sampled,
     }
 
 
-def length_by_correctness(completions: Completions, rewards: torch.Tensor) -> dict[str, float]:
-    """Mean completion length of rewarded (> 0) and unrewarded completions (Dr. GRPO's length bias)."""
-    lengths = completions.lengths.float().cpu()
-    flat = rewards.reshape(-1)
+def step_tokens(completions: Completions) -> int:
+    """Prompt + completion tokens of the step's N sequences (TRL's ``num_tokens`` adds them up over the run)."""
+    return sum(len(p) for p in completions.prompt_ids) + int(completions.lengths.sum())
+
+
+def length_by_reward(completions: Completions, rewards: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+    """Mean length of completions rewarded above and below their group's mean (Dr. GRPO's length bias).
+
+    Above the mean is a positive group-relative advantage, whatever the reward's scale (a fixed threshold
+    such as "reward > 0.5" means something only for 0/1 rewards). Ties with the mean, groups whose
+    rewards are all equal and invalid rewards count in neither; a key is absent when no completion counts.
+    """
+    lengths = completions.lengths.float().cpu().view_as(rewards)  # [P, G]
+    valid = valid.cpu()
+    counts = valid.sum(-1, keepdim=True).clamp(min=1)
+    group_mean = torch.where(valid, rewards, torch.zeros_like(rewards)).sum(-1, keepdim=True) / counts
+    highest = torch.where(valid, rewards, torch.full_like(rewards, -math.inf)).amax(-1, keepdim=True)
+    lowest = torch.where(valid, rewards, torch.full_like(rewards, math.inf)).amin(-1, keepdim=True)
+    counted = valid & (highest > lowest)  # a rounded mean of equal rewards must not split them
     out = {}
-    for name, sel in (("correct", flat > 0), ("wrong", flat <= 0)):
+    for name, sel in (("above", counted & (rewards > group_mean)), ("below", counted & (rewards < group_mean))):
         if sel.any():
-            out[f"rollout/len_{name}"] = float(lengths[sel].mean())
+            out[f"rollout/len_{name}_group_mean"] = float(lengths[sel].mean())
     return out

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from grpolab import jsonio
 from grpolab.config import Config, ConfigError
 from grpolab.data import load_examples
 from grpolab.rewards import WeightedReward, score_batch
@@ -88,7 +89,7 @@ def iterative_rl(cfg: Config) -> IterativeResult:
         replay = rng.sample(history, round(it.replay_fraction * len(history)))
         summary = {"iteration": i, "run_dir": str(result.run_dir), "policy": policy, "new_pairs": len(new)}
         summary.update(
-            {"replayed_pairs": len(replay), "train/reward_mean": result.last_metrics.get("train/reward_mean")}
+            {"replayed_pairs": len(replay), "reward": result.last_metrics.get("reward")}
         )
         if new:
             rm_path, rm_metrics = _update_reward_model(cfg, i, rm_path, [*new, *replay], result.run_dir)
@@ -98,7 +99,7 @@ def iterative_rl(cfg: Config) -> IterativeResult:
         history.extend(new)
         done.append(summary)
         log.info("iterative RL: %s", json.dumps(summary))
-    (cfg.run_dir / "iterative.json").write_text(json.dumps(done, indent=2) + "\n")
+    (cfg.run_dir / "iterative.json").write_text(jsonio.dumps(done, indent=2) + "\n")
     return IterativeResult(cfg.run_dir, Path(policy), Path(rm_path), done)
 
 

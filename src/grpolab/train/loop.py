@@ -26,7 +26,7 @@ from grpolab.run.assemble import Run, assemble, session
 from grpolab.run.guards import GracefulStop
 from grpolab.run.logging import peak_memory_mb
 from grpolab.run.progress import Progress
-from grpolab.train.batch import length_by_correctness
+from grpolab.train.batch import length_by_reward, step_tokens
 from grpolab.train.sampling import StepGroups, sample_step
 from grpolab.train.step import update_policy
 from grpolab.types import Example
@@ -80,7 +80,8 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
         t3 = time.perf_counter()
         metrics.update(_update(run, batch, step))  # mu passes; then the sampler takes the new weights
         t4 = time.perf_counter()
-        metrics.update(length_by_correctness(drawn.completions, drawn.rewards))
+        metrics.update(length_by_reward(drawn.completions, drawn.rewards, drawn.valid))
+        run.resumable.num_tokens += int(dist.all_reduce_sum(float(step_tokens(drawn.completions))))
         metrics.update(_component_means(drawn.scores.components))
         metrics.update(drawn.metrics)
         metrics.update(
@@ -93,6 +94,7 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
             }
         )
         metrics = dist.reduce_metrics(metrics)
+        metrics["num_tokens"] = float(run.resumable.num_tokens)  # already summed over the ranks
         run.logger.log(step, metrics)
         if cfg.log.samples_every and step % cfg.log.samples_every == 0:
             rows_out = _sample_rows(batch_examples, drawn.completions, drawn.scores, batch.advantages)
@@ -105,7 +107,7 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
         if step == cfg.train.num_steps or (every and step % every == 0) or dist.any_rank(stop.requested):
             run.resumable.save(cfg, step)
         last_step = step
-        progress.update(step, reward=metrics["train/reward_mean"], kl=metrics.get("loss/kl"), step_time=t4 - t0)
+        progress.update(step, reward=metrics["reward"], kl=metrics.get("kl"), step_time=t4 - t0)
     progress.close()
     run.logger.close()
     stopped_by = stop.signum if last_step < cfg.train.num_steps else None
@@ -149,8 +151,8 @@ def _component_means(components: dict[str, list[float | None]]) -> dict[str, flo
     out = {}
     for name, values in components.items():
         vals = torch.tensor([v for v in values if v is not None], dtype=torch.float64)
-        out[f"train/reward/{name}"] = float(vals.mean()) if len(vals) else math.nan
-        out[f"train/reward/{name}_std"] = float(vals.std()) if len(vals) > 1 else 0.0
+        out[f"rewards/{name}/mean"] = float(vals.mean()) if len(vals) else math.nan  # TRL's names
+        out[f"rewards/{name}/std"] = float(vals.std()) if len(vals) > 1 else 0.0
     return out
 
 

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from grpolab.algo.advantages import gae_advantages, kl_shaped_token_rewards
+from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import value_loss
 from grpolab.algo.masked import masked_mean, masked_var
 from grpolab.config import Config
@@ -54,7 +55,7 @@ class PPOAdvantages(NamedTuple):
     returns: Tensor
     """[N, T] value targets A_t + V(s_t) before whitening, 0 outside the completion mask."""
     token_rewards: Tensor
-    """[N, T] -beta * k1 at every counted token, plus the score at the last one."""
+    """[N, T] -beta * kl (algo.kl_estimator, k1 in the preset) at every counted token, plus the score at the last one."""
 
 
 def ppo_advantages(
@@ -69,15 +70,16 @@ def ppo_advantages(
     gamma: float,
     lam: float,
     whiten: bool,
+    kl_estimator: str = "k1",
 ) -> PPOAdvantages:
     """Scores [N] to the token advantages the PPO loss sees: KL-shaped rewards, GAE, whitening.
 
     ``mask`` [N, T] is the completion mask (where the episode runs); ``loss_mask`` [N, T] (a subset) is
     what the loss counts, and what the whitening statistics are taken over. ``ref_logprobs=None`` (beta = 0)
-    means no KL term.
+    means no KL term. ``kl_estimator`` names the per-token KL in the reward (KL_ESTIMATORS; the paper's k1).
     """
     ref = logprobs if ref_logprobs is None else ref_logprobs
-    token_rewards = kl_shaped_token_rewards(scores, logprobs, ref, mask, beta=beta)
+    token_rewards = kl_shaped_token_rewards(scores, logprobs, ref, mask, beta=beta, kl_fn=KL_ESTIMATORS[kl_estimator])
     advantages, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
     if whiten:  # statistics over every rank's tokens (masked_whiten's, made global)
         mean, var = dist.masked_mean_var(advantages, loss_mask)
@@ -228,6 +230,7 @@ def build_ppo_batch(
         gamma=a.gamma,
         lam=a.lam,
         whiten=a.whiten_advantages,
+        kl_estimator=a.kl_estimator,
     )
     old_logprobs = None
     if a.mu > 1 or a.num_minibatches > 1:
@@ -248,7 +251,7 @@ def build_ppo_batch(
     metrics = rollout_metrics(completions, rewards, valid, seq_adv)
     metrics.update(_value_metrics(old_values, ppo.returns, loss_mask))
     if ref_logprobs is not None:
-        metrics["loss/kl"] = dist.masked_mean(sampled - ref_logprobs, mask)  # k1, the estimator in the reward
+        metrics["kl"] = dist.masked_mean(KL_ESTIMATORS[a.kl_estimator](sampled, ref_logprobs), mask)  # as in the reward
     metrics["sys/time_value_forward_s"] = t_values
     return batch, metrics
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from grpolab import jsonio
 from grpolab.config import Config, ConfigError, ModelConfig
 from grpolab.data import DataError
 from grpolab.models import count_parameters, resolve_autocast, resolve_device
@@ -90,7 +91,7 @@ def write_pairs(path: str | Path, pairs: Sequence[PreferencePair]) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with Path(path).open("w") as fh:
         for p in pairs:
-            fh.write(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
+            fh.write(jsonio.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
 
 
 def split_pairs(
@@ -205,8 +206,8 @@ def _save(out: Path, model, tok, history: list[dict[str, float]]) -> None:
         {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         for row in history
     ]
-    (tmp / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in clean))
-    (tmp / "eval.json").write_text(json.dumps(clean[-1], indent=2) + "\n")
+    (tmp / "metrics.jsonl").write_text("".join(jsonio.dumps(row) + "\n" for row in clean))
+    (tmp / "eval.json").write_text(jsonio.dumps(clean[-1], indent=2) + "\n")
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

@@ -138,7 +138,7 @@ def sample_step(
         "train/groups_drawn": float(drawn),
         "train/groups_kept": float(n_kept),
         # the policy's reward on everything it sampled: comparable across presets, unlike
-        # train/reward_mean, which dynamic sampling takes over the kept groups only
+        # ``reward``, which dynamic sampling takes over the kept groups only
         "train/reward_mean_drawn": _mean(torch.cat(drawn_rewards)),
         **seconds,
     }

@@ -13,10 +13,10 @@ The result is a model folder (``save_pretrained`` + tokenizer) that ``grpolab tr
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,11 +24,14 @@ from pathlib import Path
 
 import torch
 
+from grpolab import jsonio
 from grpolab.config import Config, ConfigError, dump_config
-from grpolab.data import DataError, PromptSampler, split_eval, tokenize_prompts
-from grpolab.models import resolve_autocast, resolve_device
+from grpolab.data import DataError, PromptSampler, check_prompt_chars, split_eval, tokenize_prompts
+from grpolab.models import load_tokenizer, resolve_autocast, resolve_device
 from grpolab.rollout.engines import check_engine
+from grpolab.run import checkpoint as ckpt
 from grpolab.run.assemble import load_model, training_examples
+from grpolab.run.guards import GracefulStop
 from grpolab.run.host import give_back_freed_memory, giving_back_freed_memory
 from grpolab.run.logging import RunLogger
 from grpolab.run.progress import Progress
@@ -49,6 +52,8 @@ class SFTResult:
     """Greedy dev accuracy at the end (None without a target)."""
     reached_target: bool
     seconds: float
+    stopped_by: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped it after a checkpoint; ``grpolab sft --resume`` continues."""
 
 
 def tokenize_targets(examples: Sequence[Example], tokenizer, completion_format: str) -> list[list[int]]:
@@ -124,8 +129,17 @@ def dev_checker(cfg: Config, model, tok, dev: Sequence[Example]) -> Callable[[],
     return check
 
 
-def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
-    """Fine-tune cfg.model on the training examples of cfg.data; save to cfg.sft_dir."""
+def sft(cfg: Config, *, progress: bool | None = None, resume: bool = False) -> SFTResult:
+    """Fine-tune cfg.model on the training examples of cfg.data; save to cfg.sft_dir.
+
+    SIGINT / SIGTERM: the current step finishes, a checkpoint is written to ``<sft_dir>/checkpoints``
+    and the result has ``stopped_by`` set; ``resume=True`` (``grpolab sft --resume``) continues it exactly.
+    """
+    with GracefulStop() as stop:
+        return _sft(cfg, progress=progress, resume=resume, stop=stop)
+
+
+def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop) -> SFTResult:
     s, t0 = cfg.sft, time.perf_counter()
     if cfg.data.answer_field is None and cfg.data.source in ("jsonl", "hf"):
         raise ConfigError(
@@ -139,6 +153,9 @@ def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
         raise DataError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
     if s.target_accuracy is not None:
         check_engine(cfg.rollout.engine)  # the dev checks decode with it
+    check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)
+    out = cfg.sft_dir
+    point = _resume_point(out, resume)  # before any model loads
     model, tok = load_model(cfg.model)
     amp = resolve_autocast(cfg.model, resolve_device(cfg.model))
     dev: list[Example] = []
@@ -147,21 +164,16 @@ def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
     prompts = tokenize_prompts(examples, tok, cfg.data)
     targets = tokenize_targets(examples, tok, s.completion_format)
     check = dev_checker(cfg, model, tok, dev) if dev else None
-    params = [p for p in model.parameters() if p.requires_grad]
-    def adamw(tensors):
-        return torch.optim.AdamW(tensors, lr=s.lr, weight_decay=s.weight_decay, betas=cfg.optim.betas)
-
-    fp16 = any(p.dtype == torch.float16 for p in params)
-    optimizer = MasterWeightOptimizer(params, adamw, loss_scaling=fp16) if wants_master_weights(params) else adamw(params)
+    optimizer = _optimizer(model, cfg)
     order = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
-    out = cfg.sft_dir
+    start, accuracy = _restore(point, model, optimizer, order) if point is not None else (0, None)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
-    logger = RunLogger(out, tensorboard=False)
+    logger = RunLogger(out, tensorboard=False, resume_step=start if point is not None else None)
     show = cfg.log.progress if progress is None else progress
-    bar = Progress(total=s.steps, enabled=show, title="SFT", may_stop_early=check is not None)
-    accuracy, step = None, 0
-    for step in range(1, s.steps + 1):
+    bar = Progress(total=s.steps, start=start, enabled=show, title="SFT", may_stop_early=check is not None)
+    step = start
+    for step in range(start + 1, s.steps + 1):
         rows = order.next(s.batch_size)
         loss, norm = sft_loss_step(
             model,
@@ -180,6 +192,11 @@ def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
         bar.update(step, loss=loss, **({} if accuracy is None else {"dev_greedy": accuracy}))
         if accuracy is not None and accuracy >= s.target_accuracy:
             break
+        if stop.requested and step < s.steps:  # SIGINT / SIGTERM: a checkpoint, then stop
+            _save_checkpoint(cfg, step, model, tok, optimizer, order, accuracy)
+            bar.close()
+            logger.close()
+            return SFTResult(out, step, accuracy, False, time.perf_counter() - t0, stopped_by=stop.signum)
     bar.close()
     logger.close()
     reached = accuracy is not None and accuracy >= s.target_accuracy
@@ -187,6 +204,7 @@ def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
         log.warning("sft: dev accuracy %.3f after %d steps, below sft.target_accuracy", accuracy or 0.0, step)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+    shutil.rmtree(ckpt.checkpoint_root(out), ignore_errors=True)  # the model is saved: a stop's checkpoint is done
     result = SFTResult(out, step, accuracy, reached, time.perf_counter() - t0)
     summary = {
         "steps": step,
@@ -194,5 +212,60 @@ def sft(cfg: Config, *, progress: bool | None = None) -> SFTResult:
         "reached_target": reached,
         "seconds": result.seconds,
     }
-    (out / "sft_result.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "sft_result.json").write_text(jsonio.dumps(summary, indent=1) + "\n")
     return result
+
+
+def _optimizer(model, cfg: Config):
+    """AdamW over the trainable weights; through fp32 master weights when they are bf16 / fp16."""
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def adamw(tensors):
+        return torch.optim.AdamW(tensors, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay, betas=cfg.optim.betas)
+
+    if not wants_master_weights(params):
+        return adamw(params)
+    return MasterWeightOptimizer(params, adamw, loss_scaling=any(p.dtype == torch.float16 for p in params))
+
+
+def _resume_point(out: Path, resume: bool) -> Path | None:
+    """The checkpoint a stopped SFT run left in ``out`` when resuming; a fresh run over one is refused."""
+    found = ckpt.list_checkpoints(out)
+    if found and not resume:
+        raise ConfigError(
+            f"{out} holds the checkpoint of a stopped SFT run ({found[-1][1].name}): continue it with grpolab sft "
+            f"--resume, or delete {ckpt.checkpoint_root(out)} to start over"
+        )
+    if not resume:
+        return None
+    if not found:
+        log.info("sft --resume: no checkpoint in %s, starting from step 0", out)
+        return None
+    path, damaged = ckpt.latest_intact(out)
+    if path is None:
+        why = "; ".join(f"{p.name}: {problem}" for p, problem in damaged)
+        raise ConfigError(f"sft --resume: no intact checkpoint in {ckpt.checkpoint_root(out)} ({why})")
+    return path
+
+
+def _save_checkpoint(cfg: Config, step: int, model, tok, optimizer, order: PromptSampler, accuracy) -> None:
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "data": order.state_dict(),
+        "rng": ckpt.rng_state(),
+        "accuracy": accuracy,
+    }
+    files = {"config.yaml": dump_config(cfg)}
+    ckpt.save_checkpoint(cfg.sft_dir, step, model=model, tokenizer=tok, state=state, keep_last=1, files=files)
+
+
+def _restore(path: Path, model, optimizer, order: PromptSampler) -> tuple[int, float | None]:
+    """Load a stopped run's checkpoint in place; (its step, its last dev accuracy)."""
+    ckpt.load_weights_into(model, path)
+    state = ckpt.load_state(path)
+    optimizer.load_state_dict(state["optimizer"])
+    order.load_state_dict(state["data"])
+    ckpt.set_rng_state(state["rng"])
+    log.info("sft: resumed from %s at step %d", path, state["step"])
+    return int(state["step"]), state.get("accuracy")

@@ -249,18 +249,19 @@ def _summarise(sums, counts, scheduler) -> dict[str, float]:
     sums = defaultdict(float, {**dist.sum_dict(sums), "grad_norm": grad_norm})
     tokens = max(counts["tokens"], 1.0)
     passes = max(counts["updates"] + counts["skipped"], 1)
-    out = {
-        "loss/policy": sums["loss"] / passes,
-        "loss/clip_frac_low": sums["clip_frac_low"] / tokens,
-        "loss/clip_frac_high": sums["clip_frac_high"] / tokens,
+    out = {  # TRL's names for TRL's quantities (README "Metrics"); grpolab's own keep a prefix
+        "loss": sums["loss"] / passes,
+        "clip_ratio/low_mean": sums["clip_frac_low"] / tokens,
+        "clip_ratio/high_mean": sums["clip_frac_high"] / tokens,
+        "clip_ratio/region_mean": (sums["clip_frac_low"] + sums["clip_frac_high"]) / tokens,
         "loss/approx_kl_old": sums["approx_kl_old"] / tokens,
-        "loss/entropy": sums["entropy"] / tokens,
-        "train/grad_norm": sums["grad_norm"] / max(counts["updates"], 1),
-        "train/lr": scheduler.get_last_lr()[0],
+        "entropy": sums["entropy"] / tokens,
+        "grad_norm": sums["grad_norm"] / max(counts["updates"], 1),
+        "learning_rate": scheduler.get_last_lr()[0],
         "train/skipped_updates": float(counts["skipped"]),
     }
     if "kl" in sums:
-        out["loss/kl"] = sums["kl"] / tokens
+        out["kl"] = sums["kl"] / tokens
     for key, name in _ROLLOUT_METRICS.items():
         if key in sums:
             out[name] = sums[key] / tokens
@@ -268,8 +269,8 @@ def _summarise(sums, counts, scheduler) -> dict[str, float]:
 
 
 _ROLLOUT_METRICS = {
-    "sampler_abs_diff": "rollout/sampler_abs_diff",
+    "sampler_abs_diff": "sampling/sampling_logp_difference/mean",  # TRL's name: mean |log pi_train - log pi_sampler|
     "sampler_kl": "rollout/sampler_kl",
-    "rollout_weight": "loss/rollout_weight_mean",
+    "rollout_weight": "sampling/importance_sampling_ratio/mean",  # TRL's: the truncated / masked weight's mean
     "rollout_masked": "loss/rollout_masked_frac",
 }

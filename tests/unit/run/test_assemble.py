@@ -106,7 +106,7 @@ def test_injected_rewards_and_examples_replace_the_configured_ones(tiny_model_di
     assert run.examples == examples[:6]  # data.eval_size=4 still holds out the last four
     result = train(_fresh(cfg), rewards=rewards, examples=examples)
     rows = read_metrics(result.run_dir)
-    assert [r["step"] for r in rows] == [1, 2] and "train/reward/injected" in rows[0]
+    assert [r["step"] for r in rows] == [1, 2] and "rewards/injected/mean" in rows[0]
 
 
 def _fresh(cfg):

@@ -62,7 +62,7 @@ def _completions(mask=MASK) -> Completions:
 
 
 def _cfg(*overrides):
-    base = ["algo.name=ppo", "algo.beta=0.1", "rollout.num_generations=2", "train.prompts_per_step=1"]
+    base = ["algo.name=ppo", "algo.beta=0.1", "rollout.num_generations=2", "train.prompts_per_step=1", "algo.num_minibatches=1"]
     return load_config(None, [*base, *overrides])
 
 
@@ -88,7 +88,7 @@ def test_ppo_advantages_reaching_the_loss_match_a_hand_computation():
     torch.testing.assert_close(batch.returns, torch.tensor(RETURNS))
     torch.testing.assert_close(batch.old_values, VALUES)
     assert batch.old_logprobs is None and torch.equal(batch.ref_logprobs, REF)
-    assert metrics["loss/kl"] == pytest.approx((0.5 + 0 + 0.5 - 0.5 + 0) / 5)
+    assert metrics["kl"] == pytest.approx((0.5 + 0 + 0.5 - 0.5 + 0) / 5)
     # At ratio 1 the surrogate is -A per token; PPO's preset aggregates as DeepSeekMath Eq. 1: (1/|o|) sum_t.
     spec = PolicyLossSpec.from_config(cfg)
     assert spec.kl_fn is None  # the KL is in the reward, not the loss
@@ -149,3 +149,17 @@ def test_the_batch_builder_is_chosen_once_from_the_config():
 def test_bad_ppo_settings_fail_with_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         _cfg(override)
+
+
+def test_ppo_advantages_put_the_configured_kl_estimator_in_the_token_rewards():
+    """algo.kl_estimator reaches PPO's reward (it was k1 whatever the setting): k2 = 0.5 x^2 by hand."""
+    from grpolab.train.ppo import ppo_advantages
+
+    scores = torch.tensor([1.0])
+    logprobs, ref = torch.tensor([[-1.0, -3.0]]), torch.tensor([[-1.5, -2.0]])  # x = [0.5, -1]
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    kw = dict(beta=0.1, gamma=1.0, lam=1.0, whiten=False)
+    k1 = ppo_advantages(scores, logprobs, ref, torch.zeros(1, 2), mask, mask, kl_estimator="k1", **kw)
+    k2 = ppo_advantages(scores, logprobs, ref, torch.zeros(1, 2), mask, mask, kl_estimator="k2", **kw)
+    torch.testing.assert_close(k1.token_rewards, torch.tensor([[-0.05, 0.1 + 1.0]]))
+    torch.testing.assert_close(k2.token_rewards, torch.tensor([[-0.0125, -0.05 + 1.0]]))

@@ -45,7 +45,7 @@ def test_mismatch_is_measured_every_step_even_without_correction():
     torch.testing.assert_close(grad, torch.tensor([[-1 / 3, -1 / 3], [1 / 3, 0.0]]))
     sums = {**stats, "loss": 0.0, "grad_norm": 0.0, "entropy": 0.0}
     out = _summarise(sums, {"tokens": 3.0, "updates": 1, "skipped": 0}, _Sched())
-    assert out["rollout/sampler_abs_diff"] == pytest.approx(stats["sampler_abs_diff"] / 3)
+    assert out["sampling/sampling_logp_difference/mean"] == pytest.approx(stats["sampler_abs_diff"] / 3)
     _, _, same = _loss([], sampler=OLD)
     assert same["sampler_abs_diff"] == 0.0 and same["sampler_kl"] == 0.0
 
@@ -95,3 +95,13 @@ def test_entropy_has_a_graph_only_when_asked():
 class _Sched:
     def get_last_lr(self):
         return [0.0]
+
+
+def test_the_step_summary_uses_trls_names():
+    sums = {"loss": 0.6, "grad_norm": 1.5, "entropy": 2.0, "clip_frac_low": 1.0, "clip_frac_high": 2.0, "kl": 0.4}
+    out = _summarise(sums, {"tokens": 4.0, "updates": 3, "skipped": 0}, _Sched())
+    # loss per optimizer step (3 steps), token means over 4 tokens, grad_norm per applied update
+    assert out["loss"] == pytest.approx(0.2) and out["grad_norm"] == pytest.approx(0.5)
+    assert (out["clip_ratio/low_mean"], out["clip_ratio/high_mean"]) == (0.25, 0.5)
+    assert out["clip_ratio/region_mean"] == 0.75  # TRL: low or high (they never overlap: opposite advantages)
+    assert (out["entropy"], out["kl"]) == (0.5, 0.1) and out["learning_rate"] == _Sched().get_last_lr()[0]
