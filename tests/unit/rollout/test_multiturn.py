@@ -245,3 +245,30 @@ def test_chat_delta_on_qwen25s_tool_template():
     )
     prompt = tok.apply_chat_template([{"role": "user", "content": "q"}], tools=tools, tokenize=False, add_generation_prompt=True)
     assert '"name": "calculator"' in prompt and prompt.endswith("<|im_start|>assistant\n")
+
+
+class Slow:
+    """An environment whose step waits 0.4 s on an async tool, then ends the episode."""
+
+    tools: list = []
+
+    def reset(self, example):
+        return [{"role": "user", "content": example.prompt}]
+
+    async def step(self, model_turn):
+        import asyncio
+
+        await asyncio.sleep(0.4)
+        return EnvStep(reward=1.0, done=True)
+
+
+def test_many_episodes_wait_on_their_tools_at_once(chat_tok):
+    import time
+
+    sampler = MultiTurnSampler(Scripted(chat_tok), chat_tok, Slow, max_turns=2, max_episode_tokens=64)
+    prompts = episode_prompt_ids([EXAMPLE], chat_tok, Slow)
+    t0 = time.perf_counter()
+    out = sampler.sample(prompts, num_generations=8, examples=[EXAMPLE])
+    elapsed = time.perf_counter() - t0
+    assert [e.env_reward for e in out.episodes] == [1.0] * 8
+    assert elapsed < 1.6, elapsed  # one after the other: 8 x 0.4 = 3.2 s
