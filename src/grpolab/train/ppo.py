@@ -208,7 +208,7 @@ def build_ppo_batch(
     ids = [list(p) for p in prompt_ids for _ in range(g)]
     device = completions.completion_ids.device
     mask = completions.completion_mask
-    loss_mask = mask & valid.reshape(-1, 1).to(device)
+    loss_mask = completions.model_mask & valid.reshape(-1, 1).to(device)  # env tokens: context only
     if a.mask_truncated:
         loss_mask = loss_mask & ~completions.truncated.to(device)[:, None]
     ref_logprobs = None
