@@ -4,7 +4,7 @@
 2. SFT on traces laid out exactly as the rollout lays out episodes (rollout.multiturn.ChatDelta): half
    call the tool (``calculator(123*45)``, the tool's answer as context, then the product), half answer
    directly (the product, which a 2-layer model cannot compute). Loss on the model's tokens only.
-3. GRPO through ``grpolab.train.loop.train`` with ``env.name=calculator``: G episodes per prompt,
+3. GRPO through ``grpolab.training.loop.train`` with ``env.name=calculator``: G episodes per prompt,
    reward 1 when the final answer is the product.
 4. Held-out evaluation of both models: accuracy and tool-call rate with the tool, and accuracy with the
    tool disabled (every call answers an error) for contrast; ``<run>/report.md``.
@@ -61,7 +61,7 @@ def agent_config(out_dir: str | Path, size: str = "full", overrides: Sequence[st
 def run_agent_demo(out_dir: str | Path = "runs/demo-agent", size: str = "full", overrides: Sequence[str] = ()):
     """SFT, GRPO, evaluate before and after; returns (report path, [AgentEval], seconds)."""
     from grpolab.data import load_examples, split_eval
-    from grpolab.train.loop import train
+    from grpolab.training.loop import train
 
     cfg = agent_config(out_dir, size, overrides)
     run_dir, seconds = cfg.run_dir, {}
@@ -136,7 +136,7 @@ def sft_traces(examples, tok, make_env, *, seed: int, tool_fraction: float = 0.5
 def _sft(cfg: Config, examples, shape: dict[str, int]) -> Path:
     """Masked next-token SFT on the traces (model tokens only); saves the model to cfg.sft_dir."""
     from grpolab.tasks.tiny import build_tiny_model
-    from grpolab.train.logprobs import completion_logprobs
+    from grpolab.training.logprobs import completion_logprobs
 
     out = cfg.sft_dir
     tok = _tokenizer(out)

@@ -203,7 +203,7 @@ def _run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(config_view(cfg, args.for_verb), sort_keys=False), end="")
         return 0
     if args.verb == "train":
-        from grpolab.train.loop import train
+        from grpolab.training.loop import train
 
         result = train(cfg, resume=args.resume)
         if result.stopped_by is not None:
@@ -214,7 +214,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.verb == "compare":
         return _compare(cfg, args.algos)
     if args.verb == "sft":
-        from grpolab.train.sft import sft
+        from grpolab.training.sft import sft
 
         done = sft(cfg, resume=args.resume)
         if done.stopped_by is not None:
@@ -234,14 +234,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"grpolab: eval written to {cfg.eval_dir}")
         return 0
     if args.verb == "train-rm":
-        from grpolab.train.reward_model import train_reward_model
+        from grpolab.training.reward_model import train_reward_model
 
         rm = train_reward_model(cfg)
         accuracy = rm.metrics.get("eval/pair_accuracy")
         print(f"grpolab: reward model saved to {rm.output_dir}; held-out pair accuracy {accuracy}")
         return 0
     if args.verb == "train-iterative":
-        from grpolab.train.iterative import iterative_rl
+        from grpolab.training.iterative import iterative_rl
 
         done = iterative_rl(cfg)
         print(f"grpolab: {len(done.iterations)} iterations; policy {done.policy_path}")

@@ -95,9 +95,9 @@ def run_case(model_dir: str, algo: str, agg: str, extra: tuple[str, ...], mode: 
     """One step; returns {"policy": weights, "value": weights or None, "metrics": {...}}."""
     from grpolab.models import Reference, load_policy
     from grpolab.run import dist, parallel
-    from grpolab.train.batch import LogprobContext
-    from grpolab.train.ppo import Critic, rollout_batch_builder
-    from grpolab.train.step import PolicyLossSpec, update_policy
+    from grpolab.training.batch import LogprobContext
+    from grpolab.training.ppo import Critic, rollout_batch_builder
+    from grpolab.training.step import PolicyLossSpec, update_policy
 
     cfg = make_config(model_dir, algo, agg, mode, extra)
     torch.manual_seed(0)

@@ -69,7 +69,7 @@ def test_the_budget_case_gives_the_ranks_different_micro_batch_counts():
     """What makes the token-budget case above telling: before equalising, the ranks' shares split into
     different numbers of micro-batches under pc.BUDGET."""
     from grpolab.config import load_config
-    from grpolab.train.microbatch import prompt_lengths_of, split_rows
+    from grpolab.training.microbatch import prompt_lengths_of, split_rows
 
     budget = load_config(None, list(pc.BUDGET)).train.max_tokens_per_micro_batch
     _, comps, _ = pc.global_batch()

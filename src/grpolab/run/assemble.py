@@ -67,11 +67,11 @@ from grpolab.run.resumable import Resumable
 from grpolab.run.resume import ResumePoint, record_resume
 from grpolab.run.run_info import write_run_info
 from grpolab.run.trackers import check_trackers
-from grpolab.train.batch import LogprobContext
-from grpolab.train.optim import build_optimizer
-from grpolab.train.ppo import Critic, rollout_batch_builder
-from grpolab.train.process import build_process_supervision
-from grpolab.train.step import PolicyLossSpec
+from grpolab.training.batch import LogprobContext
+from grpolab.training.optim import build_optimizer
+from grpolab.training.ppo import Critic, rollout_batch_builder
+from grpolab.training.process import build_process_supervision
+from grpolab.training.step import PolicyLossSpec
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)

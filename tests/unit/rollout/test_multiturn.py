@@ -11,9 +11,9 @@ from grpolab.envs import EnvStep, ToolLimits, build_environment
 from grpolab.rollout.hf import HFSampler
 from grpolab.rollout.multiturn import ChatDelta, MultiTurnSampler, episode_prompt_ids
 from grpolab.tasks.tiny import CHAT_TEMPLATE
-from grpolab.train.batch import build_rollout_batch, outcome_estimator, rewards_tensor
-from grpolab.train.logprobs import completion_logprobs
-from grpolab.train.step import PolicyLossSpec, policy_loss
+from grpolab.training.batch import build_rollout_batch, outcome_estimator, rewards_tensor
+from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.step import PolicyLossSpec, policy_loss
 from grpolab.types import Completions, Example
 
 EXAMPLE = Example("12*3=", "36")

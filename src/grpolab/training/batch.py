@@ -16,9 +16,9 @@ from grpolab.algo.reinforce import TOKEN_ESTIMATORS
 from grpolab.config import Config
 from grpolab.models import Reference
 from grpolab.run import dist
-from grpolab.train.logprobs import completion_logprobs
-from grpolab.train.microbatch import prompt_lengths_of, split_rows
-from grpolab.train.process import StepRewards
+from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.microbatch import prompt_lengths_of, split_rows
+from grpolab.training.process import StepRewards
 from grpolab.types import Completions, RolloutBatch
 
 AdvantageFn = Callable[..., torch.Tensor]

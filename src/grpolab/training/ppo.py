@@ -38,12 +38,12 @@ from grpolab.algo.masked import masked_mean, masked_var
 from grpolab.config import Config
 from grpolab.models import Reference
 from grpolab.run import dist, parallel
-from grpolab.train.batch import LogprobContext, build_rollout_batch, outcome_estimator, rollout_metrics
-from grpolab.train.master import backward, grads_to_clip, scale_backed_off
-from grpolab.train.microbatch import prompt_lengths_of
-from grpolab.train.optim import build_optimizer
-from grpolab.train.step import micro_batches, minibatch_order
-from grpolab.train.value import ValueModel, load_value_model, token_values
+from grpolab.training.batch import LogprobContext, build_rollout_batch, outcome_estimator, rollout_metrics
+from grpolab.training.master import backward, grads_to_clip, scale_backed_off
+from grpolab.training.microbatch import prompt_lengths_of
+from grpolab.training.optim import build_optimizer
+from grpolab.training.step import micro_batches, minibatch_order
+from grpolab.training.value import ValueModel, load_value_model, token_values
 from grpolab.types import Completions, RolloutBatch
 
 log = logging.getLogger(__name__)

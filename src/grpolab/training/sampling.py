@@ -36,7 +36,7 @@ from grpolab.data import PromptSampler
 from grpolab.rewards import score_batch
 from grpolab.rewards.base import ScoreResult
 from grpolab.run import dist
-from grpolab.train.batch import rewards_tensor
+from grpolab.training.batch import rewards_tensor
 from grpolab.types import Completions, Example
 
 log = logging.getLogger(__name__)
