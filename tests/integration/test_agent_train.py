@@ -87,3 +87,12 @@ def test_agent_demo_cli_tiny(tmp_path):
     report = (out / "report.md").read_text()
     assert "tool-call rate" in report and "| SFT |" in report and "| GRPO |" in report
     assert "GRPO: accuracy" in done.stdout
+
+
+def test_process_supervision_with_turns_as_steps(chat_model_dir, tmp_path):
+    over = [*_overrides(chat_model_dir, tmp_path, "turns", 1), "algo.supervision=process"]
+    rows = read_metrics(train(load_config(None, over)).run_dir)
+    assert [r["step"] for r in rows] == [1]
+    # every valid episode has one step per model turn (the env reward applies to all of them)
+    assert rows[0]["rollout/steps_mean"] == pytest.approx(rows[0]["num_turns/mean"])
+    assert "train/step_reward_mean" in rows[0]

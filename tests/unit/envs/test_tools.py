@@ -131,7 +131,7 @@ def test_python_tool_runs_in_the_sandbox():
 def test_env_config_checks():
     from grpolab.config import load_config
 
-    with pytest.raises(ConfigError, match="not at an episode's turns"):
+    with pytest.raises(ConfigError, match="the steps of process supervision are the episode.s turns"):
         load_config(None, ["env.name=calculator", "algo.supervision=process", "reward.process={name: x}"])
     with pytest.raises(ConfigError, match="env.max_turns"):
         load_config(None, ["env.max_turns=0"])
