@@ -125,8 +125,9 @@ class _Running:
     def end_turn(self) -> None:
         """The model's turn just added ends here (a step of process supervision)."""
         self.turns += 1
-        if self.ids and (not self.turn_ends or self.turn_ends[-1] < len(self.ids) - 1):
-            self.turn_ends.append(len(self.ids) - 1)
+        last = len(self.ids) - 1
+        if self.sampled and self.sampled[-1] and (not self.turn_ends or self.turn_ends[-1] < last):
+            self.turn_ends.append(last)
             self.turn_rewards.append(None)
 
     def record(self, step: EnvStep) -> None:
