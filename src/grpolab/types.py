@@ -74,6 +74,10 @@ class Episode:
     """Tool calls the environment ran (0 for environments without tools)."""
     tool_errors: int = 0
     """Tool calls that raised, timed out or were cut (a bounded error message went back instead)."""
+    turn_ends: tuple[int, ...] = ()
+    """Per model turn, the index in the completion of its last token (process supervision's step ends)."""
+    turn_rewards: tuple[float | None, ...] = ()
+    """Per model turn, the reward the environment gave for it (None: none, or the turn was cut)."""
 
 
 @dataclass

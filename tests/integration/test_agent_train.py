@@ -3,6 +3,7 @@ agent demo's CLI. A tiny model with a chat template plays the calculator environ
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpolab.config import load_config
+from grpolab.config.presets import ALGO_PRESETS
 from grpolab.run.logging import read_metrics
 from grpolab.training.loop import train
 
@@ -87,3 +89,67 @@ def test_agent_demo_cli_tiny(tmp_path):
     report = (out / "report.md").read_text()
     assert "tool-call rate" in report and "| SFT |" in report and "| GRPO |" in report
     assert "GRPO: accuracy" in done.stdout
+
+
+def test_process_supervision_with_turns_as_steps(chat_model_dir, tmp_path):
+    over = [*_overrides(chat_model_dir, tmp_path, "turns", 1), "algo.supervision=process"]
+    rows = read_metrics(train(load_config(None, over)).run_dir)
+    assert [r["step"] for r in rows] == [1]
+    # every valid episode has one step per model turn (the env reward applies to all of them)
+    assert rows[0]["rollout/steps_mean"] == pytest.approx(rows[0]["num_turns/mean"])
+    assert "train/step_reward_mean" in rows[0]
+
+
+@pytest.fixture(scope="module")
+def tool_model_dir(chat_model_dir, tmp_path_factory) -> str:
+    """The chat model after 60 steps of SFT on calculator traces (agent_demo.sft_traces, every trace with
+    a call): it writes calls, so its episodes have environment tokens between two model turns."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpolab.agent_demo import sft_traces
+    from grpolab.envs import ToolLimits, build_environment
+    from grpolab.tasks.arithmetic import multiplication_examples
+    from grpolab.training.logprobs import completion_logprobs
+
+    path = tmp_path_factory.mktemp("tool_chat")
+    tok, model = AutoTokenizer.from_pretrained(chat_model_dir), AutoModelForCausalLM.from_pretrained(chat_model_dir)
+    make_env = build_environment("calculator", {"call_format": "python"}, ToolLimits())
+    prompts, episodes, masks = sft_traces(multiplication_examples(size=16, seed=0), tok, make_env, seed=0, tool_fraction=1.0)
+    width = max(map(len, episodes))
+    ids = torch.tensor([e + [tok.pad_token_id] * (width - len(e)) for e in episodes])
+    sampled = torch.tensor([m + [False] * (width - len(m)) for m in masks])
+    counted = torch.tensor([[j < len(e) for j in range(width)] for e in episodes])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(60):
+        logprobs, _ = completion_logprobs(model, prompts, ids, counted, pad_id=tok.pad_token_id)
+        loss = -(logprobs * sampled).sum() / sampled.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def _preset_overrides(model_dir, out, name) -> list[str]:
+    return [
+        f"model.name_or_path={model_dir}", "model.autocast=none", "data.source=multiplication", "data.size=8",
+        "env.name=calculator", "env.kwargs={call_format: python}", "env.max_turns=2", "env.max_episode_tokens=48",
+        "reward.functions=[{name: env}, {name: 'toy_rewards:digit_fraction'}]", "rollout.num_generations=4",
+        "rollout.max_completion_length=24", "train.prompts_per_step=2", "train.num_steps=1", "optim.lr=1e-3",
+        f"log.output_dir={out}", f"log.run_name={name}", "log.checkpoint_every=0", "log.progress=false",
+        f"algo.name={name}",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", sorted(ALGO_PRESETS))
+def test_one_env_step_under_every_preset(tool_model_dir, tmp_path, preset):
+    over = _preset_overrides(tool_model_dir, tmp_path, preset)
+    if ALGO_PRESETS[preset]["num_minibatches"] > 2:  # 16 / 4 mini-batches need 16 / 4 groups a step
+        over.append("algo.num_minibatches=2")
+    rows = read_metrics(train(load_config(None, over)).run_dir)
+    assert [r["step"] for r in rows] == [1]
+    row = rows[0]
+    assert row["num_turns/max"] == 2 and row["tools/call_frequency"] > 0
+    assert 0 < row["rollout/model_token_frac"] < 1  # env tokens in the batch, masked out of the loss
+    assert math.isfinite(row["loss"])

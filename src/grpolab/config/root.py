@@ -158,11 +158,6 @@ def _check_cross_fields(cfg: Config) -> None:
             r.kv_cache_budget_mb is not None and r.kv_cache_budget_mb <= 0,
             "rollout.kv_cache_budget_mb must be > 0 (MB for the sampler's KV cache), or null for a share of free memory",
         ),
-        (
-            cfg.env.name is not None and a.supervision == "process",
-            "algo.supervision=process splits a completion at a text delimiter, not at an episode's turns: "
-            "use algo.supervision=outcome with env.name (per-turn rewards are summed; docs/multiturn.md)",
-        ),
         (cfg.env.max_turns < 1, "env.max_turns must be >= 1"),
         (cfg.env.max_episode_tokens < 1, "env.max_episode_tokens must be >= 1"),
         (cfg.env.tool_timeout_s <= 0, "env.tool_timeout_s must be > 0 (seconds per tool call)"),
@@ -258,12 +253,17 @@ def _inert_clips(a: AlgoConfig) -> list[str]:
 
 def _check_process(cfg: Config) -> None:
     a, spec = cfg.algo, cfg.reward.process
-    if spec is None or not spec.name:
+    if cfg.env.name is not None and spec is not None:
+        raise ConfigError(
+            "reward.process is set, but with env.name the steps of process supervision are the episode's "
+            "turns, scored by the environment's per-turn rewards: remove reward.process (docs/multiturn.md)"
+        )
+    if cfg.env.name is None and (spec is None or not spec.name):
         raise ConfigError(
             "algo.supervision=process needs reward.process, e.g. "
-            "reward.process={name: 'my_module:step_scores', delimiter: '\\n'}"
+            "reward.process={name: 'my_module:step_scores', delimiter: '\\n'} (or env.name: the steps are turns)"
         )
-    if not spec.delimiter:
+    if spec is not None and not spec.delimiter:
         raise ConfigError("reward.process.delimiter is empty: give the text that ends a step, e.g. '\\n'")
     if a.resolved_advantage != "grpo" or a.resolved_kl_in != "loss":
         raise ConfigError(

@@ -16,7 +16,8 @@ An episode is laid out as one completion after its prompt::
   "length", as a single completion cut at max_completion_length. A turn that overruns the episode
   budget is cut there (its kept tokens' log-probs are exact: causal). Each turn is at most the inner
   sampler's max_completion_length.
-* Rewards: the environment's per-turn rewards are summed into ``Episode.env_reward``.
+* Rewards: the environment's per-turn rewards are summed into ``Episode.env_reward``; each turn's own
+  reward and last token are kept (``Episode.turn_rewards``, ``turn_ends``: process supervision's steps).
 * A group is G episodes of the same prompt (rows prompt-major, as every Sampler).
 
 Each turn calls the inner sampler on every running episode's full context (prompt + episode so far,
@@ -112,6 +113,8 @@ class _Running:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
+    turn_ends: list[int] = field(default_factory=list)
+    turn_rewards: list[float | None] = field(default_factory=list)
     finish: FinishReason | None = None
 
     def add(self, ids: list[int], logprobs: list[float] | None) -> None:
@@ -119,7 +122,17 @@ class _Running:
         self.sampled += [logprobs is not None] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
 
+    def end_turn(self) -> None:
+        """The model's turn just added ends here (a step of process supervision)."""
+        self.turns += 1
+        last = len(self.ids) - 1
+        if self.sampled and self.sampled[-1] and (not self.turn_ends or self.turn_ends[-1] < last):
+            self.turn_ends.append(last)
+            self.turn_rewards.append(None)
+
     def record(self, step: EnvStep) -> None:
+        if step.reward is not None and self.turn_rewards:  # summed: a turn without tokens adds to the last
+            self.turn_rewards[-1] = (self.turn_rewards[-1] or 0.0) + float(step.reward)
         if step.reward is not None:
             self.reward = (self.reward or 0.0) + float(step.reward)
         self.tool_calls += step.tool_calls
@@ -212,7 +225,7 @@ class MultiTurnSampler:
             room = self.max_episode_tokens - len(e.ids)
             n = min(lengths[i], room)
             e.add(ids[i][:n], logprobs[i][:n])
-            e.turns += 1
+            e.end_turn()
             text = self.tokenizer.decode(ids[i][:n], skip_special_tokens=True)
             e.messages.append({"role": "assistant", "content": text})
             if out.finish_reasons[i] == "length" or n < lengths[i]:
@@ -250,7 +263,11 @@ class MultiTurnSampler:
             num_generations=group,
             sampled_mask=sampled,
             episodes=[
-                Episode(tuple(e.messages), e.reward, e.turns, e.tool_calls, e.tool_errors) for e in episodes
+                Episode(
+                    tuple(e.messages), e.reward, e.turns, e.tool_calls, e.tool_errors,
+                    tuple(e.turn_ends), tuple(e.turn_rewards),
+                )  # fmt: skip
+                for e in episodes
             ],
         )
 

@@ -57,10 +57,12 @@ def engine_dtype(cfg: Config, autocast_dtype: torch.dtype | None) -> str:
 
 def max_model_len(cfg: Config, context: int | None = None) -> int:
     """vllm.max_model_len, or prompt + completion limits capped at the model's context (grpolab's
-    check_context stops a run whose prompts do not fit it)."""
+    check_context stops a run whose prompts do not fit it). With an environment a turn's prompt is the
+    episode so far (under env.max_episode_tokens), and the turn adds up to max_completion_length."""
     if cfg.vllm.max_model_len:
         return cfg.vllm.max_model_len
-    longest = cfg.data.max_prompt_length + cfg.rollout.max_completion_length
+    episode = cfg.env.max_episode_tokens if cfg.env.name is not None else 0
+    longest = cfg.data.max_prompt_length + episode + cfg.rollout.max_completion_length
     return min(longest, context) if context else longest
 
 

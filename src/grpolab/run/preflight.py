@@ -134,7 +134,8 @@ def build_rewards(
 
 
 def check_context(cfg: Config, prompt_ids: Sequence[Sequence[int]], model_config) -> None:
-    """Longest prompt + rollout.max_completion_length against the model's max_position_embeddings.
+    """Longest prompt + rollout.max_completion_length (with an environment: + env.max_episode_tokens, the
+    episode's budget) against the model's max_position_embeddings.
 
     Beyond it, a model with learned position embeddings (GPT-2) fails with an index error, so that is
     an error here; a rotary model (Llama, Qwen) runs but was not trained there, so that is a warning.
@@ -144,28 +145,33 @@ def check_context(cfg: Config, prompt_ids: Sequence[Sequence[int]], model_config
         return
     longest = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     prompt_len = len(prompt_ids[longest])
-    total = prompt_len + cfg.rollout.max_completion_length
+    key, budget = (
+        ("env.max_episode_tokens", cfg.env.max_episode_tokens)
+        if cfg.env.name is not None
+        else ("rollout.max_completion_length", cfg.rollout.max_completion_length)
+    )
+    total = prompt_len + budget
     if total <= limit:
         return
-    room = limit - cfg.rollout.max_completion_length  # what the completions leave for a prompt
+    room = limit - budget  # what the completions leave for a prompt
     if prompt_len >= limit:
         advice = (
             f"The prompt alone fills the context: set data.max_prompt_length to {limit - 1} or less to find "
-            "the long prompts, and lower rollout.max_completion_length"
+            f"the long prompts, and lower {key}"
         )
     elif room < 1:
         advice = (
-            f"rollout.max_completion_length alone fills the context: lower it to {limit - prompt_len} or less "
+            f"{key} alone fills the context: lower it to {limit - prompt_len} or less "
             "(the prompts need room too)"
         )
     else:
         advice = (
-            f"Lower rollout.max_completion_length to {limit - prompt_len} or less, or set "
+            f"Lower {key} to {limit - prompt_len} or less, or set "
             f"data.max_prompt_length to {room} or less to find the long prompts"
         )
     message = (
-        f"the longest prompt (example {longest}, {prompt_len} tokens) + rollout.max_completion_length="
-        f"{cfg.rollout.max_completion_length} = {total} tokens, beyond the model's max_position_embeddings="
+        f"the longest prompt (example {longest}, {prompt_len} tokens) + {key}="
+        f"{budget} = {total} tokens, beyond the model's max_position_embeddings="
         f"{limit}. {advice}"
     )
     rotary = getattr(model_config, "rope_parameters", None) or getattr(model_config, "rope_theta", None)

@@ -165,8 +165,8 @@ def build_rollout_batch(
         adv_tokens = estimator(rewards, valid, trains, token_kl)  # [N, T]
         advantages = masked_mean(adv_tokens, trains, dim=-1).view_as(rewards).cpu()  # [P, G], for metrics
     else:
-        adv_tokens = grpo_process_advantages(
-            steps.step_rewards, steps.step_end_mask, mask, num_generations=g, std=cfg.algo.std, eps=cfg.algo.eps
+        adv_tokens = grpo_process_advantages(  # env tokens get none
+            steps.step_rewards, steps.step_end_mask, trains, num_generations=g, std=cfg.algo.std, eps=cfg.algo.eps
         )
         advantages = adv_tokens[:, 0].reshape_as(rewards).cpu()
     old_logprobs = None

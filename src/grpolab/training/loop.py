@@ -120,7 +120,7 @@ def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
     supervision's step scores come first, outside the timed part."""
     completions = drawn.completions
     repeated = [e for e in batch_examples for _ in range(completions.num_generations)]
-    by_step = {} if run.process is None else {"steps": run.process.score(completions, repeated)}
+    by_step = {} if run.process is None else {"steps": run.process.score(completions, repeated, drawn.rewards, drawn.valid)}
     t2 = time.perf_counter()
     batch, metrics = run.make_batch(
         run.cfg, completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,

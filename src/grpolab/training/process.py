@@ -109,7 +109,10 @@ class ProcessSupervision:
     def __init__(self, splitter: StepSplitter, reward: ProcessReward, *, timeout_s: float | None) -> None:
         self.splitter, self.reward, self.timeout_s = splitter, reward, timeout_s
 
-    def score(self, completions: Completions, examples: Sequence[Example]) -> StepRewards:
+    def score(
+        self, completions: Completions, examples: Sequence[Example], totals=None, valid=None
+    ) -> StepRewards:
+        """Step rewards from the process reward (``totals`` / ``valid``, the outcome rewards: unused)."""
         mask = completions.completion_mask
         end_mask, steps = self.splitter.split(completions.completion_ids, mask)
         values = score_steps(self.reward, steps, examples, timeout_s=self.timeout_s)
@@ -131,12 +134,57 @@ class ProcessSupervision:
             )
 
 
+class TurnSupervision:
+    """Process supervision where the steps are an episode's model turns (env.name set).
+
+    Step k ends at the last token of model turn k (``Episode.turn_ends``) and its reward is
+    ``w_env * r_k``: the environment's reward for that turn (0 when it gave none), times the weight of the
+    ``env`` reward function (0 when reward.functions does not list it). The last turn also gets what the
+    other reward functions add to the episode's total, so an episode's step rewards sum to its outcome
+    reward. An episode without a valid total reward has no steps: its tokens get advantage 0 and it does
+    not count in its group's normalisation.
+    """
+
+    def __init__(self, env_weight: float) -> None:
+        self.env_weight = env_weight
+
+    def score(
+        self, completions: Completions, examples: Sequence[Example], totals: torch.Tensor, valid: torch.Tensor
+    ) -> StepRewards:
+        """``totals`` / ``valid``: [P, G] outcome rewards (the step's weighted reward sum) and their validity."""
+        if completions.episodes is None:
+            raise ValueError("turn supervision needs environment episodes (a MultiTurnSampler's completions)")
+        mask = completions.completion_mask
+        rewards = torch.zeros(mask.shape, dtype=torch.float32)
+        ends = torch.zeros(mask.shape, dtype=torch.bool)
+        for i, (ep, total, ok) in enumerate(
+            zip(completions.episodes, totals.flatten().tolist(), valid.flatten().tolist(), strict=True)
+        ):
+            if not ok or not ep.turn_ends:
+                continue
+            step = [self.env_weight * (r or 0.0) for r in ep.turn_rewards]
+            step[-1] += total - sum(step)  # the other reward functions' part of the total
+            ends[i, list(ep.turn_ends)] = True
+            rewards[i, list(ep.turn_ends)] = torch.tensor(step)
+        counts = ends.sum(-1).float()
+        metrics = {
+            "train/step_reward_mean": float(rewards[ends].mean()) if ends.any() else 0.0,
+            "rollout/steps_mean": float(counts.mean()),
+        }
+        return StepRewards(rewards.to(mask.device), ends.to(mask.device), metrics)
+
+
 def build_process_supervision(
     cfg: Config, tokenizer, examples: Sequence[Example]
-) -> ProcessSupervision | None:
-    """The process scorer for algo.supervision=process (dry-run on a few examples), else None."""
+) -> ProcessSupervision | TurnSupervision | None:
+    """The process scorer for algo.supervision=process (dry-run on a few examples), else None. With an
+    environment the steps are the episode's turns (``TurnSupervision``)."""
     if cfg.algo.supervision != "process":
         return None
+    if cfg.env.name is not None:
+        weight = sum(f.weight for f in cfg.reward.functions if f.name == "env")
+        log.info("process supervision: the steps are the episode's turns (env reward weight %g)", weight)
+        return TurnSupervision(weight)
     spec = cfg.reward.process
     splitter = StepSplitter(tokenizer, spec.delimiter)
     process = ProcessSupervision(

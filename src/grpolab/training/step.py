@@ -68,7 +68,8 @@ class PolicyLossSpec:
             kl_fn=KL_ESTIMATORS[a.kl_estimator] if kl_in_loss else None,
             beta=a.beta,
             agg_mode=a.resolved_loss_agg,
-            norm_len=cfg.rollout.max_completion_length,
+            # Dr. GRPO's constant: the longest a completion can be (an episode: its token budget)
+            norm_len=cfg.env.max_episode_tokens if cfg.env.name is not None else cfg.rollout.max_completion_length,
             clip_low=a.clip_low,
             clip_high=a.resolved_clip_high,
             dual_clip=a.dual_clip,

@@ -131,9 +131,33 @@ def test_python_tool_runs_in_the_sandbox():
 def test_env_config_checks():
     from grpolab.config import load_config
 
-    with pytest.raises(ConfigError, match="not at an episode's turns"):
+    with pytest.raises(ConfigError, match="the steps of process supervision are the episode.s turns"):
         load_config(None, ["env.name=calculator", "algo.supervision=process", "reward.process={name: x}"])
     with pytest.raises(ConfigError, match="env.max_turns"):
         load_config(None, ["env.max_turns=0"])
     cfg = load_config(None, ["env.name=calculator", "env.kwargs={call_format: python}"])
     assert cfg.env.max_episode_tokens == 1024 and cfg.env.on_tool_error == "message"
+
+
+def test_an_episode_budget_sets_the_length_limits():
+    """With an environment a completion is a whole episode: env.max_episode_tokens, not one turn's
+    rollout.max_completion_length, is the longest it can be (Dr. GRPO's normaliser, the context check,
+    vLLM's max_model_len, where a turn's prompt is the episode so far)."""
+    from types import SimpleNamespace
+
+    from grpolab.config import load_config
+    from grpolab.data import DataError
+    from grpolab.rollout.vllm_setup import max_model_len
+    from grpolab.run.preflight import check_context
+    from grpolab.training.step import PolicyLossSpec
+
+    base = ["algo.name=dr_grpo", "rollout.max_completion_length=8", "data.max_prompt_length=16"]
+    single = load_config(None, base)
+    episodes = load_config(None, [*base, "env.name=calculator", "env.max_episode_tokens=40"])
+    assert PolicyLossSpec.from_config(single).norm_len == 8
+    assert PolicyLossSpec.from_config(episodes).norm_len == 40
+    assert max_model_len(single) == 16 + 8 and max_model_len(episodes) == 16 + 40 + 8
+    learned_positions = SimpleNamespace(max_position_embeddings=48)  # no rope: past it is an error
+    check_context(single, [[1] * 16], learned_positions)  # 16 + 8 fit
+    with pytest.raises(DataError, match=r"\+ env.max_episode_tokens=40 = 56 tokens"):
+        check_context(episodes, [[1] * 16], learned_positions)

@@ -71,6 +71,7 @@ def test_the_episode_is_the_sampled_ids_plus_the_env_delta(chat_tok):
     assert out.logprobs[0].tolist() == [-0.5 if s else 0.0 for s in sampled]
     ep = out.episodes[1]
     assert (ep.env_reward, ep.turns, ep.tool_calls, ep.tool_errors) == (1.0, 2, 1, 0)
+    assert ep.turn_ends == (len(turn1) - 1, len(expected) - 1) and ep.turn_rewards == (None, 1.0)
     assert [m["role"] for m in ep.messages] == ["user", "assistant", "tool", "assistant"]
     assert out.finish_reasons == ["stop", "stop"]
     assert out.items()[0].episode is ep or out.items()[0].episode.env_reward == 1.0

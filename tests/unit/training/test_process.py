@@ -140,3 +140,62 @@ def test_process_supervision_needs_a_process_reward_and_grpo():
         load_config(None, ["algo.supervision=process"])
     with pytest.raises(ConfigError, match="algo.name=grpo"):
         load_config(None, ["algo.supervision=process", "reward.process={name: a:b}", "algo.name=rloo"])
+
+
+def test_turns_are_the_steps_of_an_episode():
+    """2 episodes x 2 turns, G = 2, by hand. Layout (m = model token, e = env token, . = pad):
+    A: m m e e m m .  turn rewards (0, 1), other reward functions add 0.5: total 1.5, steps (0, 1.5)
+    B: m m m e e m m  turn rewards (0.5, none), others add 0: total 0.5, steps (0.5, 0)
+    Steps of the group: 0, 1.5, 0.5, 0; mean 0.5, unbiased std sqrt(1.5 / 3); a token's advantage is the
+    sum of the normalised rewards of the steps ending at or after it; env tokens get none."""
+    from grpolab.training.process import TurnSupervision, build_process_supervision
+    from grpolab.types import Episode
+
+    cfg = load_config(
+        None,
+        [
+            "env.name=calculator", "env.kwargs={call_format: python}", "algo.supervision=process",
+            "reward.functions=[{name: env}, {name: 'toy:other', weight: 0.5}]",
+        ],
+    )  # fmt: skip
+    process = build_process_supervision(cfg, None, [])
+    assert isinstance(process, TurnSupervision) and process.env_weight == 1.0
+    m, e = True, False
+    sampled = torch.tensor([[m, m, e, e, m, m, False], [m, m, m, e, e, m, m]])
+    comps = Completions(
+        prompt_ids=[[1], [1]],
+        completion_ids=torch.full((2, 7), 5),
+        completion_mask=torch.tensor([[True] * 6 + [False], [True] * 7]),
+        logprobs=torch.zeros(2, 7),
+        texts=["a", "b"],
+        finish_reasons=["stop", "stop"],
+        num_generations=2,
+        sampled_mask=sampled,
+        episodes=[
+            Episode((), 1.0, 2, turn_ends=(1, 5), turn_rewards=(0.0, 1.0)),
+            Episode((), 0.5, 2, turn_ends=(2, 6), turn_rewards=(0.5, None)),
+        ],
+    )
+    totals = torch.tensor([[1.5, 0.5]])
+    steps = process.score(comps, [Example("q")] * 2, totals, torch.ones(1, 2, dtype=torch.bool))
+    assert steps.step_end_mask.nonzero().tolist() == [[0, 1], [0, 5], [1, 2], [1, 6]]
+    assert steps.step_rewards[steps.step_end_mask].tolist() == [0.0, 1.5, 0.5, 0.0]
+    batch, metrics = build_rollout_batch(
+        cfg, comps, [[1]], totals, torch.ones(1, 2, dtype=torch.bool),
+        estimator=outcome_estimator(cfg), policy=None, reference=None, ctx=None, steps=steps,
+    )  # fmt: skip
+    s = 0.5**0.5 + cfg.algo.eps  # std of (-0.5, 1, 0, -0.5) over 3, plus eps
+    a1, a2, b1, b2 = -0.5 / s, 1.0 / s, 0.0 / s, -0.5 / s  # the normalised step rewards
+    expected = torch.tensor(
+        [
+            [a1 + a2, a1 + a2, 0, 0, a2, a2, 0],
+            [b1 + b2, b1 + b2, b1 + b2, 0, 0, b2, b2],
+        ]
+    )
+    assert cfg.algo.std == "unbiased"
+    torch.testing.assert_close(batch.advantages, expected, rtol=0, atol=1e-6)
+    assert not batch.advantages[~sampled].any() and not batch.loss_mask[~sampled].any()
+    assert metrics["rollout/steps_mean"] == 2.0 and metrics["train/step_reward_mean"] == pytest.approx(0.5)
+    # an episode without a valid reward has no steps: it gets no advantage and the group has B's steps only
+    invalid = process.score(comps, [Example("q")] * 2, totals, torch.tensor([[False, True]]))
+    assert invalid.step_end_mask.nonzero().tolist() == [[1, 2], [1, 6]]
