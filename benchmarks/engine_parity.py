@@ -41,10 +41,16 @@ LOGP_DIFF = "sampling/sampling_logp_difference/mean"
 
 
 def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+    """"AMD EPYC ... (family 26, model 2), avx512_bf16": the model name, family / model and bf16 flag."""
+    info = Path("/proc/cpuinfo")
+    fields: dict[str, str] = {}
+    for line in info.read_text().splitlines() if info.exists() else []:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    if not fields:
+        return platform.processor() or "unknown CPU"
+    bf16 = "avx512_bf16" if "avx512_bf16" in fields.get("flags", "").split() else "no avx512_bf16"
+    return f"{fields.get('model name')} (family {fields.get('cpu family')}, model {fields.get('model')}), {bf16}"
 
 
 def sft_stage(out: Path, seed: int, size: str) -> tuple[str, str]:
@@ -62,7 +68,8 @@ def sft_stage(out: Path, seed: int, size: str) -> tuple[str, str]:
     result = sft(_with_model(base, init), resume=True)
     if result.stopped_by is not None:
         raise KeyboardInterrupt
-    return str(base.sft_dir), f"{result.steps} steps, greedy dev {result.dev_accuracy:.3f}, {time.perf_counter() - t0:.0f} s"
+    seconds = time.perf_counter() - t0
+    return str(base.sft_dir), f"{result.steps} steps, greedy dev {result.dev_accuracy:.3f}, {seconds:.0f} s"
 
 
 def grpo_stage(out: Path, seed: int, size: str, sft_dir: str, engine: str, steps: int | None):
@@ -71,7 +78,7 @@ def grpo_stage(out: Path, seed: int, size: str, sft_dir: str, engine: str, steps
     from grpolab.train.loop import train
 
     overrides = [f"seed={seed}", f"model.name_or_path={sft_dir}", f"rollout.engine={engine}", "log.progress=false"]
-    overrides += [f"train.num_steps={steps}"] if steps else []
+    overrides += [f"train.num_steps={steps}"] if steps else []  # fmt: skip
     cfg = demo_config(out / f"seed{seed}_{engine}", size, overrides)
     t0 = time.perf_counter()
     trained = train(cfg)
