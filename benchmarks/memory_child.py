@@ -39,8 +39,8 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(1)
     from grpolab.config import load_config
-    from grpolab.train.optim import build_optimizer
-    from grpolab.train.step import PolicyLossSpec, update_policy
+    from grpolab.training.optim import build_optimizer
+    from grpolab.training.step import PolicyLossSpec, update_policy
     from grpolab.types import RolloutBatch
 
     overrides = [

@@ -28,7 +28,7 @@ CHILD = """
 import json, sys, torch
 torch.set_num_threads(int(sys.argv[2]))
 from grpolab.config import load_config
-from grpolab.train.loop import train
+from grpolab.training.loop import train
 from grpolab.run.logging import read_metrics
 result = train(load_config(None, json.loads(sys.argv[1])))
 rows = read_metrics(result.run_dir)
@@ -65,7 +65,7 @@ def grpo_overrides(model: str, out: Path, name: str, a: argparse.Namespace) -> l
 def sft_model(out: Path, accuracy: float) -> str:
     from grpolab.demo import demo_config
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.train.sft import sft
+    from grpolab.training.sft import sft
 
     init = save_tiny(out / "init", hidden_size=128, num_layers=2, num_heads=4)
     cfg = demo_config(

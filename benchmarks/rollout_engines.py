@@ -99,7 +99,7 @@ def child_sample(a) -> dict:
 
 def child_step(a) -> dict:
     from grpolab.run.logging import read_metrics
-    from grpolab.train.loop import train
+    from grpolab.training.loop import train
 
     out = tempfile.mkdtemp()
     rows = read_metrics(train(run_config(a.model, a.engine, a, out)).run_dir)

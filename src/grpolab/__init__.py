@@ -16,7 +16,7 @@ def __getattr__(name: str) -> Any:
         from grpolab.config import load_config
 
         return load_config
-    if name == "train":  # the Python API (api.py); grpolab.train.loop.train is the loop it runs
+    if name == "train":  # the Python API (api.py); grpolab.training.loop.train is the loop it runs
         from grpolab.api import train
 
         return train
@@ -25,7 +25,7 @@ def __getattr__(name: str) -> Any:
 
         return GRPOTrainer
     if name == "sft":
-        from grpolab.train.sft import sft
+        from grpolab.training.sft import sft
 
         return sft
     if name == "evaluate":

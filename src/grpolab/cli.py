@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _verb(sub, "eval", help="Pass@K / Maj@K of checkpoints (eval.checkpoints=[...]), with plots")
     _config_args(p)
     p = _verb(sub, "demo", help="the embedded default: SFT, GRPO and Pass@K / Maj@K on a tiny model, CPU")
-    p.add_argument("--out", default="runs/demo", help="run folder of the demo")
+    p.add_argument("--out", default=None, help="run folder of the demo (runs/demo; --agent: runs/demo-agent)")
     p.add_argument("--size", default="full", choices=["full", "tiny"], help="tiny = a seconds-long smoke run")
+    p.add_argument("--agent", action="store_true", help="a tiny agent learns to use a calculator (docs/multiturn.md)")
     p.add_argument("overrides", nargs="*", help="dotted overrides of the demo config (train.num_steps=50)")
     p = _verb(sub, "hacking", help="proxy vs gold reward against sqrt(KL): is the reward model hacked?")
     p.add_argument("--config", "-c", help="YAML config file with reward.gold (not needed with --miniature)")
@@ -158,10 +159,18 @@ def _run_without_config(args: argparse.Namespace) -> int | None:
         # Before torch loads: OpenMP threads that sleep instead of spinning. On a shared 2-core CPU the
         # default spin-wait made each backward pass 20-40x slower; idle, the cost is small.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        if args.agent:
+            from grpolab.agent_demo import agent_config, print_agent_summary, run_agent_demo
+
+            out = args.out or "runs/demo-agent"
+            agent_config(out, args.size, args.overrides)  # a bad override fails before any work
+            print_agent_summary(*run_agent_demo(out, args.size, args.overrides))
+            return 0
         from grpolab.demo import demo_config, print_summary, run_demo
 
-        demo_config(args.out, args.size, args.overrides)  # a bad override fails before any work
-        print_summary(run_demo(args.out, args.size, args.overrides))
+        out = args.out or "runs/demo"
+        demo_config(out, args.size, args.overrides)  # a bad override fails before any work
+        print_summary(run_demo(out, args.size, args.overrides))
         return 0
     if args.verb == "hacking":
         from grpolab.hacking.cli import run_hacking
@@ -194,7 +203,7 @@ def _run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(config_view(cfg, args.for_verb), sort_keys=False), end="")
         return 0
     if args.verb == "train":
-        from grpolab.train.loop import train
+        from grpolab.training.loop import train
 
         result = train(cfg, resume=args.resume)
         if result.stopped_by is not None:
@@ -205,7 +214,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.verb == "compare":
         return _compare(cfg, args.algos)
     if args.verb == "sft":
-        from grpolab.train.sft import sft
+        from grpolab.training.sft import sft
 
         done = sft(cfg, resume=args.resume)
         if done.stopped_by is not None:
@@ -225,14 +234,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"grpolab: eval written to {cfg.eval_dir}")
         return 0
     if args.verb == "train-rm":
-        from grpolab.train.reward_model import train_reward_model
+        from grpolab.training.reward_model import train_reward_model
 
         rm = train_reward_model(cfg)
         accuracy = rm.metrics.get("eval/pair_accuracy")
         print(f"grpolab: reward model saved to {rm.output_dir}; held-out pair accuracy {accuracy}")
         return 0
     if args.verb == "train-iterative":
-        from grpolab.train.iterative import iterative_rl
+        from grpolab.training.iterative import iterative_rl
 
         done = iterative_rl(cfg)
         print(f"grpolab: {len(done.iterations)} iterations; policy {done.policy_path}")

@@ -43,6 +43,10 @@ def load_examples(cfg: DataConfig, *, seed: int) -> list[Example]:
         from grpolab.tasks.arithmetic import arithmetic_examples
 
         return _task(arithmetic_examples, cfg, size=cfg.size, seed=seed, **dict(cfg.params))
+    if cfg.source == "multiplication":
+        from grpolab.tasks.arithmetic import multiplication_examples
+
+        return _task(multiplication_examples, cfg, size=cfg.size, seed=seed, **dict(cfg.params))
     raise DataError(f"unknown data.source '{cfg.source}'")
 
 
@@ -311,10 +315,16 @@ def check_prompt_chars(examples: Sequence[Example], tokenizer, cfg: DataConfig) 
             )
 
 
-def tokenize_prompts(examples: Sequence[Example], tokenizer, cfg: DataConfig) -> list[list[int]]:
-    """Token ids of every prompt, computed once. A prompt over data.max_prompt_length is an error naming it."""
+def tokenize_prompts(examples: Sequence[Example], tokenizer, cfg: DataConfig, make_env=None) -> list[list[int]]:
+    """Token ids of every prompt, computed once. A prompt over data.max_prompt_length is an error naming it.
+    With an environment (``make_env``), a prompt is its first messages with the env's tools declared."""
     check_prompt_chars(examples, tokenizer, cfg)
-    encoded = _encode(examples, tokenizer, cfg)
+    if make_env is not None:
+        from grpolab.rollout.multiturn import episode_prompt_ids
+
+        encoded = episode_prompt_ids(examples, tokenizer, make_env)
+    else:
+        encoded = _encode(examples, tokenizer, cfg)
     for i, ids in enumerate(encoded):
         if len(ids) > cfg.max_prompt_length:
             raise DataError(

@@ -3,7 +3,7 @@
 1. Build a character tokenizer and a tiny Qwen2 model in code; save them (``<run>/init_model``).
 2. SFT from scratch until greedy dev accuracy reaches ``sft.target_accuracy``: a mediocre policy that
    sometimes succeeds, as RL needs (ALGORITHMS.md 6.0). Saved to ``<run>/sft``.
-3. GRPO from that folder through ``grpolab.train.loop.train``, the path a user's model takes.
+3. GRPO from that folder through ``grpolab.training.loop.train``, the path a user's model takes.
 4. Evaluate both models on the held-out prompts: Pass@K and Maj@K up to K = eval.num_samples.
 5. Write ``<run>/report.md`` with plots, and print a summary.
 
@@ -76,8 +76,8 @@ def run_demo(
     from grpolab.eval.runner import evaluate
     from grpolab.run.logging import read_metrics
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.train.loop import train
-    from grpolab.train.sft import sft
+    from grpolab.training.loop import train
+    from grpolab.training.sft import sft
 
     hf_logging.disable_progress_bar()  # the demo shows its own bars, one per phase
     base = demo_config(out_dir, size, overrides)

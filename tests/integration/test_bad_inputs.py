@@ -19,8 +19,8 @@ import torch
 
 import grpolab.eval.runner as runner
 import grpolab.run.assemble as assemble_mod
-import grpolab.train.loop as loop
-import grpolab.train.sft as sft_mod
+import grpolab.training.loop as loop
+import grpolab.training.sft as sft_mod
 from grpolab.cli import main
 from grpolab.config import ConfigError, load_config
 from grpolab.data import DataError

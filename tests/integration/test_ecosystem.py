@@ -11,7 +11,7 @@ from tracker_records import trackio_logs
 from grpolab.config import load_config
 from grpolab.run.logging import read_metrics
 from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer, build_tiny_model
-from grpolab.train.loop import train
+from grpolab.training.loop import train
 
 REWARDS = ["conversational_format_reward", "conversational_accuracy_reward", "length_penalty"]
 

@@ -13,8 +13,8 @@ import torch
 
 import grpolab.eval.runner as runner
 import grpolab.run.assemble as assemble
-import grpolab.train.loop as loop
-import grpolab.train.sft as sft_mod
+import grpolab.training.loop as loop
+import grpolab.training.sft as sft_mod
 from grpolab.cli import main
 from grpolab.config import ConfigError, load_config
 from grpolab.eval.results import load_evals

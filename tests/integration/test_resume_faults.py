@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import grpolab.train.loop as loop
-import grpolab.train.step as step_mod
+import grpolab.training.loop as loop
+import grpolab.training.step as step_mod
 from grpolab.config import load_config
 from grpolab.errors import TrainingError
 from grpolab.run import checkpoint as ckpt

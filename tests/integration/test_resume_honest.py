@@ -16,7 +16,7 @@ import torch
 import yaml
 
 import grpolab.run.assemble as assemble_mod
-import grpolab.train.loop as loop
+import grpolab.training.loop as loop
 from grpolab.cli import main
 from grpolab.compare import CompareStopped, compare
 from grpolab.config import load_config

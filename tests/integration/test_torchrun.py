@@ -116,7 +116,7 @@ def _check_export(folder: Path, start_dir: str, checkpoint: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpolab.train.logprobs import completion_logprobs
+    from grpolab.training.logprobs import completion_logprobs
 
     exported = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     AutoTokenizer.from_pretrained(folder)

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from grpolab.config import load_config
 from grpolab.run.checkpoint import latest_checkpoint
 from grpolab.run.logging import read_metrics
-from grpolab.train.loop import train
+from grpolab.training.loop import train
 
 sys.path.insert(0, str(Path(__file__).parent))  # toy_rewards
 

@@ -21,9 +21,9 @@ from grpolab.rewards import build_reward, score_batch
 from grpolab.run.checkpoint import latest_checkpoint
 from grpolab.run.logging import read_metrics
 from grpolab.tasks.preferences import max_digit_examples, max_digit_preference_pairs, prompt_blind_accuracy
-from grpolab.train.iterative import iterative_rl
-from grpolab.train.loop import train
-from grpolab.train.reward_model import read_pairs, split_pairs
+from grpolab.training.iterative import iterative_rl
+from grpolab.training.loop import train
+from grpolab.training.reward_model import read_pairs, split_pairs
 from grpolab.types import Completion
 
 HERE = Path(__file__).parent

@@ -307,7 +307,7 @@ def test_vllm_importance_sampling_maps_to_the_rollout_correction(mode):
 def test_lr_schedule_follows_transformers_after_the_warmup(schedule):
     from transformers import get_scheduler
 
-    from grpolab.train.optim import lr_lambda
+    from grpolab.training.optim import lr_lambda
 
     k = keys(lr_scheduler_type=schedule, warmup_steps=2, max_steps=10)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)

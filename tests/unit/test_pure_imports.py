@@ -17,7 +17,7 @@ def test_pure_modules_do_not_import_transformers():
 MODELS = """
 import sys
 import grpolab.models
-above = sorted(m for m in sys.modules if m.startswith(("grpolab.train", "grpolab.run", "grpolab.rollout")))
+above = sorted(m for m in sys.modules if m.startswith(("grpolab.training", "grpolab.run", "grpolab.rollout")))
 assert not above, f"grpolab.models imported {above}"
 """
 

@@ -13,6 +13,7 @@ from grpolab.config.sections import (
     ALGO_PRESETS,
     AlgoConfig,
     DataConfig,
+    EnvConfig,
     EvalConfig,
     LogConfig,
     ModelConfig,
@@ -33,6 +34,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -156,6 +158,15 @@ def _check_cross_fields(cfg: Config) -> None:
             r.kv_cache_budget_mb is not None and r.kv_cache_budget_mb <= 0,
             "rollout.kv_cache_budget_mb must be > 0 (MB for the sampler's KV cache), or null for a share of free memory",
         ),
+        (
+            cfg.env.name is not None and a.supervision == "process",
+            "algo.supervision=process splits a completion at a text delimiter, not at an episode's turns: "
+            "use algo.supervision=outcome with env.name (per-turn rewards are summed; docs/multiturn.md)",
+        ),
+        (cfg.env.max_turns < 1, "env.max_turns must be >= 1"),
+        (cfg.env.max_episode_tokens < 1, "env.max_episode_tokens must be >= 1"),
+        (cfg.env.tool_timeout_s <= 0, "env.tool_timeout_s must be > 0 (seconds per tool call)"),
+        (cfg.env.max_tool_output_chars < 1, "env.max_tool_output_chars must be >= 1"),
         (t.max_bad_steps < 0, "train.max_bad_steps must be >= 0 (0 = skip bad updates but never stop)"),
         (cfg.reward.timeout_s <= 0, "reward.timeout_s must be > 0 (seconds per reward call on a batch)"),
     ]

@@ -55,10 +55,11 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: Literal["jsonl", "hf", "reasoning_gym", "arithmetic"] = "jsonl"
-    """Where examples come from: a local file (jsonl), a Hugging Face dataset (hf), a reasoning-gym task, or the
-    built-in arithmetic task. Either of the first two reads a local .jsonl, .json, .parquet, .csv or .arrow file
-    by its suffix (.jsonl natively, the others through datasets' builders)."""
+    source: Literal["jsonl", "hf", "reasoning_gym", "arithmetic", "multiplication"] = "jsonl"
+    """Where examples come from: a local file (jsonl), a Hugging Face dataset (hf), a reasoning-gym task, or a
+    built-in task (arithmetic: addition; multiplication: a*b=, the agent demo's calculator task). Either of
+    the first two reads a local .jsonl, .json, .parquet, .csv or .arrow file by its suffix (.jsonl natively,
+    the others through datasets' builders)."""
     path: str = ""
     """A local data file, or a Hugging Face dataset id / local dataset folder (hf)."""
     name: str | None = None
@@ -109,6 +110,29 @@ class RolloutConfig:
     kv_cache_budget_mb: float | None = None
     """Memory for the sampler's KV cache and step logits when max_batch_sequences is null; null = a quarter
     of the memory free when sampling starts (CUDA: free device memory; CPU: MemAvailable)."""
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Multi-turn episodes (docs/multiturn.md): the model acts, the environment answers."""
+
+    name: str | None = None
+    """An environment (grpolab.envs.ENVIRONMENTS: calculator, python, gym_retry, openenv) or
+    "package.module:attribute" returning one; null = one completion per prompt."""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Passed to the environment's factory (e.g. call_format, system_prompt, base_url)."""
+    max_turns: int = 4
+    """Model turns per episode; an episode not done by then is truncated (finish_reason "length")."""
+    max_episode_tokens: int = 1024
+    """Tokens after the prompt, model and environment together; each model turn is at most
+    rollout.max_completion_length of them."""
+    tool_timeout_s: float = 10.0
+    """A tool call is cut off here; the model reads an error instead."""
+    max_tool_output_chars: int = 2000
+    """A tool's output is cut to this many characters before it is tokenized."""
+    on_tool_error: Literal["message", "end"] = "message"
+    """A tool that raises, hangs or overflows: "message" = the model reads the error and goes on;
+    "end" = the episode ends with reward 0."""
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ def run_miniature(
 def _sft_stage(base: Config) -> tuple[Path, str]:
     from grpolab.demo import SIZES
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.train.sft import sft
+    from grpolab.training.sft import sft
 
     if (base.sft_dir / "config.json").exists():
         log.warning("reusing the SFT model in %s (delete it to train it again)", base.sft_dir)
@@ -122,7 +122,7 @@ def _sft_note(sft_dir: Path) -> str:
 def _reward_model_stage(base: Config, sft_dir: Path) -> tuple[Path, str]:
     from grpolab.data import load_examples, split_eval
     from grpolab.tasks.preferences import length_shortcut_pairs
-    from grpolab.train.reward_model import train_reward_model
+    from grpolab.training.reward_model import train_reward_model
 
     rm_cfg = base.reward_model
     out = base.reward_model_dir

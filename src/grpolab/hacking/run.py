@@ -89,7 +89,7 @@ def hacking(
 ) -> HackingResult:
     """Train every (beta, seed) of the grid in turn, then write report.md beside the runs."""
     from grpolab.hacking.report import write_report
-    from grpolab.train.loop import train
+    from grpolab.training.loop import train
 
     configs = grid_configs(cfg, betas, seeds)
     run_dirs = {}

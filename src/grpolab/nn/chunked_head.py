@@ -22,7 +22,7 @@ with ``logits_to_keep`` as before. Requests with ``targets=None`` return fp32 lo
 forward's one prompt position per distinct prompt).
 
 Models that post-process their logits after the head (soft-capping, logit scales: ``_LOGIT_POSTPROCESSING``
-in grpolab.train.logprobs) get no chunked head: they take the plain path, which holds the full logits.
+in grpolab.training.logprobs) get no chunked head: they take the plain path, which holds the full logits.
 
 The entropy is a diagnostic, and carries a gradient only when the loss uses it (an entropy bonus).
 """

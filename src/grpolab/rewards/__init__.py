@@ -63,7 +63,17 @@ def _make_reward_model(
     )
 
 
+def _make_env_reward() -> Reward:
+    """The environment's episode reward (per-turn rewards summed; None when it gave none)."""
+
+    def env(completion, example) -> float | None:
+        return None if completion.episode is None else completion.episode.env_reward
+
+    return per_sample(env, name="env")
+
+
 REWARDS: dict[str, Callable[..., Reward]] = {
+    "env": _make_env_reward,
     "exact_match": rules.make_exact_match,
     "math_accuracy": make_math_accuracy,
     "r1_format": rules.make_r1_format,

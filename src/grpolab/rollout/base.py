@@ -19,6 +19,10 @@ class Sampler(Protocol):
     Rows are prompt-major: row ``p * G + g`` of every [N, ...] field is sample g of prompt p.
     ``logprobs`` are the log-probs the sampler assigned to the sampled tokens (see
     ``grpolab.types``); the trainer uses them as ``old_logprobs``.
+
+    A sampler that needs the task items of the prompts (an environment sampler,
+    grpolab.rollout.multiturn) sets ``takes_examples = True`` and accepts ``examples=`` [P] in
+    ``sample``; the loop passes them only to such a sampler, so every other one keeps this signature.
     """
 
     def sample(

@@ -38,6 +38,7 @@ import torch
 
 from grpolab.config import Config, ModelConfig, config_to_dict, dump_config
 from grpolab.data import PromptSampler, check_prompt_chars, load_examples, split_eval, tokenize_prompts
+from grpolab.envs.setup import environment_from_config, episode_sampler
 from grpolab.inference import limit_cpu_threads
 from grpolab.models import (
     Reference,
@@ -66,11 +67,11 @@ from grpolab.run.resumable import Resumable
 from grpolab.run.resume import ResumePoint, record_resume
 from grpolab.run.run_info import write_run_info
 from grpolab.run.trackers import check_trackers
-from grpolab.train.batch import LogprobContext
-from grpolab.train.optim import build_optimizer
-from grpolab.train.ppo import Critic, rollout_batch_builder
-from grpolab.train.process import build_process_supervision
-from grpolab.train.step import PolicyLossSpec
+from grpolab.training.batch import LogprobContext
+from grpolab.training.optim import build_optimizer
+from grpolab.training.ppo import Critic, rollout_batch_builder
+from grpolab.training.process import build_process_supervision
+from grpolab.training.step import PolicyLossSpec
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)
@@ -146,12 +147,12 @@ def assemble(
 ) -> Run:
     """The run of ``cfg`` (see the module docstring), inside ``session(cfg)``; ``rewards`` / ``examples``
     replace what ``cfg.reward.functions`` / ``cfg.data`` would build."""
-    mode, point, rewards, gold_rewards, examples = _check_inputs(cfg, resume, rewards, examples)
+    mode, point, rewards, gold_rewards, examples, make_env = _check_inputs(cfg, resume, rewards, examples)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     baseline_mem_mb = peak_memory_mb(resolve_device(cfg.model))  # before any model loads
     start_workers([*rewards, *gold_rewards], cfg.reward.timeout_s)  # forked while the process is small
-    run = _build(cfg, mode, rewards, gold_rewards, examples)
+    run = _build(cfg, mode, rewards, gold_rewards, examples, make_env)
     try:
         run.start = _start(cfg, point, run.resumable, run.sampler)
         write_run_info(
@@ -169,7 +170,7 @@ def assemble(
     return run
 
 
-def _build(cfg: Config, mode: str, rewards, gold_rewards, examples) -> Run:
+def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) -> Run:
     """The models, then the parts of a step, at step 0 (``_start`` restores a checkpoint into them)."""
     plain, tok = load_model(cfg.model)
     device = resolve_device(cfg.model)
@@ -179,10 +180,11 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples) -> Run:
     reference = parallel.wrap_reference(reference, mode, fsdp_compute)
     policy = parallel.wrap(plain, mode, device, compute_dtype=fsdp_compute)  # before the optimizer
     parallel.log_layout(mode)
-    prompt_ids = tokenize_prompts(examples, tok, cfg.data)
+    prompt_ids = tokenize_prompts(examples, tok, cfg.data, make_env)  # with an env: its first messages and tools
     check_context(cfg, prompt_ids, plain.config)
     process = build_process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
     sampler = build_sampler(cfg, policy=plain, tokenizer=tok, autocast_dtype=amp, wrapped=policy)
+    sampler = episode_sampler(sampler, tok, make_env, cfg.env)  # env.name set: multi-turn episodes over it
     optimizer, scheduler = build_optimizer(policy, cfg)
     spec = PolicyLossSpec.from_config(cfg)
     t = cfg.train
@@ -208,7 +210,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples) -> Run:
 
 
 def _check_inputs(cfg: Config, resume: bool, rewards, examples):
-    """(parallel mode, resume point, rewards, gold rewards, training examples): every check that needs no
+    """(parallel mode, resume point, rewards, gold rewards, training examples, make_env or None): every check that needs no
     model, in the order a user meets them. Nothing is deleted here."""
     mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
     dist.check_divisible(cfg.train.prompts_per_step)
@@ -218,12 +220,13 @@ def _check_inputs(cfg: Config, resume: bool, rewards, examples):
     rewards = build_rewards(cfg) if rewards is None else list(rewards)
     check_trackers(cfg.log.trackers)
     check_engine(cfg.rollout.engine, cfg)  # vllm: installed, the architecture, the KV cache's size
+    make_env = environment_from_config(cfg.env)  # None: one completion per prompt (docs/multiturn.md)
     gold_rewards = build_gold_rewards(cfg)  # logged, never in the advantages (rewards/gold.py)
     examples = training_examples(cfg, examples)
     _dry_run(cfg, rewards, examples)
     _dry_run(cfg, gold_rewards, examples)
     check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)  # a 30 MB prompt: an error, before the model
-    return mode, point, rewards, gold_rewards, examples
+    return mode, point, rewards, gold_rewards, examples, make_env
 
 
 def split_examples(

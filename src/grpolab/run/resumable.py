@@ -20,8 +20,8 @@ from grpolab.models import Reference
 from grpolab.run import checkpoint as ckpt
 from grpolab.run import dist, parallel, sharded
 from grpolab.run.guards import BadSteps, NoSignal
-from grpolab.train.optim import apply_optim_config
-from grpolab.train.ppo import Critic
+from grpolab.training.optim import apply_optim_config
+from grpolab.training.ppo import Critic
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from grpolab.inference import attention_for
 from grpolab.nn import chunked_head as chunked_head_module
 from grpolab.nn.chunked_head import ChunkedLMHead, ChunkedLogprobs, install_chunked_head
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
-from grpolab.train import logprobs as logprobs_module
-from grpolab.train.logprobs import build_inputs, completion_logprobs
-from grpolab.train.step import PolicyLossSpec, policy_loss
+from grpolab.training import logprobs as logprobs_module
+from grpolab.training.logprobs import build_inputs, completion_logprobs
+from grpolab.training.step import PolicyLossSpec, policy_loss
 from grpolab.types import RolloutBatch
 
 TEMPERATURE = 0.7

@@ -16,7 +16,7 @@ from grpolab.rollout import HFSampler, Sampler  # noqa: E402
 from grpolab.rollout.vllm import VLLMSampler, shutdown_engines, start_engine  # noqa: E402
 from grpolab.rollout.vllm_setup import check_vllm, engine_kwargs  # noqa: E402
 from grpolab.rollout.vllm_sync import policy_weights  # noqa: E402
-from grpolab.train.logprobs import completion_logprobs  # noqa: E402
+from grpolab.training.logprobs import completion_logprobs  # noqa: E402
 
 G = 4
 MAX_NEW = 10

@@ -14,7 +14,7 @@ from grpolab.rollout.hf import HFSampler
 from grpolab.run.assemble import assemble, session
 from grpolab.run.logging import read_metrics
 from grpolab.tasks.arithmetic import arithmetic_examples
-from grpolab.train.loop import train
+from grpolab.training.loop import train
 
 
 def overrides(model_dir, data, out, *extra) -> list[str]:

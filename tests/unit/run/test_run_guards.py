@@ -15,7 +15,7 @@ from grpolab.rewards import build_reward, score_batch
 from grpolab.run import checkpoint as ckpt
 from grpolab.run.guards import NoSignal
 from grpolab.run.resume import check_changes, config_changes
-from grpolab.train.optim import apply_optim_config, build_optimizer
+from grpolab.training.optim import apply_optim_config, build_optimizer
 from grpolab.types import Completion, Example
 
 FLAT = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 1.0, "reward_std": 0.0}

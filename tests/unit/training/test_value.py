@@ -8,7 +8,7 @@ from transformers import AutoModelForSequenceClassification
 
 from grpolab.config import load_config
 from grpolab.models import ModelLoadError
-from grpolab.train.value import load_value_model, token_values
+from grpolab.training.value import load_value_model, token_values
 
 PROMPTS = [[5, 6, 7], [8, 9]]
 COMPLETIONS = torch.tensor([[10, 11, 2], [12, 2, 0]])

@@ -10,8 +10,8 @@ from transformers import PreTrainedTokenizerFast
 from grpolab.config import ConfigError, load_config
 from grpolab.rewards.process import per_step
 from grpolab.tasks.tiny import build_char_tokenizer
-from grpolab.train.batch import build_rollout_batch, outcome_estimator
-from grpolab.train.process import ProcessSupervision, StepSplitter
+from grpolab.training.batch import build_rollout_batch, outcome_estimator
+from grpolab.training.process import ProcessSupervision, StepSplitter
 from grpolab.types import Completions, Example
 
 

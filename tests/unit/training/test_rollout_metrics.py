@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpolab.train.batch import length_by_reward, rollout_metrics, step_tokens
+from grpolab.training.batch import length_by_reward, rollout_metrics, step_tokens
 from grpolab.types import Completions
 
 

@@ -10,7 +10,7 @@ import torch
 from grpolab.config import load_config
 from grpolab.run.logging import read_metrics
 from grpolab.tasks.tiny import build_char_tokenizer
-from grpolab.train import sft as sft_module
+from grpolab.training import sft as sft_module
 from grpolab.types import Example
 
 

@@ -5,7 +5,7 @@ import torch
 from grpolab.config import load_config
 from grpolab.data import PromptSampler
 from grpolab.rewards import build_reward
-from grpolab.train.sampling import groups_with_signal, sample_step
+from grpolab.training.sampling import groups_with_signal, sample_step
 from grpolab.types import Completions, Example
 
 G = 4

@@ -16,9 +16,9 @@ from grpolab.algo.reinforce import TOKEN_ESTIMATORS
 from grpolab.config import Config
 from grpolab.models import Reference
 from grpolab.run import dist
-from grpolab.train.logprobs import completion_logprobs
-from grpolab.train.microbatch import prompt_lengths_of, split_rows
-from grpolab.train.process import StepRewards
+from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.microbatch import prompt_lengths_of, split_rows
+from grpolab.training.process import StepRewards
 from grpolab.types import Completions, RolloutBatch
 
 AdvantageFn = Callable[..., torch.Tensor]
@@ -147,8 +147,9 @@ def build_rollout_batch(
     g = completions.num_generations
     ids = [list(p) for p in prompt_ids for _ in range(g)]
     device = completions.completion_ids.device
-    mask = completions.completion_mask
-    loss_mask = mask & ~completions.truncated.to(device)[:, None] if cfg.algo.mask_truncated else mask
+    mask = completions.completion_mask  # the sequence the trainer runs (a multi-turn episode: env tokens too)
+    trains = completions.model_mask  # the tokens the model sampled: only they get loss, KL and advantage
+    loss_mask = trains & ~completions.truncated.to(device)[:, None] if cfg.algo.mask_truncated else trains
     ref_logprobs = None
     if reference is not None:
         with reference.model() as ref_model:
@@ -159,10 +160,10 @@ def build_rollout_batch(
         # algo.kl_estimator per token (k1 = log(pi/pi_ref) in the presets), with the sampling log-probs as pi
         # (no grad): summed into the sequence reward (RLOO) or into every token's reward (REINFORCE++).
         kl = KL_ESTIMATORS[cfg.algo.kl_estimator](sampler_logprobs, ref_logprobs)
-        token_kl = torch.where(mask, kl, torch.zeros_like(ref_logprobs))
+        token_kl = torch.where(trains, kl, torch.zeros_like(ref_logprobs))
     if steps is None:
-        adv_tokens = estimator(rewards, valid, mask, token_kl)  # [N, T]
-        advantages = masked_mean(adv_tokens, mask, dim=-1).view_as(rewards).cpu()  # [P, G], for metrics
+        adv_tokens = estimator(rewards, valid, trains, token_kl)  # [N, T]
+        advantages = masked_mean(adv_tokens, trains, dim=-1).view_as(rewards).cpu()  # [P, G], for metrics
     else:
         adv_tokens = grpo_process_advantages(
             steps.step_rewards, steps.step_end_mask, mask, num_generations=g, std=cfg.algo.std, eps=cfg.algo.eps
@@ -214,6 +215,26 @@ def rollout_metrics(
         "completions/mean_terminated_length": float(terminated.mean()),
         "completions/min_terminated_length": float(terminated.min()),
         "completions/max_terminated_length": float(terminated.max()),
+        **episode_metrics(completions),
+    }
+
+
+def episode_metrics(completions: Completions) -> dict[str, float]:
+    """Multi-turn episodes: model turns per episode (verl's num_turns), tool calls per episode and the share
+    of them that failed (TRL's tools/call_frequency, tools/failure_frequency), and the share of the
+    episode's tokens that the model sampled (the rest are environment context)."""
+    if completions.episodes is None:
+        return {}
+    eps = completions.episodes
+    turns = torch.tensor([float(e.turns) for e in eps])
+    calls = sum(e.tool_calls for e in eps)
+    sampled = float(completions.model_mask.sum()) / max(float(completions.completion_mask.sum()), 1.0)
+    return {
+        "num_turns/mean": float(turns.mean()),
+        "num_turns/max": float(turns.max()),
+        "tools/call_frequency": calls / len(eps),
+        "tools/failure_frequency": sum(e.tool_errors for e in eps) / calls if calls else 0.0,
+        "rollout/model_token_frac": sampled,
     }
 
 

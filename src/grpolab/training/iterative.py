@@ -40,8 +40,8 @@ from grpolab.data import load_examples
 from grpolab.rewards import WeightedReward, score_batch
 from grpolab.run.checkpoint import latest_checkpoint
 from grpolab.run.preflight import build_rewards
-from grpolab.train.loop import train
-from grpolab.train.reward_model import PreferencePair, read_pairs, train_reward_model, write_pairs
+from grpolab.training.loop import train
+from grpolab.training.reward_model import PreferencePair, read_pairs, train_reward_model, write_pairs
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ import math
 import torch
 
 from grpolab.config import Config
-from grpolab.train.master import MasterWeightOptimizer, wants_master_weights
+from grpolab.training.master import MasterWeightOptimizer, wants_master_weights
 
 
 def lr_lambda(step: int, *, warmup: int, total: int, schedule: str) -> float:
@@ -25,7 +25,7 @@ def lr_lambda(step: int, *, warmup: int, total: int, schedule: str) -> float:
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, *, master_weights: bool | None = None):
     """(optimizer, scheduler). ``master_weights``: step fp32 copies of bf16 / fp16 parameters
-    (grpolab.train.master); None = whenever a trainable parameter is stored in bf16 / fp16. Pass False
+    (grpolab.training.master); None = whenever a trainable parameter is stored in bf16 / fp16. Pass False
     where another mechanism keeps fp32 parameters (FSDP2 with a MixedPrecisionPolicy)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:

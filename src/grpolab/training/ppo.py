@@ -38,12 +38,12 @@ from grpolab.algo.masked import masked_mean, masked_var
 from grpolab.config import Config
 from grpolab.models import Reference
 from grpolab.run import dist, parallel
-from grpolab.train.batch import LogprobContext, build_rollout_batch, outcome_estimator, rollout_metrics
-from grpolab.train.master import backward, grads_to_clip, scale_backed_off
-from grpolab.train.microbatch import prompt_lengths_of
-from grpolab.train.optim import build_optimizer
-from grpolab.train.step import micro_batches, minibatch_order
-from grpolab.train.value import ValueModel, load_value_model, token_values
+from grpolab.training.batch import LogprobContext, build_rollout_batch, outcome_estimator, rollout_metrics
+from grpolab.training.master import backward, grads_to_clip, scale_backed_off
+from grpolab.training.microbatch import prompt_lengths_of
+from grpolab.training.optim import build_optimizer
+from grpolab.training.step import micro_batches, minibatch_order
+from grpolab.training.value import ValueModel, load_value_model, token_values
 from grpolab.types import Completions, RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -208,7 +208,7 @@ def build_ppo_batch(
     ids = [list(p) for p in prompt_ids for _ in range(g)]
     device = completions.completion_ids.device
     mask = completions.completion_mask
-    loss_mask = mask & valid.reshape(-1, 1).to(device)
+    loss_mask = completions.model_mask & valid.reshape(-1, 1).to(device)  # env tokens: context only
     if a.mask_truncated:
         loss_mask = loss_mask & ~completions.truncated.to(device)[:, None]
     ref_logprobs = None

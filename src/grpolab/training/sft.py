@@ -35,8 +35,8 @@ from grpolab.run.guards import GracefulStop
 from grpolab.run.host import give_back_freed_memory, giving_back_freed_memory
 from grpolab.run.logging import RunLogger
 from grpolab.run.progress import Progress
-from grpolab.train.logprobs import completion_logprobs
-from grpolab.train.master import MasterWeightOptimizer, backward, grads_to_clip, wants_master_weights
+from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.master import MasterWeightOptimizer, backward, grads_to_clip, wants_master_weights
 from grpolab.types import Example
 
 log = logging.getLogger(__name__)

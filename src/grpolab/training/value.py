@@ -29,7 +29,7 @@ from torch import nn
 
 from grpolab.config import Config
 from grpolab.models import ModelLoadError, autocast_context
-from grpolab.train.logprobs import build_inputs
+from grpolab.training.logprobs import build_inputs
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 import torch
 
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
-from grpolab.train.logprobs import build_inputs, completion_logprobs
+from grpolab.training.logprobs import build_inputs, completion_logprobs
 
 
 def _setup():

@@ -8,9 +8,9 @@ import torch
 
 from grpolab.config import AlgoConfig, Config, OptimConfig, TrainConfig
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
-from grpolab.train.batch import LogprobContext
-from grpolab.train.microbatch import split_rows
-from grpolab.train.step import PolicyLossSpec, update_policy
+from grpolab.training.batch import LogprobContext
+from grpolab.training.microbatch import split_rows
+from grpolab.training.step import PolicyLossSpec, update_policy
 from grpolab.types import RolloutBatch
 
 

@@ -8,8 +8,8 @@ import torch
 
 from grpolab.config import Config, OptimConfig
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
-from grpolab.train.master import MasterWeightOptimizer, grads_to_clip, scale_backed_off
-from grpolab.train.optim import build_optimizer
+from grpolab.training.master import MasterWeightOptimizer, grads_to_clip, scale_backed_off
+from grpolab.training.optim import build_optimizer
 
 CFG = Config(optim=OptimConfig(lr=1e-6, max_grad_norm=0.0))
 

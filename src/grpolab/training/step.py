@@ -27,9 +27,9 @@ from grpolab.config import Config
 from grpolab.run import dist
 from grpolab.run.host import give_back_freed_memory, giving_back_freed_memory
 from grpolab.run.parallel import clip_grad_norm
-from grpolab.train.logprobs import completion_logprobs
-from grpolab.train.master import backward, grads_to_clip, scale_backed_off
-from grpolab.train.microbatch import prompt_lengths_of, split_rows
+from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.master import backward, grads_to_clip, scale_backed_off
+from grpolab.training.microbatch import prompt_lengths_of, split_rows
 from grpolab.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ def micro_batches(
     rows: torch.Tensor, lengths: torch.Tensor, size: int, max_tokens: int | None = None, prompt_lengths=None
 ) -> list[torch.Tensor]:
     """Split rows into micro-batches of similar length (less padding in each forward); with ``max_tokens``
-    also bounded by padded tokens (grpolab.train.microbatch)."""
+    also bounded by padded tokens (grpolab.training.microbatch)."""
     return split_rows(rows, lengths, size, max_tokens=max_tokens, prompt_lengths=prompt_lengths)
 
 

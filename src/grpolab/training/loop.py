@@ -26,9 +26,9 @@ from grpolab.run.assemble import Run, assemble, session
 from grpolab.run.guards import GracefulStop
 from grpolab.run.logging import peak_memory_mb
 from grpolab.run.progress import Progress
-from grpolab.train.batch import length_by_reward, step_tokens
-from grpolab.train.sampling import StepGroups, sample_step
-from grpolab.train.step import update_policy
+from grpolab.training.batch import length_by_reward, step_tokens
+from grpolab.training.sampling import StepGroups, sample_step
+from grpolab.training.step import update_policy
 from grpolab.types import Example
 
 

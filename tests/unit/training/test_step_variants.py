@@ -7,8 +7,8 @@ import torch
 
 from grpolab.config import load_config
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
-from grpolab.train.logprobs import completion_logprobs
-from grpolab.train.step import PolicyLossSpec, _summarise, policy_loss
+from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.step import PolicyLossSpec, _summarise, policy_loss
 from grpolab.types import RolloutBatch
 
 MASK = torch.tensor([[True, True], [True, False]])

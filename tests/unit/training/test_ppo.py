@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grpolab.config import ConfigError, load_config
-from grpolab.train.batch import build_rollout_batch
-from grpolab.train.ppo import build_ppo_batch, rollout_batch_builder
-from grpolab.train.step import PolicyLossSpec, policy_loss
+from grpolab.training.batch import build_rollout_batch
+from grpolab.training.ppo import build_ppo_batch, rollout_batch_builder
+from grpolab.training.step import PolicyLossSpec, policy_loss
 from grpolab.types import Completions
 
 # P = 1 prompt, G = 2 completions, T = 3; the second completion has 2 counted tokens.
@@ -153,7 +153,7 @@ def test_bad_ppo_settings_fail_with_the_key(override, message):
 
 def test_ppo_advantages_put_the_configured_kl_estimator_in_the_token_rewards():
     """algo.kl_estimator reaches PPO's reward (it was k1 whatever the setting): k2 = 0.5 x^2 by hand."""
-    from grpolab.train.ppo import ppo_advantages
+    from grpolab.training.ppo import ppo_advantages
 
     scores = torch.tensor([1.0])
     logprobs, ref = torch.tensor([[-1.0, -3.0]]), torch.tensor([[-1.5, -2.0]])  # x = [0.5, -1]

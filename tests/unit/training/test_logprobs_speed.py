@@ -7,8 +7,8 @@ import torch
 from grpolab.algo.kl import kl_k3
 from grpolab.models import Reference
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
-from grpolab.train.logprobs import completion_logprobs
-from grpolab.train.step import PolicyLossSpec, policy_loss
+from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.step import PolicyLossSpec, policy_loss
 from grpolab.types import RolloutBatch
 
 BF16 = torch.bfloat16

@@ -36,7 +36,7 @@ from grpolab.data import PromptSampler
 from grpolab.rewards import score_batch
 from grpolab.rewards.base import ScoreResult
 from grpolab.run import dist
-from grpolab.train.batch import rewards_tensor
+from grpolab.training.batch import rewards_tensor
 from grpolab.types import Completions, Example
 
 log = logging.getLogger(__name__)
@@ -153,8 +153,10 @@ def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
     """One round: ``prompts_per_step`` prompts from the data order, G completions each, scored."""
     t0 = time.perf_counter()
     rows = dist.shard(data.next(cfg.train.prompts_per_step))  # same order everywhere; this rank's share
+    # an environment sampler (takes_examples) resets its episodes with the rows' examples
+    items = {"examples": [examples[i] for i in rows]} if getattr(sampler, "takes_examples", False) else {}
     completions = sampler.sample(
-        [prompt_ids[i] for i in rows], num_generations=cfg.rollout.num_generations, generator=generator
+        [prompt_ids[i] for i in rows], num_generations=cfg.rollout.num_generations, generator=generator, **items
     )
     t1 = time.perf_counter()
     repeated = [examples[i] for i in rows for _ in range(completions.num_generations)]
@@ -184,6 +186,8 @@ def _concat(parts: list[StepGroups]) -> StepGroups:
         texts=[t for c in cs for t in c.texts],
         finish_reasons=[r for c in cs for r in c.finish_reasons],
         num_generations=cs[0].num_generations,
+        sampled_mask=None if cs[0].sampled_mask is None else torch.cat([pad(c.sampled_mask, False) for c in cs]),
+        episodes=None if cs[0].episodes is None else [e for c in cs for e in c.episodes],
     )
     scores = ScoreResult(
         total=[t for p in parts for t in p.scores.total],
