@@ -57,7 +57,7 @@ def sft_stage(out: Path, seed: int, size: str) -> tuple[str, str]:
     """(SFT model folder, how it was obtained): the demo's SFT stage, or its output of a previous run."""
     from grpolab.demo import _with_model
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.train.sft import sft
+    from grpolab.training.sft import sft
 
     base = demo_config(out / f"seed{seed}", size, [f"seed={seed}"])
     if (base.sft_dir / "config.json").exists() and not any(base.sft_dir.glob("checkpoints/*")):
@@ -75,7 +75,7 @@ def sft_stage(out: Path, seed: int, size: str) -> tuple[str, str]:
 def grpo_stage(out: Path, seed: int, size: str, sft_dir: str, engine: str, steps: int | None):
     """(config, final checkpoint, wall seconds, metrics rows) of the demo's GRPO stage on ``engine``."""
     from grpolab.run.logging import read_metrics
-    from grpolab.train.loop import train
+    from grpolab.training.loop import train
 
     overrides = [f"seed={seed}", f"model.name_or_path={sft_dir}", f"rollout.engine={engine}", "log.progress=false"]
     overrides += [f"train.num_steps={steps}"] if steps else []  # fmt: skip
