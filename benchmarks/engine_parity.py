@@ -107,7 +107,7 @@ def summarize(seed: int, engine: str, seconds: float, rows: list[dict], ev, eval
         "seed": seed, "engine": engine, "eval_engine": eval_engine, "steps": len(rows), "grpo_s": round(seconds, 1),
         "s_per_step": round(mean("sys/step_time_s"), 3), "generation_s": round(mean("sys/time_generation_s"), 3),
         "pass@1": round(ev.pass_at[1], 3), f"maj@{n}": round(ev.maj_at[n], 3), f"pass@{n}": round(ev.pass_at[n], 3),
-        "logp_diff_mean": round(mean(LOGP_DIFF), 5), "final_reward": round(rows[-1]["reward"], 3),
+        "logp_diff_mean": float(f"{mean(LOGP_DIFF):.3g}"), "final_reward": round(rows[-1]["reward"], 3),
     }  # fmt: skip
 
 
