@@ -200,6 +200,27 @@ def test_engine_start_keeps_the_trainers_random_state_and_threads(monkeypatch):
     assert torch.set_num_threads is original and torch.get_num_threads() == threads
 
 
+
+def test_the_reloads_false_alarm_about_rotary_embeddings_is_dropped_and_others_shown():
+    import logging
+
+    from grpolab.rollout.vllm_setup import RELOAD_LOGGER, RotaryReloadNoise, import_vllm
+
+    import_vllm()
+    import_vllm()  # a second call adds no second filter
+    reload_log = logging.getLogger(RELOAD_LOGGER)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    reload_log.addHandler(handler)
+    try:
+        for layer in ("RotaryEmbedding", "Llama3RotaryEmbedding", "QKVParallelLinear"):
+            reload_log.warning("%s: Failed to load weights", layer)
+    finally:
+        reload_log.removeHandler(handler)
+    assert seen == ["QKVParallelLinear: Failed to load weights"]
+    assert sum(isinstance(f, RotaryReloadNoise) for f in reload_log.filters) == 1
+
 def test_engine_settings_from_the_config(model_dir):
     cfg = config_from_dict({"model": {"name_or_path": model_dir}, "rollout": {"max_completion_length": 7}})
     cpu = engine_kwargs(cfg, device_type="cpu", autocast_dtype=torch.bfloat16)
