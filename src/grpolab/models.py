@@ -1,6 +1,8 @@
 """Loading the policy and building the reference model.
 
-Any Hugging Face causal LM, by local path or hub id. With LoRA (PEFT) the reference model is the base
+Any Hugging Face causal LM, by local path or hub id, or a GGUF file (``.gguf`` or
+``package:<module>/<file>``), read through the plain folder it is converted to once
+(grpolab.model_sources). With LoRA (PEFT) the reference model is the base
 model with the adapter disabled, so no second copy is held. With beta = 0 there is no reference.
 """
 
@@ -19,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from grpolab.config import ModelConfig
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.inference import inference_copy
+from grpolab.model_sources import local_source
 from grpolab.train.chunked_head import install_chunked_head
 
 log = logging.getLogger(__name__)
@@ -76,7 +79,7 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None) -> context
 
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
-    source = cfg.tokenizer or cfg.name_or_path
+    source = local_source(cfg.tokenizer or cfg.name_or_path)
     try:
         tok = AutoTokenizer.from_pretrained(
             source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
@@ -97,9 +100,9 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
 
 def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The trainable policy (optionally LoRA-wrapped) and its tokenizer, on the configured device."""
-    source = cfg.name_or_path
-    if not source:
+    if not cfg.name_or_path:
         raise ModelLoadError("model.name_or_path is empty: set it to a local model folder or a hub id")
+    source = local_source(cfg.name_or_path)  # a GGUF source: its converted folder
     tok = load_tokenizer(cfg)
     device = resolve_device(cfg)
     adapter_config = Path(source, "adapter_config.json")
