@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--miniature", action="store_true", help="the CPU miniature: a length-biased reward model")
     p.add_argument("--out", default="runs/hacking_mini", help="run folder of the miniature")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.num_steps=100")
+    p = sub.add_parser("recipe", help="evaluate the model, train it, evaluate again, write report.md (make real)")
+    _config_args(p)
     p = sub.add_parser("config", help="print the resolved, validated config and exit")
     _config_args(p)
     p = sub.add_parser("export", help="a Hugging Face model folder from a sharded (torchrun) checkpoint")
@@ -154,6 +156,12 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.verb == "compare":
         return _compare(cfg, args.algos)
+    if args.verb == "recipe":
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see above)
+        from grpolab.recipe import print_summary, run_recipe
+
+        print_summary(run_recipe(cfg))
+        return 0
     if args.verb == "sft":
         from grpolab.train.sft import sft
 
