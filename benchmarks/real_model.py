@@ -77,9 +77,11 @@ def run_seed(cfg, folder: str, seed: int, a: argparse.Namespace, threads: int) -
     runs = {}
     if "grpolab" in a.trainers:
         runs["grpolab"] = run_child(["grpolab", "--config", str(RECIPE), "--overrides", json.dumps(overrides), *common])
+        (out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")  # each run kept as soon as it ends
     if "trl" in a.trainers:
         trl = ["--model", folder, "--prompts", str(prompts), "--trl-args", json.dumps(shared)]
         runs["TRL"] = run_child(["trl", *trl, *common])
+        (out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
     return runs
 
 
