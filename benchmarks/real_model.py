@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -143,6 +144,7 @@ def main() -> None:
     p.add_argument("--threads", default="auto", help="intra-op threads for every run, or auto")
     p.add_argument("--out", default="runs/real_model_bench")
     a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # eval progress lines
     from grpolab.config import load_config
     from grpolab.model_sources import local_source
 
