@@ -127,7 +127,7 @@ def plot_rewards(rows: list[dict], path: Path) -> None:
     for i, r in enumerate(rows):
         ax.plot(range(1, len(r["reward"]) + 1), r["reward"], color=f"C{i}", label=f"{r['trainer']} seed {r['seed']}")
     ax.set_xlabel("GRPO step")
-    ax.set_ylabel("mean train reward (T = sampling temperature)")
+    ax.set_ylabel("mean train reward (samples at rollout.temperature)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
