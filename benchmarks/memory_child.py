@@ -39,8 +39,8 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(1)
     from grpolab.config import load_config
-    from grpolab.train.optim import build_optimizer
-    from grpolab.train.step import PolicyLossSpec, update_policy
+    from grpolab.training.optim import build_optimizer
+    from grpolab.training.step import PolicyLossSpec, update_policy
     from grpolab.types import RolloutBatch
 
     overrides = [
@@ -84,9 +84,9 @@ def main() -> None:
     out = {
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "forward_backward_peak_mb": forward_backward_peak[0],
-        "loss": metrics["loss/policy"],
-        "grad_norm": metrics["train/grad_norm"],
-        "entropy": metrics["loss/entropy"],
+        "loss": metrics["loss"],
+        "grad_norm": metrics["grad_norm"],
+        "entropy": metrics["entropy"],
     }
     if torch.cuda.is_available():
         out["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20

@@ -5,7 +5,7 @@
 2. From that one model folder, the same short GRPO config and seed run in separate processes:
    ``after`` (this tree, bf16 fast path), ``fp32`` (this tree, model.autocast=none) and, with
    --before-rev, ``before`` (the code of that git revision, exported to a temporary folder).
-3. Prints train/reward_mean per block of steps for each, and the samples seen.
+3. Prints reward per block of steps for each, and the samples seen.
 
     .venv/bin/python benchmarks/reward_curve.py --before-rev c66d413
 """
@@ -28,11 +28,11 @@ CHILD = """
 import json, sys, torch
 torch.set_num_threads(int(sys.argv[2]))
 from grpolab.config import load_config
-from grpolab.train.loop import train
+from grpolab.training.loop import train
 from grpolab.run.logging import read_metrics
 result = train(load_config(None, json.loads(sys.argv[1])))
 rows = read_metrics(result.run_dir)
-print(json.dumps([[r["step"], r["train/reward_mean"], r["sys/samples_seen"], r["sys/step_time_s"]] for r in rows]))
+print(json.dumps([[r["step"], r["reward"], r["sys/samples_seen"], r["sys/step_time_s"]] for r in rows]))
 """
 
 
@@ -65,7 +65,7 @@ def grpo_overrides(model: str, out: Path, name: str, a: argparse.Namespace) -> l
 def sft_model(out: Path, accuracy: float) -> str:
     from grpolab.demo import demo_config
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.train.sft import sft
+    from grpolab.training.sft import sft
 
     init = save_tiny(out / "init", hidden_size=128, num_layers=2, num_heads=4)
     cfg = demo_config(
@@ -113,7 +113,7 @@ def main() -> None:
     for i, (label, (src, extra)) in enumerate(runs.items()):
         print(f"GRPO: {label}", flush=True)
         curves[label] = run(src, grpo_overrides(model, out, f"grpo{i}", a) + extra, a.threads)
-    print(f"\ntrain/reward_mean, mean over blocks of {a.block} steps (16 prompts x 8 samples per step)")
+    print(f"\nreward, mean over blocks of {a.block} steps (16 prompts x 8 samples per step)")
     for label, rows in curves.items():
         blocks = [rows[i : i + a.block] for i in range(0, len(rows), a.block)]
         means = " ".join(f"{sum(r[1] for r in b) / len(b):.3f}" for b in blocks)

@@ -30,7 +30,7 @@ G = 16
 def sft_start(out: Path, accuracy: float) -> str:
     from grpolab.demo import demo_config
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.train.sft import sft
+    from grpolab.training.sft import sft
 
     init = save_tiny(out / "init", hidden_size=128, num_layers=2, num_heads=4)
     cfg = demo_config(out / "sft_run", "full", [f"model.name_or_path={init}", f"sft.target_accuracy={accuracy}"])
@@ -69,7 +69,7 @@ def grpo_config(model: str, out: Path, preset: str, a: argparse.Namespace, steps
 def run_preset(model: str, out: Path, preset: str, a: argparse.Namespace):
     """(metrics rows within the sample budget, the checkpoint at the budget, seconds)."""
     from grpolab.run.logging import read_metrics
-    from grpolab.train.loop import train
+    from grpolab.training.loop import train
 
     budget = a.steps * a.prompts * G
     t0 = time.perf_counter()

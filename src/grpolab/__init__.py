@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["evaluate", "load_config", "run_demo", "sft", "train"]
+__all__ = ["GRPOTrainer", "evaluate", "load_config", "run_demo", "sft", "train"]
 __version__ = "0.1.0"
 
 
@@ -16,12 +16,16 @@ def __getattr__(name: str) -> Any:
         from grpolab.config import load_config
 
         return load_config
-    if name == "train":
-        from grpolab.train.loop import train
+    if name == "train":  # the Python API (api.py); grpolab.training.loop.train is the loop it runs
+        from grpolab.api import train
 
         return train
+    if name == "GRPOTrainer":
+        from grpolab.api import GRPOTrainer
+
+        return GRPOTrainer
     if name == "sft":
-        from grpolab.train.sft import sft
+        from grpolab.training.sft import sft
 
         return sft
     if name == "evaluate":

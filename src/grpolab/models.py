@@ -20,9 +20,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from grpolab.config import ModelConfig
 from grpolab.errors import ConfigError, GrpolabError
+from grpolab.hub import hub_load_kwargs
 from grpolab.inference import inference_copy
 from grpolab.model_sources import local_source
-from grpolab.train.chunked_head import install_chunked_head
+from grpolab.nn.chunked_head import install_chunked_head
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,11 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None) -> context
 
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
-    source = local_source(cfg.tokenizer or cfg.name_or_path)
+    source = local_source(cfg.tokenizer or cfg.name_or_path)  # a GGUF source: its converted folder
+    hub = hub_load_kwargs(source, cfg.revision, "model.tokenizer" if cfg.tokenizer else "model.name_or_path")
     try:
         tok = AutoTokenizer.from_pretrained(
-            source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code
+            source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **hub
         )
     except (OSError, ValueError) as err:
         raise ModelLoadError(
@@ -125,12 +127,14 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
 
 
 def _from_pretrained(cfg: ModelConfig, source: str) -> PreTrainedModel:
+    hub = hub_load_kwargs(source, cfg.revision, "model.name_or_path")
     try:
         return AutoModelForCausalLM.from_pretrained(
             source,
             revision=cfg.revision,
             dtype=_DTYPES[cfg.dtype],
             trust_remote_code=cfg.trust_remote_code,
+            **hub,
         )
     except (OSError, ValueError) as err:
         raise ModelLoadError(

@@ -9,7 +9,10 @@ Log-prob alignment, stated once:
     logprobs[:, t] = log pi(completion_ids[:, t] | prompt, completion_ids[:, :t])
 
 Masks say what True means: ``completion_mask`` is True for tokens that count, i.e. every
-generated token up to and including the first EOS.
+generated token up to and including the first EOS. In a multi-turn episode (grpolab.rollout.multiturn)
+the "completion" is everything after the prompt: the model's turns and the environment's messages;
+``completion_mask`` is True over all of them (they are the sequence the trainer runs), and
+``sampled_mask`` is True only for the tokens the model sampled (the ones that train).
 """
 
 from __future__ import annotations
@@ -49,9 +52,32 @@ class Completion:
     token_ids: tuple[int, ...] | None = None
     """The counted token ids (EOS included when produced); None where only text is known (the dry run)."""
 
+    episode: Episode | None = None
+    """The conversation, for rewards over a multi-turn episode; None for a single completion."""
+
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+
+@dataclass(frozen=True)
+class Episode:
+    """What an environment episode left besides its tokens (grpolab.rollout.multiturn)."""
+
+    messages: tuple[Mapping[str, Any], ...]
+    """The whole conversation: the first messages, each model turn (decoded) and each environment answer."""
+    env_reward: float | None
+    """The sum of the per-turn rewards the environment gave; None when it gave none."""
+    turns: int
+    """Model turns sampled."""
+    tool_calls: int = 0
+    """Tool calls the environment ran (0 for environments without tools)."""
+    tool_errors: int = 0
+    """Tool calls that raised, timed out or were cut (a bounded error message went back instead)."""
+    turn_ends: tuple[int, ...] = ()
+    """Per model turn, the index in the completion of its last token (process supervision's step ends)."""
+    turn_rewards: tuple[float | None, ...] = ()
+    """Per model turn, the reward the environment gave for it (None: none, or the turn was cut)."""
 
 
 @dataclass
@@ -72,6 +98,18 @@ class Completions:
     """[N] "stop" when EOS was produced, "length" when cut at max_completion_length."""
     num_generations: int
     """G."""
+    sampled_mask: torch.Tensor | None = None
+    """[N, T] bool, True for the tokens the model sampled; False for environment / tool tokens (context
+    only: no loss, no KL) and padding. None = every counted token was sampled (a single turn)."""
+    episodes: list[Episode] | None = None
+    """[N] the environment episodes, when the rows are multi-turn episodes."""
+
+    @property
+    def model_mask(self) -> torch.Tensor:
+        """[N, T] bool, True for the counted tokens the model sampled: the tokens that train."""
+        if self.sampled_mask is None:
+            return self.completion_mask
+        return self.completion_mask & self.sampled_mask
 
     @property
     def num_sequences(self) -> int:
@@ -86,9 +124,10 @@ class Completions:
         """[N] per-sample views for rewards (which know nothing of tensors)."""
         lengths = self.lengths.tolist()
         ids = [tuple(row[:n]) for row, n in zip(self.completion_ids.tolist(), lengths, strict=True)]
+        episodes = self.episodes if self.episodes is not None else [None] * len(self.texts)
         return [
-            Completion(t, n, r, i)
-            for t, n, r, i in zip(self.texts, lengths, self.finish_reasons, ids, strict=True)
+            Completion(t, n, r, i, e)
+            for t, n, r, i, e in zip(self.texts, lengths, self.finish_reasons, ids, episodes, strict=True)
         ]
 
     @property
@@ -107,6 +146,8 @@ class Completions:
             texts=[self.texts[i] for i in seqs],
             finish_reasons=[self.finish_reasons[i] for i in seqs],
             num_generations=self.num_generations,
+            sampled_mask=None if self.sampled_mask is None else self.sampled_mask[index],
+            episodes=None if self.episodes is None else [self.episodes[i] for i in seqs],
         )
 
 

@@ -26,6 +26,7 @@ def make_config(model_dir: str, algo: str, agg: str, mode: str, extra: tuple[str
         f"algo.name={algo}",
         "algo.beta=0.05",
         "algo.mu=2",
+        "algo.num_minibatches=1",  # one update per pass whatever the preset: the test is about the ranks
         f"rollout.num_generations={G}",
         f"rollout.max_completion_length={T}",
         f"train.prompts_per_step={P}",
@@ -38,8 +39,9 @@ def make_config(model_dir: str, algo: str, agg: str, mode: str, extra: tuple[str
     return load_config(None, [*overrides, *extra])
 
 
-def global_batch():
-    """(prompt_ids [P], Completions of N = P*G rows, rewards [P, G]); the same on every rank."""
+def global_batch(episodes: bool = False):
+    """(prompt_ids [P], Completions of N = P*G rows, rewards [P, G]); the same on every rank. ``episodes``:
+    the rows are multi-turn episodes, about a third of their tokens the environment's (sampled_mask False)."""
     from grpolab.types import Completions
 
     gen = torch.Generator().manual_seed(1234)
@@ -61,6 +63,10 @@ def global_batch():
         num_generations=G,
     )
     rewards = torch.randint(0, 3, (P, G), generator=gen).float()
+    if episodes:  # drawn after the rest, so the ids, lengths and rewards are the other cases'
+        comps.sampled_mask = torch.rand(n, T, generator=gen) > 0.35
+        comps.sampled_mask[:, 0] = True  # a model turn starts every episode
+        comps.logprobs = comps.logprobs * comps.sampled_mask
     return prompts, comps, rewards
 
 
@@ -89,9 +95,9 @@ def run_case(model_dir: str, algo: str, agg: str, extra: tuple[str, ...], mode: 
     """One step; returns {"policy": weights, "value": weights or None, "metrics": {...}}."""
     from grpolab.models import Reference, load_policy
     from grpolab.run import dist, parallel
-    from grpolab.train.batch import LogprobContext
-    from grpolab.train.ppo import Critic, rollout_batch_builder
-    from grpolab.train.step import PolicyLossSpec, update_policy
+    from grpolab.training.batch import LogprobContext
+    from grpolab.training.ppo import Critic, rollout_batch_builder
+    from grpolab.training.step import PolicyLossSpec, update_policy
 
     cfg = make_config(model_dir, algo, agg, mode, extra)
     torch.manual_seed(0)
@@ -105,7 +111,7 @@ def run_case(model_dir: str, algo: str, agg: str, extra: tuple[str, ...], mode: 
     if cfg.algo.needs_critic:
         critic = Critic.from_config(cfg, torch.device("cpu"), ctx)
         critic.optimizer, critic.scheduler = _sgd(critic.model)
-    prompts, comps, rewards = local_share(*global_batch())
+    prompts, comps, rewards = local_share(*global_batch(episodes=EPISODES[0] in extra))
     valid = torch.ones_like(rewards, dtype=torch.bool)
     batch, metrics = rollout_batch_builder(cfg, critic)(
         cfg, comps, prompts, rewards, valid, policy=model, reference=reference, ctx=ctx
@@ -128,8 +134,12 @@ BUDGET = ("train.max_tokens_per_micro_batch=16",)
 """A token budget that gives rank 0 four micro-batches and rank 1 three (its prompts are shorter): rank 1
 splits one more (microbatch._same_count_on_every_rank), and one process makes seven."""
 
+EPISODES = ("env.max_turns=2",)
+"""Marks the case whose batch holds multi-turn episodes (env tokens in the sequence, masked out of the loss)."""
+
 CASES = [
     ("grpo", "seq-mean-token-mean", ()),
+    ("grpo", "seq-mean-token-mean", EPISODES),
     ("grpo", "token-mean", ()),
     ("grpo", "seq-mean-token-sum-norm", ()),
     ("grpo", "seq-mean-token-mean", BUDGET),

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 import grpolab.eval.runner as runner
-import grpolab.train.loop as loop
-import grpolab.train.sft as sft_mod
+import grpolab.run.assemble as assemble_mod
+import grpolab.training.loop as loop
+import grpolab.training.sft as sft_mod
 from grpolab.cli import main
 from grpolab.config import ConfigError, load_config
 from grpolab.data import DataError
@@ -72,6 +73,12 @@ CASES = {
     "missing model path": Case(
         ["model.name_or_path=/nonexistent/tiny"], "model.name_or_path: /nonexistent/tiny does not exist", ModelLoadError
     ),
+    "hub id not cached, offline": Case(
+        ["model.name_or_path=nobody/not-a-cached-model"],
+        "model.name_or_path 'nobody/not-a-cached-model' is not a local folder and not in the Hugging Face cache, "
+        "and HF_HUB_OFFLINE=1",
+        GrpolabError,
+    ),
     "model folder without config.json": Case(
         ["model.name_or_path={tmp}/empty"], "is a folder without config.json", ModelLoadError, files={"empty/x": ""}
     ),
@@ -85,8 +92,11 @@ CASES = {
         DataError,
         files={"d.jsonl": jsonl([ROWS[0], {"question": "1+1", "answer": "2"}])},
     ),
-    "row without the answer": Case(
-        ["data.path={tmp}/d.jsonl"], "Set data.answer_field=null", DataError, files={"d.jsonl": jsonl([{"prompt": "1+1"}])}
+    "row without the answer, a reward needs it": Case(
+        ["data.path={tmp}/d.jsonl"],
+        "the dataset row has no 'answer' field (data.answer_field), which reward 'exact_match' needs",
+        RewardError,
+        files={"d.jsonl": jsonl([{"prompt": "1+1"}])},
     ),
     "empty dataset": Case(["data.path={tmp}/d.jsonl"], "d.jsonl holds no rows", DataError, files={"d.jsonl": "\n"}),
     "no training rows left": Case(["data.eval_size=8"], "data.eval_size=8 leaves no training examples", DataError),
@@ -120,6 +130,14 @@ CASES = {
     ),
     "reward too slow": Case(
         ["reward.functions=[{name: 'bad_rewards:slow'}]", "reward.timeout_s=0.2"], "took longer than 0.2 s", RewardError
+    ),
+    "reward swallows the timeout": Case(
+        ["reward.functions=[{name: 'bad_rewards:swallows_timeout'}]", "reward.timeout_s=0.5"],
+        "reward 'swallows_timeout' took longer than 0.5 s", RewardError,
+    ),
+    "reward stuck in a C regex": Case(
+        ["reward.functions=[{name: 'bad_rewards:catastrophic_regex'}]", "reward.timeout_s=0.5"],
+        "reward 'catastrophic_regex' took longer than 0.5 s", RewardError,
     ),
     "code reward without tests": Case(
         ["reward.functions=[{name: code_tests}]"], "on example 0 (prompt: '6+6='): the example has no 'tests'", RewardError
@@ -207,6 +225,37 @@ CASES = {
     "task too small": Case(
         ["data.source=arithmetic", "data.size=500", "data.params={digits: 1}"],
         "data.source=arithmetic with data.size=500, data.params={'digits': 1}: only 100 distinct", DataError,
+    ),
+    "prompt too long in characters": Case(
+        ["data.path={tmp}/d.jsonl", "data.max_prompt_length=64"],
+        "has a prompt of 2000 characters: no tokenizer output of it fits data.max_prompt_length=64", DataError,
+        files={"d.jsonl": jsonl([ROWS[0], {"prompt": "1+" * 1000, "answer": "2"}])},
+    ),
+    "duplicate key in a row": Case(
+        ["data.path={tmp}/d.jsonl"], "d.jsonl:1: key 'answer' is given twice", DataError,
+        files={"d.jsonl": '{"prompt": "1+1=", "answer": "2", "answer": "3"}\n'},
+    ),
+    "lone surrogate in a prompt": Case(
+        ["data.path={tmp}/d.jsonl"], "row 1: field 'prompt' (data.prompt_field) holds a lone surrogate", DataError,
+        files={"d.jsonl": '{"prompt": "1+1=\\ud800", "answer": "2"}\n'},
+    ),
+    "chat message with null content": Case(
+        ["data.path={tmp}/d.jsonl", "data.template=none"], "'prompt'[0] has content null", DataError,
+        files={"d.jsonl": '{"prompt": [{"role": "user", "content": null}], "answer": "2"}\n'},
+    ),
+    "seed too large for the shuffle": Case(["seed=100000000000000000000"], "is too large", ConfigError),
+    "leading-zero step count": Case(["train.num_steps=010", "train.max_bad_steps=-1"], "train.max_bad_steps must be",
+                                    ConfigError),
+    "reward returns a huge int": Case(
+        ["reward.functions=[{name: 'bad_rewards:huge_int'}]"], "returned an int of 401 digits for example 0", RewardError
+    ),
+    "reward total not finite": Case(
+        ["reward.functions=[{name: 'bad_rewards:near_max', weight: 10}]"],
+        "the total reward of example 0 (prompt: '", RewardError,
+    ),
+    "completions alone fill the context": Case(
+        ["model.name_or_path={gpt2}", "rollout.max_completion_length=40", "data.template=none"],
+        "rollout.max_completion_length alone fills the context", DataError, early=False,
     ),
     "reward calls sys.exit": Case(
         ["reward.functions=[{name: 'bad_rewards:exits'}]"], "reward 'exits' called sys.exit(3) on example 0", RewardError
@@ -350,8 +399,7 @@ def test_bad_input_stops_with_a_message_that_says_how_to_fix_it(
         def no_model(*args, **kwargs):
             raise AssertionError("the policy was loaded before the bad input was found")
 
-        for module in (loop, sft_mod, runner):
-            monkeypatch.setattr(module, "load_policy", no_model)
+        monkeypatch.setattr(assemble_mod, "load_policy", no_model)  # train, sft and eval load it there
     with pytest.raises(case.error) as err:
         run_verb(case.verb, load_config(config, overrides))
     assert message in str(err.value)
@@ -359,7 +407,9 @@ def test_bad_input_stops_with_a_message_that_says_how_to_fix_it(
         assert (tmp_path / case.kept).exists(), f"{case.kept} was deleted before the error"
 
 
-@pytest.mark.parametrize("name", ["unknown key", "missing model path", "row without the prompt", "reward raises"])
+@pytest.mark.parametrize(
+    "name", ["unknown key", "missing model path", "row without the prompt", "reward raises", "reward stuck in a C regex"]
+)
 def test_the_cli_prints_one_line_and_exits_2(name, tmp_path, tiny_model_dir, dataset, gpt2_dir, capsys):
     config, overrides, message = setup_case(CASES[name], tmp_path, tiny_model_dir, dataset, gpt2_dir)
     code = main(["--log-level", "ERROR", "train", *(["--config", config] if config else []), *overrides])
@@ -391,7 +441,7 @@ def test_rotary_model_past_its_positions_warns(tiny_model_dir, dataset, tmp_path
     def stop_here(*args, **kwargs):
         raise AssertionError("stop here")
 
-    monkeypatch.setattr(loop, "sampler_from_config", stop_here)  # the check has run by then: no need to train
+    monkeypatch.setattr(assemble_mod, "build_sampler", stop_here)  # the check has run by then: no need to train
     with caplog.at_level(logging.WARNING), pytest.raises(AssertionError, match="stop here"):
         loop.train(cfg)
     assert "beyond the model's max_position_embeddings=256" in caplog.text

@@ -11,7 +11,7 @@ from tracker_records import trackio_logs
 from grpolab.config import load_config
 from grpolab.run.logging import read_metrics
 from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer, build_tiny_model
-from grpolab.train.loop import train
+from grpolab.training.loop import train
 
 REWARDS = ["conversational_format_reward", "conversational_accuracy_reward", "length_penalty"]
 
@@ -80,14 +80,14 @@ def test_conversational_trl_rewards_wandb_and_trackio_through_a_resume(
     assert len(runs) == 2 and runs[0].run_id == runs[1].run_id  # the resume continued the same run
     assert runs[0].config["algo"]["beta"] == pytest.approx(0.04) and runs[0].config["log"]["run_name"] == "chat"
     history = runs[0].history + runs[1].history
-    logged = {h["_step"]: h["train/reward_mean"] for h in history if "train/reward_mean" in h}
-    assert logged == pytest.approx({m["step"]: m["train/reward_mean"] for m in metrics})
+    logged = {h["_step"]: h["train/reward"] for h in history if "train/reward" in h}  # as TRL's wandb charts
+    assert logged == pytest.approx({m["step"]: m["reward"] for m in metrics})
     tables = [row for h in history for row in h.get("completions", [])]
     _assert_rows_match(tables, expected_rows)
 
     logs = trackio_logs("grpolab-e2e", "chat")
-    logged = {r["step"]: r["train/reward_mean"] for r in logs if "train/reward_mean" in r}
-    assert logged == pytest.approx({m["step"]: m["train/reward_mean"] for m in metrics})
+    logged = {r["step"]: r["train/reward"] for r in logs if "train/reward" in r}
+    assert logged == pytest.approx({m["step"]: m["reward"] for m in metrics})
     _assert_rows_match([row for r in logs for row in r.get("completions", [])], expected_rows)
 
 

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from grpolab.config import ConfigError, load_config
 from grpolab.run.checkpoint import latest_checkpoint
 from grpolab.run.logging import read_metrics
-from grpolab.train.loop import train
+from grpolab.training.loop import train
 
 GOLD = "reward.gold=[{name: exact_match}, {name: 'toy_rewards:digit_fraction', weight: 0.5}]"
 
@@ -52,14 +52,14 @@ def test_gold_rewards_are_logged_but_leave_the_updates_unchanged(
     # (beta = 0) touch no RNG and no tensor of the update, so the weights are bit-identical.
     assert plain.keys() == gold.keys() and all(torch.equal(plain[k], gold[k]) for k in plain)
     rows_plain, rows_gold = read_metrics(runs["plain"]), read_metrics(runs["gold"])
-    assert [r["train/reward_mean"] for r in rows_plain] == [r["train/reward_mean"] for r in rows_gold]
+    assert [r["reward"] for r in rows_plain] == [r["reward"] for r in rows_gold]
     assert not any(k.startswith("train/gold") or k == "train/kl_seq" for k in rows_plain[0])
     for row in rows_gold:
         em, frac = row["train/gold/exact_match"], row["train/gold/digit_fraction"]
         assert 0 <= em <= 1 and 0 <= frac <= 1
         assert row["train/gold_total"] == pytest.approx(em + 0.5 * frac)
         # the proxy here is digit_fraction itself: the gold copy scores the same completions
-        assert frac == pytest.approx(row["train/reward_mean"])
+        assert frac == pytest.approx(row["reward"])
         assert abs(row["train/kl_seq"]) < 50
     # step 1 samples from the reference itself: only autocast rounding separates the two log-probs
     assert abs(rows_gold[0]["train/kl_seq"]) < 0.05

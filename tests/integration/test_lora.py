@@ -9,8 +9,8 @@ from grpolab.config import LoraConfig, ModelConfig, load_config
 from grpolab.models import Reference, load_policy
 from grpolab.run.checkpoint import latest_checkpoint
 from grpolab.run.logging import read_metrics
-from grpolab.train.logprobs import completion_logprobs
-from grpolab.train.loop import train
+from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.loop import train
 
 
 def test_reference_under_lora_is_the_base_model(tiny_model_dir):

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-EXACT_METRICS = ("loss/policy", "train/grad_norm", "loss/kl", "loss/entropy", "loss/value", "train/value_grad_norm")
+EXACT_METRICS = ("loss", "grad_norm", "kl", "entropy", "loss/value", "train/value_grad_norm")
 
 
 def free_port() -> int:
@@ -69,7 +69,7 @@ def test_the_budget_case_gives_the_ranks_different_micro_batch_counts():
     """What makes the token-budget case above telling: before equalising, the ranks' shares split into
     different numbers of micro-batches under pc.BUDGET."""
     from grpolab.config import load_config
-    from grpolab.train.microbatch import prompt_lengths_of, split_rows
+    from grpolab.training.microbatch import prompt_lengths_of, split_rows
 
     budget = load_config(None, list(pc.BUDGET)).train.max_tokens_per_micro_batch
     _, comps, _ = pc.global_batch()
@@ -80,3 +80,12 @@ def test_the_budget_case_gives_the_ranks_different_micro_batch_counts():
         prompts = prompt_lengths_of([comps.prompt_ids[i] for i in seq])
         counts.append(len(split_rows(torch.arange(len(seq)), lengths, 2, max_tokens=budget, prompt_lengths=prompts)))
     assert counts[0] != counts[1], counts
+
+
+def test_the_episode_case_trains_fewer_tokens(results):
+    """What makes the episodes case telling: its env tokens are out of the loss, so its step differs from
+    the same batch with every token trained (and the 2-rank step above still equals one process's)."""
+    one, _ = results
+    plain, episodes = one[("grpo", "seq-mean-token-mean", ())], one[("grpo", "seq-mean-token-mean", pc.EPISODES)]
+    diff = max(float((plain["policy"][k] - episodes["policy"][k]).abs().max()) for k in plain["policy"])
+    assert diff > 1e-4

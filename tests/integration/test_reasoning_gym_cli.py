@@ -28,5 +28,5 @@ def test_chain_sum_trains_through_the_cli(tiny_model_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_metrics(tmp_path / "gym")
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(0.0 <= r["train/reward/reasoning_gym"] <= 1.0 for r in rows)
+    assert all(0.0 <= r["rewards/reasoning_gym/mean"] <= 1.0 for r in rows)
     assert "State the final answer" in (tmp_path / "gym" / "samples.jsonl").read_text()

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import grpolab.train.loop as loop
-import grpolab.train.step as step_mod
+import grpolab.training.loop as loop
+import grpolab.training.step as step_mod
 from grpolab.config import load_config
 from grpolab.errors import TrainingError
 from grpolab.run import checkpoint as ckpt
@@ -211,7 +211,7 @@ def test_nan_losses_skip_updates_then_stop_keeping_good_checkpoints(
         loop.train(cfg)
     rows = read_metrics(cfg.run_dir)
     assert [r["train/skipped_updates"] for r in rows] == [0.0, 2.0, 2.0, 2.0]  # mu=2 updates each
-    assert rows[1]["loss/policy"] is None  # NaN is written as null
+    assert rows[1]["loss"] is None  # NaN is written as null
     last, before = (
         load_file(ckpt.checkpoint_root(cfg.run_dir) / f"step_{k}/model.safetensors") for k in (3, 2)
     )

@@ -15,7 +15,8 @@ import pytest
 import torch
 import yaml
 
-import grpolab.train.loop as loop
+import grpolab.run.assemble as assemble_mod
+import grpolab.training.loop as loop
 from grpolab.cli import main
 from grpolab.compare import CompareStopped, compare
 from grpolab.config import load_config
@@ -71,7 +72,7 @@ def test_resume_with_a_new_lr_trains_at_it_and_records_it(two_steps, tiny_model_
     cfg = load_config(None, overrides(tiny_model_dir, addition_jsonl(32), tmp_path, *extra))
     assert loop.train(cfg, resume=True).final_step == 3
     rows = read_metrics(cfg.run_dir)
-    assert rows[1]["train/lr"] == pytest.approx(1e-3) and rows[2]["train/lr"] == pytest.approx(1e-5)
+    assert rows[1]["learning_rate"] == pytest.approx(1e-3) and rows[2]["learning_rate"] == pytest.approx(1e-5)
     assert yaml.safe_load((cfg.run_dir / "config.yaml").read_text())["optim"]["lr"] == pytest.approx(1e-5)
     saved = yaml.safe_load((cfg.run_dir / "checkpoints/step_3/config.yaml").read_text())
     assert saved["optim"]["lr"] == pytest.approx(1e-5)
@@ -120,13 +121,13 @@ def test_a_locked_run_dir_stops_train_before_anything_is_touched(
 def test_sigint_before_step_1_says_no_checkpoint_was_written(
     tiny_model_dir, addition_jsonl, tmp_path, monkeypatch, capsys
 ):
-    real = loop.load_policy
+    real = assemble_mod.load_policy
 
     def load_then_interrupt(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the model loads
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "load_policy", load_then_interrupt)
+    monkeypatch.setattr(assemble_mod, "load_policy", load_then_interrupt)
     code = main(["--log-level", "ERROR", "train", *overrides(tiny_model_dir, addition_jsonl(32), tmp_path)])
     err = capsys.readouterr().err
     assert code == 130

@@ -98,6 +98,11 @@ def test_torchrun_kill_resume_export(tiny_model_dir, addition_jsonl, tmp_path):
         assert a.keys() == b.keys()
         for k in a:
             assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6, nan_ok=True), (a["step"], k)
+    # num_tokens counts both ranks' sequences: per step, 8 prompts of one length plus the 8 completions
+    completion = [8 * r["completions/mean_length"] for r in want]
+    added = [b["num_tokens"] - a["num_tokens"] for a, b in zip([{"num_tokens": 0}, *want], want, strict=False)]
+    prompt = [n - c for n, c in zip(added, completion, strict=True)]
+    assert prompt == pytest.approx([prompt[0]] * STEPS, abs=1e-6) and prompt[0] > 0 and round(prompt[0]) % 8 == 0
     w_alone, _ = final_weights(tmp_path / "alone", tmp_path / "export_alone")
     w_killed, folder = final_weights(tmp_path / "killed", tmp_path / "export_killed")
     for k, v in w_alone.items():
@@ -111,7 +116,7 @@ def _check_export(folder: Path, start_dir: str, checkpoint: Path) -> None:
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpolab.train.logprobs import completion_logprobs
+    from grpolab.training.logprobs import completion_logprobs
 
     exported = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     AutoTokenizer.from_pretrained(folder)

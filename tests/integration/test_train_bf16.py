@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from grpolab.config import load_config
 from grpolab.run.checkpoint import latest_checkpoint
-from grpolab.train.loop import train
+from grpolab.training.loop import train
 
 
 def _overrides(model_dir, data, out, name, steps) -> list[str]:

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from grpolab.config import load_config
 from grpolab.run.checkpoint import latest_checkpoint
 from grpolab.run.logging import read_metrics
-from grpolab.train.loop import train
+from grpolab.training.loop import train
 
 sys.path.insert(0, str(Path(__file__).parent))  # toy_rewards
 
@@ -60,14 +60,14 @@ def test_ppo_trains_policy_and_critic(tiny_model_dir, dataset, tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         for key in (
-            "loss/policy",
+            "loss",
             "loss/value",
-            "loss/kl",
+            "kl",
             "train/value_grad_norm",
             "train/value_explained_var",
         ):
             assert math.isfinite(r[key]), key
-        assert r["train/value_lr"] == pytest.approx(3e-3) and r["train/lr"] == pytest.approx(1e-3)
+        assert r["train/value_lr"] == pytest.approx(3e-3) and r["learning_rate"] == pytest.approx(1e-3)
         assert r["sys/time_value_forward_s"] > 0 and r["sys/time_value_update_s"] > 0
     assert rows[0]["train/value_mean"] == 0.0  # zero head at the start: V = 0
     assert rows[1]["train/value_mean"] != 0.0
@@ -89,7 +89,7 @@ def test_critic_warmup_trains_only_the_critic(tiny_model_dir, dataset, tmp_path)
     cfg = _cfg(tiny_model_dir, dataset, tmp_path, "warm", 1, "algo.name=ppo", "algo.critic_warmup_steps=1")
     result = train(cfg)
     row = read_metrics(result.run_dir)[0]
-    assert "loss/policy" not in row and math.isfinite(row["loss/value"])
+    assert "loss" not in row and math.isfinite(row["loss/value"])
     last = latest_checkpoint(result.run_dir)
     initial = load_file(f"{tiny_model_dir}/model.safetensors")
     assert not _changed(initial, load_file(last / "model.safetensors"))
@@ -118,7 +118,7 @@ def test_outcome_estimators_train_end_to_end(tiny_model_dir, dataset, tmp_path, 
     result = train(_cfg(tiny_model_dir, dataset, tmp_path, algo, 2, f"algo.name={algo}"))
     rows = read_metrics(result.run_dir)
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(math.isfinite(r["loss/policy"]) and math.isfinite(r["train/grad_norm"]) for r in rows)
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
     assert any(r["train/adv_abs_max"] > 0 for r in rows)
     initial = load_file(f"{tiny_model_dir}/model.safetensors")
     assert _changed(initial, load_file(latest_checkpoint(result.run_dir) / "model.safetensors"))

@@ -21,9 +21,9 @@ from grpolab.rewards import build_reward, score_batch
 from grpolab.run.checkpoint import latest_checkpoint
 from grpolab.run.logging import read_metrics
 from grpolab.tasks.preferences import max_digit_examples, max_digit_preference_pairs, prompt_blind_accuracy
-from grpolab.train.iterative import iterative_rl
-from grpolab.train.loop import train
-from grpolab.train.reward_model import read_pairs, split_pairs
+from grpolab.training.iterative import iterative_rl
+from grpolab.training.loop import train
+from grpolab.training.reward_model import read_pairs, split_pairs
 from grpolab.types import Completion
 
 HERE = Path(__file__).parent
@@ -112,9 +112,9 @@ def test_grpo_is_rewarded_by_the_trained_reward_model(trained_rm, task, tiny_mod
     assert [r["step"] for r in rows] == [1, 2]
     # the only reward, weight 1: the same mean, one in float64 over the scores, one over float32 totals
     assert all(
-        r["train/reward/reward_model"] == pytest.approx(r["train/reward_mean"], rel=1e-5, abs=1e-6) for r in rows
+        r["rewards/reward_model/mean"] == pytest.approx(r["reward"], rel=1e-5, abs=1e-6) for r in rows
     )
-    assert rows[0]["train/reward_std"] > 0  # a real score, not a constant
+    assert rows[0]["reward_std"] > 0  # a real score, not a constant
     info = json.loads((result.run_dir / "run_info.json").read_text())
     assert info["models"]["reward"] > 0
 

@@ -72,3 +72,38 @@ def test_explicit_fields_win_over_presets_and_derived_values():
     assert cfg.algo.resolved_clip_high == 0.28 and cfg.algo.clip_low == 0.2
     assert cfg.derived()["completions_per_step"] == 64
     assert cfg.derived()["optimizer_steps_per_generation"] == 2
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algo.epsilon=0.2", "TRL's epsilon is the ratio clip: algo.clip_low (epsilon_high: algo.clip_high)"),
+        ("train.max_steps=10", "TRL's max_steps is grpolab's train.num_steps"),
+        ("optim.learning_rate=1e-6", "TRL's learning_rate is grpolab's optim.lr"),
+        ("algo.loss_type=dapo", "TRL's loss_type is grpolab's algo.loss_agg"),
+        ("algo.num_iterations=2", "TRL's num_iterations is grpolab's algo.mu"),
+    ],
+)
+def test_an_unknown_key_that_is_a_trl_name_gets_the_grpolab_name(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
+    assert "did you mean" not in str(err.value)  # not algo.eps / train.max_bad_steps
+
+
+def test_a_reward_module_beside_the_config_imports_without_pythonpath(tmp_path, monkeypatch):
+    import sys
+
+    from grpolab.rewards import build_reward
+    from grpolab.types import Completion, Example
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # undone after the test
+    (tmp_path / "beside_config_rewards.py").write_text(
+        "def brevity(completions, **kwargs):\n    return [-len(c) / 10 for c in completions]\n"
+    )
+    config = tmp_path / "run.yaml"
+    config.write_text("reward:\n  functions: [{name: 'beside_config_rewards:brevity'}]\n")
+    cfg = load_config(config)
+    reward = build_reward(cfg.reward.functions[0].name)
+    assert reward.reward([Completion(text="abcd", num_tokens=4)], [Example(prompt="p")]) == [-0.4]
+    assert sys.path[-1] == str(tmp_path)  # appended: installed packages keep precedence

@@ -1,50 +1,434 @@
-"""The README's "Coming from TRL" table: every TRL field exists in the installed GRPOConfig with the default
-the table gives, every grpolab key exists in our config, and the README shows the table as generated."""
+"""grpolab convert-trl: every field of the installed TRL's GRPOConfig is accounted for, and each mapping
+reproduces what TRL 1.16's GRPOTrainer computes (the TRL formulas below are copied from
+trl/trainer/grpo_trainer.py: _generate_and_score_completions and _compute_loss)."""
 
 import dataclasses
-import typing
+import math
 from pathlib import Path
 
 import pytest
+import torch
 
-from grpolab.config import Config
-from grpolab.config.from_trl import TRL_KEYS, markdown_table
+from grpolab.config import ConfigError, config_from_dict
+from grpolab.config.from_trl import SCRIPT_FIELDS, TRL_FIELDS, convert_trl, markdown_table, trl_defaults
 
-README = Path(__file__).parents[2] / "README.md"
-
-
-def _grpolab_key_exists(key: str) -> bool:
-    node: typing.Any = Config
-    for part in key.split("."):
-        while typing.get_origin(node) in (tuple, typing.Union, __import__("types").UnionType):
-            node = next(a for a in typing.get_args(node) if a is not type(None) and a is not Ellipsis)
-        if not dataclasses.is_dataclass(node):
-            return False
-        hints = typing.get_type_hints(node)
-        if part not in hints:
-            return False
-        node = hints[part]
-    return True
+trl = pytest.importorskip("trl")
+DOC = Path(__file__).parents[2] / "docs" / "coming_from_trl.md"
 
 
-def test_every_trl_field_and_default_exists_in_the_installed_trl():
-    grpo_config = pytest.importorskip("trl").GRPOConfig
-    fields = {f.name: f for f in dataclasses.fields(grpo_config)}
-    for k in TRL_KEYS:
-        assert k.trl in fields, f"trl.GRPOConfig has no field {k.trl!r} any more: update grpolab.config.from_trl"
-        f = fields[k.trl]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        assert default == k.trl_default, f"TRL's {k.trl} now defaults to {default!r}: update from_trl.TRL_KEYS"
+def keys(**trl_values):
+    return convert_trl(trl_values).keys
 
 
-def test_every_grpolab_key_exists_in_the_config():
-    for k in TRL_KEYS:
-        for key in k.grpolab:
-            assert _grpolab_key_exists(key), f"{key} (for TRL's {k.trl}) is not a grpolab config key"
-    assert not _grpolab_key_exists("algo.no_such_key") and not _grpolab_key_exists("reward.functions.nope")
+def test_the_table_holds_exactly_the_installed_grpoconfig_fields():
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig) if f.init}
+    assert fields - set(TRL_FIELDS) == set(), "TRL added fields: give each a rule in config/trl_fields.py"
+    assert set(TRL_FIELDS) - fields == set(), "TRL dropped fields: remove them from config/trl_fields.py"
+    assert set(SCRIPT_FIELDS).isdisjoint(TRL_FIELDS)
 
 
-def test_the_readme_shows_the_table():
-    assert markdown_table() in README.read_text(), (
-        "README's 'Coming from TRL' table differs from grpolab.config.from_trl.markdown_table(): paste it again"
+def test_a_real_grpoconfig_object_converts_with_every_field_accounted_for(tmp_path):
+    cfg = trl.GRPOConfig(
+        output_dir=str(tmp_path / "qwen-grpo"), use_cpu=True, learning_rate=3e-6, num_generations=4,
+        per_device_train_batch_size=8, gradient_accumulation_steps=2, steps_per_generation=4, max_steps=20,
+        beta=0.04, epsilon_high=0.28, loss_type="grpo", logging_steps=2, log_completions=True, save_steps=8,
+        report_to=["wandb"], mask_truncated_completions=True, warmup_steps=4, lr_scheduler_type="cosine",
     )
+    out = convert_trl(cfg)
+    k = out.keys
+    assert (k["train.prompts_per_step"], k["rollout.num_generations"], k["algo.num_minibatches"]) == (8, 4, 2)
+    assert (k["train.num_steps"], k["train.micro_batch_size"], k["algo.mu"]) == (10, 8, 1)
+    assert (k["optim.lr"], k["optim.schedule"], k["optim.warmup_steps"]) == (3e-6, "cosine", 4)
+    assert (k["algo.beta"], k["algo.clip_low"], k["algo.clip_high"]) == (0.04, 0.2, 0.28)
+    assert (k["algo.loss_agg"], k["algo.mask_truncated"]) == ("seq-mean-token-mean", True)
+    assert (k["log.samples_every"], k["log.checkpoint_every"], k["log.report_to"]) == (1, 4, ["wandb"])
+    assert (k["log.output_dir"], k["log.run_name"]) == (str(tmp_path), "qwen-grpo")
+    assert k["model.autocast"] == "bf16"  # TRL's bf16=None becomes True
+    # the use_bias_correction_kl difference is stated: the ratio is not 1 with 2 optimizer steps per batch
+    assert any("use_bias_correction_kl" in n for n in out.notes)
+    config_from_dict(out.config_dict())
+    assert [i.split("=")[0] for i in out.ignored] == ["dataloader_pin_memory"]  # use_cpu=True turned it off
+
+
+def test_a_field_unknown_to_trl_and_a_refused_value_name_themselves():
+    with pytest.raises(ConfigError, match="no_such_field: not fields of TRL's GRPOConfig"):
+        convert_trl({"no_such_field": 1})
+    with pytest.raises(ConfigError, match=r"min_p=0\.1: grpolab's sampler has no min-p.*repetition_penalty=1\.1"):
+        convert_trl({"min_p": 0.1, "repetition_penalty": 1.1})
+
+
+def test_not_applicable_fields_are_listed_not_converted():
+    out = convert_trl({"deepspeed": "ds.json", "push_to_hub": True, "dataloader_num_workers": 4})
+    assert sorted(i.split("=")[0] for i in out.ignored) == ["dataloader_num_workers", "deepspeed", "push_to_hub"]
+    assert not any("deepspeed" in key for key in out.keys)
+
+
+# ----------------------------------------------------------------------------- batch geometry and run length
+
+
+@pytest.mark.parametrize(
+    "trl_values, expected",
+    [
+        # TRL's default: 8 completions per device and generation = 1 prompt x 8
+        ({}, {"train.prompts_per_step": 1, "algo.num_minibatches": 1, "algo.mu": 1}),
+        ({"per_device_train_batch_size": 16, "num_generations": 4, "gradient_accumulation_steps": 4},
+         {"train.prompts_per_step": 16, "algo.num_minibatches": 1, "train.micro_batch_size": 16}),
+        ({"per_device_train_batch_size": 8, "steps_per_generation": 4, "num_iterations": 2},
+         {"train.prompts_per_step": 4, "algo.num_minibatches": 4, "algo.mu": 2}),
+        ({"per_device_train_batch_size": 8, "generation_batch_size": 32},
+         {"train.prompts_per_step": 4, "algo.num_minibatches": 4}),
+    ],
+)
+def test_batch_geometry(trl_values, expected):
+    k = keys(**trl_values)
+    assert {key: k[key] for key in expected} == expected
+
+
+def test_processes_multiply_the_per_device_batch():
+    k = convert_trl({"per_device_train_batch_size": 8}, num_processes=4).keys
+    assert k["train.prompts_per_step"] == 4 and k["train.micro_batch_size"] == 8
+
+
+def test_max_steps_counts_optimizer_steps_and_epochs_need_the_dataset_size():
+    assert keys(max_steps=12, steps_per_generation=3, num_iterations=2)["train.num_steps"] == 2
+    out = convert_trl({"num_train_epochs": 2}, dataset_rows=10)
+    assert out.keys["train.num_steps"] == 20  # 2 epochs x 10 rows / 1 prompt per step
+    assert "train.num_steps" not in keys() and any("num_train_epochs" in t for t in convert_trl({}).todo)
+
+
+def test_an_optimizer_step_spanning_two_generations_is_refused():
+    with pytest.raises(ConfigError, match="steps_per_generation=2 is not a multiple of gradient_accumulation"):
+        keys(steps_per_generation=2, gradient_accumulation_steps=4)
+
+
+# ----------------------------------------------------------------------------- advantages (scale_rewards)
+
+
+def _trl_advantages(rewards, scale_rewards, g):
+    """grpo_trainer._generate_and_score_completions, sum_then_normalize, one reward function."""
+    mean = rewards.view(-1, g).mean(1).repeat_interleave(g)
+    if scale_rewards in ("group", "none"):
+        std = rewards.view(-1, g).std(1).repeat_interleave(g)
+    else:
+        std = rewards.std().expand_as(rewards)
+    adv = rewards - mean
+    return adv / (std + 1e-4) if scale_rewards != "none" else adv
+
+
+@pytest.mark.parametrize("scale", ["group", "none"])
+def test_scale_rewards_maps_to_the_estimator_that_computes_trls_advantages(scale):
+    from grpolab.algo.advantages import OUTCOME_ESTIMATORS
+
+    k = keys(scale_rewards=scale)
+    rewards = torch.tensor([[1.0, 0.0, 0.5, 0.25], [2.0, 1.0, 0.0, 3.0]])
+    ours = OUTCOME_ESTIMATORS[k["algo.advantage"]](
+        rewards, torch.ones_like(rewards, dtype=torch.bool), std=k["algo.std"], eps=k["algo.eps"]
+    )
+    torch.testing.assert_close(ours.flatten(), _trl_advantages(rewards.flatten(), scale, 4))
+
+
+def test_scale_rewards_batch_is_refused_because_no_estimator_divides_by_the_raw_std():
+    from grpolab.algo.advantages import grpo_advantages
+
+    rewards = torch.tensor([[1.0, 0.0], [5.0, 4.0]])  # different group means: the two stds differ
+    trl_adv = _trl_advantages(rewards.flatten(), "batch", 2)
+    assert not torch.allclose(grpo_advantages(rewards, scale="batch").flatten(), trl_adv)
+    with pytest.raises(ConfigError, match="std of the batch's raw rewards"):
+        keys(scale_rewards="batch")
+
+
+def test_loss_type_dr_grpo_keeps_the_group_std():
+    """TRL's dr_grpo changes only the normaliser; the advantage still follows scale_rewards."""
+    k = keys(loss_type="dr_grpo")
+    assert (k["algo.advantage"], k["algo.loss_agg"], k["algo.beta"]) == ("grpo", "seq-mean-token-sum-norm", 0.0)
+    assert keys(loss_type="dr_grpo", scale_rewards="none")["algo.advantage"] == "dr_grpo"
+
+
+def test_multi_objective_normalize_then_sum_is_refused():
+    with pytest.raises(ConfigError, match="GDPO"):
+        keys(multi_objective_aggregation="normalize_then_sum")
+
+
+# ----------------------------------------------------------------------------- the loss normaliser (loss_type)
+
+
+def _trl_loss(per_token_loss, mask, loss_type, max_len, accumulation):
+    """_compute_loss's aggregation over `accumulation` equal micro-batches, summed as gradient accumulation
+    does; dapo's normaliser is the generation batch's tokens (steps_per_generation = accumulation)."""
+    total = 0.0
+    num_items = mask.sum()
+    for lo, m in zip(per_token_loss.chunk(accumulation), mask.chunk(accumulation), strict=True):
+        if loss_type == "grpo":
+            loss = ((lo * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean() / accumulation
+        elif loss_type == "bnpo":
+            loss = (lo * m).sum() / m.sum().clamp(min=1.0) / accumulation
+        elif loss_type == "dr_grpo":
+            loss = (lo * m).sum() / (lo.size(0) * max_len) / accumulation
+        else:  # dapo, cispo
+            loss = (lo * m).sum() / (num_items.clamp(min=1.0) * accumulation / accumulation)
+        total = total + loss
+    return total
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_loss_type_maps_to_the_aggregation_that_computes_trls_loss(loss_type):
+    from grpolab.algo.losses import aggregate
+
+    gen = torch.Generator().manual_seed(0)
+    per_token = torch.randn(8, 6, generator=gen)
+    lengths = torch.tensor([6, 1, 3, 5, 2, 6, 4, 3])
+    mask = torch.arange(6)[None, :] < lengths[:, None]
+    k = keys(loss_type=loss_type, max_completion_length=6, per_device_train_batch_size=2,
+             gradient_accumulation_steps=4, num_generations=2)
+    # grpolab: the micro-batches of one minibatch, each scaled by the minibatch totals
+    ours = sum(
+        aggregate(lo, m, k["algo.loss_agg"], norm_len=k["rollout.max_completion_length"], total_seqs=8,
+                  total_tokens=float(mask.sum()))
+        for lo, m in zip(per_token.chunk(4), mask.chunk(4), strict=True)
+    )
+    torch.testing.assert_close(ours, _trl_loss(per_token, mask, loss_type, 6, 4))
+
+
+def test_bnpo_is_grpo_at_batch_size_one_and_refused_otherwise():
+    gen = torch.Generator().manual_seed(1)
+    per_token, mask = torch.randn(4, 5, generator=gen), torch.rand(4, 5, generator=gen) > 0.3
+    torch.testing.assert_close(_trl_loss(per_token, mask, "bnpo", 5, 4), _trl_loss(per_token, mask, "grpo", 5, 4))
+    assert keys(loss_type="bnpo", per_device_train_batch_size=1, num_generations=2, gradient_accumulation_steps=2)["algo.loss_agg"] == (
+        "seq-mean-token-mean"
+    )
+    with pytest.raises(ConfigError, match="each local micro-batch"):
+        keys(loss_type="bnpo")
+
+
+@pytest.mark.parametrize("loss_type", ["sapo", "luspo", "vespo"])
+def test_losses_grpolab_lacks_are_refused(loss_type):
+    with pytest.raises(ConfigError, match=f"no '{loss_type}' loss"):
+        keys(loss_type=loss_type)
+
+
+# ----------------------------------------------------------------------------- clipping, KL, entropy
+
+
+def _trl_clip_loss(logps, old, adv, eps_low, eps_high, delta):
+    coef_1 = torch.exp(logps - old)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    if delta is not None:
+        coef_1 = torch.clamp(coef_1, max=delta)
+    return -torch.min(coef_1 * adv, coef_2 * adv)
+
+
+def _ratio_cases():
+    old = torch.zeros(2, 5)
+    logps = torch.log(torch.tensor([[0.5, 0.9, 1.0, 1.5, 4.0], [0.5, 0.9, 1.0, 1.5, 4.0]]))
+    adv = torch.tensor([[1.0], [-1.0]])
+    return logps, old, adv
+
+
+@pytest.mark.parametrize("delta", [None, 3.0])
+def test_epsilon_epsilon_high_and_delta_give_trls_clipped_loss(delta):
+    from grpolab.algo.losses import clipped_surrogate_loss
+
+    k = keys(epsilon=0.2, epsilon_high=0.28, delta=delta)
+    logps, old, adv = _ratio_cases()
+    ours = clipped_surrogate_loss(
+        logps, old, adv[:, 0], clip_low=k["algo.clip_low"], clip_high=k["algo.clip_high"], dual_clip=k["algo.dual_clip"]
+    ).loss
+    torch.testing.assert_close(ours, _trl_clip_loss(logps, old, adv, 0.2, 0.28, delta))
+
+
+def test_a_delta_inside_the_clip_range_is_refused():
+    with pytest.raises(ConfigError, match="delta=1.1"):
+        keys(delta=1.1)
+
+
+def test_cispo_caps_the_weight_at_epsilon_high_itself():
+    from grpolab.algo.losses import cispo_loss
+
+    k = keys(loss_type="cispo", epsilon_high=5.0)
+    assert (k["algo.name"], k["algo.policy_loss"], k["algo.loss_agg"]) == ("cispo", "cispo", "token-mean")
+    logps, old, adv = _ratio_cases()
+    logps = logps * 2  # ratios up to 16: past the cap of 5
+    ours = cispo_loss(logps, old, adv[:, 0], clip_low=k["algo.clip_low"], clip_high=k["algo.clip_high"]).loss
+    trl_loss = -torch.clamp(torch.exp(logps - old), max=5.0) * adv * logps  # loss_type == "cispo"
+    torch.testing.assert_close(ours, trl_loss)
+    with pytest.raises(ConfigError, match="set epsilon_high > 1"):
+        keys(loss_type="cispo")  # epsilon_high defaults to epsilon = 0.2: a cap below 1
+
+
+def test_beta_uses_trls_k3_in_the_loss():
+    from grpolab.algo.kl import KL_ESTIMATORS
+
+    k = keys(beta=0.04)
+    assert (k["algo.beta"], k["algo.kl_in"]) == (0.04, "loss")
+    logps, ref = torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([-1.5, -1.0, -0.5])
+    trl_kl = torch.exp(ref - logps) - (ref - logps) - 1
+    torch.testing.assert_close(KL_ESTIMATORS[k["algo.kl_estimator"]](logps, ref), trl_kl)
+
+
+def test_sync_ref_model_resets_the_reference_only_at_alpha_one():
+    assert keys(beta=0.04, sync_ref_model=True, ref_model_mixup_alpha=1.0, ref_model_sync_steps=64,
+                steps_per_generation=2, per_device_train_batch_size=8)["algo.ref_reset_every"] == 32
+    assert keys()["algo.ref_reset_every"] == 0
+    with pytest.raises(ConfigError, match="TR-DPO"):
+        keys(sync_ref_model=True)
+
+
+def test_entropy_coef_and_its_adaptive_form():
+    assert keys(entropy_coef=0.01)["algo.entropy_coef"] == 0.01
+    with pytest.raises(ConfigError, match="use_adaptive_entropy"):
+        keys(use_adaptive_entropy=True)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_vllm_importance_sampling_maps_to_the_rollout_correction(mode):
+    from grpolab.algo.correction import rollout_correction_weights
+
+    k = keys(use_vllm=True, vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_max=2.0)
+    old = torch.tensor([[-1.0, -0.2, -3.0], [-0.5, -0.5, -0.1]])
+    sampler = torch.tensor([[-1.2, -1.5, -2.0], [-0.4, -0.6, -0.1]])
+    mask = torch.ones_like(old, dtype=torch.bool)
+    ours = rollout_correction_weights(
+        old, sampler, mask, mode=k["algo.rollout_correction"], level=k["algo.rollout_correction_level"],
+        cap=k["algo.rollout_correction_cap"],
+    )
+    diff = old - sampler  # TRL: per token, or summed per sequence
+    ratio = torch.exp(diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff)
+    trl_w = ratio.clamp(max=2.0) if mode.endswith("truncate") else ratio.masked_fill(ratio > 2.0, 0.0)
+    torch.testing.assert_close(ours, trl_w.expand_as(old))
+    assert keys()["algo.rollout_correction"] == "none"  # TRL corrects vLLM's samples only
+    with pytest.raises(ConfigError, match="from above only"):
+        keys(use_vllm=True, vllm_importance_sampling_clip_min=0.5)
+
+
+# ----------------------------------------------------------------------------- optimizer, model, logging
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "constant"])
+def test_lr_schedule_follows_transformers_after_the_warmup(schedule):
+    from transformers import get_scheduler
+
+    from grpolab.training.optim import lr_lambda
+
+    k = keys(lr_scheduler_type=schedule, warmup_steps=2, max_steps=10)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = get_scheduler(schedule, opt, num_warmup_steps=2, num_training_steps=10)
+    theirs = []
+    for _ in range(10):
+        theirs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    ours = [lr_lambda(s, warmup=k["optim.warmup_steps"], total=10, schedule=k["optim.schedule"]) for s in range(10)]
+    start = k["optim.warmup_steps"]  # warm-up differs by one step (noted); the schedule after it is TRL's
+    assert ours[start:] == pytest.approx(theirs[start:], abs=1e-9)
+    assert keys(warmup_steps=0.25, max_steps=8)["optim.warmup_steps"] == 2  # a fraction of 8 optimizer steps
+
+
+def test_optimizer_precision_and_model_fields():
+    k = keys(learning_rate=2e-5, adam_beta1=0.8, adam_beta2=0.95, weight_decay=0.1, max_grad_norm=0.5,
+             bf16=False, gradient_checkpointing=False, model_init_kwargs={"dtype": "bfloat16"}, seed=7)
+    assert (k["optim.lr"], k["optim.betas"], k["optim.weight_decay"], k["optim.max_grad_norm"]) == (
+        2e-5, [0.8, 0.95], 0.1, 0.5
+    )
+    assert (k["model.autocast"], k["model.gradient_checkpointing"], k["model.dtype"], k["seed"]) == (
+        "none", False, "bfloat16", 7
+    )
+    for bad, match in [({"fp16": True, "bf16": False}, "fp16"), ({"optim": "adafactor"}, "AdamW"),
+                       ({"model_init_kwargs": {"device_map": "auto"}}, "device_map"),
+                       ({"lr_scheduler_type": "polynomial"}, "polynomial"), ({"adam_epsilon": 1e-6}, "eps")]:
+        with pytest.raises(ConfigError, match=match):
+            keys(**bad)
+
+
+def test_logging_checkpoint_and_eval_fields():
+    k = keys(save_steps=100, save_total_limit=3, logging_steps=10, log_completions=True, max_steps=400,
+             steps_per_generation=2, per_device_train_batch_size=8, report_to="none", project="p",
+             eval_strategy="steps", eval_steps=50, num_generations_eval=4, shuffle_dataset=False)
+    assert (k["log.checkpoint_every"], k["log.keep_last"], k["log.samples_every"]) == (50, 3, 5)
+    assert (k["log.report_to"], k["log.project"], k["data.shuffle"]) == ([], "p", False)
+    assert (k["eval.every"], k["eval.num_samples"], k["train.num_steps"]) == (25, 4, 200)
+    assert keys(max_steps=10, save_steps=5)["log.keep_last"] == 10  # TRL keeps every checkpoint
+    assert keys(eval_strategy="steps", logging_steps=3)["eval.every"] == 3  # eval_steps defaults to logging_steps
+    with pytest.raises(ConfigError, match="mlflow"):
+        keys(report_to=["mlflow"])
+
+
+def test_sampling_fields():
+    k = keys(temperature=0.7, top_p=0.9, top_k=50, max_completion_length=1024, importance_sampling_level="sequence",
+             mask_truncated_completions=True)
+    assert (k["rollout.temperature"], k["rollout.top_p"], k["rollout.top_k"]) == (0.7, 0.9, 50)
+    assert (k["rollout.max_completion_length"], k["algo.importance_level"], k["algo.mask_truncated"]) == (
+        1024, "sequence", True
+    )
+
+
+def test_script_fields_give_model_data_lora_and_trls_own_reward_functions():
+    k = keys(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct", dataset_name="trl-lib/DeepMath-103K",
+             use_peft=True, lora_r=8, reward_funcs=["accuracy_reward", "my_pkg.rewards.brevity"],
+             reward_weights=[1.0, 0.5])
+    assert (k["model.name_or_path"], k["data.source"], k["data.path"]) == (
+        "Qwen/Qwen2.5-0.5B-Instruct", "hf", "trl-lib/DeepMath-103K"
+    )
+    assert (k["model.lora.enabled"], k["model.lora.r"]) == (True, 8)
+    assert k["reward.functions"] == [
+        {"name": "trl.rewards:accuracy_reward", "kind": "trl", "weight": 1.0},
+        {"name": "my_pkg.rewards:brevity", "kind": "trl", "weight": 0.5},
+    ]
+
+
+def test_trl_cli_args_and_yaml(tmp_path):
+    trl_yaml = tmp_path / "trl.yaml"
+    trl_yaml.write_text("learning_rate: 1e-6\nnum_generations: 4\nbeta: 0.0\n")
+    out = convert_trl(["--config", str(trl_yaml), "--beta", "0.02", "--no_shuffle_dataset", "--report_to",
+                       "wandb", "tensorboard", "--max_steps=5"])
+    k = out.keys
+    assert (k["optim.lr"], k["rollout.num_generations"], k["algo.beta"]) == (1e-6, 4, 0.02)
+    assert (k["data.shuffle"], k["log.report_to"], k["train.num_steps"]) == (False, ["wandb", "tensorboard"], 5)
+    assert convert_trl(trl_yaml).keys["optim.lr"] == 1e-6  # YAML reads 1e-6 as text; TRL's field is a float
+    assert convert_trl([str(trl_yaml), "--num_generations", "2"]).keys["rollout.num_generations"] == 2
+    with pytest.raises(ConfigError, match="expected a TRL YAML file or --field value"):
+        convert_trl(["learning_rate", "1e-6"])
+
+
+def test_the_cli_writes_a_config_that_loads(tmp_path, capsys):
+    from grpolab.cli import main
+    from grpolab.config import load_config
+
+    out = tmp_path / "grpolab.yaml"
+    assert main(["convert-trl", "--out", str(out), "--learning_rate", "1e-5", "--max_steps", "3",
+                 "--model_name_or_path", "m", "--dataset_name", "d.jsonl"]) == 0
+    assert "fill in: reward.functions" in capsys.readouterr().err
+    cfg = load_config(out)
+    assert (cfg.optim.lr, cfg.train.num_steps, cfg.data.source) == (1e-5, 3, "jsonl")
+    assert main(["convert-trl", "--scale_rewards", "batch"]) == 2
+    assert capsys.readouterr().err.startswith("grpolab: error: convert-trl: grpolab cannot reproduce scale_rewards")
+
+
+def test_the_doc_shows_the_table():
+    assert markdown_table() in DOC.read_text(), "docs/coming_from_trl.md differs from markdown_table(): paste it"
+
+
+def test_defaults_come_from_the_installed_trl():
+    d = trl_defaults()
+    assert (d["loss_type"], d["beta"], d["num_generations"]) == ("dapo", 0.0, 8)
+    assert math.isclose(d["learning_rate"], 1e-6)
+
+
+def test_model_device_sharding_and_run_name_fields():
+    out = convert_trl({"trust_remote_code": True, "use_cpu": True, "fsdp": "full_shard", "disable_dropout": True,
+                       "output_dir": "runs/a", "run_name": "b"})
+    k = out.keys
+    assert (k["model.trust_remote_code"], k["model.device"], k["train.parallel"]) == (True, "cpu", "fsdp")
+    assert (k["log.output_dir"], k["log.run_name"]) == ("runs", "a")
+    assert any("run_name='b'" in n for n in out.notes) and not any("disable_dropout" in n for n in out.notes)
+    assert "model.device" not in keys() and "train.parallel" not in keys()
+    assert any("disable_dropout=False" in n for n in convert_trl({}).notes)
+
+
+def test_trls_named_rewards_build_as_trl_style_rewards():
+    from grpolab.rewards import build_reward
+
+    spec = keys(reward_funcs=["think_format_reward"])["reward.functions"][0]
+    reward = build_reward(spec["name"], kind=spec["kind"])
+    assert reward.name == "think_format_reward"
+    with pytest.raises(ConfigError, match="soft_overlong"):
+        keys(reward_funcs=["get_soft_overlong_punishment"])

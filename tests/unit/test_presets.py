@@ -18,11 +18,11 @@ RECIPES = {
     "cispo": ("grpo", "token-mean", "cispo", "token", "loss", "k3", 0.0, 1.0, 4.0, 1, 16, False, False),
     "rloo": ("rloo", "seq-mean-token-sum", "clip", "token", "reward", "k1", 0.05, 0.2, 0.2, 1, 1, False, False),
     "online_rft": ("online_rft", "seq-mean-token-mean", "clip", "token", "loss", "k3", 0.0, 0.2, 0.2, 1, 1, False, False),
-    "reinforce_pp": ("reinforce_pp", "token-mean", "clip", "token", "reward", "k1", 0.01, 0.2, 0.2, 1, 1, False, False),
+    "reinforce_pp": ("reinforce_pp", "token-mean", "clip", "token", "reward", "k1", 0.01, 0.2, 0.2, 1, 2, False, False),
     "reinforce_pp_baseline": (
         "reinforce_pp_baseline", "token-mean", "clip", "token", "loss", "k2", 1e-3, 0.2, 0.2, 1, 1, False, False,
     ),
-    "ppo": ("gae", "seq-mean-token-mean", "clip", "token", "reward", "k1", 0.04, 0.2, 0.2, 1, 1, False, False),
+    "ppo": ("gae", "seq-mean-token-mean", "clip", "token", "reward", "k1", 0.04, 0.2, 0.2, 1, 2, False, False),
 }  # fmt: skip
 FIELDS = (
     "advantage", "loss_agg", "policy_loss", "importance_level", "kl_in", "kl_estimator", "beta", "clip_low",
@@ -57,15 +57,28 @@ def test_explicit_settings_win_and_the_printed_config_holds_resolved_values():
     assert _load("algo.clip_low=0.1").algo.clip_high == 0.1
 
 
-def test_dapo_preset_names_the_minibatch_fix():
+@pytest.mark.parametrize("name", ["dapo", "cispo"])
+def test_a_16_minibatch_preset_runs_with_the_default_prompts_per_step(name, caplog):
+    """16 minibatches cannot split 8 prompts into whole groups: the preset runs 8 and says what to set."""
+    with caplog.at_level(logging.WARNING, logger="grpolab.config"):
+        cfg = load_config(None, [f"algo.name={name}"])
+    assert cfg.train.prompts_per_step == 8 and cfg.algo.num_minibatches == 8
+    assert "set train.prompts_per_step=16 for the paper's 16 updates per rollout" in caplog.text
+    assert load_config(None, [f"algo.name={name}", "train.prompts_per_step=12"]).algo.num_minibatches == 12
+    assert load_config(None, [f"algo.name={name}", "train.prompts_per_step=20"]).algo.num_minibatches == 10
+    reloaded = config_from_dict(yaml.safe_load(dump_config(cfg)))
+    assert reloaded == cfg  # config.yaml holds the count it ran
+
+
+def test_an_explicit_minibatch_count_is_never_changed():
     with pytest.raises(Exception, match=r"or set algo.num_minibatches \(the 'dapo' preset uses 16\)"):
-        load_config(None, ["algo.name=dapo", "train.prompts_per_step=8"])
+        load_config(None, ["algo.name=dapo", "algo.num_minibatches=16"])
 
 
 def test_inert_clip_settings_are_warned_at_load(caplog):
     with caplog.at_level(logging.WARNING, logger="grpolab.config"):
         cfg = _load("algo.name=dapo", "algo.num_minibatches=1")
-    assert "Clip-Higher (algo.clip_high=0.28) cannot act" in caplog.text
+    assert "the ratio clip with Clip-Higher (algo.clip_low=0.2, algo.clip_high=0.28) cannot act" in caplog.text
     messages = inert_settings(_load("algo.name=grpo", "algo.dual_clip=3.0", "algo.importance_level=sequence"))
     assert any("dual clip" in m for m in messages) and any("GSPO's sequence-level clip" in m for m in messages)
     assert any("CISPO" in m for m in inert_settings(_load("algo.name=cispo", "algo.num_minibatches=1")))
@@ -73,6 +86,33 @@ def test_inert_clip_settings_are_warned_at_load(caplog):
     for name in ("dapo", "gspo", "cispo", "grpo", "dr_grpo"):
         assert inert_settings(_load(f"algo.name={name}")) == [], name
     assert cfg.algo.ratio_is_one
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo.clip_low=0.1"], "so the symmetric ratio clip (algo.clip_low=algo.clip_high=0.1) cannot act"),
+        (["algo.name=gspo", "algo.num_minibatches=1"], "so GSPO's sequence-level clip (algo.clip_low=0.0003, "
+         "algo.clip_high=0.0004) cannot act"),
+        (["algo.name=ppo", "algo.num_minibatches=1"], "so the value clip (algo.value_clip=0.2: the value model"),
+        (["algo.max_sampling_rounds=3"], "algo.max_sampling_rounds=3 has no effect without dynamic sampling"),
+        (["algo.rollout_correction_cap=5"], "algo.rollout_correction_cap=5.0 have no effect with algo.rollout_correction=none"),
+        (["algo.rollout_correction_level=sequence"], "algo.rollout_correction_level=sequence have no effect"),
+        (["algo.name=dapo", "algo.kl_estimator=k2"], "algo.kl_estimator=k2 has no effect with algo.beta=0"),
+    ],
+)
+def test_each_inert_setting_is_named_by_its_own_key(overrides, message):
+    messages = inert_settings(_load(*overrides))
+    assert any(message in m for m in messages), messages
+    assert not any("Clip-Higher" in m for m in messages if "GSPO" in message)  # GSPO's clip is not Clip-Higher
+
+
+def test_presets_with_a_clip_update_in_minibatches_so_it_acts():
+    for name in ("reinforce_pp", "ppo"):
+        cfg = _load(f"algo.name={name}")
+        assert not cfg.algo.ratio_is_one and inert_settings(cfg) == [], name
+    cfg = _load("algo.name=grpo", "algo.kl_in=reward", "algo.kl_estimator=k2")
+    assert inert_settings(cfg) == []  # the KL in the reward uses the estimator now (train/batch.py)
 
 
 def test_gspo_with_token_mean_is_warned():

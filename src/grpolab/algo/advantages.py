@@ -35,6 +35,7 @@ from typing import Literal, Protocol
 import torch
 from torch import Tensor
 
+from grpolab.algo.kl import kl_k1
 from grpolab.algo.masked import masked_mean, masked_sum
 
 __all__ = [
@@ -310,12 +311,19 @@ def gae_advantages(
 
 
 def kl_shaped_token_rewards(
-    scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, *, beta: float
+    scores: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    beta: float,
+    kl_fn: Callable[[Tensor, Tensor], Tensor] = kl_k1,
 ) -> Tensor:
     """Per-token PPO rewards with the KL penalty folded in (DeepSeekMath Eq. 2, arXiv 2402.03300; TRL).
 
-    ``r_t = -beta * (logprobs_t - ref_logprobs_t)`` at every counted token (the k1 estimator), plus the
-    sequence score at the last counted token. Computed without gradient.
+    ``r_t = -beta * kl_t`` at every counted token, ``kl_t = kl_fn(logprobs, ref_logprobs)`` (k1 =
+    ``logprobs_t - ref_logprobs_t`` by default, the paper's; algo.kl_estimator picks another, as verl's
+    kl_penalty), plus the sequence score at the last counted token. Computed without gradient.
 
     Args:
         scores: ``[N]`` scalar outcome of each completion.
@@ -323,6 +331,7 @@ def kl_shaped_token_rewards(
         ref_logprobs: ``[N, T]`` log-probs under the reference policy.
         mask: ``[N, T]`` bool, True = token counts; every row needs at least one counted token.
         beta: KL coefficient.
+        kl_fn: the per-token KL estimator (grpolab.algo.kl.KL_ESTIMATORS).
 
     Returns:
         ``[N, T]`` token rewards, 0 outside the mask.
@@ -332,7 +341,7 @@ def kl_shaped_token_rewards(
         raise ValueError(f"scores must be [N] = ({mask.shape[0]},), got {tuple(scores.shape)}")
     if not mask.any(-1).all():
         raise ValueError("a row of mask has no counted token, so its score has nowhere to go")
-    kl = (logprobs - ref_logprobs).detach()
+    kl = kl_fn(logprobs, ref_logprobs).detach()
     rewards = torch.where(mask, -beta * kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     last = torch.where(mask, positions, -1).amax(-1)  # [N]

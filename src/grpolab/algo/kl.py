@@ -12,7 +12,10 @@ Munos, arXiv 2506.09477):
   is E_pi[(1 - ref/pi) grad log pi] = grad KL(ref || pi), the FORWARD KL, not the reverse KL the
   GRPO objective names.
 * k1 placed in the REWARD (PPO, DeepSeekMath Eq. 2; ``kl_shaped_token_rewards``) gives the unbiased
-  reverse-KL gradient through the policy-gradient estimator.
+  reverse-KL gradient through the policy-gradient estimator. The others may be placed there too
+  (``algo.kl_estimator``, as verl's ``kl_penalty`` in ``apply_kl_penalty``): the reward then
+  penalises a biased estimate (k2, abs) or k3's.
+* abs = |log(pi/ref)| (verl's "abs"): no paper; kept for parity with verl.
 
 Departures from the paper, and why:
 * k3 clamps ``ref_logprobs - logprobs`` to [-20, 20] before the exp (as verl's "low_var_kl"), so one
@@ -30,7 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["KL_ESTIMATORS", "LOG_RATIO_CLAMP", "kl_k1", "kl_k2", "kl_k3"]
+__all__ = ["KL_ESTIMATORS", "LOG_RATIO_CLAMP", "kl_abs", "kl_k1", "kl_k2", "kl_k3"]
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -76,5 +79,17 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return torch.expm1(x) - x
 
 
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
-"""Per-token KL estimators by name, all ``(logprobs [N, T], ref_logprobs [N, T]) -> [N, T]``."""
+def kl_abs(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """|log pi - log ref| (verl's "abs" kl_penalty). ``[N, T]`` in, ``[N, T]`` out, >= 0; biased, as k2 is."""
+    return _log_ratio(logprobs, ref_logprobs).abs()
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "k1": kl_k1,
+    "k2": kl_k2,
+    "k3": kl_k3,
+    "abs": kl_abs,
+}
+"""Per-token KL estimators by name, all ``(logprobs [N, T], ref_logprobs [N, T]) -> [N, T]``. verl's
+``kl_penalty`` names: kl = k1, mse = k2, low_var_kl = k3, abs = abs. Used in the loss (algo.kl_in=loss)
+or in the reward (algo.kl_in=reward: RLOO, REINFORCE++, PPO), as verl's apply_kl_penalty does."""

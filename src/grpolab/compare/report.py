@@ -175,8 +175,8 @@ def write_plots(folder: Path, runs) -> list[Path]:
     ):
         fig, ax = plt.subplots(figsize=(6, 4))
         for run in runs:
-            ax.plot(*_series(run, "train/reward_mean", x_key), label=run.algo)
-        ax.set(xlabel=label, ylabel="train/reward_mean", title=f"reward against {label}")
+            ax.plot(*_series(run, "reward", x_key), label=run.algo)
+        ax.set(xlabel=label, ylabel="reward", title=f"reward against {label}")
         ax.legend()
         written.append(_save(fig, folder / f"{name}.png"))
     written.append(_time_plot(plt, runs, folder / "time_per_step.png"))

@@ -3,8 +3,8 @@
 Each algorithm trains in its own ``grpolab train`` subprocess, one after another, so the peak memory a
 run reports (process RSS on CPU, max allocated on a GPU; ``sys/peak_mem_mb``) is that algorithm's
 alone. Everything but ``algo.name`` is the caller's config; the fields an algorithm preset fills
-(``algo.advantage``, ``algo.loss_agg``, ``algo.kl_in``) are reset to null so each one runs as its preset
-defines it. Runs go to ``<log.output_dir>/<log.run_name>/<algo>/``, the report beside them.
+(``algo.advantage``, ``algo.loss_agg``, ``algo.kl_in`` and the ``algo.kl_estimator`` that goes with
+where the KL sits) are reset to null so each one runs as its preset defines it. Runs go to ``<log.output_dir>/<log.run_name>/<algo>/``, the report beside them.
 
 Signals: each child runs in its own session, so a Ctrl-C at the terminal reaches only this process,
 which forwards SIGINT / SIGTERM to the running child and waits for it: the child finishes its step,
@@ -75,7 +75,7 @@ class Comparison:
 
 def algo_config(cfg: Config, algo: str, out: Path) -> Config:
     """cfg with algo.name=algo (preset fields reset), written under out/<algo>, without a progress bar."""
-    algo_cfg = dataclasses.replace(cfg.algo, name=algo, advantage=None, loss_agg=None, kl_in=None)
+    algo_cfg = dataclasses.replace(cfg.algo, name=algo, advantage=None, loss_agg=None, kl_in=None, kl_estimator=None)
     log_cfg = dataclasses.replace(cfg.log, output_dir=str(out), run_name=algo, progress=False)
     return dataclasses.replace(cfg, algo=algo_cfg, log=log_cfg)
 
@@ -189,7 +189,7 @@ def summarise(run: AlgoRun) -> dict[str, Any]:
         "time_step_s": _mean(steady, "sys/step_time_s"),
         "steps": len(rows),
         "samples": rows[-1].get("sys/samples_seen") if rows else 0,
-        "reward_first": rows[0].get("train/reward_mean") if rows else None,
-        "reward_last": _mean(tail, "train/reward_mean"),
+        "reward_first": rows[0].get("reward") if rows else None,
+        "reward_last": _mean(tail, "reward"),
         "wall_s": run.wall_s,
     }

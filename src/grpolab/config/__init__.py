@@ -14,6 +14,7 @@ value afterwards. Anything set explicitly wins. ``inert_settings`` lists valid s
 
 from __future__ import annotations
 
+from grpolab.config.engine import VLLMConfig  # noqa: F401
 from grpolab.config.loading import config_from_dict, config_to_dict, dump_config, load_config  # noqa: F401
 from grpolab.config.root import Config, inert_settings  # noqa: F401
 from grpolab.config.sections import (  # noqa: F401 - re-exported

@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import logging
 import re
+import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from grpolab.config.root import Config, inert_settings
+from grpolab.config.trl_names import trl_hint
 from grpolab.errors import ConfigError
 
 log = logging.getLogger("grpolab.config")
@@ -41,7 +43,16 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(f"{path}:{line}: {err}") from err
     for message in inert_settings(cfg):
         log.warning(message)
+    if path is not None:
+        _importable(Path(path).resolve().parent)
     return cfg
+
+
+def _importable(folder: Path) -> None:
+    """The config file's folder joins the import path (last, so it shadows no installed package): a reward
+    module beside the config (``reward.functions=[{name: 'my_rewards:fn'}]``) imports without PYTHONPATH."""
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
 
 
 _DOTTED = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*|\[\d+\])+")
@@ -103,12 +114,40 @@ def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
 
 
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+_MERGE = "tag:yaml.org,2002:merge"
+
+# YAML 1.1 (PyYAML) reads 010 as octal 8 and 1:30 as sexagesimal 90. Integers here are read as a person
+# writes them: decimal, leading zeros and all (010 is 10); 0x / 0o / 0b prefixes say another base.
+_INT_RE = re.compile(r"^(?:[-+]?[0-9][0-9_]*|[-+]?0x[0-9a-fA-F_]+|[-+]?0o[0-7_]+|[-+]?0b[01_]+)$")
+_FLOAT_RE = re.compile(  # PyYAML's, without its sexagesimal form (1:30.5)
+    r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+)
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node).replace("_", "")
+    sign, digits = (-1, text[1:]) if text[0] == "-" else (1, text.lstrip("+"))
+    return sign * int(digits, 0 if digits[:2].lower() in ("0x", "0o", "0b") else 10)
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+    """yaml.SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently),
+    reads integers in decimal (010 is 10, not YAML 1.1's octal 8; no sexagesimal 1:30) and supports
+    merge keys (``<<: *defaults``; a key written beside the merge overrides the merged one)."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (_INT, _FLOAT)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == _MERGE:
+                continue
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if key in seen:
@@ -118,6 +157,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_implicit_resolver(_INT, _INT_RE, list("-+0123456789"))
+_UniqueKeyLoader.add_implicit_resolver(_FLOAT, _FLOAT_RE, list("-+0123456789."))
+_UniqueKeyLoader.add_constructor(_INT, _construct_int)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -177,6 +221,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
+            hint = trl_hint(str(key)) or hint
             raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
     values = {k: _coerce(hints[k], v, f"{prefix}{k}") for k, v in raw.items()}
     return cls(**values)

@@ -1,4 +1,4 @@
-"""algo.name -> the paper's recipe: the value of every algo field a preset fills (README "Algorithm presets").
+"""algo.name -> the paper's recipe: the value of every algo field a preset fills (README "Presets", docs/presets.md).
 
 A field the user sets explicitly wins; the others are filled from here when AlgoConfig is built.
 """
@@ -23,7 +23,7 @@ _GRPO: dict[str, Any] = {
     "mask_truncated": False,
 }
 
-# algo.name -> the paper's recipe for every algo field left null. README "Algorithm presets" has the table.
+# algo.name -> the paper's recipe for every algo field left null. README "Presets" has the table.
 ALGO_PRESETS: dict[str, dict[str, Any]] = {
     "grpo": _GRPO,
     # Dr. GRPO (arXiv 2503.20783): no std, constant normaliser (max completion length), no KL.
@@ -74,7 +74,9 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
     # Online RFT (DeepSeekMath Eqs. 10-11): I(correct) * (1/|o|) sum_t log pi, no KL.
     "online_rft": {**_GRPO, "advantage": "online_rft", "beta": 0.0},
     # REINFORCE++ (arXiv 2501.03262, Eqs. 8-10): k1 KL in every token's reward, return-to-go, whitened over
-    # the batch's tokens; beta 0.01 as OpenRLHF's example (the paper does not pin one).
+    # the batch's tokens; beta 0.01 as OpenRLHF's example (the paper does not pin one). Its PPO-style clip
+    # acts only if the policy moves within a rollout, so the rollout is split into mini-batches as in verl's
+    # and OpenRLHF's recipes (verl's example: 1024 / 256 = 4); 2 here, which any even prompts_per_step allows.
     "reinforce_pp": {
         **_GRPO,
         "advantage": "reinforce_pp",
@@ -82,6 +84,7 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
         "kl_in": "reward",
         "kl_estimator": "k1",
         "beta": 0.01,
+        "num_minibatches": 2,
     },
     # REINFORCE++-baseline (same paper): group mean, then token-weighted batch whitening; k2 KL loss,
     # beta 1e-3 as OpenRLHF's example.
@@ -94,5 +97,7 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
     },
     # PPO as DeepSeekMath Eqs. 1-2 write it: GAE with a critic, k1 KL in the per-token reward, (1/|o|)
     # sum_t per completion like GRPO, so `grpolab compare` isolates the critic (TRL and verl use token-mean).
-    "ppo": {**_GRPO, "advantage": "gae", "kl_in": "reward", "kl_estimator": "k1"},
+    # Mini-batches per rollout (verl's PPO example: 1024 / 256 = 4; 2 here, as reinforce_pp) so that the ratio
+    # clip and the value clip act.
+    "ppo": {**_GRPO, "advantage": "gae", "kl_in": "reward", "kl_estimator": "k1", "num_minibatches": 2},
 }

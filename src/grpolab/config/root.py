@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+import logging
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from grpolab.config.advice import warn_config
+from grpolab.config.engine import VLLMConfig
 from grpolab.config.sections import (
     ALGO_PRESETS,
     AlgoConfig,
     DataConfig,
+    EnvConfig,
     EvalConfig,
     LogConfig,
     ModelConfig,
@@ -22,12 +26,15 @@ from grpolab.config.stages import IterativeConfig, RewardModelConfig, SFTConfig
 from grpolab.config.validate import check_numbers
 from grpolab.errors import ConfigError
 
+log = logging.getLogger("grpolab.config")
+
 
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -36,12 +43,15 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     iterative: IterativeConfig = field(default_factory=IterativeConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """The vLLM engine's settings, read when rollout.engine=vllm (docs/vllm.md)."""
     log: LogConfig = field(default_factory=LogConfig)
     seed: int = 0
     """Seeds every RNG (python, torch, sampling, data order)."""
 
     def __post_init__(self) -> None:
         check_numbers(self)  # every number finite and in range, first: NaN passes every comparison below
+        _fit_preset_minibatches(self)
         _check_cross_fields(self)
 
     @property
@@ -80,6 +90,23 @@ class Config:
             "optimizer_steps_per_generation": self.optimizer_steps_per_generation,
             "max_completion_tokens_per_step": self.completions_per_step * self.rollout.max_completion_length,
         }
+
+
+def _fit_preset_minibatches(cfg: Config) -> None:
+    """A preset's minibatch count (DAPO, CISPO: 16) that does not divide train.prompts_per_step into whole
+    groups becomes the largest count that does, with one warning; a count set explicitly is never changed."""
+    a, prompts = cfg.algo, cfg.train.prompts_per_step
+    if not a.from_preset("num_minibatches") or prompts < 1 or a.num_minibatches < 1:
+        return
+    if prompts % a.num_minibatches == 0:
+        return
+    fit = max(d for d in range(1, a.num_minibatches + 1) if prompts % d == 0)
+    log.warning(
+        "algo.name=%s: the preset's %d minibatches per step need train.prompts_per_step divisible by %d; with %d "
+        "prompts per step it runs %d (set train.prompts_per_step=%d for the paper's %d updates per rollout)",
+        a.name, a.num_minibatches, a.num_minibatches, prompts, fit, a.num_minibatches, a.num_minibatches,
+    )
+    object.__setattr__(cfg, "algo", dataclasses.replace(a, num_minibatches=fit))
 
 
 def _check_cross_fields(cfg: Config) -> None:
@@ -131,6 +158,10 @@ def _check_cross_fields(cfg: Config) -> None:
             r.kv_cache_budget_mb is not None and r.kv_cache_budget_mb <= 0,
             "rollout.kv_cache_budget_mb must be > 0 (MB for the sampler's KV cache), or null for a share of free memory",
         ),
+        (cfg.env.max_turns < 1, "env.max_turns must be >= 1"),
+        (cfg.env.max_episode_tokens < 1, "env.max_episode_tokens must be >= 1"),
+        (cfg.env.tool_timeout_s <= 0, "env.tool_timeout_s must be > 0 (seconds per tool call)"),
+        (cfg.env.max_tool_output_chars < 1, "env.max_tool_output_chars must be >= 1"),
         (t.max_bad_steps < 0, "train.max_bad_steps must be >= 0 (0 = skip bad updates but never stop)"),
         (cfg.reward.timeout_s <= 0, "reward.timeout_s must be > 0 (seconds per reward call on a batch)"),
     ]
@@ -155,23 +186,32 @@ def _check_cross_fields(cfg: Config) -> None:
 
 
 def inert_settings(cfg: Config) -> list[str]:
-    """Settings that are valid but cannot act, one sentence each with the fix (logged when a config loads)."""
-    a = cfg.algo
-    out = []
+    """Settings that are valid but cannot act, one sentence each with the fix (logged once when a config loads).
+
+    A preset's own values are flagged only where the preset cannot make them act either (DeepSeekMath's
+    GRPO clip at mu=1 is the paper's recipe, not the user's choice); a value the user chose is flagged.
+    """
+    a, out = cfg.algo, []
     if a.ratio_is_one:
-        why = (
-            "algo.mu=1 and algo.num_minibatches=1 make the importance ratio exactly 1 (the policy does not move "
-            "before its batch is used up), so {what} cannot act; set algo.num_minibatches > 1 or algo.mu > 1 "
-            "(DAPO: 16 minibatches, GSPO: 4)"
+        out += [_RATIO_IS_ONE.format(what=what) for what in _inert_clips(a)]
+    if not a.dynamic_sampling and a.max_sampling_rounds != _default(AlgoConfig, "max_sampling_rounds"):
+        out.append(
+            f"algo.max_sampling_rounds={a.max_sampling_rounds} has no effect without dynamic sampling: set "
+            "algo.dynamic_sampling=true (DAPO) or leave it out"
         )
-        if a.policy_loss == "clip" and a.clip_high != a.clip_low:
-            out.append(why.format(what=f"Clip-Higher (algo.clip_high={a.clip_high:g})"))
-        if a.policy_loss == "clip" and a.dual_clip is not None:
-            out.append(why.format(what=f"the dual clip (algo.dual_clip={a.dual_clip:g})"))
-        if a.importance_level == "sequence":
-            out.append(why.format(what="GSPO's sequence-level clip (algo.importance_level=sequence)"))
-        if a.policy_loss == "cispo":
-            out.append(why.format(what="CISPO's IS-weight clip (it is REINFORCE with token-mean here)"))
+    if a.rollout_correction == "none":
+        changed = [
+            f"algo.{k}={getattr(a, k)}"
+            for k in ("rollout_correction_level", "rollout_correction_cap")
+            if getattr(a, k) != _default(AlgoConfig, k)
+        ]
+        if changed:
+            out.append(
+                f"{' and '.join(changed)} have no effect with algo.rollout_correction=none: set "
+                "algo.rollout_correction=tis (or mis) to correct the sampler / trainer mismatch"
+            )
+    if a.beta == 0 and a.kl_estimator != a.preset["kl_estimator"]:
+        out.append(f"algo.kl_estimator={a.kl_estimator} has no effect with algo.beta=0 (no KL term): set algo.beta > 0")
     if a.importance_level == "sequence" and a.loss_agg == "token-mean":
         out.append(
             "algo.importance_level=sequence (GSPO) with algo.loss_agg=token-mean weighs each sequence's ratio by "
@@ -180,14 +220,50 @@ def inert_settings(cfg: Config) -> list[str]:
     return out
 
 
+_RATIO_IS_ONE = (
+    "algo.mu=1 and algo.num_minibatches=1 make the importance ratio exactly 1 (the policy does not move "
+    "before its batch is used up), so {what} cannot act; set algo.num_minibatches > 1 or algo.mu > 1 "
+    "(DAPO: 16 minibatches, GSPO: 4)"
+)
+
+
+def _default(cls, name: str):
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
+def _inert_clips(a: AlgoConfig) -> list[str]:
+    """What a ratio of exactly 1 leaves inert, each named by its own setting."""
+    out = []
+    clips = f"algo.clip_low={a.clip_low:g}, algo.clip_high={a.clip_high:g}"
+    chosen = a.clip_low != a.preset["clip_low"] or a.clip_high != a.preset.get("clip_high", a.preset["clip_low"])
+    if a.policy_loss == "cispo":
+        out.append(f"CISPO's IS-weight clip ({clips}; it is REINFORCE with token-mean here)")
+    elif a.importance_level == "sequence":
+        out.append(f"GSPO's sequence-level clip ({clips})")
+    elif a.clip_high != a.clip_low:
+        out.append(f"the ratio clip with Clip-Higher ({clips})")
+    elif chosen:
+        out.append(f"the symmetric ratio clip (algo.clip_low=algo.clip_high={a.clip_low:g})")
+    if a.policy_loss == "clip" and a.dual_clip is not None:
+        out.append(f"the dual clip (algo.dual_clip={a.dual_clip:g})")
+    if a.needs_critic and a.value_clip is not None:
+        out.append(f"the value clip (algo.value_clip={a.value_clip:g}: the value model does not move either)")
+    return out
+
+
 def _check_process(cfg: Config) -> None:
     a, spec = cfg.algo, cfg.reward.process
-    if spec is None or not spec.name:
+    if cfg.env.name is not None and spec is not None:
+        raise ConfigError(
+            "reward.process is set, but with env.name the steps of process supervision are the episode's "
+            "turns, scored by the environment's per-turn rewards: remove reward.process (docs/multiturn.md)"
+        )
+    if cfg.env.name is None and (spec is None or not spec.name):
         raise ConfigError(
             "algo.supervision=process needs reward.process, e.g. "
-            "reward.process={name: 'my_module:step_scores', delimiter: '\\n'}"
+            "reward.process={name: 'my_module:step_scores', delimiter: '\\n'} (or env.name: the steps are turns)"
         )
-    if not spec.delimiter:
+    if spec is not None and not spec.delimiter:
         raise ConfigError("reward.process.delimiter is empty: give the text that ends a step, e.g. '\\n'")
     if a.resolved_advantage != "grpo" or a.resolved_kl_in != "loss":
         raise ConfigError(

@@ -55,10 +55,13 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: Literal["jsonl", "hf", "reasoning_gym", "arithmetic"] = "jsonl"
-    """Where examples come from: a JSONL file, a Hugging Face dataset, a reasoning-gym task, or the built-in arithmetic task."""
+    source: Literal["jsonl", "hf", "reasoning_gym", "arithmetic", "multiplication"] = "jsonl"
+    """Where examples come from: a local file (jsonl), a Hugging Face dataset (hf), a reasoning-gym task, or a
+    built-in task (arithmetic: addition; multiplication: a*b=, the agent demo's calculator task). Either of
+    the first two reads a local .jsonl, .json, .parquet, .csv or .arrow file by its suffix (.jsonl natively,
+    the others through datasets' builders)."""
     path: str = ""
-    """JSONL path, or Hugging Face dataset id / local dataset folder."""
+    """A local data file, or a Hugging Face dataset id / local dataset folder (hf)."""
     name: str | None = None
     """Dataset config name (hf) or reasoning-gym dataset name."""
     split: str = "train"
@@ -66,7 +69,8 @@ class DataConfig:
     prompt_field: str = "prompt"
     """Row field holding the question."""
     answer_field: str | None = "answer"
-    """Row field holding the reference answer (None when the rewards need none)."""
+    """Row field holding the reference answer. A row without it is fine unless a reward needs the answer
+    (exact_match, math_accuracy, sft): that reward then stops naming itself and this field."""
     template: str = "none"
     """Prompt template: a key of grpolab.tasks.templates.TEMPLATES ("none", "r1", "r1_think") or a string containing {prompt}."""
     system_prompt: str | None = None
@@ -87,6 +91,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    engine: Literal["hf", "vllm"] = "hf"
+    """Generation engine (rollout/engines.py): hf = grpolab's own decoder over the live policy; vllm = a
+    vLLM engine per process, its weights synced after every update (pip install 'grpolab[vllm]')."""
     num_generations: int = 8
     """G, completions sampled per prompt (DeepSeekMath: 64; DeepSeek-R1-Zero: 16)."""
     max_completion_length: int = 256
@@ -106,6 +113,29 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class EnvConfig:
+    """Multi-turn episodes (docs/multiturn.md): the model acts, the environment answers."""
+
+    name: str | None = None
+    """An environment (grpolab.envs.ENVIRONMENTS: calculator, python, gym_retry, openenv) or
+    "package.module:attribute" returning one; null = one completion per prompt."""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Passed to the environment's factory (e.g. call_format, system_prompt, base_url)."""
+    max_turns: int = 4
+    """Model turns per episode; an episode not done by then is truncated (finish_reason "length")."""
+    max_episode_tokens: int = 1024
+    """Tokens after the prompt, model and environment together; each model turn is at most
+    rollout.max_completion_length of them."""
+    tool_timeout_s: float = 10.0
+    """A tool call is cut off here; the model reads an error instead."""
+    max_tool_output_chars: int = 2000
+    """A tool's output is cut to this many characters before it is tokenized."""
+    on_tool_error: Literal["message", "end"] = "message"
+    """A tool that raises, hangs or overflows: "message" = the model reads the error and goes on;
+    "end" = the episode ends with reward 0."""
+
+
+@dataclass(frozen=True)
 class AlgoConfig:
     name: AlgoName = "grpo"
     """Algorithm preset: the paper's recipe (ALGO_PRESETS) fills every field below marked "null = preset"
@@ -119,8 +149,9 @@ class AlgoConfig:
     """Added to the std before dividing."""
     beta: float | None = None
     """KL coefficient (DeepSeekMath: 0.04). 0 skips the reference model entirely. null = preset."""
-    kl_estimator: Literal["k1", "k2", "k3"] | None = None
-    """KL estimator used in the loss (DeepSeekMath eq. 4 is k3); the reward path always uses k1. null = preset."""
+    kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
+    """Per-token KL estimator, in the loss (DeepSeekMath eq. 4 is k3) or in the reward (algo.kl_in=reward:
+    RLOO, REINFORCE++ and PPO use k1), as verl's kl_penalty (kl = k1, mse = k2, low_var_kl = k3, abs). null = preset."""
     kl_in: Literal["loss", "reward"] | None = None
     """Where the KL penalty goes: the loss (GRPO) or the per-token reward (PPO, RLOO). null = preset."""
     clip_low: float | None = None
@@ -178,7 +209,7 @@ class AlgoConfig:
     rollout_correction: Literal["none", "tis", "mis"] = "none"
     """Correct for the sampler / trainer log-prob mismatch: tis = truncated importance sampling (weight capped
     at rollout_correction_cap), mis = mask tokens (or sequences) whose weight exceeds the cap. The mismatch
-    itself (rollout/sampler_abs_diff, rollout/sampler_kl) is logged every step either way."""
+    itself (sampling/sampling_logp_difference/mean, rollout/sampler_kl) is logged every step either way."""
     rollout_correction_level: Literal["token", "sequence"] = "token"
     """One correction weight per token, or per sequence (the product of its token weights)."""
     rollout_correction_cap: float = 2.0
@@ -192,15 +223,20 @@ class AlgoConfig:
         # holds its effective value (what code reads, what config.yaml holds, what a reload rebuilds).
         if self.name not in ALGO_PRESETS:
             return  # the loader reports an unknown name with a suggestion
-        for key, value in ALGO_PRESETS[self.name].items():
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, value)
+        filled = [key for key in ALGO_PRESETS[self.name] if getattr(self, key) is None]
+        for key in filled:
+            object.__setattr__(self, key, ALGO_PRESETS[self.name][key])
+        object.__setattr__(self, "_from_preset", frozenset(filled))  # not a field: neither dumped nor compared
         if self.clip_high is None:
             object.__setattr__(self, "clip_high", self.clip_low)
 
     @property
     def preset(self) -> dict[str, Any]:
         return ALGO_PRESETS[self.name]
+
+    def from_preset(self, key: str) -> bool:
+        """True when ``key`` was left null and the preset filled it (False when set explicitly)."""
+        return key in getattr(self, "_from_preset", ())
 
     # Kept for callers written before presets resolved into the fields: each is now the field itself.
     @property
@@ -252,7 +288,7 @@ class RewardSpec:
     prompts, completion_ids and every dataset column as keyword lists; native = fn(completion, example);
     auto = trl when the function names completions, prompts or completion_ids."""
     alias: str | None = None
-    """Name this reward is logged and combined under (train/reward/<alias>); needed when two entries
+    """Name this reward is logged and combined under (rewards/<alias>/mean); needed when two entries
     would otherwise share a name, e.g. the same reward with two kwargs. null = the reward's own name."""
 
 
@@ -273,7 +309,7 @@ class ProcessRewardSpec:
 @dataclass(frozen=True)
 class RewardConfig:
     functions: tuple[RewardSpec, ...] = ()
-    """Rewards summed with their weights; each component is logged as train/reward/<name>."""
+    """Rewards summed with their weights; each component is logged as rewards/<name>/mean."""
     timeout_s: float = 60.0
     """Per-call time limit for a reward on one batch."""
     dry_run_examples: int = 4

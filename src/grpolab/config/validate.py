@@ -34,8 +34,24 @@ def numeric_fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
         yield prefix.rstrip("."), obj
 
 
+INT_LIMIT = 1 << 63
+"""Integers of a config must lie in (-2**63, 2**63): torch's generators and counters are 64-bit."""
+
+SEED_LIMIT = INT_LIMIT - (1 << 16)
+"""Room above ``seed`` for the per-rank and per-purpose offsets (seed + rank, seed + 2)."""
+
+
 def check_finite(cfg: Any) -> None:
+    """Every float finite, every int within 64 bits (math.isfinite of a huge int raises OverflowError)."""
+    seed = getattr(cfg, "seed", 0)
+    if not -SEED_LIMIT < seed < SEED_LIMIT:
+        raise ConfigError(f"seed={seed} is too large: give a seed of at most 63 bits (|seed| < 2**63 - 65536)")
     for key, value in numeric_fields(cfg):
+        if isinstance(value, int) and not -INT_LIMIT < value < INT_LIMIT:
+            raise ConfigError(
+                f"config key '{key}' is an integer of {len(str(abs(value)))} digits, beyond 64 bits; give a "
+                "smaller number"
+            )
         if not math.isfinite(value):
             raise ConfigError(f"config key '{key}' is {value!r}; give a finite number")
 

@@ -56,9 +56,9 @@ def plot_training(rows: Sequence[Mapping[str, Any]], path: str | Path, window: i
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     steps = [r["step"] for r in rows]
     curves = (
-        (left, "train/reward_mean", "train reward", "C0"),
-        (left, "train/zero_std_frac", "zero-std groups", "C1"),
-        (right, "loss/kl", "KL to the reference (k3)", "C3"),
+        (left, "reward", "train reward", "C0"),
+        (left, "frac_reward_zero_std", "zero-std groups", "C1"),
+        (right, "kl", "KL to the reference (k3)", "C3"),
     )
     for ax, key, label, color in curves:
         values = [float("nan") if r.get(key) is None else float(r[key]) for r in rows]

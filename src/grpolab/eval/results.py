@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from grpolab import jsonio
 
 
 @dataclass
@@ -50,13 +53,16 @@ class ModelEval:
         data = dict(data)
         data["pass_at"] = {int(k): float(v) for k, v in data["pass_at"].items()}
         data["maj_at"] = {int(k): float(v) for k, v in data["maj_at"].items()}
+        data["gold_mean"] = {k: math.nan if v is None else v for k, v in data.get("gold_mean", {}).items()}
         return cls(**data)
 
 
 def save_evals(evals: list[ModelEval], path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([e.to_json() for e in evals], indent=1) + "\n")
+    tmp = path.with_name(path.name + ".tmp")  # a kill mid-write leaves the previous file whole
+    tmp.write_text(jsonio.dumps([e.to_json() for e in evals], indent=1) + "\n")
+    tmp.replace(path)
     return path
 
 

@@ -1,7 +1,7 @@
 """Pass@K / Maj@K of one or more models on the held-out prompts (``grpolab eval``; DeepSeekMath Fig. 7).
 
-For each model folder: sample n completions per held-out prompt with the HFSampler (batched, KV cache,
-bf16 autocast when configured), grade them with the configured rewards (correct = total reward above
+For each model folder: sample n completions per held-out prompt with the engine of ``rollout.engine``
+(built as training builds it, run/assemble.py; hf: batched, KV cache, bf16 autocast when configured), grade them with the configured rewards (correct = total reward above
 ``eval.correct_threshold``), and compute unbiased pass@K and maj@K for K = 1, 2, 4, ... up to n.
 Every model draws from the same seeded random stream, so two models are compared on equal footing.
 
@@ -26,16 +26,16 @@ from pathlib import Path
 import torch
 
 from grpolab.config import Config, ConfigError
-from grpolab.data import DataError, load_examples, split_eval, tokenize_prompts
+from grpolab.data import DataError, check_prompt_chars, tokenize_prompts
 from grpolab.eval.metrics import pass_maj_curves
 from grpolab.eval.results import ModelEval, save_evals
-from grpolab.models import load_policy, resolve_autocast, resolve_device
+from grpolab.models import load_tokenizer, resolve_autocast, resolve_device
 from grpolab.rewards import WeightedReward, score_batch
 from grpolab.rewards.math_answer import prediction_text
-from grpolab.rollout.hf import HFSampler, sampler_from_config
+from grpolab.rollout.engines import check_engine
 from grpolab.run import dist
+from grpolab.run.assemble import build_gold_rewards, build_rewards, build_sampler, load_model, split_examples
 from grpolab.run.progress import Progress
-from grpolab.train.gold import build_gold_rewards
 from grpolab.types import Completions, Example
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,7 @@ class Grader:
 
     @classmethod
     def from_config(cls, cfg: Config) -> Grader:
-        from grpolab.run.preflight import build_rewards  # the same checks and messages as train
-
-        rewards = build_rewards(cfg)
+        rewards = build_rewards(cfg)  # the same checks and messages as train
         return cls(rewards, cfg.eval.correct_threshold, cfg.reward.timeout_s, build_gold_rewards(cfg))
 
     def grade(self, completions: Completions, examples: Sequence[Example]) -> tuple[list[bool], list[float]]:
@@ -107,25 +105,16 @@ def vote_keys(
     ]
 
 
+def greedy_sampler(cfg: Config, model, tok):
+    """The sampler of ``rollout.engine`` at temperature 0 (greedy), over ``model``."""
+    amp = resolve_autocast(cfg.model, next(model.parameters()).device)
+    return build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=amp, temperature=0.0)
+
+
 def greedy_decode(
-    model,
-    tok,
-    prompt_ids,
-    examples,
-    grader: Grader,
-    *,
-    max_completion_length: int,
-    autocast_dtype,
-    batch: int = 256,
+    sampler, prompt_ids, examples, grader: Grader, *, batch: int = 256
 ) -> tuple[list[bool], list[str]]:
-    """([P] correct, [P] text) of the greedy completion of every prompt."""
-    sampler = HFSampler(
-        model,
-        tok,
-        max_completion_length=max_completion_length,
-        temperature=0.0,
-        autocast_dtype=autocast_dtype,
-    )
+    """([P] correct, [P] text) of the greedy completion of every prompt, by a ``greedy_sampler``."""
     correct: list[bool] = []
     texts: list[str] = []
     for start in range(0, len(prompt_ids), batch):
@@ -144,7 +133,7 @@ def evaluate_model(
     device = next(model.parameters()).device
     amp = resolve_autocast(cfg.model, device)
     n, chunk = cfg.eval.num_samples, cfg.eval.prompts_per_batch
-    sampler = sampler_from_config(model, tok, cfg.rollout, autocast_dtype=amp, temperature=cfg.eval.temperature)
+    sampler = build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=amp, temperature=cfg.eval.temperature)
     generator = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)
     per_problem, texts, lengths, totals = [], [], [], []
     gold: dict[str, list] = {}
@@ -165,21 +154,18 @@ def evaluate_model(
             gold.setdefault(name, []).extend(values)
         bar.update(stop)
     bar.close()
+    sampler.close()
     per_problem, texts, lengths, totals = dist.gather_lists(per_problem, texts, lengths, totals)
     names = [wr.name for wr in grader.gold] + (["gold_total"] if grader.gold else [])  # the same on every rank
     gold = dict(zip(names, dist.gather_lists(*[gold.get(name, []) for name in names]), strict=True))
     curves = pass_maj_curves(per_problem, cfg.eval.ks or default_ks(n))
     greedy_ok, greedy_texts = None, None
     if cfg.eval.greedy:
+        greedy = greedy_sampler(cfg, model, tok)
         greedy_ok, greedy_texts = greedy_decode(
-            model,
-            tok,
-            prompt_ids[mine.start : mine.stop],
-            examples[mine.start : mine.stop],
-            grader,
-            max_completion_length=cfg.rollout.max_completion_length,
-            autocast_dtype=amp,
+            greedy, prompt_ids[mine.start : mine.stop], examples[mine.start : mine.stop], grader
         )
+        greedy.close()
         greedy_ok, greedy_texts = dist.gather_lists(greedy_ok, greedy_texts)
     return ModelEval(
         label=label,
@@ -216,7 +202,7 @@ def held_out_examples(cfg: Config) -> list[Example]:
     """The fixed held-out examples (data.eval_size, at most eval.max_prompts), never drawn for training."""
     if cfg.data.eval_size < 1:
         raise DataError("evaluation needs held-out prompts: set data.eval_size (e.g. 300)")
-    _, held_out = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
+    _, held_out = split_examples(cfg)
     return held_out[: cfg.eval.max_prompts] if cfg.eval.max_prompts else held_out
 
 
@@ -242,16 +228,31 @@ def evaluate(
         return _evaluate(cfg, paths, names, out, show)
 
 
-def _evaluate(cfg: Config, paths: list, names: list, out: Path, show: bool) -> list[ModelEval]:
-    grader = Grader.from_config(cfg)
-    examples = held_out_examples(cfg)
-    results = []
-    for path, label in zip(paths, names, strict=True):
-        torch.manual_seed(cfg.seed)
+def _model_configs(cfg: Config, paths: list, examples: list[Example]) -> list:
+    """One model config per path, every path checked (and the prompts against its tokenizer) before any
+    model loads: a mistyped third path must not cost the first two evaluations."""
+    from grpolab.run.preflight import check_model_source
+
+    configs = []
+    for path in paths:
         model_cfg = dataclasses.replace(
             cfg.model, name_or_path=str(path), lora=dataclasses.replace(cfg.model.lora, enabled=False)
         )
-        model, tok = load_policy(model_cfg)
+        check_model_source(model_cfg)
+        check_prompt_chars(examples, load_tokenizer(model_cfg), cfg.data)
+        configs.append(model_cfg)
+    return configs
+
+
+def _evaluate(cfg: Config, paths: list, names: list, out: Path, show: bool) -> list[ModelEval]:
+    grader = Grader.from_config(cfg)
+    examples = held_out_examples(cfg)
+    check_engine(cfg.rollout.engine, cfg)  # before any model loads (vllm: the architecture, the KV cache)
+    configs = _model_configs(cfg, paths, examples)
+    results = []
+    for path, label, model_cfg in zip(paths, names, configs, strict=True):
+        torch.manual_seed(cfg.seed)
+        model, tok = load_model(model_cfg)
         prompt_ids = tokenize_prompts(examples, tok, cfg.data)
         result = evaluate_model(
             model, tok, prompt_ids, examples, grader, cfg, label=label, path=str(path), progress=show
@@ -259,8 +260,9 @@ def _evaluate(cfg: Config, paths: list, names: list, out: Path, show: bool) -> l
         log.info("eval %s: pass@1 %.3f, greedy %.3f", label, result.pass_at[1], result.greedy_accuracy or 0.0)
         results.append(result)
         del model
-    if dist.is_main():  # one result, written once
-        save_evals(results, out / "eval.json")
+        if dist.is_main():  # after each model: a stop during the next one keeps these results
+            save_evals(results, out / "eval.json")
+    if dist.is_main():
         from grpolab.eval.report import plot_pass_maj
 
         plot_pass_maj(results, out / "pass_maj.png")

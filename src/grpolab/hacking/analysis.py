@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-PROXY_KEY = "train/reward_mean"
+PROXY_KEY = "reward"
 GOLD_KEY = "train/gold_total"
 KL_KEY = "train/kl_seq"
 

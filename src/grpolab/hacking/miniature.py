@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from grpolab import jsonio
 from grpolab.config import Config
 
 log = logging.getLogger(__name__)
@@ -96,13 +97,15 @@ def run_miniature(
 def _sft_stage(base: Config) -> tuple[Path, str]:
     from grpolab.demo import SIZES
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.train.sft import sft
+    from grpolab.training.sft import sft
 
     if (base.sft_dir / "config.json").exists():
         log.warning("reusing the SFT model in %s (delete it to train it again)", base.sft_dir)
     else:
         init = save_tiny(base.run_dir / "init_model", seed=base.seed, **SIZES["full"][0])
-        sft(dataclasses.replace(base, model=dataclasses.replace(base.model, name_or_path=init)))
+        done = sft(dataclasses.replace(base, model=dataclasses.replace(base.model, name_or_path=init)), resume=True)
+        if done.stopped_by is not None:  # Ctrl-C: the SFT checkpoint is saved; a rerun continues it
+            raise KeyboardInterrupt
     return base.sft_dir, _sft_note(base.sft_dir)
 
 
@@ -119,7 +122,7 @@ def _sft_note(sft_dir: Path) -> str:
 def _reward_model_stage(base: Config, sft_dir: Path) -> tuple[Path, str]:
     from grpolab.data import load_examples, split_eval
     from grpolab.tasks.preferences import length_shortcut_pairs
-    from grpolab.train.reward_model import train_reward_model
+    from grpolab.training.reward_model import train_reward_model
 
     rm_cfg = base.reward_model
     out = base.reward_model_dir
@@ -130,7 +133,7 @@ def _reward_model_stage(base: Config, sft_dir: Path) -> tuple[Path, str]:
     examples, _ = split_eval(load_examples(base.data, seed=base.seed), base.data.eval_size)
     pairs = length_shortcut_pairs(examples[:NUM_PAIRS], seed=base.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    path.write_text("".join(jsonio.dumps(p) + "\n" for p in pairs))
     rm_cfg = dataclasses.replace(rm_cfg, base_model=str(sft_dir), data_path=str(path))
     train_reward_model(dataclasses.replace(base, reward_model=rm_cfg))
     return out, _rm_note(out, path, rm_cfg.epochs)

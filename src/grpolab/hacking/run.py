@@ -1,7 +1,7 @@
 """``grpolab hacking``: train against the proxy reward, watch the gold reward, write the overoptimisation report.
 
 One run per (algo.beta, seed) of the grid, one after another in this process, each a plain
-``grpolab train`` run with ``reward.gold`` logged (train/gold.py), written to
+``grpolab train`` run with ``reward.gold`` logged (rewards/gold.py), written to
 ``<log.output_dir>/<log.run_name>/beta<beta>_seed<seed>/``; ``report.md`` and ``plots/`` beside them
 (hacking/report.py). The gold curve is the train-time gold score of each step's on-policy samples,
 not a separate evaluation of checkpoints: the same samples the proxy scored, at every step, for free.
@@ -46,7 +46,10 @@ def effective_beta(cfg: Config) -> float:
 
 
 def run_name(beta: float, seed: int) -> str:
-    return f"beta{beta:g}_seed{seed}"
+    """beta<beta>_seed<seed>, the beta written short (0.04) unless that loses digits (0.040000001): two
+    betas never share a folder."""
+    short = f"{beta:g}"
+    return f"beta{short if float(short) == beta else repr(float(beta))}_seed{seed}"
 
 
 def grid_configs(cfg: Config, betas: Sequence[float] = (), seeds: Sequence[int] = ()) -> dict[str, Config]:
@@ -63,6 +66,9 @@ def grid_configs(cfg: Config, betas: Sequence[float] = (), seeds: Sequence[int] 
     seeds = list(seeds) or [cfg.seed]
     if any(b < 0 for b in betas) or len(set(betas)) != len(betas) or len(set(seeds)) != len(seeds):
         raise ConfigError(f"--betas and --seeds take distinct values, betas >= 0; got {betas} and {seeds}")
+    names = [run_name(b, s) for s in seeds for b in betas]
+    if len(set(names)) != len(names):  # a guard: run_name is lossless, so this cannot happen
+        raise ConfigError(f"--betas {betas} and --seeds {seeds} give two runs one folder name")
     out = {}
     for seed in seeds:  # seed-major: a grid stopped early has every beta for the seeds it ran
         for beta in betas:
@@ -83,7 +89,7 @@ def hacking(
 ) -> HackingResult:
     """Train every (beta, seed) of the grid in turn, then write report.md beside the runs."""
     from grpolab.hacking.report import write_report
-    from grpolab.train.loop import train
+    from grpolab.training.loop import train
 
     configs = grid_configs(cfg, betas, seeds)
     run_dirs = {}

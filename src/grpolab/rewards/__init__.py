@@ -38,6 +38,7 @@ from grpolab.rewards.base import (
 from grpolab.rewards.code import make_code_tests
 from grpolab.rewards.math_answer import make_math_accuracy
 from grpolab.rewards.trl_style import TrlReward, looks_like_trl
+from grpolab.rewards.worker import start_workers
 
 
 def _make_gym_score() -> PerSample:
@@ -62,7 +63,17 @@ def _make_reward_model(
     )
 
 
+def _make_env_reward() -> Reward:
+    """The environment's episode reward (per-turn rewards summed; None when it gave none)."""
+
+    def env(completion, example) -> float | None:
+        return None if completion.episode is None else completion.episode.env_reward
+
+    return per_sample(env, name="env")
+
+
 REWARDS: dict[str, Callable[..., Reward]] = {
+    "env": _make_env_reward,
     "exact_match": rules.make_exact_match,
     "math_accuracy": make_math_accuracy,
     "r1_format": rules.make_r1_format,
@@ -73,6 +84,15 @@ REWARDS: dict[str, Callable[..., Reward]] = {
     "reward_model": _make_reward_model,
     "code_tests": make_code_tests,
 }
+
+
+IN_PROCESS = frozenset(
+    {"exact_match", "r1_format", "soft_overlong", "length_penalty", "truncation_penalty", "code_tests", "reward_model"}
+)
+"""REWARDS that run in the trainer even with a timeout (rewards.timeouts): grpolab's rule rewards are short string
+code whose regexes run in linear time, code_tests kills its own sandboxes, the reward model needs the trainer's
+device. The others (math_accuracy, reasoning_gym: third-party parsers of the completion's text) and every user
+reward run in a worker process that is killed when reward.timeout_s is up (rewards.worker)."""
 
 
 def _check_kwargs(label: str, fn: Callable[..., Any], kwargs: Mapping[str, Any], *args: Any) -> None:
@@ -101,8 +121,8 @@ def _import_attr(spec: str) -> Any:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise ValueError(
-            f"reward {spec!r}: cannot import module {module_name!r} ({exc}); install it or put its "
-            "folder on PYTHONPATH"
+            f"reward {spec!r}: cannot import module {module_name!r} ({exc}); put it beside the config file, "
+            "install it, or put its folder on PYTHONPATH"
         ) from exc
     if not hasattr(module, attr):
         public = [n for n in dir(module) if not n.startswith("_")]
@@ -113,7 +133,13 @@ def _import_attr(spec: str) -> Any:
 
 
 def _user_reward(spec: str, kwargs: Mapping[str, Any], kind: str = "auto") -> Reward:
-    obj = _import_attr(spec)
+    return reward_from_object(_import_attr(spec), spec, kwargs, kind)
+
+
+def reward_from_object(obj: Any, spec: str, kwargs: Mapping[str, Any] | None = None, kind: str = "auto") -> Reward:
+    """A reward from a Python object (see the module docstring): a TRL function, a class, a reward object or a
+    per-sample function. ``spec`` names it in errors (and names a class instance without a ``name``)."""
+    kwargs = dict(kwargs or {})
     if kind == "trl" or (kind == "auto" and not inspect.isclass(obj) and _trl_function(obj)):
         if not callable(obj) or inspect.isclass(obj):
             raise ValueError(f"reward {spec!r} (kind: trl) must be a function fn(completions, **kwargs)")
@@ -188,10 +214,14 @@ def build_reward(
             f"unknown reward {name!r}; {hint}known rewards: {', '.join(REWARDS)}; "
             "or give your own as 'package.module:function'"
         )
-    return WeightedReward(_call_factory(name, REWARDS[name], kwargs), weight)
+    reward = _call_factory(name, REWARDS[name], kwargs)
+    if name in IN_PROCESS:
+        reward.in_process = True
+    return WeightedReward(reward, weight)
 
 
 __all__ = [
+    "IN_PROCESS",
     "REWARDS",
     "PerSample",
     "Reward",
@@ -203,5 +233,7 @@ __all__ = [
     "build_reward",
     "dry_run",
     "per_sample",
+    "reward_from_object",
     "score_batch",
+    "start_workers",
 ]

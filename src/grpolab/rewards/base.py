@@ -10,29 +10,22 @@ A reward may also be asynchronous: ``is_async = True`` and ``async acall(complet
 (TRL-style ``async def`` functions, rewards.trl_style). ``score_batch`` awaits all of a batch's async
 rewards together with ``asyncio.gather`` under one ``timeout_s``, then runs the others in turn.
 
-A reward with ``main_thread = True`` (a synchronous TRL function, whose math-verify calls use
-signal.alarm) runs in the main thread instead, and its timeout interrupts it there.
-
-Timeouts run the reward in a daemon ``threading.Thread`` rather than a ``concurrent.futures``
-pool: a pool's worker threads are joined at interpreter exit, so one reward stuck forever (a
-math-verify parse on an adversarial string) would keep the process from exiting after the error.
-A daemon thread is abandoned instead.
+Each call is bounded by ``timeout_s`` (grpolab.rewards.timeouts): with a timeout a reward runs in a
+worker process killed at the deadline (grpolab.rewards.worker), unless it sets ``in_process = True``.
 """
 
 from __future__ import annotations
 
-import _thread
-import asyncio
 import math
 import numbers
-import signal
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol, runtime_checkable
 
-from grpolab.errors import GrpolabError
+from grpolab.errors import ConfigError, GrpolabError
+from grpolab.rewards.timeouts import TimedOut, Unsendable, call_bounded, gather_bounded
+from grpolab.rewards.worker import WorkerDied
 from grpolab.types import Completion, Example
 
 SampleFn = Callable[[Completion, Example], "float | None"]
@@ -51,6 +44,9 @@ class SampleError(RewardError):
             "Fix the reward function, or the dataset row it cannot handle."
         )
         self.name, self.index, self.example, self.exc = name, index, example, exc
+
+    def __reduce__(self):  # pickled by its fields (sent back from a reward's worker process)
+        return (type(self), (self.name, self.index, self.example, self.exc), {"__notes__": getattr(self, "__notes__", [])})
 
 
 @runtime_checkable
@@ -104,14 +100,24 @@ def per_sample(fn: SampleFn | None = None, *, name: str | None = None):
     return PerSample(fn, name)
 
 
+def _as_float(value: numbers.Real) -> float:
+    """float(value), or inf for an int beyond float's range."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 @dataclass(frozen=True)
 class WeightedReward:
     reward: Reward
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.weight, numbers.Real) or not math.isfinite(self.weight):
-            raise ValueError(f"reward '{self.name}' has weight {self.weight!r}; give a finite number")
+        if not isinstance(self.weight, numbers.Real) or not math.isfinite(_as_float(self.weight)):
+            raise ConfigError(
+                f"reward '{getattr(self.reward, 'name', self.reward)}' has weight {self.weight!r}; give a finite number"
+            )
         if not callable(self.reward) or not isinstance(getattr(self.reward, "name", None), str):
             raise ValueError(
                 f"{self.reward!r} is not a reward: it needs a str `name` and a batched call "
@@ -134,76 +140,29 @@ class ScoreResult:
 
 
 def _call(reward: Reward, completions: list, examples: list, timeout_s: float | None, first_index: int):
-    call = lambda: reward(completions, examples)  # noqa: E731
+    """``reward(completions, examples)`` within ``timeout_s`` (rewards.timeouts), failures as RewardError."""
     label = f"'{reward.name}'"
-    if getattr(reward, "main_thread", False) and timeout_s is not None and _can_interrupt_main():
-        return _bounded_in_main(call, label, examples, timeout_s, first_index)
-    return _bounded(call, label, examples, timeout_s, first_index)
-
-
-class _Timeout(BaseException):
-    """Raised in the main thread by _bounded_in_main's timer; BaseException so `except Exception` in a reward lets it by."""
-
-
-def _can_interrupt_main() -> bool:
-    return threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGUSR2")
-
-
-def _bounded_in_main(fn: Callable[[], object], label: str, examples: list, timeout_s: float, first_index: int):
-    """Run ``fn`` in the main thread, interrupted after ``timeout_s`` (between bytecodes, so a call stuck
-    inside C code is interrupted only when it returns).
-
-    For rewards that need the main thread: math-verify's default timeout (TRL's documented accuracy
-    reward) uses signal.alarm, which raises ValueError in any other thread.
-    """
-    done = threading.Event()
-
-    def on_timer(signum, frame) -> None:
-        if not done.is_set():
-            raise _Timeout
-
-    previous = signal.signal(signal.SIGUSR2, on_timer)
-    timer = threading.Timer(timeout_s, _thread.interrupt_main, args=(signal.SIGUSR2,))
-    timer.daemon = True
-    timer.start()
     try:
-        value = fn()
-        done.set()
-        return value
-    except _Timeout:
-        raise RewardError(
-            f"reward {label} took longer than {timeout_s:g} s on a batch of {len(examples)} "
-            f"completions (first {describe_example(examples[0], first_index)}); raise reward.timeout_s or make it faster"
-        ) from None
-    finally:
-        done.set()
-        timer.cancel()
-        timer.join()
-        signal.signal(signal.SIGUSR2, previous)
+        return call_bounded(reward, (completions, examples), timeout_s)
+    except (TimedOut, WorkerDied, Unsendable) as err:
+        raise _bound_error(err, label, examples, timeout_s, first_index) from None
 
 
-def _bounded(fn: Callable[[], object], label: str, examples: list, timeout_s: float | None, first_index: int):
-    if timeout_s is None:
-        return fn()
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the caller's thread, re-raised there
-            box["error"] = exc
-
-    worker = threading.Thread(target=target, name=f"reward-{label}", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        raise RewardError(
-            f"reward {label} took longer than {timeout_s:g} s on a batch of {len(examples)} "
-            f"completions (first {describe_example(examples[0], first_index)}); raise reward.timeout_s or make it faster"
+def _bound_error(err: Exception, label: str, examples: list, timeout_s, first_index: int) -> RewardError:
+    where = f"a batch of {len(examples)} completions (first {describe_example(examples[0], first_index)})"
+    if isinstance(err, TimedOut):
+        return RewardError(
+            f"reward {label} took longer than {timeout_s:g} s on {where}; raise reward.timeout_s or make it faster"
         )
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]
+    if isinstance(err, WorkerDied):
+        return RewardError(
+            f"reward {label} ended its worker process ({err}) on {where}; a reward must return its values, "
+            "not exit or crash"
+        )
+    return RewardError(
+        f"reward {label}: the batch cannot be sent to the reward's worker process ({err}); keep the examples' "
+        "meta to plain data, or set in_process = True on the reward"
+    )
 
 
 def _checked_values(name: str, values: object, examples: Sequence[Example], first_index: int) -> list:
@@ -229,12 +188,14 @@ def _checked_values(name: str, values: object, examples: Sequence[Example], firs
                 f"reward '{name}' returned {value!r} ({type(value).__name__}) for {where}; "
                 "return a float, or None when the reward does not apply"
             )
-        if not math.isfinite(value):
+        number = _as_float(value)  # an int beyond float's range (about 1.8e308) is inf
+        if not math.isfinite(number):
+            shown = repr(value) if len(repr(value)) <= 40 else f"an int of {len(str(abs(value)))} digits"
             raise RewardError(
-                f"reward '{name}' returned {value!r} for {where}; return a finite float "
+                f"reward '{name}' returned {shown} for {where}; return a finite float "
                 "(guard divisions and logs), or None when the reward does not apply"
             )
-        out.append(float(value))
+        out.append(number)
     return out
 
 
@@ -282,15 +243,13 @@ def _score_async(
     rewards: Sequence[WeightedReward], completions: list, examples: list, timeout_s: float | None
 ) -> dict[str, list[float | None]]:
     """Await every async reward together (asyncio.gather, in a fresh loop), each result then checked."""
-
-    async def gather() -> list:
-        calls = (wr.reward.acall(completions, examples) for wr in rewards)  # type: ignore[attr-defined]
-        return await asyncio.gather(*calls, return_exceptions=True)
-
     label = "+".join(f"'{wr.name}'" for wr in rewards) + " (async, awaited together)"
-    results = _bounded(lambda: asyncio.run(gather()), label, examples, timeout_s, 0)
+    try:
+        results = gather_bounded([wr.reward for wr in rewards], (completions, examples), timeout_s)
+    except (TimedOut, WorkerDied, Unsendable) as err:
+        raise _bound_error(err, label, examples, timeout_s, 0) from None
     out = {}
-    for wr, values in zip(rewards, results, strict=True):  # type: ignore[call-overload]
+    for wr, values in zip(rewards, results, strict=True):
         if isinstance(values, BaseException):
             if not isinstance(values, Exception):
                 raise values
@@ -337,11 +296,23 @@ def score_batch(
         components[wr.name] = _score_one(wr, completions, examples, timeout_s)
         seconds[wr.name] = time.perf_counter() - start
     components = {wr.name: components[wr.name] for wr in rewards}  # in the configured order
-    total: list[float | None] = []
-    for i in range(len(completions)):
-        parts = [wr.weight * v for wr in rewards if (v := components[wr.name][i]) is not None]
-        total.append(sum(parts) if parts else None)
+    total = [_total(rewards, components, i, examples[i]) for i in range(len(completions))]
     return ScoreResult(total=total, components=components, seconds=seconds)
+
+
+def _total(rewards: Sequence[WeightedReward], components: dict, i: int, example: Example) -> float | None:
+    """The weighted sum of completion ``i``'s components; one that is not finite (1e308 x 10) is an error."""
+    parts = [(wr, v) for wr in rewards if (v := components[wr.name][i]) is not None]
+    if not parts:
+        return None
+    total = sum(wr.weight * v for wr, v in parts)
+    if not math.isfinite(total):
+        terms = " + ".join(f"{wr.weight:g} x {v:g} ('{wr.name}')" for wr, v in parts)
+        raise RewardError(
+            f"the total reward of {describe_example(example, i)} is {total} ({terms}): a weight or a reward "
+            "value is too large; scale the reward (return values near [-1, 1]) or lower its weight"
+        )
+    return total
 
 
 def dry_run(
@@ -359,9 +330,12 @@ def dry_run(
     _check_inputs(rewards, completions, examples)
     count = min(max_examples, len(completions))
     per_sample_s: dict[str, float] = {}
+    values: dict[str, list[float | None]] = {}
     for wr in rewards:
         start = time.perf_counter()
-        for j in range(count):
-            _score_one(wr, [completions[j]], [examples[j]], timeout_s, first_index=j)
+        values[wr.name] = [_score_one(wr, [completions[j]], [examples[j]], timeout_s, first_index=j)[0]
+                           for j in range(count)]
         per_sample_s[wr.name] = (time.perf_counter() - start) / max(count, 1)
+    for j in range(count):  # the weighted totals too: 1e308 x weight 10 is inf
+        _total(rewards, values, j, examples[j])
     return per_sample_s

@@ -11,12 +11,14 @@ neither scores 0 without running anything.
 The tests are ``example.meta["tests"]`` (a JSONL row's fields are under ``meta["row"]``, so a
 ``"tests"`` field of the row works too), in one of two formats:
 
-* a list of strings, each one or more ``assert`` statements, e.g. ``["assert add(1, 2) == 3"]``:
-  each is split (grpolab.rewards.code_checks) into an expression (``add(1, 2)``) and an expected
-  value (``3``, a Python literal). The code is executed once as module ``solution`` (its ``if
-  __name__ == "__main__":`` block does not run), then every expression in its namespace; the
-  sandbox sends back their values as text and the test passes if this process finds them equal
-  (or as the test says) to the expected values, which never enter the sandbox.
+* a list of strings, each one or more ``assert`` statements, e.g. ``["assert add(1, 2) == 3"]``
+  or ``["assert abs(area(2) - 12.566) < 1e-3"]``: each is split (grpolab.rewards.code_checks) into
+  the calls under test (``add(1, 2)``, ``area(2)``) and the rest of the assert. The code is executed
+  once as module ``solution`` (its ``if __name__ == "__main__":`` block does not run; ``exit()`` or
+  ``sys.exit(0)`` ends it as its last line would), then every call under test in its namespace; the
+  sandbox sends back their values as plain data and this process evaluates the rest of each assert
+  on them (grpolab.rewards.code_verdict). Expected values, ``abs``, ``math.isclose`` and the
+  comparisons never enter the sandbox; a value that is not plain data fails its test.
 * a list of ``{"input": str, "output": str}``: the code runs as a program (``__main__``) once per
   case, with ``input`` as stdin; it passes if it exits with status 0 and its stdout equals
   ``output``, ignoring trailing whitespace on each line and trailing blank lines.
@@ -43,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from grpolab.rewards.base import RewardError, SampleError
-from grpolab.rewards.code_checks import Check, split_test
+from grpolab.rewards.code_checks import RAISED, AssertTest, split_test
 from grpolab.rewards.rules import extract_answer_tag, final_region
 from grpolab.rewards.sandbox import SandboxError, SandboxLimits, run_python
 from grpolab.types import Completion, Example
@@ -97,7 +99,7 @@ def read_tests(example: Example) -> list[str] | list[dict[str, str]]:
     return [{"input": t["input"], "output": t["output"]} for t in tests]
 
 
-def _checks(tests: list[str] | list[dict[str, str]]) -> list[list[Check]] | list[dict[str, str]]:
+def _checks(tests: list[str] | list[dict[str, str]]) -> list[AssertTest] | list[dict[str, str]]:
     if tests and isinstance(tests[0], str):
         return [split_test(test, i) for i, test in enumerate(tests)]  # type: ignore[arg-type]
     return tests  # type: ignore[return-value]
@@ -109,6 +111,10 @@ def _normalise(text: str) -> str:
 
 class CodeTests:
     """Batched reward: fraction of ``read_tests(example)`` the completion's code passes, in a sandbox."""
+
+    in_process = True
+    """Runs in the trainer even with a timeout (rewards.timeouts): each sandbox is killed at its own deadline, and
+    the trainer only waits on them (without the GIL)."""
 
     def __init__(
         self,
@@ -140,7 +146,7 @@ class CodeTests:
             result = run_python(code, mode="asserts", limits=self.limits, exprs=["failed"])
         except SandboxError as err:
             raise RewardError(f"code_tests: the sandbox does not work here: {err}") from err
-        if result.values.get(0) != "[]":
+        if result.values.get(0) != []:
             raise RewardError(
                 f"code_tests: the sandbox does not work here: it could not import the standard library (failed: "
                 f"{result.values.get(0) or 'unknown, nothing came back'}; exit status {result.returncode}, "
@@ -167,18 +173,25 @@ class CodeTests:
     def _score(self, code: str | None, tests: list[Any]) -> float:
         if code is None:
             return 0.0
-        if isinstance(tests[0], list):
-            exprs = [check.expr for checks in tests for check in checks]
-            values = run_python(code, mode="asserts", limits=self.limits, exprs=exprs).values
-            passed, k = 0, 0
-            for checks in tests:
-                passed += all(check.holds(values.get(k + j)) for j, check in enumerate(checks))
-                k += len(checks)
+        if isinstance(tests[0], AssertTest):
+            passed = self._passes_asserts(code, tests)
         else:
             passed = sum(self._passes_io(code, case) for case in tests)
         if self.all_or_nothing:
             return float(passed == len(tests))
         return passed / len(tests)
+
+    def _passes_asserts(self, code: str, tests: list[AssertTest]) -> int:
+        exprs = [probe for test in tests for probe in test.probes]
+        result = run_python(code, mode="asserts", limits=self.limits, exprs=exprs)
+        if not result.loaded:
+            return 0
+        values = [result.values.get(k, RAISED) for k in range(len(exprs))]
+        passed = k = 0
+        for test in tests:
+            passed += test.passes(values[k : k + len(test.probes)])
+            k += len(test.probes)
+        return passed
 
     def _passes_io(self, code: str, case: Mapping[str, str]) -> bool:
         result = run_python(code, mode="program", limits=self.limits, stdin=case["input"])

@@ -108,8 +108,11 @@ class RewardModel:
         max_length: token limit per text (the start is cut).
         autocast: "auto" | "bf16" | "none", as ``model.autocast``.
         device: "auto" | "cpu" | "cuda".
-        name: the name logged as ``train/reward/<name>``.
+        name: the name logged as ``rewards/<name>/mean``.
     """
+
+    in_process = True
+    """Runs in the trainer, on its device, even with a timeout (rewards.timeouts; a fork cannot use CUDA)."""
 
     def __init__(
         self,
@@ -167,6 +170,9 @@ class RewardModelSteps:
 
     Same arguments as ``RewardModel``; each step prefix is one scored text.
     """
+
+    in_process = True
+    """As RewardModel.in_process."""
 
     def __init__(self, path: str, **kwargs) -> None:
         kwargs.setdefault("name", "reward_model_steps")

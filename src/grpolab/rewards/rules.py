@@ -79,9 +79,11 @@ _EXTRACTORS = {
 
 def require_answer(example: Example, reward: str) -> str:
     if example.answer is None:
+        field = (example.meta or {}).get("answer_field")
+        where = f"no '{field}' field (data.answer_field)" if field else "no reference answer (data.answer_field)"
         raise ValueError(
-            f"the dataset row has no reference answer (Example.answer is None) but reward '{reward}' "
-            "needs one; fill the answer field of every row, or drop this reward"
+            f"the dataset row has {where}, which reward '{reward}' needs: set data.answer_field to the column "
+            "that holds the reference answer, fill it in every row, or drop this reward"
         )
     return example.answer
 

@@ -3,8 +3,11 @@
 Each run is a fresh ``python -I -S`` process (isolated mode: no environment variables read, no user
 or site-packages directory, the script's folder not on sys.path; only the standard library can be
 imported), started through sandbox_harness.py, which isolates the code before it runs. The code
-never sees what it is checked against: in asserts mode it gets only the expressions to evaluate and
-sends back their values as text; the caller (grpolab.rewards.code) parses and compares them.
+never sees what it is checked against: in asserts mode it gets only the expressions to evaluate (the
+calls under test) and sends back their values as plain data, which this process parses with bounds
+on size and depth (``read_status``); the caller (grpolab.rewards.code) compares them. Whatever the
+code writes ends as values or as nothing, never as an exception here. The run's temporary folder is
+removed by this process and by the harness itself, so it goes even when the caller stops waiting.
 
 =====================  =========================================================================
 limit                  how it is enforced
@@ -67,15 +70,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from grpolab.rewards.base import RewardError
+from grpolab.rewards.code_verdict import MAX_DEPTH, RAISED, decode
 
 HARNESS = Path(__file__).with_name("sandbox_harness.py")
 NOBODY = 65534
 STARTUP_S = 0.5
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 _STATUS_CAP = 1 << 20
+_JSON_MARKS = re.compile(r'[\[\]{}"\\]')
 _LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x")
 
 
@@ -127,12 +132,14 @@ class RunResult:
 
     returncode: int | None
     stdout: bytes
-    values: dict[int, str] = field(default_factory=dict)
-    """asserts mode: expression index -> repr() of its value, as the code reported it (untrusted text)."""
+    values: dict[int, Any] = field(default_factory=dict)
+    """asserts mode: expression index -> its plain value (code_verdict.decode), or code_verdict.RAISED."""
     timed_out: bool = False
     output_overflow: bool = False
     isolation: str = ""
     """What the harness enforced, e.g. "uid65534+pidns+netns+..."; empty if it never got ready."""
+    loaded: bool = False
+    """asserts mode: the code ran to its end (or to exit() / sys.exit(0)), as the run reported it."""
 
     @property
     def clean_exit(self) -> bool:
@@ -179,7 +186,7 @@ def run_python(
     """Run ``code`` in a fresh sandboxed process.
 
     asserts: the code is executed as module ``solution``, then each of ``exprs`` is evaluated in its
-    namespace; ``values`` holds the repr() of each value that is made of literal types only. program:
+    namespace; ``values`` holds each value that is plain data (RAISED for the others). program:
     the code runs as ``__main__`` with ``stdin`` as its standard input; ``stdout`` is what it printed.
     """
     paths, masks = interpreter_files()
@@ -287,15 +294,75 @@ def _result(returncode, out: bytes, status: str, timed_out: bool, overflow: bool
                 f"({sys.executable} -I -S {HARNESS})"
             )
         return RunResult(returncode, out, {}, timed_out, overflow, "")
-    values: dict[int, str] = {}
-    for line in lines[ready + 1 :]:  # written by (or in the name of) the code: data, parsed defensively
-        try:
-            report = json.loads(line)
-        except ValueError:
+    values, loaded = read_status(lines[ready + 1 :])
+    return RunResult(returncode, out, values, timed_out, overflow, lines[ready].partition(" ")[2], loaded)
+
+
+def read_status(lines: Sequence[str]) -> tuple[dict[int, Any], bool]:
+    """The values and the loaded flag in status lines written by (or in the name of) the code.
+
+    Untrusted data: a line that is too long, nested too deeply, not JSON or not a value is skipped,
+    so nothing the code writes raises here. The first report of an expression counts.
+    """
+    values: dict[int, Any] = {}
+    loaded = False
+    for line in lines:
+        report = _parse_line(line)
+        if not isinstance(report, dict):
             continue
-        if isinstance(report, dict) and type(report.get("i")) is int and type(report.get("value")) is str:
-            values.setdefault(report["i"], report["value"])
-    return RunResult(returncode, out, values, timed_out, overflow, lines[ready].partition(" ")[2])
+        if report == {"loaded": True}:
+            loaded = True
+        elif type(report.get("i")) is int and report["i"] not in values:
+            values[report["i"]] = _value(report)
+    return values, loaded
+
+
+def _parse_line(line: str) -> object:
+    if len(line) > _STATUS_CAP or _depth(line) > MAX_DEPTH + 4:
+        return None
+    try:
+        return json.loads(line, parse_int=_bounded_int)
+    except Exception:  # noqa: BLE001 (ValueError, RecursionError, MemoryError: untrusted text, skipped)
+        return None
+
+
+def _depth(line: str) -> int:
+    """An upper bound on the JSON nesting of ``line``: brackets outside strings (fast when there are few)."""
+    if line.count("[") + line.count("{") <= MAX_DEPTH:
+        return 0
+    depth = deepest = 0
+    in_string, escaped_at = False, -1
+    for mark in _JSON_MARKS.finditer(line):  # only these characters matter
+        char, at = mark.group(), mark.start()
+        if in_string:
+            if at == escaped_at:
+                continue
+            if char == "\\":
+                escaped_at = at + 1
+            in_string = char != '"'
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 40:  # larger ints are sent as hex ({"int": ...}), whose length is checked
+        raise ValueError("int text too long")
+    return int(text)
+
+
+def _value(report: dict) -> Any:
+    if set(report) != {"i", "value"}:
+        return RAISED
+    try:
+        return decode(report["value"])
+    except Exception:  # noqa: BLE001 (not a plain value: the test fails)
+        return RAISED
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -307,14 +374,13 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _remove(root: Path) -> None:
-    """Delete the run's folder, whatever permissions the code left on what it wrote."""
-
-    def fix_and_retry(func, path, _exc) -> None:
+    """Delete the run's folder, whatever permissions the code left on what it wrote (also done by the harness)."""
+    stack = [str(root)]  # open every folder up first (the code may have closed some), top down
+    while stack:
+        path = stack.pop()
         try:
-            os.chmod(os.path.dirname(path), 0o700)
             os.chmod(path, 0o700)
-            func(path)
+            stack += [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
         except OSError:
             pass
-
-    shutil.rmtree(root, onerror=fix_and_retry)
+    shutil.rmtree(root, ignore_errors=True)

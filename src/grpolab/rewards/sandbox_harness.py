@@ -12,19 +12,29 @@ Started by grpolab.rewards.sandbox, never imported: standard library only. Three
   runs the untrusted code.
 
 Status lines: ``error <why>`` (isolation failed; the code never ran), ``ready <isolation>``, then in
-asserts mode one JSON object per expression: ``{"i": 0, "value": "<repr>"}`` or ``{"i": 0, "raised":
-"<exception type>"}``. The code shares B with these lines and can write its own: they are data the
-trainer parses with ast.literal_eval and compares with expected values that never entered the
-sandbox, so writing them gives the code no more than returning those values would.
+asserts mode ``{"loaded": true}`` once the code has run (to its end, or to ``exit()`` / ``sys.exit(0)``)
+and one JSON object per expression: ``{"i": 0, "value": <value>}`` or ``{"i": 0, "raised": "<why>"}``,
+where <value> is the expression's value as plain data (``_encode``). The code shares B with these
+lines and can write its own: they are data that the trainer parses with bounds on size and depth
+and compares, outside the sandbox, with expected values that never entered it, so writing them
+gives the code no more than returning those values would.
+
+``exit`` and ``quit`` (left undefined by ``-S``, which skips the site module that defines them) are
+defined as the site module does: they raise SystemExit.
+
+When A has ended, P removes the run's folder (the one holding the job file), so that it is gone even
+when the trainer stopped waiting for this run (a reward timeout) or was killed.
 """
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import json
 import os
 import resource
 import select
+import shutil
 import sys
 import time
 
@@ -52,7 +62,9 @@ _SYSCALLS = {  # (audit arch, {name: number})
         117, 270, 271, 428, 429, 430, 431, 432, 433, 442, 425, 435), strict=True))),
 }  # fmt: skip
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
-_PLAIN_DEPTH = 64
+_PLAIN_DEPTH = 100  # code_verdict.MAX_DEPTH: deeper values are refused there
+_PLAIN_BITS = 1 << 16  # code_verdict.MAX_BITS
+_PLAIN_BYTES = 1 << 18  # the JSON of one value; the trainer reads at most 1 MiB of status in all
 
 
 def _libc():
@@ -230,21 +242,64 @@ def _isolate(libc, job: dict, namespaces: list[str]) -> str:
     return "+".join(done)
 
 
-def _plain(value, depth: int = 0):
-    """``value`` as builtin literal types only (what == would compare equal), or TypeError."""
+def _encode(value, depth: int = 0):
+    """``value`` as JSON-able plain data (decoded by grpolab.rewards.code_verdict.decode), or TypeError.
+
+    Builtin scalars and containers, and their subclasses (a namedtuple, a Counter), are taken as the
+    builtin type; anything else is not a value a test can compare outside the sandbox.
+    """
     if depth > _PLAIN_DEPTH:
         raise TypeError("nested too deeply")
-    for kind in (bool, int, float, complex, str, bytes):
-        if isinstance(value, kind):
-            return kind(value)
-    if value is None:
-        return None
+    if value is None or isinstance(value, bool):
+        return None if value is None else bool(value)
+    if isinstance(value, int):
+        value = int(value)
+        if value.bit_length() > _PLAIN_BITS:
+            raise TypeError("an int too large to send back")
+        return value if abs(value) < 1 << 53 else {"int": hex(value)}
+    if isinstance(value, float):
+        value = float(value)
+        return value if value - value == 0 else {"float": repr(value)}  # nan, inf, -inf
+    if isinstance(value, complex):
+        return {"complex": [_encode(value.real), _encode(value.imag)]}
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, bytes | bytearray):
+        return {"bytes": bytes(value).hex()}
     if isinstance(value, dict):
-        return {_plain(k, depth + 1): _plain(v, depth + 1) for k, v in value.items()}
-    for kind, plain in ((list, list), (tuple, tuple), (set, set), (frozenset, set)):
+        return {"dict": [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in dict.items(value)]}
+    for kind, tag in ((list, None), (tuple, "tuple"), (set, "set"), (frozenset, "frozenset")):
         if isinstance(value, kind):
-            return plain(_plain(v, depth + 1) for v in value)
-    raise TypeError(f"{type(value).__name__} is not a literal type")
+            items = [_encode(v, depth + 1) for v in kind.__iter__(value)]
+            return items if tag is None else {tag: items}
+    raise TypeError(f"{type(value).__name__} is not plain data")
+
+
+def _report(i: int, compute) -> str:
+    try:
+        value = compute()
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt included: the expression has no value
+        return json.dumps({"i": i, "raised": type(exc).__name__})
+    try:
+        line = json.dumps({"i": i, "value": _encode(value)})
+    except BaseException as exc:  # not plain data (TypeError), or its encoding raised
+        return json.dumps({"i": i, "raised": f"not plain data: {type(exc).__name__}"})
+    if len(line) > _PLAIN_BYTES:
+        return json.dumps({"i": i, "raised": "value too large"})
+    return line
+
+
+class _Quitter:
+    """``exit`` / ``quit`` as the site module defines them (``-S`` skips it)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Use {self.name}() or Ctrl-D (i.e. EOF) to exit"
+
+    def __call__(self, code=None):
+        raise SystemExit(code)
 
 
 def _module(name: str) -> dict:
@@ -262,14 +317,14 @@ def _run_asserts(job: dict, status) -> int:
     namespace = _module("solution")
     try:
         exec(compile(job["code"], "solution.py", "exec"), namespace)
-    except BaseException:  # SystemExit included: exiting early is not passing
+    except SystemExit as exc:  # exit() / sys.exit(0) ends the module as its last line would
+        if exc.code not in (None, 0):
+            return 1
+    except BaseException:
         return 1
+    status.write('{"loaded": true}\n')
     for i, expr in enumerate(job["exprs"]):
-        try:
-            report = {"i": i, "value": repr(_plain(eval(compile(expr, f"test_{i}.py", "eval"), namespace)))}
-        except BaseException as exc:
-            report = {"i": i, "raised": type(exc).__name__}
-        status.write(json.dumps(report) + "\n")
+        status.write(_report(i, lambda expr=expr, i=i: eval(compile(expr, f"test_{i}.py", "eval"), namespace)) + "\n")
     return 0
 
 
@@ -302,6 +357,19 @@ def _wait(pid: int, deadline_s: float | None = None) -> int:
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
+def _remove(folder: str) -> None:
+    """Delete the run's folder, whatever permissions the code left on what it wrote (as sandbox._remove)."""
+    stack = [str(folder)]  # open every folder up first (the code may have closed some), top down
+    while stack:
+        path = stack.pop()
+        try:
+            os.chmod(path, 0o700)
+            stack += [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _leave_channels(status_fd: int) -> None:
     """A waiting parent keeps no copy of the pipes, so the trainer sees them close when B exits."""
     os.close(status_fd)
@@ -319,6 +387,7 @@ def _run_b(libc, job: dict, status_fd: int, namespaces: list[str]) -> int:
         status.write(f"error {type(exc).__name__}: {exc}\n")
         return 3
     status.write(f"ready {isolation}\n")
+    builtins.exit, builtins.quit = _Quitter("exit"), _Quitter("quit")
     if job["mode"] == "asserts":
         return _run_asserts(job, status)
     status.close()  # the program gets no channel to the trainer besides stdout
@@ -337,7 +406,10 @@ def main() -> int:
     a = os.fork()
     if a:  # P
         _leave_channels(status_fd)
-        return _wait(a)
+        try:
+            return _wait(a)
+        finally:
+            _remove(os.path.dirname(os.path.abspath(sys.argv[1])))
     b = os.fork()
     if b:  # A
         _leave_channels(status_fd)

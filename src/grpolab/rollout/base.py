@@ -1,4 +1,7 @@
-"""The sampler contract: prompt token ids in, a prompt-major group of completions out."""
+"""The sampler contract: prompt token ids in, a prompt-major group of completions out.
+
+The engines that implement it, and how one is chosen (``rollout.engine``), are in rollout/engines.py.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +19,10 @@ class Sampler(Protocol):
     Rows are prompt-major: row ``p * G + g`` of every [N, ...] field is sample g of prompt p.
     ``logprobs`` are the log-probs the sampler assigned to the sampled tokens (see
     ``grpolab.types``); the trainer uses them as ``old_logprobs``.
+
+    A sampler that needs the task items of the prompts (an environment sampler,
+    grpolab.rollout.multiturn) sets ``takes_examples = True`` and accepts ``examples=`` [P] in
+    ``sample``; the loop passes them only to such a sampler, so every other one keeps this signature.
     """
 
     def sample(
@@ -25,3 +32,14 @@ class Sampler(Protocol):
         num_generations: int,
         generator: torch.Generator | None = None,
     ) -> Completions: ...
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Take the policy's current weights. The loop calls it after every policy update (after the
+        step's optimizer steps, before the next ``sample``) and once after a resume, with the policy
+        as the trainer holds it (possibly DDP- or FSDP-wrapped). A sampler that reads the live model
+        (hf) does nothing."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine holds (memory, processes) at the end of a run; hf: nothing."""
+        ...

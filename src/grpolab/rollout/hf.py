@@ -129,6 +129,12 @@ class HFSampler:
         ids, mask, logprobs = _concat_right_padded(parts, self.pad_token_id)
         return self._package(prompt_ids, num_generations, ids, mask, logprobs)
 
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Nothing to do: every ``sample`` reads the live model (and refreshes its low-precision copy)."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
     def _block(self, prompt_ids, device: torch.device) -> int:
         """Sequences per block from the KV-cache budget (rollout.kv_cache_budget_mb or free memory)."""
         tokens = max(len(p) for p in prompt_ids) + self.max_completion_length

@@ -17,18 +17,26 @@ by hand); ``latest_intact`` then falls back to the newest checkpoint that passes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from grpolab.errors import GrpolabError
 from grpolab.models import is_peft
+
+
+class CheckpointError(GrpolabError, RuntimeError):
+    """A checkpoint that cannot be written or read safely; the message says what to do."""
 
 _STEP = re.compile(r"^step_(\d+)$")
 
@@ -81,23 +89,12 @@ def save_checkpoint(
     states, data position, step); it is saved with torch.save. ``extra_models`` (a value head, a
     reset reference) are saved as <name>.safetensors; ``files`` are small text files (the config).
     """
-    from safetensors.torch import save_model
-
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
     tmp = root / f".tmp_step_{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    for name, extra in (extra_models or {}).items():
-        save_model(extra, str(tmp / f"{name}.safetensors"))
-    torch.save(state, tmp / "trainer_state.pt")
-    for name, text in (files or {}).items():
-        (tmp / name).write_text(text)
-    write_manifest(tmp)
-    _fsync_dir(tmp)
+    with writing_checkpoint(tmp, run_dir):
+        _write_files(tmp, model, tokenizer, state, extra_models or {}, files or {})
     trash = root / f".old_step_{step}"
     if final.exists():  # rewriting a step: move the old one aside first, so step_N is never half-deleted
         shutil.rmtree(trash, ignore_errors=True)
@@ -108,6 +105,49 @@ def save_checkpoint(
     for _, old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _write_files(tmp: Path, model, tokenizer, state: dict, extra_models: dict, files: dict) -> None:
+    from safetensors.torch import save_model
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    for name, extra in extra_models.items():
+        save_model(extra, str(tmp / f"{name}.safetensors"))
+    torch.save(state, tmp / "trainer_state.pt")
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    write_manifest(tmp)
+    _fsync_dir(tmp)
+
+
+def _write_errors() -> tuple[type[BaseException], ...]:
+    """What a failed write raises: OSError, torch.save's RuntimeError, safetensors' SafetensorError."""
+    from safetensors import SafetensorError
+
+    return (OSError, RuntimeError, SafetensorError)
+
+
+@contextlib.contextmanager
+def writing_checkpoint(tmp: Path, run_dir: Path) -> Iterator[None]:
+    """Around the writes into ``tmp``: a failure (a full disk: torch.save raises RuntimeError, safetensors
+    its own error) removes the partial folder and becomes a CheckpointError naming the intact one."""
+    try:
+        yield
+    except GrpolabError:
+        raise
+    except _write_errors() as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(tmp.parent).free if tmp.parent.exists() else 0
+        last = latest_checkpoint(run_dir)
+        kept = f"the previous checkpoint {last} is intact" if last else "no earlier checkpoint was written"
+        raise CheckpointError(
+            f"writing the checkpoint {tmp.name.removeprefix('.tmp_')} failed ({type(err).__name__}: "
+            f"{' '.join(str(err).split())[:200]}) with {free / 2**20:.0f} MiB free on {tmp.parent}; {kept}. "
+            "Free space (or choose another log.output_dir) and continue with grpolab train --resume"
+        ) from err
 
 
 MANIFEST = "manifest.json"
@@ -158,6 +198,8 @@ def verify_checkpoint(path: Path) -> str | None:
                 return f"{name} has {file.stat().st_size} bytes, {want['size']} were written"
             if want.get("sha256") is not None and _sha256(file) != want["sha256"]:
                 return f"{name} does not match its checksum"
+        for state in path.glob("trainer_state*.pt"):
+            check_safe(state)  # intact, perhaps, but hostile: say so rather than call it damaged
         return None
     missing = [f for f in REQUIRED if not (path / f).is_file()]
     if not any((path / w).is_file() for w in WEIGHTS):
@@ -166,6 +208,8 @@ def verify_checkpoint(path: Path) -> str | None:
         return f"{', '.join(missing)} missing"
     try:
         load_state(path)
+    except CheckpointError:
+        raise  # intact, perhaps, but unsafe to read: say so rather than call it damaged
     except Exception as err:  # noqa: BLE001 - any failure to unpickle means the file is damaged
         return f"trainer_state.pt does not load ({type(err).__name__})"
     return None
@@ -218,7 +262,44 @@ def load_extra(module: torch.nn.Module, path: Path, name: str) -> bool:
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    return torch.load(Path(path) / "trainer_state.pt", weights_only=False)
+    return safe_load(Path(path) / "trainer_state.pt")
+
+
+def safe_load(file: Path) -> Any:
+    """torch.load with weights_only=True: tensors and plain data only, so a crafted file cannot run code.
+
+    Every trainer state grpolab writes (optimizer and scheduler state dicts, RNG states, counters) is
+    such data. A file that holds anything else is refused with a CheckpointError.
+    """
+    try:
+        return torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise _unsafe(file, _unsafe_globals(file)) from err
+
+
+def check_safe(file: Path) -> None:
+    """A CheckpointError if ``file`` names anything torch.load(weights_only=True) refuses; reads the
+    pickle's opcodes only (no tensor data), so a checkpoint is judged before any model loads."""
+    found = _unsafe_globals(file)
+    if found:
+        raise _unsafe(file, found)
+
+
+def _unsafe_globals(file: Path) -> list[str]:
+    try:
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(file))
+    except Exception:  # noqa: BLE001 - a damaged file: the load that follows names the damage
+        return []
+
+
+def _unsafe(file: Path, found: list[str]) -> CheckpointError:
+    named = f"it names {', '.join(found[:3])}" if found else "torch will not load it safely"
+    return CheckpointError(
+        f"{file} holds more than tensors and plain data ({named}); grpolab reads checkpoints with "
+        "torch.load(weights_only=True) so that a crafted file cannot run code on --resume. It was edited or "
+        "written by other software: resume from another checkpoint (move this one away) or start the run anew "
+        "(log.overwrite=true)"
+    )
 
 
 def _fsync_dir(path: Path) -> None:

@@ -141,9 +141,16 @@ def reduce_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 
 
 def _kind(key: str) -> str:
-    if key.endswith("_max") or key.startswith("sys/time") or key in ("sys/step_time_s", "sys/peak_mem_mb"):
+    """How a metric combines over ranks, from its name: ``adv_abs_max``, ``completions/max_length``,
+    ``.../max`` are maxima (TRL's names put max / min first), ``sys/time*`` too."""
+    last = key.rsplit("/", 1)[-1]
+    if _extreme(last, "max") or key.startswith("sys/time") or key in ("sys/step_time_s", "sys/peak_mem_mb"):
         return "max"
-    return "min" if key.endswith("_min") else "mean"
+    return "min" if _extreme(last, "min") else "mean"
+
+
+def _extreme(name: str, which: str) -> bool:
+    return name == which or name.startswith(f"{which}_") or name.endswith(f"_{which}")
 
 
 def _nan_safe(v: float) -> float:

@@ -128,9 +128,9 @@ class NoSignal:
     """Counts steps in a row that carry no learning signal, from the step's metrics alone.
 
     A step has no signal when no completion got a valid reward (``train/reward_valid_frac`` = 0), or,
-    for group baselines, when every group's rewards are equal (``train/zero_std_frac`` = 1: zero
+    for group baselines, when every group's rewards are equal (``frac_reward_zero_std`` = 1: zero
     advantage everywhere); for a learned baseline (PPO) when all rewards of the step are equal
-    (``train/reward_std`` = 0). A constant reward, a reward that is None for everything, or a task too
+    (``reward_std`` = 0). A constant reward, a reward that is None for everything, or a task too
     hard for the model all look like this. Warns after ``warn_after`` such steps in a row, raises
     TrainingError after ``limit`` (train.max_no_signal_steps; 0 = never). Dynamic sampling that drops
     zero-std groups reports what it kept, so it composes: only steps with nothing kept count.
@@ -143,7 +143,7 @@ class NoSignal:
 
     @classmethod
     def from_config(cls, cfg) -> NoSignal:
-        """Group baselines read zero_std_frac; process supervision is not judged (its signal is in the step
+        """Group baselines read frac_reward_zero_std; process supervision is not judged (its signal is in the step
         rewards, which these outcome metrics do not see)."""
         from grpolab.config.validate import GROUP_ADVANTAGES
 
@@ -157,8 +157,8 @@ class NoSignal:
         if metrics.get("train/reward_valid_frac", 1.0) <= 0:
             return False
         if self.group_baseline:
-            return metrics.get("train/zero_std_frac", 0.0) < 1.0
-        return metrics.get("train/reward_std", 1.0) > 0
+            return metrics.get("frac_reward_zero_std", 0.0) < 1.0
+        return metrics.get("reward_std", 1.0) > 0
 
     def observe(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled or self.has_signal(metrics):

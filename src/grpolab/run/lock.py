@@ -4,11 +4,14 @@ Two runs on one run dir would interleave metrics rows, overwrite config.yaml and
 checkpoints. ``hold_run_dir(run_dir)`` takes an exclusive, non-blocking ``flock`` and writes the
 holder (pid, host, command, start time) into the file; a second run fails at once with a RunDirLocked
 naming that holder. The kernel drops a flock when its process dies (even by SIGKILL), so a lock file
-left by a dead run is simply taken over (its old holder is logged). ``flock`` is advisory and local:
+left by a dead run is simply taken over (its old holder is logged). A run that leaves the block (done, or
+stopped by an error or a signal it handled) empties the file first, so only a run killed outright leaves
+a holder for the next one to report. ``flock`` is advisory and local:
 on NFS each host sees only its own locks.
 
-In a distributed job only the process that writes the run directory takes it (rank 0): call
-``hold_run_dir`` there and a no-op context elsewhere; this is the single entry point.
+In a distributed job only the process that writes the run directory takes it (rank 0):
+``hold_run_dir_for_job`` takes it there and tells every rank the outcome, so that a refused lock stops
+each rank with its own one-line error.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from grpolab.errors import ConfigError, GrpolabError
+from grpolab.errors import ConfigError, GrpolabError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +94,35 @@ def hold_run_dir(run_dir: Path | str) -> Iterator[dict]:
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, (json.dumps(me) + "\n").encode())
-        yield me
+        try:
+            yield me
+        finally:
+            # Leaving the block (done, or an error Python saw): the holder record goes, so the next run finds
+            # an empty lock file. Only a process killed outright (SIGKILL, OOM, power) leaves its record behind.
+            os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # closing the descriptor releases the flock
+
+
+@contextlib.contextmanager
+def hold_run_dir_for_job(run_dir: Path | str) -> Iterator[None]:
+    """For a job of one or more processes: rank 0 holds ``run_dir``, and every rank learns whether it could.
+
+    A refused lock then stops every rank with its own one-line error, instead of rank 0 alone leaving
+    the others to fail in their next collective (a gloo traceback).
+    """
+    from grpolab.run import dist
+
+    with contextlib.ExitStack() as stack:
+        refused: GrpolabError | None = None
+        if dist.is_main():
+            try:
+                stack.enter_context(hold_run_dir(run_dir))
+            except GrpolabError as err:
+                refused = err
+        message = dist.broadcast_object(None if refused is None else one_line(refused))
+        if refused is not None:
+            raise refused
+        if message is not None:
+            raise RunDirLocked(f"rank 0 could not take the run directory: {message}")
+        yield

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from grpolab import jsonio
 from grpolab.run import dist
-from grpolab.run.trackers import open_trackers
+from grpolab.run.trackers import open_trackers, tracker_key
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -73,11 +74,12 @@ class RunLogger:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
-        row = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        row = {"step": step, **metrics}
         with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+            fh.write(jsonio.dumps_row(row) + "\n")  # non-finite values as null, counted
+        charted = {tracker_key(k): v for k, v in metrics.items()} if self.trackers else {}
         for tracker in self.trackers.values():
-            tracker.log(step, metrics)
+            tracker.log(step, charted)
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Rows to samples.jsonl, and to every tracker as one table."""
@@ -85,7 +87,7 @@ class RunLogger:
             return
         with self.samples_path.open("a") as fh:
             for row in rows:
-                fh.write(json.dumps({"step": step, **row}) + "\n")
+                fh.write(jsonio.dumps_row({"step": step, **row}) + "\n")
         if self.trackers and rows:
             columns, table = completions_table(rows)
             for tracker in self.trackers.values():

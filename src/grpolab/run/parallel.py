@@ -134,6 +134,12 @@ class GatheredSampler:
         with gathered(self.model):
             return self.sampler.sample(*args, **kwargs)
 
+    def update_weights(self, model: nn.Module) -> None:
+        self.sampler.update_weights(model)
+
+    def close(self) -> None:
+        self.sampler.close()
+
 
 def sampler_for(sampler, model: nn.Module):
     """The sampler itself for a plain or DDP model (built on the inner module), a GatheredSampler under FSDP."""

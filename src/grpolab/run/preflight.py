@@ -6,6 +6,7 @@ then (once the tokenizer and model config are loaded) the context length.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from pathlib import Path
 from grpolab.config import Config, ConfigError, ModelConfig, RewardSpec
 from grpolab.data import DataError
 from grpolab.errors import GrpolabError
+from grpolab.hub import hub_load_kwargs
 from grpolab.model_sources import check_source, is_converted_source
 from grpolab.models import ModelLoadError, resolve_device
 from grpolab.rewards import WeightedReward, build_reward
@@ -59,9 +61,9 @@ def check_model_source(cfg: ModelConfig) -> None:
     """A local model path that does not exist fails here, before the data and rewards are loaded.
 
     An absolute path, or one starting with ``.`` or ``~``, is local; anything else that is not an
-    existing folder is taken for a hub id and left to from_pretrained. A ``.gguf`` file or a
-    ``package:<module>/<file>`` source is checked to exist, to be GGUF, and to be readable (the gguf
-    package installed); its conversion waits for the model load.
+    existing folder is taken for a hub id, which must be cached or the Hub reachable (grpolab.hub). A
+    ``.gguf`` file or a ``package:<module>/<file>`` source is checked to exist, to be GGUF, and to be
+    readable (the gguf package installed); its conversion waits for the model load.
     """
     resolve_device(cfg)  # model.device=cuda without CUDA
     source = cfg.name_or_path
@@ -81,6 +83,30 @@ def check_model_source(cfg: ModelConfig) -> None:
             f"model.name_or_path: {source} is a folder without config.json (or adapter_config.json); "
             "point it at the model folder itself"
         )
+    if path.is_dir():
+        _check_model_files(path, source)
+    hub_load_kwargs(source, cfg.revision, "model.name_or_path")  # a hub id: cached or reachable, else one line
+
+
+def _check_model_files(path: Path, source: str) -> None:
+    """A sharded (torchrun) checkpoint, or a model whose index names a shard that is not there."""
+    if (path / "sharded.json").exists():
+        raise ModelLoadError(
+            f"model.name_or_path: {source} is a sharded (torchrun) checkpoint, not a model folder: export it "
+            f"first (grpolab export {source} <folder>), or resume its run with grpolab train --resume"
+        )
+    for index in path.glob("*.safetensors.index.json"):
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ModelLoadError(f"model.name_or_path: {index} is unreadable ({err}); the model folder is damaged") from err
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise ModelLoadError(
+                f"model.name_or_path: {path / missing[0]}, listed in {index.name}, is missing"
+                f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: the folder was copied or "
+                "exported only in part; copy or export it again"
+            )
 
 
 def build_rewards(
@@ -114,7 +140,8 @@ def build_rewards(
 
 
 def check_context(cfg: Config, prompt_ids: Sequence[Sequence[int]], model_config) -> None:
-    """Longest prompt + rollout.max_completion_length against the model's max_position_embeddings.
+    """Longest prompt + rollout.max_completion_length (with an environment: + env.max_episode_tokens, the
+    episode's budget) against the model's max_position_embeddings.
 
     Beyond it, a model with learned position embeddings (GPT-2) fails with an index error, so that is
     an error here; a rotary model (Llama, Qwen) runs but was not trained there, so that is a warning.
@@ -124,14 +151,34 @@ def check_context(cfg: Config, prompt_ids: Sequence[Sequence[int]], model_config
         return
     longest = max(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     prompt_len = len(prompt_ids[longest])
-    total = prompt_len + cfg.rollout.max_completion_length
+    key, budget = (
+        ("env.max_episode_tokens", cfg.env.max_episode_tokens)
+        if cfg.env.name is not None
+        else ("rollout.max_completion_length", cfg.rollout.max_completion_length)
+    )
+    total = prompt_len + budget
     if total <= limit:
         return
+    room = limit - budget  # what the completions leave for a prompt
+    if prompt_len >= limit:
+        advice = (
+            f"The prompt alone fills the context: set data.max_prompt_length to {limit - 1} or less to find "
+            f"the long prompts, and lower {key}"
+        )
+    elif room < 1:
+        advice = (
+            f"{key} alone fills the context: lower it to {limit - prompt_len} or less "
+            "(the prompts need room too)"
+        )
+    else:
+        advice = (
+            f"Lower {key} to {limit - prompt_len} or less, or set "
+            f"data.max_prompt_length to {room} or less to find the long prompts"
+        )
     message = (
-        f"the longest prompt (example {longest}, {prompt_len} tokens) + rollout.max_completion_length="
-        f"{cfg.rollout.max_completion_length} = {total} tokens, beyond the model's max_position_embeddings="
-        f"{limit}. Lower rollout.max_completion_length to {max(limit - prompt_len, 0)} or less, or set "
-        f"data.max_prompt_length below {limit - cfg.rollout.max_completion_length} to find the long prompts"
+        f"the longest prompt (example {longest}, {prompt_len} tokens) + {key}="
+        f"{budget} = {total} tokens, beyond the model's max_position_embeddings="
+        f"{limit}. {advice}"
     )
     rotary = getattr(model_config, "rope_parameters", None) or getattr(model_config, "rope_theta", None)
     if rotary is None:

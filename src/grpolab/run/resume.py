@@ -16,7 +16,6 @@ that checkpoint (``config.yaml`` inside it, else the run's), field by field:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from grpolab import jsonio
 from grpolab.config import Config, ConfigError, config_from_dict, config_to_dict
 from grpolab.run import checkpoint as ckpt
 
@@ -43,6 +43,14 @@ ACCEPTED = (
     "model.device",
     "model.gradient_checkpointing",
     "rollout.max_batch_sequences",
+    "rollout.engine",
+    "vllm.gpu_memory_utilization",
+    "vllm.kv_cache_space_gb",
+    "vllm.max_model_len",
+    "vllm.max_num_seqs",
+    "vllm.enable_prefix_caching",
+    "vllm.enforce_eager",
+    "vllm.sleep_mode",
     "log",
     "eval",
     "sft",
@@ -121,6 +129,7 @@ def resume_point(cfg: Config) -> ResumePoint | None:
         )
     for bad, problem in damaged:
         log.warning("--resume: checkpoint %s is damaged (%s); resuming from %s instead", bad, problem, path)
+    check_world_size(path)
     saved, saved_path = _saved_config(run_dir, path)
     if saved is None:
         log.warning("--resume: %s has no saved config to compare with; trusting the given one", run_dir)
@@ -128,6 +137,22 @@ def resume_point(cfg: Config) -> ResumePoint | None:
     changes = config_changes(saved, config_to_dict(cfg))
     check_changes(changes, cfg.log.resume_allow, saved_path)
     return ResumePoint(path, changes)
+
+
+def check_world_size(path: Path) -> None:
+    """A sharded checkpoint resumes only with the world size that wrote it (each rank's RNG and data share
+    are its own); a ConfigError before any model loads says how to run it."""
+    from grpolab.run import dist, sharded
+
+    if not sharded.is_sharded_checkpoint(path):
+        return
+    saved = sharded.saved_world_size(path)
+    if saved != dist.world().size:
+        raise ConfigError(
+            f"--resume: {path} is a sharded checkpoint written by {saved} processes and this job has "
+            f"{dist.world().size}: resume it with torchrun --nproc_per_node={saved} (same config), or export it "
+            f"(grpolab export {path} <folder>) and start a new run from that folder"
+        )
 
 
 def record_resume(cfg: Config, point: ResumePoint, step: int) -> None:
@@ -139,4 +164,4 @@ def record_resume(cfg: Config, point: ResumePoint, step: int) -> None:
     row = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "checkpoint": str(point.path), "step": step,
            "changes": changes}
     with Path(cfg.run_dir, "resumes.jsonl").open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(row, default=str) + "\n")
+        fh.write(jsonio.dumps(row, default=str) + "\n")

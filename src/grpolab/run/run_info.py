@@ -7,13 +7,13 @@ rule rewards: no reward model); a reference of 0 parameters is LoRA's adapter-di
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from grpolab import jsonio
 from grpolab.config import Config
 from grpolab.models import count_parameters
 from grpolab.run import dist
@@ -62,5 +62,5 @@ def write_run_info(
     }
     info["world_size"] = dist.world().size
     if dist.is_main():
-        Path(cfg.run_dir, "run_info.json").write_text(json.dumps(info, indent=2) + "\n")
+        Path(cfg.run_dir, "run_info.json").write_text(jsonio.dumps(info, indent=2) + "\n")
     return info

@@ -44,7 +44,19 @@ def is_sharded_checkpoint(path: Path) -> bool:
 
 
 def saved_step(path: Path) -> int:
-    return int(json.loads((Path(path) / MARKER).read_text())["step"])
+    return int(_marker(path)["step"])
+
+
+def saved_world_size(path: Path) -> int:
+    return int(_marker(path)["world_size"])
+
+
+def _marker(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((Path(path) / MARKER).read_text())
+        return {"step": int(data["step"]), "world_size": int(data["world_size"])}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ExportError(f"{path}/{MARKER} is unreadable ({type(err).__name__}: {err}); the checkpoint is damaged") from err
 
 
 def _state(models: dict[str, nn.Module], optimizers: dict[str, tuple[nn.Module, Any]]) -> dict[str, Any]:
@@ -108,7 +120,7 @@ def load(
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     path = Path(path)
-    saved = json.loads((path / MARKER).read_text())["world_size"]
+    saved = saved_world_size(path)
     if saved != dist.world().size:
         raise GrpolabError(
             f"{path} was written by {saved} processes, this job has {dist.world().size}: resume with "
@@ -120,7 +132,7 @@ def load(
         set_model_state_dict(m, state[name])
     for name, (m, opt) in optimizers.items():
         set_optimizer_state_dict(m, opt, state[name])
-    return torch.load(path / f"trainer_state_rank{dist.world().rank}.pt", weights_only=False)
+    return ckpt.safe_load(path / f"trainer_state_rank{dist.world().rank}.pt")
 
 
 def export(checkpoint: Path, out: Path, *, dtype: str | None = None) -> Path:
@@ -128,17 +140,19 @@ def export(checkpoint: Path, out: Path, *, dtype: str | None = None) -> Path:
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    checkpoint = Path(checkpoint)
-    if not is_sharded_checkpoint(checkpoint):
-        raise ExportError(
-            f"{checkpoint} is not a sharded checkpoint (no {MARKER}); a one-process checkpoint is already a "
-            "model folder that from_pretrained loads"
-        )
+    checkpoint, out = Path(checkpoint), Path(out)
+    check_export(checkpoint, out)
     config = AutoConfig.from_pretrained(checkpoint)
     with tempfile.TemporaryDirectory() as tmp:
         full = Path(tmp) / "full.pt"
-        dcp_to_torch_save(checkpoint / "dcp", full)
-        weights = torch.load(full, weights_only=False)["model"]
+        try:
+            dcp_to_torch_save(checkpoint / "dcp", full)
+        except Exception as err:  # noqa: BLE001 - DCP raises CheckpointException, OSError, ValueError...
+            raise ExportError(
+                f"{checkpoint}: the shards cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:200]}); "
+                "the checkpoint is damaged: export an earlier one"
+            ) from err
+        weights = ckpt.safe_load(full)["model"]
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if k not in _tied(model)]
@@ -149,10 +163,38 @@ def export(checkpoint: Path, out: Path, *, dtype: str | None = None) -> Path:
         )
     if dtype:
         model = model.to(getattr(torch, dtype))
-    out = Path(out)
     model.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(checkpoint).save_pretrained(out)
+    if not (out / "config.json").is_file() or not any((out / w).is_file() for w in ckpt.WEIGHTS):
+        raise ExportError(f"{out}: nothing was written (no config.json and weights there); check the folder")
     return out
+
+
+def check_export(checkpoint: Path, out: Path) -> None:
+    """Before any work: the checkpoint is sharded and intact, and ``out`` is a new or empty folder outside
+    every run's checkpoints folder (a model there would be taken for a checkpoint, and pruned or resumed)."""
+    if not is_sharded_checkpoint(checkpoint):
+        raise ExportError(
+            f"{checkpoint} is not a sharded checkpoint (no {MARKER}); a one-process checkpoint is already a "
+            "model folder that from_pretrained loads"
+        )
+    has_manifest = (checkpoint / ckpt.MANIFEST).is_file()
+    problem = ckpt.verify_checkpoint(checkpoint) if has_manifest else None
+    if not (checkpoint / "dcp" / ".metadata").is_file():
+        problem = problem or "dcp/.metadata is missing"
+    if problem is not None:
+        raise ExportError(f"{checkpoint} is damaged ({problem}); export an earlier checkpoint of the run")
+    target = out.expanduser().resolve()
+    for folder in (target, *target.parents):
+        if folder.name == "checkpoints" and (ckpt.list_checkpoints(folder.parent) or folder == checkpoint.resolve().parent):
+            raise ExportError(
+                f"export target {out} is inside the run's checkpoints folder {folder}: there it would be pruned "
+                "by keep_last or taken for a checkpoint on --resume. Export to a folder outside it"
+            )
+    if target.exists() and not target.is_dir():
+        raise ExportError(f"export target {out} is a file; give a folder to write the model into")
+    if target.is_dir() and any(target.iterdir()):
+        raise ExportError(f"export target {out} is a folder that already holds files; give a new or empty folder")
 
 
 def _tied(model: nn.Module) -> set[str]:

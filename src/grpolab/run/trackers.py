@@ -11,6 +11,9 @@ A resumed run continues the same tracker run: the first start writes each tracke
 past the resumed step; wandb and trackio cannot rewind a run, so rows logged after the last
 checkpoint of a killed run stay there and the resumed steps follow them.
 
+Metric names: metrics.jsonl holds TRL's log names (``reward``, ``kl``); trackers chart them as TRL's
+trackers do, with ``train/`` in front (``tracker_key``).
+
 Tracker runs are opened by the RunLogger, which only the process that writes the run directory
 creates.
 """
@@ -18,16 +21,17 @@ creates.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import logging
 import math
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from grpolab import jsonio
 from grpolab.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,17 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
+GRPOLAB_NAMESPACES = ("train", "loss", "rollout", "sys", "eval", "sft")
+"""The prefixes of grpolab's own metrics; every other key is one of TRL GRPOTrainer's names."""
+
+
+def tracker_key(key: str) -> str:
+    """The name a tracker charts a metric under: TRL's names get ``train/`` in front, as transformers'
+    TensorBoard, wandb and trackio callbacks write them for TRL (``reward`` -> ``train/reward``), so
+    a TRL user's charts keep their names; grpolab's own (``sys/peak_mem_mb``) are charted as logged."""
+    return key if key.split("/", 1)[0] in GRPOLAB_NAMESPACES and "/" in key else f"train/{key}"
+
+
 def finite_scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {
         k: float(v)
@@ -76,7 +91,7 @@ class TensorBoardTracker:
         self.state: dict[str, Any] = {}
         self.writer = SummaryWriter(str(run.run_dir / "tb"), purge_step=run.resume_step)
         if run.resume_step is None:
-            self.writer.add_text("config", "```\n" + json.dumps(run.config, indent=2) + "\n```", 0)
+            self.writer.add_text("config", "```\n" + jsonio.dumps(run.config, indent=2) + "\n```", 0)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for k, v in finite_scalars(metrics).items():
@@ -131,6 +146,7 @@ class TrackioTracker:
 
     def __init__(self, run: TrackerRun) -> None:
         trackio = _import("trackio")
+        check_trackio_store()
         resuming = run.resume_step is not None and bool(run.state)
         self.trackio = trackio
         self.run = trackio.init(
@@ -175,20 +191,50 @@ def _missing(module: str) -> ConfigError:
     )
 
 
-def _import(module: str):
+MODULES = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "trackio": "trackio"}
+"""What each tracker imports."""
+
+
+def _import(module: str, name: str | None = None):
+    """The tracker's module; one that is missing or breaks while importing is a ConfigError."""
+    name = name or module
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        raise _missing(module) from err
+        raise _missing(name) from err
+    except Exception as err:  # noqa: BLE001 - a broken install raises anything (SyntaxError, AttributeError...)
+        raise ConfigError(
+            f"log.report_to names {name}, but importing it failed ({type(err).__name__}: "
+            f"{' '.join(str(err).split())[:200]}); reinstall it (pip install --force-reinstall {name}) or remove "
+            "it from log.report_to"
+        ) from err
 
 
 def check_trackers(names: Sequence[str]) -> None:
-    """Before any model loads: every tracker of log.report_to is installed."""
+    """Before any model loads: every tracker of log.report_to imports, and trackio's store is writable."""
     for name in names:
         if name not in TRACKERS:
             raise ConfigError(f"log.report_to: unknown tracker {name!r}; known: {', '.join(TRACKERS)}")
-        if name != "tensorboard" and importlib.util.find_spec(name) is None:
-            raise _missing(name)
+        _import(MODULES[name], name)
+        if name == "trackio":
+            check_trackio_store()
+
+
+def check_trackio_store() -> None:
+    """trackio writes its local store from a background thread that drops what it cannot write: an
+    unwritable store would lose every metric with exit status 0, so it is tested here."""
+    from trackio import utils
+
+    store = Path(utils.TRACKIO_DIR)
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=store, prefix=".grpolab_check_"):
+            pass
+    except OSError as err:
+        raise ConfigError(
+            f"log.report_to: trackio's store {store} cannot be written ({err.strerror or err}); set TRACKIO_DIR "
+            "to a writable folder, fix its permissions, or remove trackio from log.report_to"
+        ) from err
 
 
 def open_trackers(
@@ -215,7 +261,7 @@ def open_trackers(
     if names:
         state = {**saved, **{name: t.state for name, t in opened.items() if t.state}}
         tmp = state_path.with_name(STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.write_text(jsonio.dumps(state, indent=2) + "\n")
         os.replace(tmp, state_path)
     return opened
 

@@ -80,3 +80,15 @@ def question_examples(*, size: int, seed: int, min_digits: int, digits: int, que
 
 def _operand(rng: random.Random, digits: int) -> int:
     return rng.randrange(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
+
+
+def multiplication_examples(*, size: int, seed: int, digits: int = 3, digits_b: int = 2) -> list[Example]:
+    """``size`` problems ``a*b=`` (a of ``digits`` digits, b of ``digits_b``), answer the product: too
+    hard for a tiny model's head, easy with a calculator (the agent demo, grpolab.agent_demo)."""
+    rng = random.Random(seed)
+    lo_a, lo_b = 10 ** (digits - 1), 10 ** (digits_b - 1)
+    out = []
+    for _ in range(size):
+        a, b = rng.randrange(lo_a, 10 * lo_a), rng.randrange(lo_b, 10 * lo_b)
+        out.append(Example(prompt=f"{a}*{b}=", answer=str(a * b), meta={"a": a, "b": b}))
+    return out

@@ -276,3 +276,24 @@ def test_zero_eps_never_divides_zero_by_zero():
         eps=0.0,
     )
     assert torch.equal(flat, torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [  # log-ratios x = logprobs - ref: row 0 [0.5, 0, -1], row 1 [1]; beta 0.1; score at the last counted token
+        ("k1", [[-0.05, 0.0, 0.1 + 1.0], [-0.1 - 0.5, 0.0, 0.0]]),
+        ("k2", [[-0.0125, 0.0, -0.05 + 1.0], [-0.05 - 0.5, 0.0, 0.0]]),  # 0.5 x^2
+        ("abs", [[-0.05, 0.0, -0.1 + 1.0], [-0.1 - 0.5, 0.0, 0.0]]),  # |x|
+        # k3 = e^y - y - 1 with y = -x: e^-0.5 - 0.5 = 0.10653066, e - 2 = 0.71828183, e^-1 = 0.36787944
+        ("k3", [[-0.010653066, 0.0, -0.071828183 + 1.0], [-0.036787944 - 0.5, 0.0, 0.0]]),
+    ],
+)
+def test_kl_in_the_reward_uses_the_chosen_estimator(name, expected):
+    from grpolab.algo.kl import KL_ESTIMATORS
+
+    scores = torch.tensor([1.0, -0.5])
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, 0.0]])
+    ref = torch.tensor([[-1.5, -2.0, -2.0], [-2.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    out = kl_shaped_token_rewards(scores, logprobs, ref, mask, beta=0.1, kl_fn=KL_ESTIMATORS[name])
+    close(out, expected)

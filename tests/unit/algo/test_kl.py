@@ -83,8 +83,9 @@ def test_k1_in_the_reward_gives_the_reverse_kl_gradient():
 
 
 def test_registry_and_shape_check():
-    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
+    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3", "abs"}
     values = [fn(LOG_PI, LOG_REF).item() for fn in KL_ESTIMATORS.values()]
-    assert len({round(v, 6) for v in values}) == 3
+    assert len({round(abs(v), 6) for v in values}) == 3  # abs = |k1|; k2, k3 differ
+    assert KL_ESTIMATORS["abs"](torch.tensor([-1.0, 0.5]), torch.tensor([-0.25, 0.5])).tolist() == [0.75, 0.0]
     with pytest.raises(ValueError, match="same shape"):
         kl_k3(torch.zeros(2, 3), torch.zeros(2, 4))

@@ -36,7 +36,6 @@ def test_hf_dataset_saved_to_disk(tmp_path):
     ("rows", "cfg_kwargs", "message"),
     [
         ([{"question": "x", "answer": "1"}], {}, "row 1 has no field 'prompt' (data.prompt_field)"),
-        ([{"prompt": "x"}], {}, "Set data.answer_field=null if your rewards need no reference answer"),
         (['{"prompt": "x", "answer": 1}', "{not json"], {}, ":2 is not valid JSON"),
         (["[1, 2]"], {}, ":1 must be a JSON object"),
     ],

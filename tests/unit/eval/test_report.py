@@ -83,7 +83,7 @@ def test_table_plots_report_and_json_roundtrip(tmp_path):
     assert table[2] == "| SFT pass@K | 0.432 | 0.636 | 0.807 | 0.911 | 0.963 | 0.986 | 0.997 |"
     assert table[5] == "| GRPO maj@K | 0.777 | 0.777 | 0.898 | 0.936 | 0.948 | 0.953 | 0.953 |"
     rows = [
-        {"step": s, "train/reward_mean": 0.1 * s, "train/zero_std_frac": 0.1, "loss/kl": 0.01 * s}
+        {"step": s, "reward": 0.1 * s, "frac_reward_zero_std": 0.1, "kl": 0.01 * s}
         for s in (1, 2, 3)
     ]
     report = write_report(tmp_path, [SFT, GRPO], metrics_rows=rows, setup={"task": "addition"})

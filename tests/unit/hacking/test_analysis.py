@@ -17,7 +17,7 @@ GOLD = [0.2, 0.3, 0.4, 0.5, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0]  # peaks at step 
 
 def _rows(gold, proxy, kl):
     return [
-        {"step": i + 1, "train/reward_mean": p, "train/gold_total": g, "train/kl_seq": k, "loss/kl": 0.0}
+        {"step": i + 1, "reward": p, "train/gold_total": g, "train/kl_seq": k, "kl": 0.0}
         for i, (g, p, k) in enumerate(zip(gold, proxy, kl, strict=True))
     ]
 
@@ -75,7 +75,7 @@ def test_negative_kl_estimates_give_sqrt_zero_and_missing_gold_is_an_error():
     n = analyse(_rows([0.1, 0.2], [0.1, 0.2], [-0.04, 0.09]), window=1)
     assert n.sqrt_kl == pytest.approx([0.0, 0.3])
     with pytest.raises(ValueError, match="reward.gold"):
-        analyse([{"step": 1, "train/reward_mean": 0.3}])
+        analyse([{"step": 1, "reward": 0.3}])
 
 
 def test_pick_samples_takes_the_nearest_logged_step_one_per_prompt():

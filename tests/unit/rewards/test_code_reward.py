@@ -171,8 +171,8 @@ def test_correct_solutions_with_typical_imports_score_one():
 
 
 def test_a_test_that_cannot_be_split_names_the_example():
-    examples = [Example("the one", meta={"tests": ["assert abs(f(1) - 0.5) < g()"]})]
-    with pytest.raises(RewardError, match=r"example 0 \(prompt: 'the one'\).*cannot split.*Python literal"):
+    examples = [Example("the one", meta={"tests": ["assert sorted(f(), key=lambda t: -t) == [1]"]})]
+    with pytest.raises(RewardError, match=r"example 0 \(prompt: 'the one'\).*cannot check.*Lambda"):
         score_batch([build_reward("code_tests")], [Completion("", 1)], examples, timeout_s=None)
 
 

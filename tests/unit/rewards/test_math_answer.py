@@ -52,7 +52,7 @@ def test_prediction_text_preference():
 
 
 def test_gold_problems_are_clear():
-    with pytest.raises(ValueError, match=r"Example.answer is None.*'math_accuracy'"):
+    with pytest.raises(ValueError, match=r"no reference answer \(data.answer_field\), which reward 'math_accuracy' needs"):
         math_accuracy(Completion("1", 1), Example("q"))
     with pytest.raises(ValueError, match="cannot parse the reference answer.*exact_match"):
         score("<answer>1</answer>", "")

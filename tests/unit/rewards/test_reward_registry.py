@@ -55,6 +55,7 @@ def test_registry_keys():
         "reasoning_gym",
         "reward_model",
         "code_tests",
+        "env",
     }
 
 
@@ -78,7 +79,7 @@ def test_build_builtin(name, kwargs, expected):
 def test_unknown_name_suggests():
     with pytest.raises(
         ValueError,
-        match=r"unknown reward 'math_acc'; did you mean 'math_accuracy'\?.*known rewards: exact_match",
+        match=r"unknown reward 'math_acc'; did you mean 'math_accuracy'\?.*known rewards: .*exact_match",
     ):
         build_reward("math_acc")
 

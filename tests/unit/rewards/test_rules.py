@@ -45,7 +45,7 @@ def test_exact_match(text, extract, expected):
 
 
 def test_exact_match_needs_answer_and_valid_mode():
-    with pytest.raises(ValueError, match=r"Example.answer is None.*'exact_match'.*fill the answer field"):
+    with pytest.raises(ValueError, match=r"which reward 'exact_match' needs: set data.answer_field.*fill it in every row"):
         rules.exact_match(c("<answer>1</answer>"), Example("q"))
     with pytest.raises(ValueError, match="choose one of answer_tag, none, last_line"):
         rules.make_exact_match(extract="boxed")

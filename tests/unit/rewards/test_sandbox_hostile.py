@@ -69,7 +69,7 @@ FORGERY = {
         _walk_frames("found = repr(f.f_locals) + repr(f.f_globals)\nif '=' * 2 + ' 42' in found:\n    ok = True")
     ),
     "patch the harness to send code as a value": _walk_frames(
-        "if '_plain' in f.f_globals:\n    f.f_globals['_plain'] = lambda value, depth=0: value"
+        "if '_encode' in f.f_globals:\n    f.f_globals['_encode'] = lambda value, depth=0: value"
     )
     + f"class R:\n    def __repr__(self):\n        return \"__import__('os').system('touch /tmp/grpolab-pwned-{TOKEN}')\"\n"
     "def add(a, b):\n    return R()",
@@ -172,14 +172,14 @@ def host():
     os.chmod(UNIX_SOCKET, 0o777)
     abstract = _listener(socket.AF_UNIX, ABSTRACT_SOCKET)
     tcp = _listener(socket.AF_INET, ("127.0.0.1", 0))
-    marker = subprocess.Popen(["sh", "-c", "sleep 600; :", MARKER])
+    marker = subprocess.Popen(["sh", "-c", "sleep 600; :", MARKER], start_new_session=True)
     old_env = os.environ.get("GRPOLAB_TEST_SECRET")
     os.environ["GRPOLAB_TEST_SECRET"] = SECRET
     try:
         yield {"listeners": (unix, abstract, tcp), "marker": marker}
     finally:
         os.environ.pop("GRPOLAB_TEST_SECRET") if old_env is None else os.environ.update(GRPOLAB_TEST_SECRET=old_env)
-        marker.kill()
+        os.killpg(marker.pid, 9)  # the shell and its sleep
         marker.wait()
         for server in (unix, abstract, tcp):
             server.close()

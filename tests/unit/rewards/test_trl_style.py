@@ -33,7 +33,7 @@ def test_docs_style_rewards_score_text_completions():
 
 def test_every_dataset_column_prompts_and_completion_ids_reach_the_function():
     completions = [Completion("a", 1, "stop", (11,)), Completion("bc", 2, "stop", (12, 13))]
-    _score(["echo_columns"], completions)
+    _score(["echo_columns"], completions, timeout_s=None)  # called here: what it saw is read back from it
     seen = trl_rewards.echo_columns.seen
     assert seen["prompts"] == ["What is 2+2?", "What is 3*3?"]
     assert seen["completions"] == ["a", "bc"]
@@ -46,7 +46,7 @@ def test_conversational_examples_give_message_lists():
     messages = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"})
     ex = Example(prompt="user: What is 2+2?", answer="4", meta={"row": {"solution": "4"}}, messages=messages)
     completions = [Completion("<think>x</think><answer>4</answer>", 9), Completion("4", 1)]
-    scores = _score(["conversational_format_reward", "echo_columns"], completions, [ex, ex])
+    scores = _score(["conversational_format_reward", "echo_columns"], completions, [ex, ex], timeout_s=None)
     assert scores.components["conversational_format_reward"] == [1.0, 0.0]
     seen = trl_rewards.echo_columns.seen
     assert seen["prompts"] == [list(messages)] * 2
@@ -113,7 +113,7 @@ def test_a_missing_column_is_named():
 
 def test_task_examples_offer_answer_and_meta():
     ex = Example(prompt="q", answer="7", meta={"entry": {"x": 1}})
-    _score(["echo_columns"], [Completion("a", 1)], [ex])
+    _score(["echo_columns"], [Completion("a", 1)], [ex], timeout_s=None)
     assert trl_rewards.echo_columns.seen["answer"] == ["7"]
     assert trl_rewards.echo_columns.seen["entry"] == [{"x": 1}]
 

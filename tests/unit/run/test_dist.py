@@ -45,16 +45,20 @@ def test_one_process_helpers_return_their_input():
     assert dist.world() == dist.World()
     assert dist.all_reduce_sum(2.5) == 2.5
     assert dist.grad_scale() == 1.0
-    assert dist.reduce_metrics({"a": 1.0, "rollout/len_max": 3.0}) == {"a": 1.0, "rollout/len_max": 3.0}
+    assert dist.reduce_metrics({"a": 1.0, "completions/max_length": 3.0}) == {"a": 1.0, "completions/max_length": 3.0}
     assert dist.gather_lists([1], ["x"]) == ([1], ["x"])
     assert not dist.any_rank(False) and dist.any_rank(True)
 
 
 def test_metric_kinds():
-    assert dist._kind("rollout/len_max") == "max"
+    assert dist._kind("completions/max_length") == "max"
+    assert dist._kind("completions/max_terminated_length") == "max"
+    assert dist._kind("train/adv_abs_max") == "max"
     assert dist._kind("sys/time_generation_s") == "max"
-    assert dist._kind("rollout/len_min") == "min"
-    assert dist._kind("train/reward_mean") == "mean"
+    assert dist._kind("completions/min_length") == "min"
+    assert dist._kind("reward") == "mean"
+    assert dist._kind("completions/mean_length") == "mean"
+    assert dist._kind("clip_ratio/high_mean") == "mean"
 
 
 def test_parallel_modes():

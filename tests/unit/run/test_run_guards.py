@@ -15,11 +15,11 @@ from grpolab.rewards import build_reward, score_batch
 from grpolab.run import checkpoint as ckpt
 from grpolab.run.guards import NoSignal
 from grpolab.run.resume import check_changes, config_changes
-from grpolab.train.optim import apply_optim_config, build_optimizer
+from grpolab.training.optim import apply_optim_config, build_optimizer
 from grpolab.types import Completion, Example
 
-FLAT = {"train/reward_valid_frac": 1.0, "train/zero_std_frac": 1.0, "train/reward_std": 0.0}
-SIGNAL = {"train/reward_valid_frac": 1.0, "train/zero_std_frac": 0.5, "train/reward_std": 0.4}
+FLAT = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 1.0, "reward_std": 0.0}
+SIGNAL = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 0.5, "reward_std": 0.4}
 
 
 def test_no_signal_warns_at_3_and_stops_at_the_limit_and_a_signal_resets_it(caplog):
@@ -41,7 +41,7 @@ def test_no_signal_warns_at_3_and_stops_at_the_limit_and_a_signal_resets_it(capl
 def test_no_signal_reads_valid_frac_first_and_reward_std_for_a_learned_baseline():
     assert not NoSignal(0, group_baseline=False).has_signal({**SIGNAL, "train/reward_valid_frac": 0.0})
     ppo = NoSignal(0, group_baseline=False)
-    assert ppo.has_signal({**FLAT, "train/reward_std": 0.1})  # zero-std groups, a value baseline: still signal
+    assert ppo.has_signal({**FLAT, "reward_std": 0.1})  # zero-std groups, a value baseline: still signal
     assert not ppo.has_signal(FLAT)
     never = NoSignal(0, group_baseline=True)
     for step in range(1, 100):

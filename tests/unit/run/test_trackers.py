@@ -1,6 +1,6 @@
 """log.report_to: every tracker gets the config, each metric and the completions table, read back from its store."""
 
-import importlib.util
+import importlib
 import json
 
 import pytest
@@ -8,7 +8,7 @@ from tracker_records import trackio_logs
 
 from grpolab.config import load_config
 from grpolab.errors import ConfigError
-from grpolab.run.logging import RunLogger
+from grpolab.run.logging import RunLogger, read_metrics
 from grpolab.run.trackers import check_trackers
 
 CONFIG = {"algo": {"name": "grpo", "beta": 0.04}, "log": {"run_name": "r"}}
@@ -22,9 +22,9 @@ def _log_two_steps(run_dir, report_to, project, *, resume_step=None, first=1):
     logger = RunLogger(
         run_dir, resume_step=resume_step, report_to=report_to, project=project, run_name="r", config=CONFIG
     )
-    logger.log(first, {"train/reward_mean": 0.25, "loss/kl": float("nan")})
+    logger.log(first, {"reward": 0.25, "kl": float("nan"), "sys/peak_mem_mb": 7.0})
     logger.samples(first, ROWS)
-    logger.log(first + 1, {"train/reward_mean": 0.5, "loss/kl": 0.125})
+    logger.log(first + 1, {"reward": 0.5, "kl": 0.125})
     logger.close()
 
 
@@ -38,7 +38,7 @@ def test_wandb_offline_gets_config_metrics_table_and_resumes_the_same_run(tmp_pa
     assert first.run_id == resumed.run_id == run_id
     assert (first.project, first.name) == ("proj", "r")
     assert first.config["algo"] == {"name": "grpo", "beta": 0.04}
-    metrics = [(h["_step"], h.get("train/reward_mean"), h.get("loss/kl")) for h in first.history + resumed.history]
+    metrics = [(h["_step"], h.get("train/reward"), h.get("train/kl")) for h in first.history + resumed.history]
     assert [m for m in metrics if m[1] is not None] == [(1, 0.25, None), (2, 0.5, 0.125), (3, 0.25, None), (4, 0.5, 0.125)]
     tables = [(h["_step"], h["completions"]) for h in first.history + resumed.history if "completions" in h]
     assert [step for step, _ in tables] == [1, 3]
@@ -59,7 +59,7 @@ def test_trackio_local_store_gets_config_metrics_table_and_resumes(tmp_path, tra
     config = SQLiteStorage.get_run_config("grpolab-test", "r")
     assert config["algo"] == {"name": "grpo", "beta": 0.04}
     logs = trackio_logs("grpolab-test", "r")
-    metrics = [(r["step"], r["train/reward_mean"], r.get("loss/kl")) for r in logs if "train/reward_mean" in r]
+    metrics = [(r["step"], r["train/reward"], r.get("train/kl")) for r in logs if "train/reward" in r]
     assert metrics == [(1, 0.25, None), (2, 0.5, 0.125), (3, 0.25, None), (4, 0.5, 0.125)]
     tables = [(r["step"], r["completions"]) for r in logs if "completions" in r]
     assert [step for step, _ in tables] == [1, 3] and tables[0][1] == ROWS
@@ -70,8 +70,11 @@ def test_tensorboard_gets_scalars_and_the_table_as_text(tmp_path):
 
     _log_two_steps(tmp_path, ["tensorboard"], "p")
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0}).Reload()
-    assert [(e.step, e.value) for e in events.Scalars("train/reward_mean")] == [(1, 0.25), (2, 0.5)]
-    assert [e.step for e in events.Scalars("loss/kl")] == [2]  # NaN left out
+    # TRL's names charted as TRL's trackers chart them (train/ in front); grpolab's own as logged
+    assert [(e.step, e.value) for e in events.Scalars("train/reward")] == [(1, 0.25), (2, 0.5)]
+    assert [e.step for e in events.Scalars("train/kl")] == [2]  # NaN left out
+    assert [(e.step, e.value) for e in events.Scalars("sys/peak_mem_mb")] == [(1, 7.0)]
+    assert read_metrics(tmp_path)[0] == {"step": 1, "reward": 0.25, "kl": None, "sys/peak_mem_mb": 7.0, "nonfinite_count": 1}
     (text,) = events.Tensors("completions/text_summary")
     table = text.tensor_proto.string_val[0].decode()
     assert "| prompt | completion | reward | reward/exact | reward/fmt | advantage |" in table
@@ -118,6 +121,39 @@ def test_a_missing_tracker_package_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.delitem(__import__("sys").modules, "wandb", raising=False)
     with pytest.raises(ConfigError, match=r"pip install 'grpolab\[wandb\]'"):
         RunLogger(tmp_path, report_to=["wandb"])
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "trackio" else True)
+    _fail_import(monkeypatch, "trackio", ImportError("No module named 'trackio'"))
     with pytest.raises(ConfigError, match=r"names trackio, which is not installed: pip install 'grpolab\[trackio\]'"):
-        check_trackers(["tensorboard", "wandb", "trackio"])
+        check_trackers(["tensorboard", "trackio"])
+
+
+def _fail_import(monkeypatch, module: str, exc: Exception) -> None:
+    """importlib.import_module raises ``exc`` for ``module`` (the trackers import through it)."""
+    real = importlib.import_module
+
+    def fake(name, *args, **kwargs):
+        if name == module:
+            raise exc
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", fake)
+
+
+def test_a_tracker_that_breaks_while_importing_is_one_config_error(monkeypatch):
+    _fail_import(monkeypatch, "trackio", AttributeError("module 'numpy' has no attribute 'float'"))
+    with pytest.raises(
+        ConfigError, match=r"log.report_to names trackio, but importing it failed \(AttributeError: module 'numpy' "
+        r"has no attribute 'float'\); reinstall it"
+    ):
+        check_trackers(["trackio"])
+
+
+def test_an_unwritable_trackio_store_is_refused_before_the_model(trackio_dir, tmp_path, monkeypatch):
+    """trackio writes from a background thread and drops what it cannot write (exit 0, no metrics)."""
+    import trackio.utils
+
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("a file where the store's parent should be")  # unwritable even for root
+    monkeypatch.setattr(trackio.utils, "TRACKIO_DIR", blocker / "trackio")
+    with pytest.raises(ConfigError, match=r"log.report_to: trackio's store .*not_a_folder/trackio cannot be written "
+                       r"\(Not a directory\); set TRACKIO_DIR"):
+        check_trackers(["trackio"])

@@ -1,0 +1,312 @@
+"""The Python API, in the shape of TRL's GRPOTrainer: no YAML file needed.
+
+    trainer = grpolab.GRPOTrainer("Qwen/Qwen2.5-0.5B-Instruct", reward_funcs=[reward_len],
+                                  args={"train": {"num_steps": 100}}, train_dataset=dataset)
+    trainer.train()
+
+or in one call, ``grpolab.train(config, reward_funcs=[...], train_dataset=dataset)``. Both build a
+``Config`` (a grpolab Config, a dict of its sections, dotted keys such as ``{"algo.beta": 0.0}``, or a
+YAML path), turn the reward functions and the dataset into what ``reward.functions`` and ``data`` would
+build, and run the loop ``grpolab train`` runs (``grpolab.training.loop.train``).
+
+Reward functions are TRL's (``fn(completions, **kwargs) -> list[float | None]``, rewards.trl_style),
+grpolab reward objects, per-sample functions ``fn(completion, example)``, or names: a built-in
+(``grpolab.rewards.REWARDS``), ``"package.module:function"``, or, as in TRL, any other string is a
+reward model's folder or hub id. Dataset rows are read as a data file's rows are (data.py): standard
+(``"prompt"`` text) or conversational (``"prompt"`` a list of chat messages), every column passed to
+TRL-style rewards.
+
+Where this departs from TRL, and why:
+
+* ``model`` is a folder or a hub id. A model object is refused: grpolab loads the policy itself (dtype,
+  LoRA, the chunked LM head, the reference), so it needs something ``from_pretrained`` reads.
+* ``args`` is a grpolab config, not TRL's ``GRPOConfig``; ``grpolab convert-trl`` converts one.
+* ``train(resume_from_checkpoint=True)`` continues the latest checkpoint of the run directory
+  (``log.output_dir/log.run_name``), checked as ``grpolab train --resume`` checks it; a path is refused.
+* The config records a callable reward as ``"module:qualname"``, so the run's config.yaml says what ran.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, inert_settings, load_config
+from grpolab.data import DataError, examples_from_rows
+from grpolab.errors import ConfigError, GrpolabError
+from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
+from grpolab.types import Example
+
+if TYPE_CHECKING:
+    from grpolab.training.loop import TrainResult
+
+log = logging.getLogger(__name__)
+
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # as ``grpolab`` (cli.py) writes its log
+
+RewardFunc = str | Callable[..., Any]
+
+
+class GRPOTrainer:
+    """``GRPOTrainer(model, reward_funcs, args, train_dataset).train()``, as in TRL.
+
+    Args:
+        model: the policy's folder or hub id (``model.name_or_path``).
+        reward_funcs: one reward or a list: TRL-style functions, grpolab rewards, or names (module docstring).
+        args: a grpolab ``Config``, a dict (sections or dotted keys), or a YAML path; None = the defaults.
+        train_dataset: a ``datasets.Dataset`` or a list of dicts; None = the config's ``data`` section.
+        peft_config: a ``peft.LoraConfig``: trains a LoRA adapter (``model.lora``).
+        processing_class: the tokenizer's folder or hub id (``model.tokenizer``).
+        reward_weights: one weight per reward (TRL's ``GRPOConfig.reward_weights``); None = 1 each.
+
+    Everything is checked here, before any model loads; ``train()`` runs it.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        reward_funcs: RewardFunc | Sequence[RewardFunc],
+        args: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        train_dataset: Any = None,
+        *,
+        peft_config: Any = None,
+        processing_class: str | os.PathLike[str] | None = None,
+        reward_weights: Sequence[float] | None = None,
+    ) -> None:
+        raw = _raw_config(args)
+        _set(raw, "model", "name_or_path", _model_source(model, "model"))
+        if processing_class is not None:
+            _set(raw, "model", "tokenizer", _model_source(processing_class, "processing_class"))
+        if peft_config is not None:
+            _set(raw, "model", "lora", _lora(peft_config))
+        self.args, self.reward_funcs, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset)
+
+    def train(self, resume_from_checkpoint: bool = False) -> TrainResult:
+        """Train to ``train.num_steps``; True continues the run directory's latest checkpoint."""
+        if not isinstance(resume_from_checkpoint, bool):
+            raise ConfigError(
+                f"resume_from_checkpoint={resume_from_checkpoint!r}: grpolab resumes the latest checkpoint of "
+                f"{self.args.run_dir} (log.output_dir/log.run_name); pass True"
+            )
+        return _run(self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint)
+
+
+def train(
+    config: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    *,
+    reward_funcs: RewardFunc | Sequence[RewardFunc] | None = None,
+    train_dataset: Any = None,
+    reward_weights: Sequence[float] | None = None,
+    resume: bool = False,
+) -> TrainResult:
+    """GRPO (or the variant ``algo.name`` picks) in one call; ``grpolab train`` from Python.
+
+    ``config`` as GRPOTrainer's ``args``; ``reward_funcs`` and ``train_dataset`` replace the config's
+    ``reward.functions`` and ``data`` when given. ``resume``: continue the latest checkpoint (``--resume``).
+    """
+    cfg, rewards, examples = _assemble(_raw_config(config), reward_funcs, reward_weights, train_dataset)
+    return _run(cfg, rewards, examples, resume=resume)
+
+
+def _run(cfg: Config, rewards, examples, *, resume: bool) -> TrainResult:
+    from grpolab.training.loop import train as train_loop
+
+    show_progress_logs()
+    return train_loop(cfg, resume=resume, rewards=rewards, examples=examples)
+
+
+def show_progress_logs() -> None:
+    """Let a script run off a terminal print progress lines (run/progress.py) without setting up logging.
+
+    Only when nothing is configured (no handler on the root or ``grpolab`` logger): then INFO and above
+    from grpolab go to stderr as the command line writes them. A handler set up by the user wins.
+    """
+    package = logging.getLogger("grpolab")
+    if logging.getLogger().handlers or package.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    package.addHandler(handler)
+    if package.level == logging.NOTSET:
+        package.setLevel(logging.INFO)
+
+
+def _assemble(
+    raw: dict[str, Any], reward_funcs, reward_weights, train_dataset
+) -> tuple[Config, list[WeightedReward] | None, list[Example] | None]:
+    """The config, with the rewards and examples that replace its reward and data sections (None: keep them)."""
+    rewards = None
+    if reward_funcs is not None:
+        if raw.get("reward", {}).get("functions"):
+            raise ConfigError(
+                "the rewards are given twice, as reward_funcs and in the config's reward.functions: keep one"
+            )
+        rewards = build_reward_funcs(reward_funcs, reward_weights)
+        _set(raw, "reward", "functions", [_recorded_spec(f, r) for f, r in zip(_as_list(reward_funcs), rewards, strict=True)])
+    elif reward_weights is not None:
+        raise ConfigError("reward_weights needs reward_funcs (in a config, give each reward.functions entry a weight)")
+    rows = None
+    if train_dataset is not None:
+        if raw.get("data", {}).get("path"):
+            raise ConfigError("the data is given twice, as train_dataset and in the config's data.path: keep one")
+        rows = dataset_rows(train_dataset)
+        default = DataConfig.answer_field
+        if raw.get("data", {}).get("answer_field", default) == default and not any(default in r for r in rows):
+            _set(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
+    cfg = config_from_dict(raw)
+    for message in inert_settings(cfg):
+        log.warning(message)
+    examples = None if rows is None else examples_from_rows(rows, cfg.data, origin="train_dataset")
+    return cfg, rewards, examples
+
+
+def build_reward_funcs(
+    reward_funcs: RewardFunc | Sequence[RewardFunc], reward_weights: Sequence[float] | None = None
+) -> list[WeightedReward]:
+    """TRL's ``reward_funcs`` (and ``reward_weights``) as grpolab rewards; an error names ``reward_funcs[i]``."""
+    funcs = _as_list(reward_funcs)
+    if not funcs:
+        raise ConfigError("reward_funcs is empty: give at least one reward function or name")
+    weights = [1.0] * len(funcs) if reward_weights is None else list(reward_weights)
+    if len(weights) != len(funcs):
+        raise ConfigError(f"reward_weights has {len(weights)} values for {len(funcs)} reward_funcs: give one per reward")
+    rewards: list[WeightedReward] = []
+    for i, (fn, weight) in enumerate(zip(funcs, weights, strict=True)):
+        key = f"reward_funcs[{i}]"
+        try:
+            if isinstance(fn, str):
+                built = build_reward(**_named_reward(fn), weight=weight)
+            else:
+                built = WeightedReward(reward_from_object(fn, key), weight)
+        except GrpolabError:  # already names the reward and the fix
+            raise
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"{key}: {err}") from err
+        names = [r.name for r in rewards]
+        if built.name in names:
+            raise ConfigError(
+                f"reward_funcs[{names.index(built.name)}] and {key} are both named {built.name!r} (the name they "
+                "are logged under, rewards/<name>/mean): rename one function"
+            )
+        rewards.append(built)
+    return rewards
+
+
+def _named_reward(name: str) -> dict[str, Any]:
+    """A built-in, "module:function", or (as in TRL) a reward model's folder or hub id."""
+    if name in REWARDS or ":" in name:
+        return {"name": name}
+    return {"name": "reward_model", "kwargs": {"path": name}}
+
+
+def _recorded_spec(fn: RewardFunc, built: WeightedReward) -> dict[str, Any]:
+    """What config.yaml records for a reward given in Python."""
+    if isinstance(fn, str):
+        return {**_named_reward(fn), "weight": built.weight}
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    kind = "trl" if isinstance(built.reward, TrlReward) else "auto"
+    return {"name": f"{module}:{qualname}", "weight": built.weight, "kind": kind}
+
+
+def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
+    """A ``datasets.Dataset`` or a sequence of dicts as a list of rows."""
+    if isinstance(dataset, Mapping):  # a DatasetDict, or one row
+        raise DataError(
+            f"train_dataset is a mapping with keys {sorted(dataset)[:5]}: pass one split (e.g. dataset['train']) "
+            "or a list of rows"
+        )
+    if hasattr(dataset, "to_list") and hasattr(dataset, "column_names"):  # datasets.Dataset
+        rows = dataset.to_list()
+    elif isinstance(dataset, Sequence) and not isinstance(dataset, str | bytes):
+        rows = list(dataset)
+    else:
+        raise DataError(
+            f"train_dataset is a {type(dataset).__name__}: give a datasets.Dataset or a list of dicts "
+            "(an IterableDataset: materialise it with datasets.Dataset.from_list(list(it)))"
+        )
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise DataError(f"train_dataset row {i + 1} is a {type(row).__name__}; each row must be a dict of columns")
+    if not rows:
+        raise DataError("train_dataset holds no rows")
+    return [dict(r) for r in rows]
+
+
+def _raw_config(args: Any) -> dict[str, Any]:
+    """A nested dict of config sections from any form ``args`` may take."""
+    if args is None:
+        return {}
+    if isinstance(args, Config):
+        return config_to_dict(args)
+    if isinstance(args, str | os.PathLike):
+        return config_to_dict(load_config(Path(args)))
+    if type(args).__name__ == "GRPOConfig":
+        raise ConfigError(
+            "args is TRL's GRPOConfig; grpolab takes its own config: convert it with `grpolab convert-trl` "
+            "(every field mapped or refused with the reason)"
+        )
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"args is a {type(args).__name__}: give a grpolab Config, a dict or a YAML path")
+    raw: dict[str, Any] = {}
+    for key, value in args.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"config key {key!r} must be a str")
+        *sections, leaf = key.split(".")
+        node = raw
+        for section in sections:
+            node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"config key {key!r}: {section!r} is given both as a value and as a section")
+        node[leaf] = _merge(node.get(leaf), copy.deepcopy(value))
+    return raw
+
+
+def _merge(old: Any, new: Any) -> Any:
+    if isinstance(old, dict) and isinstance(new, Mapping):
+        return {**old, **{k: _merge(old.get(k), v) for k, v in new.items()}}
+    return new
+
+
+def _set(raw: dict[str, Any], section: str, key: str, value: Any) -> None:
+    node = raw.setdefault(section, {})
+    if not isinstance(node, dict):
+        raise ConfigError(f"config section {section!r} must be a mapping, got {type(node).__name__}")
+    node[key] = value
+
+
+def _model_source(obj: Any, arg: str) -> str:
+    if isinstance(obj, str | os.PathLike):
+        return os.fspath(obj)
+    raise ConfigError(
+        f"{arg} is a {type(obj).__name__}: grpolab loads it itself, so give its folder or hub id "
+        "(for one built or changed in code, save_pretrained(folder) first and pass the folder)"
+    )
+
+
+def _lora(peft_config: Any) -> dict[str, Any]:
+    """A peft.LoraConfig as the model.lora section."""
+    if not all(hasattr(peft_config, a) for a in ("r", "lora_alpha", "lora_dropout", "target_modules")):
+        raise ConfigError(f"peft_config is a {type(peft_config).__name__}: grpolab trains LoRA adapters; give a peft.LoraConfig")
+    targets = peft_config.target_modules
+    if targets is None:
+        targets = "all-linear"
+    elif not isinstance(targets, str):
+        targets = sorted(targets)
+    return {
+        "enabled": True,
+        "r": peft_config.r,
+        "alpha": peft_config.lora_alpha,
+        "dropout": peft_config.lora_dropout,
+        "target_modules": targets,
+    }
+
+
+def _as_list(reward_funcs: RewardFunc | Sequence[RewardFunc]) -> list[RewardFunc]:
+    if isinstance(reward_funcs, str) or callable(reward_funcs):
+        return [reward_funcs]
+    return list(reward_funcs)

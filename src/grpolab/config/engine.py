@@ -1,0 +1,50 @@
+"""Config section of the vLLM generation engine (``rollout.engine=vllm``; rollout/vllm.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from grpolab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """One in-process vLLM engine per training process (TRL's colocate mode); read only when
+    ``rollout.engine=vllm``. See docs/vllm.md."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype of the engine's weights: auto = bfloat16 when the trainer autocasts to bf16, else model.dtype.
+    float32 makes the engine's log-probs equal the fp32 trainer's (to ~1e-5)."""
+    gpu_memory_utilization: float = 0.3
+    """CUDA: fraction of the device memory the engine may take (weights, activations, KV cache), in
+    (0, 1]; the trainer needs the rest (TRL colocate: 0.3). Unused on CPU, where kv_cache_space_gb rules."""
+    kv_cache_space_gb: float | None = None
+    """KV-cache size in GiB. CPU: null = 1 GiB (vLLM must be told; it cannot measure a CPU's free memory).
+    CUDA: null = what gpu_memory_utilization leaves after the weights."""
+    max_model_len: int | None = None
+    """Longest prompt + completion the engine serves; null = data.max_prompt_length +
+    rollout.max_completion_length."""
+    max_num_seqs: int | None = None
+    """Sequences decoded at once (vLLM's continuous batch); null = vLLM's default (256)."""
+    enable_prefix_caching: bool = True
+    """Share the prompt's KV cache between the G completions of a group (and across steps)."""
+    enforce_eager: bool | None = None
+    """No CUDA graphs / torch.compile: null = True on CPU (no compile at start-up), False on CUDA."""
+    sleep_mode: bool = False
+    """CUDA: offload the engine's weights and free its KV cache while the trainer runs (vLLM sleep mode,
+    level 1), so training gets that memory back. vLLM does not support it on CPU: ignored there."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (not 0 < self.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization must be in (0, 1] (TRL: 0.3)"),
+            (
+                self.kv_cache_space_gb is not None and self.kv_cache_space_gb <= 0,
+                "vllm.kv_cache_space_gb must be > 0 (GiB), or null for the default",
+            ),
+            (self.max_model_len is not None and self.max_model_len < 2, "vllm.max_model_len must be >= 2, or null"),
+            (self.max_num_seqs is not None and self.max_num_seqs < 1, "vllm.max_num_seqs must be >= 1, or null"),
+        ]
+        for bad, message in checks:
+            if bad:
+                raise ConfigError(message)

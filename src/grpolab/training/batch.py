@@ -1,0 +1,264 @@
+"""From sampled completions and their rewards to a RolloutBatch: advantages, reference and old log-probs."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from grpolab.algo.advantages import OUTCOME_ESTIMATORS, grpo_process_advantages
+from grpolab.algo.kl import KL_ESTIMATORS
+from grpolab.algo.masked import masked_mean
+from grpolab.algo.reinforce import TOKEN_ESTIMATORS
+from grpolab.config import Config
+from grpolab.models import Reference
+from grpolab.run import dist
+from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.microbatch import prompt_lengths_of, split_rows
+from grpolab.training.process import StepRewards
+from grpolab.types import Completions, RolloutBatch
+
+AdvantageFn = Callable[..., torch.Tensor]
+"""``(rewards [P, G], valid [P, G], mask [N, T], token_kl [N, T] | None) -> advantages [N, T]``."""
+
+
+def outcome_estimator(cfg: Config) -> AdvantageFn:
+    """The advantage function, chosen once: an OUTCOME_ESTIMATORS entry ([P, G], one value along T) or a
+    TOKEN_ESTIMATORS entry (REINFORCE++: [N, T]). Batch-level statistics span every rank under torchrun."""
+    a = cfg.algo
+    if a.advantage in TOKEN_ESTIMATORS:  # whitened over the batch's tokens: all ranks' tokens
+        return _tokens_over_all_ranks(functools.partial(TOKEN_ESTIMATORS[a.advantage], beta=a.beta, gamma=a.gamma))
+    if a.advantage not in OUTCOME_ESTIMATORS:
+        known = sorted([*OUTCOME_ESTIMATORS, *TOKEN_ESTIMATORS])
+        raise ValueError(f"algo.advantage '{a.advantage}' is not a GRPO-path estimator; known: {known}")
+    per_group = functools.partial(OUTCOME_ESTIMATORS[a.advantage], std=a.std, eps=a.eps)
+    if a.advantage in _BATCH_LEVEL:
+        per_group = _over_all_ranks(per_group)
+    return functools.partial(_per_completion, per_group, beta=a.beta)
+
+
+def _per_completion(estimator, rewards, valid, mask, token_kl, *, beta: float) -> torch.Tensor:
+    """One advantage per completion, repeated along T. With ``token_kl`` (algo.kl_in=reward), RLOO's
+    shaping (arXiv 2402.14740): r_i - beta * sum_t kl_t on the sequence reward, before the baseline."""
+    if token_kl is not None:
+        rewards = rewards - beta * (token_kl * mask).sum(-1).view_as(rewards).cpu()
+    advantages = estimator(rewards, valid)  # [P, G]
+    return advantages.reshape(-1, 1).to(mask.device).expand_as(mask).float() * mask
+
+
+_BATCH_LEVEL = {"batch_std"}
+"""Outcome estimators whose statistics span the whole batch: under torchrun they see every rank's groups."""
+
+
+def _over_all_ranks(fn):
+    """``fn`` on the rewards of all ranks (gathered, in rank order), then this rank's rows of the result."""
+
+    def run(rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return dist.local_rows(fn(dist.gather_rows(rewards), dist.gather_rows(valid)))
+
+    return run
+
+
+def _tokens_over_all_ranks(fn):
+    """A token estimator on every rank's rows ([N, T] padded to the widest rank's T), then this rank's."""
+
+    def run(rewards, valid, mask, token_kl) -> torch.Tensor:
+        t = mask.shape[1]
+        width = int(dist.all_reduce_max(float(t)))
+
+        def wide(x: torch.Tensor) -> torch.Tensor:
+            return dist.gather_rows(torch.cat([x, x.new_zeros((x.shape[0], width - t))], dim=1))
+
+        kl = None if token_kl is None else wide(token_kl)
+        out = fn(dist.gather_rows(rewards), dist.gather_rows(valid), wide(mask), kl)
+        return dist.local_rows(out)[:, :t]
+
+    return run
+
+
+def rewards_tensor(total: Sequence[float | None], num_prompts: int, num_generations: int):
+    """(rewards [P, G] with 0 where not applicable, valid [P, G] bool)."""
+    valid = torch.tensor([r is not None for r in total], dtype=torch.bool).view(num_prompts, num_generations)
+    values = torch.tensor([0.0 if r is None else float(r) for r in total], dtype=torch.float32)
+    return values.view(num_prompts, num_generations), valid
+
+
+@dataclass
+class LogprobContext:
+    """What computing log-probs of a batch needs, besides the model."""
+
+    pad_id: int
+    temperature: float
+    autocast_dtype: torch.dtype | None
+    micro_batch_size: int
+    max_tokens: int | None = None
+    """train.max_tokens_per_micro_batch: padded tokens per forward (None = rows only)."""
+
+    @torch.no_grad()
+    def logprobs(self, model, prompt_ids, completion_ids, completion_mask) -> torch.Tensor:
+        """[N, T] log-probs without a graph, in micro-batches."""
+
+        def run(prompts, ids, mask):
+            return completion_logprobs(
+                model, prompts, ids, mask, pad_id=self.pad_id, temperature=self.temperature, autocast_dtype=self.autocast_dtype
+            )[0]
+
+        return self.map_rows(run, prompt_ids, completion_ids, completion_mask)
+
+    def map_rows(self, fn, prompt_ids, completion_ids, completion_mask) -> torch.Tensor:
+        """fn(prompts, completion_ids, completion_mask) -> [n, T] over micro-batches, rows in their order."""
+        rows = torch.arange(len(prompt_ids))
+        if self.max_tokens is None:
+            parts = list(rows.split(self.micro_batch_size))
+        else:
+            lengths = completion_mask.sum(-1).cpu()
+            parts = split_rows(
+                rows, lengths, self.micro_batch_size, max_tokens=self.max_tokens, prompt_lengths=prompt_lengths_of(prompt_ids)
+            )
+        out = [fn([prompt_ids[i] for i in r.tolist()], completion_ids[r], completion_mask[r]) for r in parts]
+        order = torch.cat(parts).to(completion_ids.device)
+        result = torch.cat(out)
+        return torch.empty_like(result).index_copy_(0, order, result)
+
+
+def build_rollout_batch(
+    cfg: Config,
+    completions: Completions,
+    prompt_ids: Sequence[Sequence[int]],
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    estimator: AdvantageFn,
+    policy: torch.nn.Module,
+    reference: Reference | None,
+    ctx: LogprobContext,
+    steps: StepRewards | None = None,
+) -> tuple[RolloutBatch, dict[str, float]]:
+    """Advantages, reference log-probs and, when needed, old log-probs.
+
+    prompt_ids is [P]; each prompt is repeated G times, prompt-major, to match completions.
+    Outcome supervision: ``estimator`` on the rewards [P, G], one value along T. Process supervision
+    (``steps`` given): ``grpo_process_advantages`` on the step rewards, [N, T]; the logged [P, G]
+    advantages are then each completion's first-token advantage.
+    """
+    g = completions.num_generations
+    ids = [list(p) for p in prompt_ids for _ in range(g)]
+    device = completions.completion_ids.device
+    mask = completions.completion_mask  # the sequence the trainer runs (a multi-turn episode: env tokens too)
+    trains = completions.model_mask  # the tokens the model sampled: only they get loss, KL and advantage
+    loss_mask = trains & ~completions.truncated.to(device)[:, None] if cfg.algo.mask_truncated else trains
+    ref_logprobs = None
+    if reference is not None:
+        with reference.model() as ref_model:
+            ref_logprobs = ctx.logprobs(ref_model, ids, completions.completion_ids, mask)
+    sampler_logprobs = completions.logprobs.to(device)
+    token_kl = None
+    if cfg.algo.resolved_kl_in == "reward" and ref_logprobs is not None:
+        # algo.kl_estimator per token (k1 = log(pi/pi_ref) in the presets), with the sampling log-probs as pi
+        # (no grad): summed into the sequence reward (RLOO) or into every token's reward (REINFORCE++).
+        kl = KL_ESTIMATORS[cfg.algo.kl_estimator](sampler_logprobs, ref_logprobs)
+        token_kl = torch.where(trains, kl, torch.zeros_like(ref_logprobs))
+    if steps is None:
+        adv_tokens = estimator(rewards, valid, trains, token_kl)  # [N, T]
+        advantages = masked_mean(adv_tokens, trains, dim=-1).view_as(rewards).cpu()  # [P, G], for metrics
+    else:
+        adv_tokens = grpo_process_advantages(  # env tokens get none
+            steps.step_rewards, steps.step_end_mask, trains, num_generations=g, std=cfg.algo.std, eps=cfg.algo.eps
+        )
+        advantages = adv_tokens[:, 0].reshape_as(rewards).cpu()
+    old_logprobs = None
+    if cfg.algo.needs_old_logprobs:
+        old_logprobs = ctx.logprobs(policy, ids, completions.completion_ids, mask)
+    batch = RolloutBatch(
+        prompt_ids=ids,
+        completion_ids=completions.completion_ids,
+        completion_mask=mask,
+        loss_mask=loss_mask,
+        advantages=adv_tokens,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        sampler_logprobs=sampler_logprobs,
+    )
+    metrics = rollout_metrics(completions, rewards, valid, advantages)
+    return batch, metrics if steps is None else {**metrics, **steps.metrics}
+
+
+def rollout_metrics(
+    completions: Completions, rewards: torch.Tensor, valid: torch.Tensor, advantages: torch.Tensor
+) -> dict[str, float]:
+    """The step's reward and completion statistics, under TRL GRPOTrainer's names where TRL logs the same
+    quantity (``reward``, ``completions/mean_length``, ...: README "Metrics"); grpolab's own keep a prefix."""
+    lengths = completions.lengths.float()
+    ok = valid.float()
+    group_has_signal = torch.tensor(
+        [len(set(r[v].tolist())) > 1 for r, v in zip(rewards, valid, strict=True)], dtype=torch.float32
+    )
+    rv = rewards[valid]
+    terminated = lengths[~completions.truncated.to(lengths.device)]
+    if terminated.numel() == 0:  # as TRL: 0 when every completion was cut
+        terminated = torch.zeros(1)
+    return {
+        "reward": float(rv.mean()) if rv.numel() else math.nan,
+        "reward_std": float(rv.std()) if rv.numel() > 1 else 0.0,
+        "frac_reward_zero_std": float(1 - group_has_signal.mean()),
+        "train/reward_valid_frac": float(ok.mean()),
+        "train/adv_mean": float(advantages[valid].mean()) if rv.numel() else 0.0,
+        "train/adv_std": float(advantages[valid].std()) if rv.numel() > 1 else 0.0,
+        "train/adv_abs_max": float(advantages.abs().max()),
+        "completions/mean_length": float(lengths.mean()),
+        "completions/min_length": float(lengths.min()),
+        "completions/max_length": float(lengths.max()),
+        "completions/clipped_ratio": float(completions.truncated.float().mean()),
+        "completions/mean_terminated_length": float(terminated.mean()),
+        "completions/min_terminated_length": float(terminated.min()),
+        "completions/max_terminated_length": float(terminated.max()),
+        **episode_metrics(completions),
+    }
+
+
+def episode_metrics(completions: Completions) -> dict[str, float]:
+    """Multi-turn episodes: model turns per episode (verl's num_turns), tool calls per episode and the share
+    of them that failed (TRL's tools/call_frequency, tools/failure_frequency), and the share of the
+    episode's tokens that the model sampled (the rest are environment context)."""
+    if completions.episodes is None:
+        return {}
+    eps = completions.episodes
+    turns = torch.tensor([float(e.turns) for e in eps])
+    calls = sum(e.tool_calls for e in eps)
+    sampled = float(completions.model_mask.sum()) / max(float(completions.completion_mask.sum()), 1.0)
+    return {
+        "num_turns/mean": float(turns.mean()),
+        "num_turns/max": float(turns.max()),
+        "tools/call_frequency": calls / len(eps),
+        "tools/failure_frequency": sum(e.tool_errors for e in eps) / calls if calls else 0.0,
+        "rollout/model_token_frac": sampled,
+    }
+
+
+def step_tokens(completions: Completions) -> int:
+    """Prompt + completion tokens of the step's N sequences (TRL's ``num_tokens`` adds them up over the run)."""
+    return sum(len(p) for p in completions.prompt_ids) + int(completions.lengths.sum())
+
+
+def length_by_reward(completions: Completions, rewards: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+    """Mean length of completions rewarded above and below their group's mean (Dr. GRPO's length bias).
+
+    Above the mean is a positive group-relative advantage, whatever the reward's scale (a fixed threshold
+    such as "reward > 0.5" means something only for 0/1 rewards). Ties with the mean, groups whose
+    rewards are all equal and invalid rewards count in neither; a key is absent when no completion counts.
+    """
+    lengths = completions.lengths.float().cpu().view_as(rewards)  # [P, G]
+    valid = valid.cpu()
+    counts = valid.sum(-1, keepdim=True).clamp(min=1)
+    group_mean = torch.where(valid, rewards, torch.zeros_like(rewards)).sum(-1, keepdim=True) / counts
+    highest = torch.where(valid, rewards, torch.full_like(rewards, -math.inf)).amax(-1, keepdim=True)
+    lowest = torch.where(valid, rewards, torch.full_like(rewards, math.inf)).amin(-1, keepdim=True)
+    counted = valid & (highest > lowest)  # a rounded mean of equal rewards must not split them
+    out = {}
+    for name, sel in (("above", counted & (rewards > group_mean)), ("below", counted & (rewards < group_mean))):
+        if sel.any():
+            out[f"rollout/len_{name}_group_mean"] = float(lengths[sel].mean())
+    return out

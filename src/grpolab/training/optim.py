@@ -1,0 +1,70 @@
+"""AdamW over the trainable parameters, with warm-up and a constant, linear or cosine schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from grpolab.config import Config
+from grpolab.training.master import MasterWeightOptimizer, wants_master_weights
+
+
+def lr_lambda(step: int, *, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier of the peak learning rate after ``step`` optimizer steps."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Config, *, master_weights: bool | None = None):
+    """(optimizer, scheduler). ``master_weights``: step fp32 copies of bf16 / fp16 parameters
+    (grpolab.training.master); None = whenever a trainable parameter is stored in bf16 / fp16. Pass False
+    where another mechanism keeps fp32 parameters (FSDP2 with a MixedPrecisionPolicy)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    o = cfg.optim
+
+    def adamw(tensors):
+        # fused: one kernel per step, no full-size temporaries (the foreach default holds ~2 extra copies
+        # of the states at the step's peak); CPU and CUDA floating tensors only
+        fused = all(t.device.type in ("cpu", "cuda") and t.is_floating_point() for t in tensors)
+        return torch.optim.AdamW(tensors, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=fused)
+
+    if master_weights is None:
+        master_weights = wants_master_weights(params)
+    if master_weights:
+        fp16 = any(p.dtype == torch.float16 for p in params)
+        optimizer = MasterWeightOptimizer(params, adamw, loss_scaling=fp16)
+        inner = optimizer.optimizer
+    else:
+        optimizer = inner = adamw(params)
+    total = cfg.train.num_steps * cfg.optimizer_steps_per_generation
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        inner, lambda s: lr_lambda(s, warmup=o.warmup_steps, total=total, schedule=o.schedule)
+    )
+    return optimizer, scheduler
+
+
+def apply_optim_config(optimizer: torch.optim.Optimizer, scheduler, cfg: Config, lr: float | None = None) -> None:
+    """After loading a checkpoint's optimizer and scheduler state: the config's lr and weight decay again.
+
+    ``load_state_dict`` brings back the saved param groups (lr, weight_decay) and the scheduler's
+    ``base_lrs``, so without this ``--resume optim.lr=1e-5`` would keep training at the old rate.
+    The schedule's position (``last_epoch``) is kept; its base becomes optim.lr (or ``lr``: the critic's).
+    """
+    o = cfg.optim if lr is None else dataclasses.replace(cfg.optim, lr=lr)
+    scheduler.base_lrs = [o.lr for _ in optimizer.param_groups]
+    factors = [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]
+    for group, factor in zip(optimizer.param_groups, factors, strict=True):
+        group["initial_lr"] = o.lr
+        group["lr"] = o.lr * factor
+        group["weight_decay"] = o.weight_decay
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]

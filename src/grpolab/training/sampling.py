@@ -1,0 +1,202 @@
+"""One step's groups: draw prompts, sample G completions each, score them, and, with DAPO's dynamic
+sampling, keep only the groups that carry a learning signal.
+
+DAPO (Yu et al., arXiv 2503.14476, Sec. 3.2 and Eq. 11's constraint ``0 < |{o_i correct}| < G``): a group
+whose rewards are all equal has advantage 0 and gives no policy gradient, so it is dropped and more
+prompts are sampled until the step has ``train.prompts_per_step`` groups or ``algo.max_sampling_rounds``
+rounds are spent. Each round draws ``prompts_per_step`` fresh prompts (verl's ``gen_batch``).
+
+Where the code departs from the paper, and why:
+* "All equal" is over the group's applicable rewards (any reward, not only accuracy), as verl's
+  ``filter_groups`` with a metric; a group with fewer than two applicable rewards is dropped too.
+* Groups kept beyond the prompt count are discarded, as verl does, so the step's size is fixed when the
+  task allows. When the rounds are spent first, the step trains on the groups it kept; when it kept
+  none, it trains on the last round's groups (their advantage is 0: only a KL or entropy term acts), so
+  a step is never empty. Both are visible in the metrics and logged.
+* Resume is exact with no state of its own: every round draws from the prompt sampler and the sampling
+  generator, which checkpoints already hold.
+
+Distributed (torchrun): each rank draws and filters its share of every round's prompts. Rounds go on
+until every rank has kept its share (one all-reduce, so every rank runs the same rounds), and each rank
+then trains on as many groups as the rank that kept fewest, so the ranks' batches stay equal (DDP and
+FSDP need the same number of forwards and backwards on every rank).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from grpolab.config import Config
+from grpolab.data import PromptSampler
+from grpolab.rewards import score_batch
+from grpolab.rewards.base import ScoreResult
+from grpolab.run import dist
+from grpolab.training.batch import rewards_tensor
+from grpolab.types import Completions, Example
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepGroups:
+    """The groups a step trains on, prompt-major: P' prompts x G completions."""
+
+    rows: list[int]
+    """[P'] index into the training examples of each group's prompt."""
+    completions: Completions
+    """[P' * G] the sampled completions."""
+    scores: ScoreResult
+    """[P' * G] the rewards of each completion."""
+    rewards: torch.Tensor
+    """[P', G] total rewards (0 where not applicable)."""
+    valid: torch.Tensor
+    """[P', G] bool, False where no reward applies."""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def select(self, groups: Sequence[int]) -> StepGroups:
+        """The sub-step of the given group indices, in that order."""
+        g = self.completions.num_generations
+        seqs = [p * g + j for p in groups for j in range(g)]
+        scores = ScoreResult(
+            total=[self.scores.total[i] for i in seqs],
+            components={k: [v[i] for i in seqs] for k, v in self.scores.components.items()},
+            seconds=self.scores.seconds,
+        )
+        index = torch.tensor(list(groups), dtype=torch.long)
+        return StepGroups(
+            rows=[self.rows[p] for p in groups],
+            completions=self.completions.select(seqs),
+            scores=scores,
+            rewards=self.rewards[index],
+            valid=self.valid[index],
+        )
+
+
+def groups_with_signal(rewards: torch.Tensor, valid: torch.Tensor) -> list[int]:
+    """Indices of the groups whose applicable rewards are not all equal (DAPO's keep rule).
+
+    Args:
+        rewards: ``[P, G]`` float.
+        valid: ``[P, G]`` bool.
+    """
+    inf = torch.tensor(float("inf"), dtype=rewards.dtype)
+    hi = torch.where(valid, rewards, -inf).amax(1)
+    lo = torch.where(valid, rewards, inf).amin(1)
+    keep = (hi > lo) & (valid.sum(1) >= 2)
+    return keep.nonzero().flatten().tolist()
+
+
+def sample_step(
+    cfg: Config,
+    *,
+    sampler,
+    rewards,
+    data: PromptSampler,
+    examples: Sequence[Example],
+    prompt_ids: Sequence[Sequence[int]],
+    generator: torch.Generator,
+) -> StepGroups:
+    """Draw, sample and score one step's groups; with ``algo.dynamic_sampling``, repeat rounds until enough
+    groups have a signal. Metrics: ``train/sampling_rounds``, ``train/groups_drawn``, ``train/groups_kept``,
+    ``train/reward_mean_drawn`` (over every completion drawn) and the generation / scoring times."""
+    target = cfg.train.prompts_per_step // dist.world().size  # this rank's share (run/dist.py shard)
+    dynamic = bool(cfg.algo.dynamic_sampling)
+    kept: list[StepGroups] = []
+    drawn = n_kept = rounds = 0
+    drawn_rewards: list[torch.Tensor] = []
+    seconds = {"sys/time_generation_s": 0.0, "sys/time_scoring_s": 0.0}
+    last = None
+    for rounds in range(1, (cfg.algo.max_sampling_rounds if dynamic else 1) + 1):  # noqa: B007 - read below
+        last = _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
+        drawn += len(last.rows)
+        drawn_rewards.append(last.rewards[last.valid])
+        part = last.select(groups_with_signal(last.rewards, last.valid)) if dynamic else last
+        kept.append(part)
+        n_kept += len(part.rows)
+        if dist.all_reduce_max(float(max(target - n_kept, 0))) == 0:  # every rank has its share
+            break
+    common = int(-dist.all_reduce_max(-float(n_kept)))  # the fewest kept on any rank: equal batches
+    step = _concat(kept).select(range(min(common, target))) if common else last
+    if dynamic and n_kept < target:
+        log.info(
+            "dynamic sampling: %d of %d groups with a signal after %d rounds (algo.max_sampling_rounds); "
+            "training on %s",
+            n_kept,
+            target,
+            rounds,
+            "those" if n_kept else "the last round's groups",
+        )
+    if len(step.rows) > target:
+        step = step.select(range(target))
+    step.metrics = {
+        "train/sampling_rounds": float(rounds),
+        "train/groups_drawn": float(drawn),
+        "train/groups_kept": float(n_kept),
+        # the policy's reward on everything it sampled: comparable across presets, unlike
+        # ``reward``, which dynamic sampling takes over the kept groups only
+        "train/reward_mean_drawn": _mean(torch.cat(drawn_rewards)),
+        **seconds,
+    }
+    return step
+
+
+def _mean(x: torch.Tensor) -> float:
+    return float(x.mean()) if x.numel() else float("nan")
+
+
+def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds) -> StepGroups:
+    """One round: ``prompts_per_step`` prompts from the data order, G completions each, scored."""
+    t0 = time.perf_counter()
+    rows = dist.shard(data.next(cfg.train.prompts_per_step))  # same order everywhere; this rank's share
+    # an environment sampler (takes_examples) resets its episodes with the rows' examples
+    items = {"examples": [examples[i] for i in rows]} if getattr(sampler, "takes_examples", False) else {}
+    completions = sampler.sample(
+        [prompt_ids[i] for i in rows], num_generations=cfg.rollout.num_generations, generator=generator, **items
+    )
+    t1 = time.perf_counter()
+    repeated = [examples[i] for i in rows for _ in range(completions.num_generations)]
+    scores = score_batch(rewards, completions.items(), repeated, timeout_s=cfg.reward.timeout_s)
+    reward_t, valid = rewards_tensor(scores.total, len(rows), completions.num_generations)
+    seconds["sys/time_generation_s"] += t1 - t0
+    seconds["sys/time_scoring_s"] += time.perf_counter() - t1
+    return StepGroups(rows, completions, scores, reward_t, valid)
+
+
+def _concat(parts: list[StepGroups]) -> StepGroups:
+    """The groups of several rounds in one step, right-padding completions to the longest."""
+    parts = [p for p in parts if p.rows]
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p.completions.completion_ids.shape[1] for p in parts)
+
+    def pad(x: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    cs = [p.completions for p in parts]
+    completions = Completions(
+        prompt_ids=[ids for c in cs for ids in c.prompt_ids],
+        completion_ids=torch.cat([pad(c.completion_ids, 0) for c in cs]),  # padding is masked out
+        completion_mask=torch.cat([pad(c.completion_mask, False) for c in cs]),
+        logprobs=torch.cat([pad(c.logprobs, 0.0) for c in cs]),
+        texts=[t for c in cs for t in c.texts],
+        finish_reasons=[r for c in cs for r in c.finish_reasons],
+        num_generations=cs[0].num_generations,
+        sampled_mask=None if cs[0].sampled_mask is None else torch.cat([pad(c.sampled_mask, False) for c in cs]),
+        episodes=None if cs[0].episodes is None else [e for c in cs for e in c.episodes],
+    )
+    scores = ScoreResult(
+        total=[t for p in parts for t in p.scores.total],
+        components={k: [v for p in parts for v in p.scores.components[k]] for k in parts[0].scores.components},
+    )
+    return StepGroups(
+        rows=[r for p in parts for r in p.rows],
+        completions=completions,
+        scores=scores,
+        rewards=torch.cat([p.rewards for p in parts]),
+        valid=torch.cat([p.valid for p in parts]),
+    )

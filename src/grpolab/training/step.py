@@ -1,0 +1,277 @@
+"""One policy update on a generation batch: mu passes, minibatches, gradient accumulation.
+
+The per-token objective is DeepSeekMath eq. 3: the clipped surrogate (or CISPO's weighted REINFORCE term)
+minus beta * KL (k3 by default), times the rollout-correction weight when one is configured, minus the
+entropy bonus, aggregated by the configured mode. The math lives in grpolab.algo; this module only feeds it.
+
+Why the loss reads about 0 at mu = 1: the ratio is exactly 1 (old = sg[new]), so the surrogate's
+value is sum(A) over a group, and group-relative advantages sum to zero. Its gradient is not zero:
+it is A * grad log pi, the policy gradient. Watch reward, KL and clip fractions, not the loss value.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from grpolab.algo.correction import mismatch_sums, rollout_correction_weights
+from grpolab.algo.kl import KL_ESTIMATORS
+from grpolab.algo.losses import POLICY_LOSSES, SurrogateLoss, aggregate
+from grpolab.config import Config
+from grpolab.run import dist
+from grpolab.run.host import give_back_freed_memory, giving_back_freed_memory
+from grpolab.run.parallel import clip_grad_norm
+from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.master import backward, grads_to_clip, scale_backed_off
+from grpolab.training.microbatch import prompt_lengths_of, split_rows
+from grpolab.types import RolloutBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """The loss choices, resolved once from config (no string dispatch in the per-step path)."""
+
+    kl_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+    beta: float
+    agg_mode: str
+    norm_len: int
+    clip_low: float
+    clip_high: float
+    dual_clip: float | None
+    level: str
+    loss_fn: Callable[..., SurrogateLoss] = POLICY_LOSSES["clip"]
+    correction: Callable[..., torch.Tensor] | None = None
+    """(old_logprobs, sampler_logprobs, mask) -> [N, T] weights (algo.rollout_correction), or None."""
+    entropy_coef: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> PolicyLossSpec:
+        a = cfg.algo
+        kl_in_loss = a.resolved_kl_in == "loss" and a.beta > 0
+        correction = None
+        if a.rollout_correction != "none":
+            correction = functools.partial(
+                rollout_correction_weights,
+                mode=a.rollout_correction,
+                level=a.rollout_correction_level,
+                cap=a.rollout_correction_cap,
+            )
+        return cls(
+            kl_fn=KL_ESTIMATORS[a.kl_estimator] if kl_in_loss else None,
+            beta=a.beta,
+            agg_mode=a.resolved_loss_agg,
+            # Dr. GRPO's constant: the longest a completion can be (an episode: its token budget)
+            norm_len=cfg.env.max_episode_tokens if cfg.env.name is not None else cfg.rollout.max_completion_length,
+            clip_low=a.clip_low,
+            clip_high=a.resolved_clip_high,
+            dual_clip=a.dual_clip,
+            level=a.importance_level,
+            loss_fn=POLICY_LOSSES[a.policy_loss],
+            correction=correction,
+            entropy_coef=a.entropy_coef,
+        )
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mb: RolloutBatch,
+    spec: PolicyLossSpec,
+    *,
+    total_seqs: float,
+    total_tokens: float,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scalar loss for a micro-batch, scaled so that micro-batches sum to the minibatch loss.
+
+    ``entropy`` [N, T] (with its graph when ``spec.entropy_coef > 0``) feeds the entropy bonus.
+    """
+    mask = mb.loss_mask
+    sur = spec.loss_fn(
+        logprobs,
+        old_logprobs,
+        mb.advantages,
+        clip_low=spec.clip_low,
+        clip_high=spec.clip_high,
+        dual_clip=spec.dual_clip,
+        level=spec.level,
+        mask=mask,
+    )
+    per_token = sur.loss
+    stats = {
+        "clip_frac_low": _masked_sum(sur.clipped_low.float(), mask),
+        "clip_frac_high": _masked_sum(sur.clipped_high.float(), mask),
+        "approx_kl_old": _masked_sum(0.5 * (logprobs.detach() - old_logprobs) ** 2, mask),
+    }
+    per_token, extra = _rollout_terms(per_token, old_logprobs, mb, spec, entropy)
+    stats.update(extra)
+    if spec.kl_fn is not None:
+        kl = spec.kl_fn(logprobs, mb.ref_logprobs)
+        per_token = per_token + spec.beta * kl
+        stats["kl"] = _masked_sum(kl.detach(), mask)
+    loss = aggregate(
+        per_token,
+        mask,
+        spec.agg_mode,
+        norm_len=spec.norm_len,
+        total_seqs=total_seqs,
+        total_tokens=total_tokens,
+    )
+    return loss, stats
+
+
+def _rollout_terms(per_token, old_logprobs, mb: RolloutBatch, spec: PolicyLossSpec, entropy):
+    """The sampler/trainer mismatch sums, the rollout-correction weights and the entropy bonus."""
+    stats: dict[str, float] = {}
+    mask = mb.loss_mask
+    if mb.sampler_logprobs is not None:
+        # old_logprobs are the trainer's log-probs at the sampling weights (recomputed, or this pass's own
+        # values when the ratio is 1): what the sampler's log-probs should have been.
+        stats.update(mismatch_sums(old_logprobs, mb.sampler_logprobs, mask))
+        if spec.correction is not None:
+            weights = spec.correction(old_logprobs, mb.sampler_logprobs, mask)
+            per_token = per_token * weights
+            stats["rollout_weight"] = _masked_sum(weights, mask)
+            stats["rollout_masked"] = _masked_sum((weights == 0).float(), mask)
+    if spec.entropy_coef > 0 and entropy is not None:
+        per_token = per_token - spec.entropy_coef * entropy
+    return per_token, stats
+
+
+def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum().item())
+
+
+def minibatch_order(n: int, num_minibatches: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Row indices of each minibatch: a seeded shuffle split into equal parts."""
+    perm = torch.randperm(n, generator=generator) if num_minibatches > 1 else torch.arange(n)
+    return list(perm.chunk(num_minibatches))
+
+
+def micro_batches(
+    rows: torch.Tensor, lengths: torch.Tensor, size: int, max_tokens: int | None = None, prompt_lengths=None
+) -> list[torch.Tensor]:
+    """Split rows into micro-batches of similar length (less padding in each forward); with ``max_tokens``
+    also bounded by padded tokens (grpolab.training.microbatch)."""
+    return split_rows(rows, lengths, size, max_tokens=max_tokens, prompt_lengths=prompt_lengths)
+
+
+@giving_back_freed_memory  # on a CPU, freed activations leave the RSS before the biggest allocations
+def update_policy(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: RolloutBatch,
+    cfg: Config,
+    spec: PolicyLossSpec,
+    *,
+    pad_id: int,
+    autocast_dtype: torch.dtype | None,
+    generator: torch.Generator,
+) -> dict[str, float]:
+    """mu passes over the batch, num_minibatches optimizer steps each. Returns averaged metrics."""
+    sums: dict[str, float] = defaultdict(float)
+    counts = {"tokens": 0.0, "updates": 0, "skipped": 0}
+    lengths = batch.completion_mask.sum(-1)
+    budget = {"max_tokens": cfg.train.max_tokens_per_micro_batch, "prompt_lengths": prompt_lengths_of(batch.prompt_ids)}
+    model.train()
+    for _ in range(cfg.algo.mu):
+        for rows in minibatch_order(batch.num_sequences, cfg.algo.num_minibatches, generator):
+            total_tokens = dist.global_token_count(batch.loss_mask[rows])  # normalisers over all ranks
+            total_seqs = dist.all_reduce_sum(float(len(rows)))
+            optimizer.zero_grad(set_to_none=True)
+            finite = True
+            for micro in micro_batches(rows, lengths, cfg.train.micro_batch_size, **budget):
+                mb = batch.select(micro)
+                logprobs, entropy = completion_logprobs(
+                    model,
+                    mb.prompt_ids,
+                    mb.completion_ids,
+                    mb.completion_mask,
+                    pad_id=pad_id,
+                    temperature=cfg.rollout.temperature,
+                    autocast_dtype=autocast_dtype,
+                    with_entropy=True,
+                    entropy_grad=spec.entropy_coef > 0,
+                    into_grad=True,
+                )
+                old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+                loss, stats = policy_loss(
+                    logprobs,
+                    old,
+                    mb,
+                    spec,
+                    total_seqs=total_seqs,
+                    total_tokens=max(total_tokens, 1.0),
+                    entropy=entropy,
+                )
+                backward(loss * dist.grad_scale(), optimizer)  # through the fp16 loss scaler when there is one
+                finite = finite and math.isfinite(loss.item())
+                sums["loss"] += float(loss.item())
+                sums["entropy"] += _masked_sum(entropy.detach(), mb.loss_mask)
+                for k, v in stats.items():
+                    sums[k] += v
+            counts["tokens"] += total_tokens
+            finite = not dist.any_rank(not finite)  # every rank skips, or none
+            give_back_freed_memory()  # before AdamW's states and the step's temporaries (run/host.py)
+            _optimizer_step(model, optimizer, scheduler, cfg.optim.max_grad_norm, sums, counts, loss_finite=finite)
+    return _summarise(sums, counts, scheduler)
+
+
+def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, counts, *, loss_finite=True) -> None:
+    """Clip and step; a NaN / infinite loss or gradient norm skips the update (weights, optimizer and
+    schedule untouched) and counts it in ``counts["skipped"]`` (train/skipped_updates; see guards.py)."""
+    params = grads_to_clip(model, optimizer)  # the fp32 master weights where there are some
+    norm = clip_grad_norm(params, max_grad_norm if max_grad_norm > 0 else math.inf)
+    if not loss_finite or not torch.isfinite(norm):
+        if scale_backed_off(optimizer, loss_finite):  # fp16 loss scale too high: lowered, not a bad step
+            optimizer.zero_grad(set_to_none=True)
+            return
+        log.warning("non-finite loss or gradient norm (%s): update skipped", norm.item())
+        optimizer.zero_grad(set_to_none=True)
+        counts["skipped"] += 1
+        return
+    sums["grad_norm"] += float(norm.item())
+    optimizer.step()
+    scheduler.step()
+    counts["updates"] += 1
+
+
+def _summarise(sums, counts, scheduler) -> dict[str, float]:
+    grad_norm = sums.pop("grad_norm", 0.0)  # already the same on every rank
+    sums = defaultdict(float, {**dist.sum_dict(sums), "grad_norm": grad_norm})
+    tokens = max(counts["tokens"], 1.0)
+    passes = max(counts["updates"] + counts["skipped"], 1)
+    out = {  # TRL's names for TRL's quantities (README "Metrics"); grpolab's own keep a prefix
+        "loss": sums["loss"] / passes,
+        "clip_ratio/low_mean": sums["clip_frac_low"] / tokens,
+        "clip_ratio/high_mean": sums["clip_frac_high"] / tokens,
+        "clip_ratio/region_mean": (sums["clip_frac_low"] + sums["clip_frac_high"]) / tokens,
+        "loss/approx_kl_old": sums["approx_kl_old"] / tokens,
+        "entropy": sums["entropy"] / tokens,
+        "grad_norm": sums["grad_norm"] / max(counts["updates"], 1),
+        "learning_rate": scheduler.get_last_lr()[0],
+        "train/skipped_updates": float(counts["skipped"]),
+    }
+    if "kl" in sums:
+        out["kl"] = sums["kl"] / tokens
+    for key, name in _ROLLOUT_METRICS.items():
+        if key in sums:
+            out[name] = sums[key] / tokens
+    return out
+
+
+_ROLLOUT_METRICS = {
+    "sampler_abs_diff": "sampling/sampling_logp_difference/mean",  # TRL's name: mean |log pi_train - log pi_sampler|
+    "sampler_kl": "rollout/sampler_kl",
+    "rollout_weight": "sampling/importance_sampling_ratio/mean",  # TRL's: the truncated / masked weight's mean
+    "rollout_masked": "loss/rollout_masked_frac",
+}

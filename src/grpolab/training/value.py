@@ -1,0 +1,139 @@
+"""The PPO value model V_psi: the policy's architecture with a scalar head, and its per-token values.
+
+    values[:, t] = V(prompt, completion[:, :t])    the state from which completion token t is chosen
+
+the same alignment as ``logprobs`` (grpolab.types), so GAE's ``delta_t = r_t + gamma V_{t+1} - V_t`` pairs
+the reward of token t with the states before and after it (TRL and verl take the values at the same
+positions).
+
+Initialisation (``algo.value_init``):
+* ``policy``: the body is ``AutoModel`` loaded from the policy checkpoint (any causal LM: the LM head is
+  dropped) and the head ``Linear(hidden, 1)`` starts at zero, so V = 0 at the start and the first
+  advantages are the plain returns.
+* ``reward_model``: body and head come from an ``AutoModelForSequenceClassification`` with one label
+  (TRL's default for the value model), so V starts from the reward model's scores.
+
+Departures, and why: the head runs in fp32 outside autocast (as the policy's output head does in
+logprobs.py); a LoRA policy still gets a fully trained value model loaded from the base checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from grpolab.config import Config
+from grpolab.models import ModelLoadError, autocast_context
+from grpolab.training.logprobs import build_inputs
+
+log = logging.getLogger(__name__)
+
+
+class ValueModel(nn.Module):
+    """A transformer body (no LM head) and a scalar head: hidden states [n, S, H] -> values [n, S]."""
+
+    def __init__(self, body: nn.Module, head: nn.Linear):
+        super().__init__()
+        self.body = body
+        self.head = head
+
+    def forward(self, input_ids, attention_mask, position_ids, *, autocast_dtype=None) -> torch.Tensor:
+        with autocast_context(input_ids.device, autocast_dtype):
+            hidden = self.body(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            ).last_hidden_state
+        with torch.autocast(device_type=input_ids.device.type, enabled=False):
+            bias = None if self.head.bias is None else self.head.bias.float()
+            return nn.functional.linear(hidden.float(), self.head.weight.float(), bias).squeeze(-1)
+
+
+def token_values(
+    model: ValueModel,
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    pad_id: int,
+    autocast_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """[n, T] values of the states before each completion token, 0 where completion_mask is False.
+
+    Gradients flow when called outside no_grad; columns past the longest counted completion are zeros.
+    """
+    t_full = completion_ids.shape[1]
+    t = max(int(completion_mask.sum(-1).max().item()), 1)
+    input_ids, attention_mask, position_ids = build_inputs(prompt_ids, completion_ids[:, :t], pad_id)
+    values = model(input_ids, attention_mask, position_ids, autocast_dtype=autocast_dtype)[:, -t - 1 : -1]
+    values = torch.where(completion_mask[:, :t], values, torch.zeros_like(values))
+    return nn.functional.pad(values, (0, t_full - t)) if t < t_full else values
+
+
+def load_value_model(cfg: Config, device: torch.device) -> ValueModel:
+    """The value model for cfg.algo.value_init, on ``device``, trainable."""
+    m, a = cfg.model, cfg.algo
+    kwargs = {"revision": m.revision, "dtype": getattr(torch, m.dtype), "trust_remote_code": m.trust_remote_code}
+    if a.value_init == "reward_model":
+        model = _from_reward_model(a.value_init_path, kwargs)
+    else:
+        model = _from_policy_checkpoint(_base_checkpoint(m.name_or_path), kwargs)
+    if m.gradient_checkpointing:
+        model.body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.to(device).train()
+
+
+def _base_checkpoint(source: str) -> str:
+    """A LoRA adapter folder stands for its base model."""
+    adapter_config = Path(source, "adapter_config.json")
+    if adapter_config.exists():
+        return json.loads(adapter_config.read_text())["base_model_name_or_path"]
+    return source
+
+
+def _from_policy_checkpoint(source: str, kwargs: dict) -> ValueModel:
+    from transformers import AutoModel
+
+    try:
+        body = AutoModel.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(
+            f"could not load the value model's body from '{source}' (model.name_or_path, algo.value_init=policy): "
+            f"{err}. Check the path holds a causal LM's config.json and weights."
+        ) from err
+    hidden = body.config.get_text_config().hidden_size
+    head = nn.Linear(hidden, 1, dtype=_param_dtype(body))
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return ValueModel(body, head)
+
+
+def _from_reward_model(source: str | None, kwargs: dict) -> ValueModel:
+    from transformers import AutoModelForSequenceClassification
+
+    try:
+        rm = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, **kwargs)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(
+            f"could not load a reward model from '{source}' (algo.value_init_path): {err}. Give a folder or hub "
+            "id of an AutoModelForSequenceClassification with one label, or set algo.value_init=policy."
+        ) from err
+    scalar = [c for c in rm.children() if isinstance(c, nn.Linear) and c.out_features == 1]
+    if len(scalar) != 1:
+        raise ModelLoadError(
+            f"reward model '{source}' (algo.value_init_path) has no single Linear(hidden, 1) head to start the "
+            "value head from; use algo.value_init=policy"
+        )
+    old = scalar[0]
+    head = nn.Linear(old.in_features, 1, dtype=old.weight.dtype)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.copy_(old.bias if old.bias is not None else torch.zeros(1))
+    return ValueModel(rm.base_model, head)
+
+
+def _param_dtype(module: nn.Module) -> torch.dtype:
+    return next(module.parameters()).dtype

@@ -1,0 +1,253 @@
+"""The chunked LM head equals the full-logits computation: values and gradients, every loss mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpolab.algo.kl import kl_k3
+from grpolab.algo.losses import AGGREGATIONS
+from grpolab.inference import attention_for
+from grpolab.nn import chunked_head as chunked_head_module
+from grpolab.nn.chunked_head import ChunkedLMHead, ChunkedLogprobs, install_chunked_head
+from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
+from grpolab.training import logprobs as logprobs_module
+from grpolab.training.logprobs import build_inputs, completion_logprobs
+from grpolab.training.step import PolicyLossSpec, policy_loss
+from grpolab.types import RolloutBatch
+
+TEMPERATURE = 0.7
+
+
+def _setup(seed=1):
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=2, num_heads=2, seed=seed)
+    prompts = [tok("12+3=")["input_ids"], tok("7=")["input_ids"]]
+    rows = [prompts[i] for i in (0, 0, 1, 1, 0, 1)]
+    completion = torch.randint(4, 60, (6, 7), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(6, 7, dtype=torch.bool)
+    mask[1, 5:] = mask[3, 2:] = False
+    return model, rows, completion, mask
+
+
+def _reference_logprobs(model, rows, completion, mask, amp=None):
+    """The unchunked computation as it was before the chunked head: one padded forward of the decoder,
+    the full fp32 logits [n, t, V], log-softmax and entropy over them."""
+    t = int(mask.sum(-1).max())
+    ids = completion[:, :t]
+    input_ids, attn, pos = build_inputs(rows, ids[:, :-1], pad_id=0)
+    shape = {"rows": len(rows), "q_len": input_ids.shape[1], "kv_len": input_ids.shape[1]}
+    with torch.autocast("cpu", dtype=amp, enabled=amp is not None), attention_for(model, input_ids.device, amp, **shape):
+        hidden = model.model(input_ids=input_ids, attention_mask=attn, position_ids=pos).last_hidden_state[:, -t:]
+    logits = torch.nn.functional.linear(hidden.float(), model.lm_head.weight.float()) / TEMPERATURE
+    logz = torch.logsumexp(logits, -1)
+    lp = logits.gather(-1, ids[..., None]).squeeze(-1) - logz
+    entropy = (logz - (torch.softmax(logits, -1) * logits).sum(-1)).detach()
+    pad = completion.shape[1] - t
+    zero = torch.zeros_like(lp)
+    return (
+        torch.nn.functional.pad(torch.where(mask[:, :t], lp, zero), (0, pad)),
+        torch.nn.functional.pad(torch.where(mask[:, :t], entropy, zero), (0, pad)),
+    )
+
+
+def _loss_and_grads(model, lp, rows, completion, mask, mode):
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.2, -0.2])[:, None].expand_as(mask) * mask
+    ref = lp.detach() - 0.1 * torch.linspace(0, 1, lp.numel()).view_as(lp)  # a non-zero KL term
+    batch = RolloutBatch(rows, completion, mask, mask, advantages, ref_logprobs=ref)
+    spec = PolicyLossSpec(kl_k3, 0.04, mode, 7, 0.2, 0.2, None, "token")
+    old = lp.detach() + 0.05 * torch.linspace(-1, 1, lp.numel()).view_as(lp)  # ratios != 1, some clipped
+    loss, _ = policy_loss(lp, old, batch, spec, total_seqs=6.0, total_tokens=float(mask.sum()))
+    model.zero_grad()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prompt", "row-by-row-prompt"])
+def test_chunked_head_equals_full_logits_in_every_loss_mode(shared, monkeypatch):
+    model, rows, completion, mask = _setup()
+    if not shared:
+        monkeypatch.setattr(logprobs_module._Forward, "can_share_prefix", lambda self: False)
+    for mode in AGGREGATIONS:
+        want_lp, want_ent = _reference_logprobs(model, rows, completion, mask)
+        want_loss, want_grads = _loss_and_grads(model, want_lp, rows, completion, mask, mode)
+        lp, ent = completion_logprobs(
+            model, rows, completion, mask, pad_id=0, temperature=TEMPERATURE, with_entropy=True, chunk=4
+        )
+        assert isinstance(model.lm_head, ChunkedLMHead)
+        torch.testing.assert_close(lp, want_lp, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(ent, want_ent, atol=2e-5, rtol=1e-5)
+        loss, grads = _loss_and_grads(model, lp, rows, completion, mask, mode)
+        torch.testing.assert_close(loss, want_loss, atol=1e-6, rtol=1e-5)
+        for name, g in grads.items():
+            torch.testing.assert_close(g, want_grads[name], atol=1e-6, rtol=1e-4, msg=f"{mode}: {name}")
+
+
+def test_chunked_head_under_bf16_autocast_matches_the_fp32_head(monkeypatch):
+    model, rows, completion, mask = _setup(seed=2)
+    monkeypatch.setattr(logprobs_module._Forward, "can_share_prefix", lambda self: False)  # same bf16 body
+    want, _ = _reference_logprobs(model, rows, completion, mask, amp=torch.bfloat16)
+    got, _ = completion_logprobs(
+        model, rows, completion, mask, pad_id=0, temperature=TEMPERATURE, autocast_dtype=torch.bfloat16, chunk=5
+    )
+    # same bf16 body; the head runs in fp32 on both sides (only summation order differs)
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_install_shares_the_tied_weight_and_keeps_keys_and_generation():
+    model, rows, completion, mask = _setup(seed=3)
+    keys = list(model.state_dict())
+    ids = torch.tensor([rows[0]])
+    before = model.generate(ids, max_new_tokens=5, do_sample=False)
+    logits = model(ids).logits
+    assert install_chunked_head(model)
+    assert isinstance(model.lm_head, ChunkedLMHead)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert list(model.state_dict()) == keys
+    torch.testing.assert_close(model(ids).logits, logits, rtol=0, atol=0)
+    assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False), before)
+
+
+def test_chunked_logprobs_gradcheck_with_bias_and_uneven_chunks():
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    bias = torch.randn(11, dtype=torch.float64, generator=g, requires_grad=True)
+    targets = torch.randint(0, 11, (7,), generator=g)
+
+    def logprobs(h, w, b):
+        return ChunkedLogprobs.apply(h, w, b, targets, 0.7, 3)[0]
+
+    assert torch.autograd.gradcheck(logprobs, (hidden, weight, bias))
+    full = torch.log_softmax((hidden @ weight.T + bias) / 0.7, -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(logprobs(hidden, weight, bias), full)
+
+
+def test_entropy_gradient_through_the_chunked_head_equals_autograd_on_full_logits():
+    """An entropy bonus (algo.entropy_coef) needs d H / d logits; the chunked backward gives it, alone and
+    mixed with the log-prob gradient, and gradcheck agrees with finite differences."""
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(7, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    bias = torch.randn(11, dtype=torch.float64, generator=g, requires_grad=True)
+    targets = torch.randint(0, 11, (7,), generator=g)
+    a, b = torch.randn(7, dtype=torch.float64, generator=g), torch.randn(7, dtype=torch.float64, generator=g)
+
+    def mixed(h, w, bb):
+        lp, ent = ChunkedLogprobs.apply(h, w, bb, targets, 0.7, 3)
+        return (a * lp).sum() + (b * ent).sum()
+
+    assert torch.autograd.gradcheck(mixed, (hidden, weight, bias))
+    z = (hidden @ weight.T + bias) / 0.7
+    logp = torch.log_softmax(z, -1)
+    full = (a * logp.gather(-1, targets[:, None]).squeeze(-1)).sum() + (b * -(logp.exp() * logp).sum(-1)).sum()
+    expected = torch.autograd.grad(full, (hidden, weight, bias))
+    got = torch.autograd.grad(mixed(hidden, weight, bias), (hidden, weight, bias))
+    for e, r in zip(expected, got, strict=True):
+        torch.testing.assert_close(r, e)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_through_the_chunked_head():
+    model, rows, completion, mask = _setup(seed=4)
+    model.train()
+
+    def grads():
+        lp, _ = completion_logprobs(model, rows, completion, mask, pad_id=0, chunk=4)
+        model.zero_grad()
+        (lp * torch.linspace(-1, 1, lp.numel()).view_as(lp)).sum().backward()
+        return lp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    lp, want = grads()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lp_ckpt, got = grads()
+    torch.testing.assert_close(lp_ckpt, lp, atol=2e-5, rtol=1e-5)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_models_that_post_process_logits_take_the_plain_path():
+    model, rows, completion, mask = _setup(seed=5)
+    model.config.logit_scale = 1.0  # the key alone routes to the plain path; Qwen2 applies no scale
+    want, _ = _reference_logprobs(model, rows, completion, mask)
+    got, _ = completion_logprobs(model, rows, completion, mask, pad_id=0, temperature=TEMPERATURE)
+    assert not isinstance(model.lm_head, ChunkedLMHead)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("entropy_weight", [0.0, 0.3], ids=["logprob-only", "with-entropy-grad"])
+def test_weight_gradient_added_into_an_existing_grad_equals_autograd_accumulation(entropy_weight):
+    """into_grad (a training step's micro-batches after the first): the head adds its weight gradient
+    straight into weight.grad and returns none to autograd; the sum is autograd's, to float tolerance."""
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(9, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(13, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    bias = torch.randn(13, dtype=torch.float64, generator=g, requires_grad=True)
+    targets = torch.randint(0, 13, (9,), generator=g)
+    a, b = torch.randn(9, dtype=torch.float64, generator=g), entropy_weight * torch.randn(9, dtype=torch.float64, generator=g)
+
+    def loss(into_grad):
+        lp, ent = ChunkedLogprobs.apply(hidden, weight, bias, targets, 0.7, 4, into_grad)
+        return (a * lp).sum() + (b * ent).sum()
+
+    want = torch.autograd.grad(loss(False), (hidden, weight, bias))
+    earlier = torch.randn(13, 5, dtype=torch.float64, generator=g)  # an earlier micro-batch's gradient
+    weight.grad = earlier.clone()
+    held = weight.grad
+    loss(True).backward()
+    assert weight.grad is held  # added in place, not replaced
+    torch.testing.assert_close(weight.grad, earlier + want[1])
+    torch.testing.assert_close(hidden.grad, want[0])
+    torch.testing.assert_close(bias.grad, want[2])
+    weight.grad = hidden.grad = bias.grad = None  # no gradient yet: returned to autograd as usual
+    loss(True).backward()
+    torch.testing.assert_close(weight.grad, want[1])
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prompt", "row-by-row-prompt"])
+def test_micro_batches_with_into_grad_accumulate_the_one_forward_gradient(shared, monkeypatch):
+    """Two micro-batches of a tied-embedding model through completion_logprobs(into_grad=True): the
+    second adds its head gradient into .grad; the total equals one forward over all rows."""
+    model, rows, completion, mask = _setup(seed=6)
+    if not shared:
+        monkeypatch.setattr(logprobs_module._Forward, "can_share_prefix", lambda self: False)
+    weights = torch.linspace(-1, 1, completion.numel()).view_as(completion)
+
+    def backward(idx, into_grad):
+        lp, _ = completion_logprobs(
+            model, [rows[i] for i in idx], completion[idx], mask[idx], pad_id=0, temperature=TEMPERATURE,
+            chunk=4, into_grad=into_grad,
+        )
+        (lp * weights[idx]).sum().backward()
+
+    model.zero_grad()
+    backward(list(range(6)), into_grad=False)
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    added = []
+    real = chunked_head_module._accumulating_grad
+    monkeypatch.setattr(chunked_head_module, "_accumulating_grad", lambda *a: added.append(real(*a)) or added[-1])
+    backward([0, 1, 2], into_grad=True)
+    backward([3, 4, 5], into_grad=True)
+    assert added[0] is None and added[-1] is model.lm_head.weight.grad  # the second micro-batch added in place
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_fp32_entropy_at_logit_std_10_matches_float64():
+    """H = -sum p log p on the log-probs: at logit std 10, lz - sum p z cancels to ~1e-4 nats off in fp32
+    (measured 1.0e-4 on these inputs); the chunked head's fp32 entropy stays within 2e-5 of float64."""
+    g = torch.Generator().manual_seed(0)
+    m, h, v = 256, 64, 4096
+    hidden = torch.randn(m, h, generator=g)
+    weight = torch.randn(v, h, generator=g) * (10 / h**0.5)  # logits of std 10
+    targets = torch.randint(0, v, (m,), generator=g)
+    _, entropy = ChunkedLogprobs.apply(hidden, weight, None, targets, 1.0, 64)
+    z = hidden.double() @ weight.double().T
+    assert 9 < float(z.std()) < 11
+    reference = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    assert entropy.dtype == torch.float32
+    assert float((entropy.double() - reference).abs().max()) < 2e-5
+    z32 = hidden @ weight.T
+    lz = torch.logsumexp(z32, -1)
+    cancelled = lz - torch.linalg.vecdot((z32 - lz[:, None]).exp(), z32)  # the formula this replaced
+    assert float((cancelled.double() - reference).abs().max()) > 5e-5  # so the test tells the two apart

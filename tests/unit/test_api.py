@@ -1,0 +1,187 @@
+"""The Python API (grpolab.api): configs, rewards and datasets in TRL's shape, checked before any model loads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grpolab.api import GRPOTrainer, build_reward_funcs, dataset_rows, show_progress_logs
+from grpolab.config import Config
+from grpolab.errors import ConfigError, GrpolabError
+from grpolab.rewards import TrlReward
+
+SRC = str(Path(__file__).parents[2] / "src")
+
+
+def reward_num_unique_chars(completions, **kwargs):
+    """TRL's quickstart reward."""
+    return [float(len(set(c))) for c in completions]
+
+
+def exact(completion, example):
+    """A grpolab per-sample reward."""
+    return float(completion.text == example.answer)
+
+
+def _trainer(**kw):
+    kw.setdefault("train_dataset", [{"prompt": "1+1=", "solution": "2"}, {"prompt": "2+2=", "solution": "4"}])
+    return GRPOTrainer("some/model", kw.pop("reward_funcs", reward_num_unique_chars), **kw)
+
+
+def test_the_config_records_what_the_call_gave():
+    trainer = _trainer(
+        reward_funcs=[reward_num_unique_chars, exact, "r1_format"],
+        reward_weights=[1.0, 2.0, 0.5],
+        args={"algo.beta": 0.0, "train": {"num_steps": 3}, "train.prompts_per_step": 4},
+        processing_class="some/tokenizer",
+    )
+    cfg = trainer.args
+    assert isinstance(cfg, Config)
+    assert (cfg.model.name_or_path, cfg.model.tokenizer) == ("some/model", "some/tokenizer")
+    assert (cfg.algo.beta, cfg.train.num_steps, cfg.train.prompts_per_step) == (0.0, 3, 4)
+    specs = [(s.name, s.weight, s.kind) for s in cfg.reward.functions]
+    assert specs == [
+        (f"{__name__}:reward_num_unique_chars", 1.0, "trl"),
+        (f"{__name__}:exact", 2.0, "auto"),
+        ("r1_format", 0.5, "auto"),
+    ]
+    assert [r.name for r in trainer.reward_funcs] == ["reward_num_unique_chars", "exact", "r1_format"]
+    assert isinstance(trainer.reward_funcs[0].reward, TrlReward)
+    assert cfg.data.answer_field is None  # the rows have no "answer" column, as TRL's datasets
+    assert [e.prompt for e in trainer.train_dataset] == ["1+1=", "2+2="]
+    assert trainer.train_dataset[0].meta["row"] == {"prompt": "1+1=", "solution": "2"}
+
+
+def test_a_trl_reward_is_called_with_the_rows_columns():
+    def matches(completions, solution, **kwargs):
+        return [float(c == s) for c, s in zip(completions, solution, strict=True)]
+
+    trainer = _trainer(reward_funcs=matches)
+    from grpolab.types import Completion
+
+    reward = trainer.reward_funcs[0].reward
+    assert reward([Completion(text="2", num_tokens=1), Completion(text="5", num_tokens=1)], trainer.train_dataset) == [1.0, 0.0]
+
+
+def test_a_config_object_with_the_default_answer_field_takes_rows_without_answers():
+    trainer = _trainer(args=Config())
+    assert trainer.args.data.answer_field is None and trainer.train_dataset[1].meta["row"]["solution"] == "4"
+
+
+def test_conversational_rows_and_an_answer_column():
+    rows = [{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}]
+    trainer = _trainer(train_dataset=rows)
+    (example,) = trainer.train_dataset
+    assert example.messages == ({"role": "user", "content": "1+1?"},) and example.answer == "2"
+    assert trainer.args.data.answer_field == "answer"
+
+
+def test_a_datasets_dataset_is_read_row_by_row():
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_list([{"prompt": "a", "n": 1}, {"prompt": "b", "n": 2}])
+    assert dataset_rows(ds) == [{"prompt": "a", "n": 1}, {"prompt": "b", "n": 2}]
+    with pytest.raises(ValueError, match=r"pass one split \(e.g. dataset\['train'\]\)"):
+        dataset_rows(datasets.DatasetDict({"train": ds}))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"train_dataset": ["just text"]}, r"train_dataset row 1 is a str"),
+        ({"train_dataset": []}, r"train_dataset holds no rows"),
+        ({"train_dataset": [{"question": "x"}]}, r"train_dataset row 1 has no field 'prompt'"),
+        ({"reward_weights": [1.0, 2.0]}, r"reward_weights has 2 values for 1 reward_funcs"),
+        ({"reward_funcs": "no_such_reward_name:here"}, r"reward_funcs\[0\]: reward 'no_such_reward_name:here': cannot import"),
+        ({"reward_funcs": [exact, exact]}, r"reward_funcs\[0\] and reward_funcs\[1\] are both named 'exact'"),
+        ({"args": {"reward": {"functions": [{"name": "r1_format"}]}}}, r"given twice, as reward_funcs and"),
+        ({"args": {"data.path": "x.jsonl"}}, r"given twice, as train_dataset and in the config's data.path"),
+        ({"args": {"algo.bta": 0.0}}, r"algo.bta"),
+        ({"resume": 1}, None),
+    ],
+)
+def test_bad_calls_fail_with_one_line_naming_the_argument(kwargs, message):
+    if "resume" in kwargs:
+        with pytest.raises(ConfigError, match="pass True"):
+            _trainer().train(resume_from_checkpoint="runs/x/checkpoints/step_2")
+        return
+    with pytest.raises(ValueError, match=message):
+        _trainer(**kwargs)
+
+
+def test_a_model_object_or_trl_config_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match=r"model is a object: grpolab loads it itself.*save_pretrained"):
+        GRPOTrainer(object(), reward_num_unique_chars)
+
+    class GRPOConfig:  # TRL's class, by name
+        pass
+
+    with pytest.raises(ConfigError, match="grpolab convert-trl"):
+        GRPOTrainer("m", reward_num_unique_chars, args=GRPOConfig())
+
+
+def test_a_string_that_is_no_builtin_is_a_reward_model_as_in_trl(tmp_path):
+    with pytest.raises(GrpolabError, match=r"reward model folder .*missing_rm does not exist"):
+        build_reward_funcs([str(tmp_path / "missing_rm")])
+    trainer_specs = _trainer(reward_funcs=[reward_num_unique_chars]).args.reward.functions
+    assert trainer_specs[0].kind == "trl"
+
+
+def test_peft_lora_config_becomes_model_lora():
+    peft = pytest.importorskip("peft")
+    cfg = _trainer(peft_config=peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])).args
+    lora = cfg.model.lora
+    assert (lora.enabled, lora.r, lora.alpha, lora.dropout, lora.target_modules) == (True, 4, 8, 0.1, ("q_proj", "v_proj"))
+
+
+def test_progress_reaches_a_script_off_a_terminal_without_logging_set_up(tmp_path):
+    script = textwrap.dedent(
+        """
+        from grpolab.api import show_progress_logs
+        from grpolab.run.progress import Progress
+        show_progress_logs()
+        p = Progress(total=2, title="GRPO")  # stdout is a pipe: log lines, no bar
+        p.update(1, reward=0.5)
+        p.update(2, reward=0.75)
+        p.close()
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": SRC}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120, check=True)
+    lines = [line for line in out.stderr.splitlines() if "grpolab.run.progress" in line]
+    assert [line.split("  ")[0:2] for line in lines] == [
+        ["INFO grpolab.run.progress: GRPO step 1/2", "reward 0.5"],
+        ["INFO grpolab.run.progress: GRPO step 2/2", "reward 0.75"],
+    ]
+
+
+def test_a_handler_the_user_set_up_wins(monkeypatch):
+    import logging
+
+    package = logging.getLogger("grpolab")
+    monkeypatch.setattr(package, "handlers", [])
+    root_handler = logging.NullHandler()
+    monkeypatch.setattr(logging.getLogger(), "handlers", [root_handler])
+    show_progress_logs()
+    assert package.handlers == []
+
+
+def test_the_top_level_names():
+    import grpolab
+
+    assert grpolab.GRPOTrainer is GRPOTrainer and "GRPOTrainer" in grpolab.__all__
+
+
+def test_grpolab_train_is_the_function_after_a_submodule_import():
+    import pkgutil
+
+    import grpolab
+    import grpolab.training.step  # noqa: F401 - what grpolab's own modules do
+
+    assert callable(grpolab.train)
+    submodules = {m.name for m in pkgutil.iter_modules(grpolab.__path__)}
+    assert not submodules & set(grpolab.__all__), "a public name is also a subpackage or module"

@@ -1,0 +1,70 @@
+"""The command line's parsing: options and overrides in any order, --log-level on either side of the verb,
+--version, and what ``grpolab config`` prints."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+import grpolab
+from grpolab.cli import main, parse_args
+from grpolab.config import config_from_dict
+from grpolab.config.view import config_view
+
+
+def test_resume_before_an_override_and_overrides_on_both_sides():
+    args = parse_args(["train", "--resume", "algo.beta=0", "--config", "c.yaml", "train.num_steps=3"])
+    assert args.resume and args.config == "c.yaml" and args.overrides == ["algo.beta=0", "train.num_steps=3"]
+    args = parse_args(["train", "a.b=1", "--resume-allow-change", "optim.lr", "c.d=2"])
+    assert args.overrides == ["a.b=1", "c.d=2"] and args.resume_allow_change == ["optim.lr"]
+
+
+def test_a_stray_argument_is_still_an_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["train", "--no-such-flag"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["export", "ckpt", "out", "x=1"])  # export takes no overrides
+
+
+@pytest.mark.parametrize(
+    "argv, level",
+    [
+        (["config"], "INFO"),
+        (["--log-level", "debug", "config"], "DEBUG"),
+        (["config", "--log-level", "warning"], "WARNING"),
+        (["--log-level", "debug", "config", "--log-level", "error"], "ERROR"),  # after the verb wins
+    ],
+)
+def test_log_level_before_or_after_the_verb(argv, level):
+    assert parse_args(argv).log_level == level
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"grpolab {grpolab.__version__}"
+
+
+def test_config_prints_the_verbs_sections_with_derivable_nulls_filled(capsys):
+    assert main(["config", "model.name_or_path=gpt2", "log.tensorboard=false"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert "sft" not in printed and "reward_model" not in printed and "iterative" not in printed
+    assert printed["model"]["tokenizer"] == "gpt2" and printed["log"]["report_to"] == []
+    assert "value_lr" not in printed["algo"] and "gamma" not in printed["algo"]  # PPO's critic only
+    assert config_view(config_from_dict(printed)) == printed  # it loads back to the same run
+    assert main(["config", "--for", "sft", "algo.name=ppo"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert set(printed) == {"model", "data", "train", "sft", "log", "seed"}
+    assert main(["config", "algo.name=ppo", "optim.lr=3e-5"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["algo"]["value_lr"] == 3e-5
+
+
+def test_the_installed_entry_point_takes_options_after_overrides():
+    done = subprocess.run(
+        [sys.executable, "-m", "grpolab", "config", "seed=3", "--log-level", "error", "--for", "eval"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load(done.stdout)["seed"] == 3

@@ -1,0 +1,149 @@
+"""DAPO dynamic sampling (train/sampling.py), on a scripted sampler: no model needed."""
+
+import torch
+
+from grpolab.config import load_config
+from grpolab.data import PromptSampler
+from grpolab.rewards import build_reward
+from grpolab.training.sampling import groups_with_signal, sample_step
+from grpolab.types import Completions, Example
+
+G = 4
+
+
+class ScriptedSampler:
+    """Prompt k answers "k" correctly in the first ``k % 3`` of its G samples: prompts with k % 3 == 0 are
+    always wrong (no signal), the others mixed. Lengths vary, so rounds must be padded together."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def sample(self, prompt_ids, *, num_generations, generator):
+        self.calls += 1
+        texts, lengths = [], []
+        for ids in prompt_ids:
+            k = ids[0]
+            for j in range(num_generations):
+                texts.append(str(k) if j < k % 3 else "x")
+                lengths.append(1 + (k + j) % 3 + self.calls)
+        n, t = len(texts), max(lengths)
+        mask = torch.arange(t)[None, :] < torch.tensor(lengths)[:, None]
+        return Completions(
+            prompt_ids=[list(p) for p in prompt_ids for _ in range(num_generations)],
+            completion_ids=torch.randint(0, 9, (n, t), generator=generator),
+            completion_mask=mask,
+            logprobs=torch.where(mask, -torch.rand(n, t, generator=generator), 0.0),
+            texts=texts,
+            finish_reasons=["stop"] * n,
+            num_generations=num_generations,
+        )
+
+
+EXAMPLES = [Example(prompt=f"q{k}", answer=str(k)) for k in range(30)]
+PROMPT_IDS = [[k] for k in range(30)]
+REWARDS = [build_reward("exact_match", kwargs={"extract": "none"})]
+
+
+def _step(overrides, data=None, gen=None):
+    cfg = load_config(None, ["train.prompts_per_step=6", f"rollout.num_generations={G}", *overrides])
+    data = data or PromptSampler(len(EXAMPLES), seed=0, shuffle=True)
+    gen = gen or torch.Generator().manual_seed(0)
+    sampler = ScriptedSampler()
+    step = sample_step(
+        cfg, sampler=sampler, rewards=REWARDS, data=data, examples=EXAMPLES, prompt_ids=PROMPT_IDS, generator=gen
+    )
+    return step, sampler
+
+
+def test_groups_with_signal_keeps_mixed_groups_only():
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.3, 0.3]])
+    valid = torch.tensor([[True, True], [True, True], [True, True], [True, False]])
+    assert groups_with_signal(rewards, valid) == [0]
+    assert groups_with_signal(torch.tensor([[1.0, 0.0, 0.5]]), torch.tensor([[True, True, True]])) == [0]
+
+
+def test_dynamic_sampling_fills_the_step_with_groups_that_have_a_signal():
+    step, sampler = _step(["algo.dynamic_sampling=true"])
+    assert len(step.rows) == 6 and step.completions.num_sequences == 6 * G  # the step has its prompt count
+    assert all(k % 3 for k in step.rows)  # no all-equal group reaches the loss
+    assert groups_with_signal(step.rewards, step.valid) == list(range(6))
+    assert step.metrics["train/sampling_rounds"] == sampler.calls >= 2
+    assert step.metrics["train/groups_drawn"] == 6 * sampler.calls
+    assert step.metrics["train/groups_kept"] >= 6
+    # k % 3 of the G samples of prompt k are right; drawn = every prompt of every round
+    assert 0 < step.metrics["train/reward_mean_drawn"] < float(step.rewards.mean())
+    # rows, rewards and completions stay aligned across rounds (texts answer their own prompt)
+    for p, k in enumerate(step.rows):
+        correct = [step.completions.texts[p * G + j] == str(k) for j in range(G)]
+        assert correct == [j < k % 3 for j in range(G)]
+        assert step.rewards[p].tolist() == [float(c) for c in correct]
+    assert step.completions.completion_mask.sum() == step.completions.lengths.sum()
+
+
+def test_without_dynamic_sampling_one_round_keeps_everything():
+    step, sampler = _step([])
+    assert sampler.calls == 1 and step.rows == PromptSampler(len(EXAMPLES), seed=0).next(6)  # as before
+    assert step.metrics["train/groups_kept"] == step.metrics["train/groups_drawn"] == 6
+
+
+def test_spent_rounds_train_on_what_was_kept_and_the_draw_is_reproducible():
+    step, sampler = _step(["algo.dynamic_sampling=true", "algo.max_sampling_rounds=1"])
+    assert sampler.calls == 1 and 0 < len(step.rows) < 6 and all(k % 3 for k in step.rows)
+    # same data position and generator state -> the same step (what exact resume relies on)
+    data, gen = PromptSampler(len(EXAMPLES), seed=0), torch.Generator().manual_seed(0)
+    data.next(6)
+    gen_state = gen.get_state()
+    a, _ = _step(["algo.dynamic_sampling=true"], data=data, gen=gen)
+    data2, gen2 = PromptSampler(len(EXAMPLES), seed=0), torch.Generator()
+    data2.next(6)
+    gen2.set_state(gen_state)
+    b, _ = _step(["algo.dynamic_sampling=true"], data=data2, gen=gen2)
+    assert a.rows == b.rows and torch.equal(a.completions.completion_ids, b.completions.completion_ids)
+
+
+def _rank_steps(rank: int, world: int, port: int, out: str) -> None:
+    """A rank of a 2-process gloo job (torch.multiprocessing.spawn): dynamic-sampling steps with enough
+    rounds and with one round; rank 0 saves what every rank kept."""
+    import os
+
+    import torch.distributed as tdist
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world)})
+    torch.set_num_threads(1)
+    from grpolab.run import dist
+
+    with dist.session("cpu"):
+        results = {}
+        for rounds in (8, 1):
+            step, sampler = _step(["algo.dynamic_sampling=true", f"algo.max_sampling_rounds={rounds}"])
+            mine = {"rows": step.rows, "calls": sampler.calls, **step.metrics, "n": step.completions.num_sequences}
+            every = [None] * world
+            tdist.all_gather_object(every, mine)
+            results[rounds] = every
+        if rank == 0:
+            torch.save(results, out)
+
+
+def test_two_ranks_sample_the_same_rounds_and_train_on_equal_batches(tmp_path):
+    """Under torchrun each rank keeps its share of every round's prompts: rounds go on until every rank
+    has its 3 groups (the same number of rounds on both), and a step whose rounds ran out trains on as
+    many groups on every rank as the rank that kept fewest (DDP / FSDP need equal forwards)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "steps.pt"
+    mp.start_processes(_rank_steps, args=(2, port, str(out)), nprocs=2, join=True, start_method="spawn")
+    results = torch.load(out, weights_only=False)
+    full, one_round = results[8], results[1]
+    assert full[0]["calls"] == full[1]["calls"] == full[0]["train/sampling_rounds"] >= 2
+    assert [len(r["rows"]) for r in full] == [3, 3] and [r["n"] for r in full] == [3 * G, 3 * G]
+    assert all(k % 3 for r in full for k in r["rows"])
+    assert full[0]["train/groups_kept"] != full[1]["train/groups_kept"]  # one rank kept more: cut to its share
+    assert set(full[0]["rows"]).isdisjoint(full[1]["rows"])  # the ranks' shares of each round differ
+    kept = [int(r["train/groups_kept"]) for r in one_round]
+    assert one_round[0]["calls"] == one_round[1]["calls"] == 1
+    assert kept[0] != kept[1] and [len(r["rows"]) for r in one_round] == [min(kept)] * 2

@@ -1,0 +1,82 @@
+"""SFT: targets (answer + EOS only), the accuracy early stop, and the saved model folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grpolab.config import load_config
+from grpolab.run.logging import read_metrics
+from grpolab.tasks.tiny import build_char_tokenizer
+from grpolab.training import sft as sft_module
+from grpolab.types import Example
+
+
+def test_targets_are_the_formatted_answer_then_eos():
+    tok = build_char_tokenizer()
+    targets = sft_module.tokenize_targets([Example("1+2=", "3"), Example("9+9=", "81")], tok, "<{answer}>")
+    assert targets == [
+        [*tok("<3>", add_special_tokens=False)["input_ids"], tok.eos_token_id],
+        [*tok("<81>", add_special_tokens=False)["input_ids"], tok.eos_token_id],
+    ]
+    ids, mask = sft_module.pad_targets(targets, pad_id=0)
+    assert ids.shape == (2, 5) and mask.sum(-1).tolist() == [4, 5] and ids[0, 4] == 0
+    with pytest.raises(ValueError, match="reference answer"):
+        sft_module.tokenize_targets([Example("1+2=", None)], tok, "{answer}")
+
+
+def _cfg(model_dir, out, *extra):
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={model_dir}",
+            "data.source=arithmetic",
+            "data.size=100",
+            "data.params={digits: 1}",
+            "data.eval_size=10",
+            "reward.functions=[{name: exact_match, kwargs: {extract: none}}]",
+            "rollout.max_completion_length=3",
+            "sft.batch_size=8",
+            "sft.lr=3e-3",
+            "sft.dev_size=6",
+            "sft.check_every=2",
+            f"log.output_dir={out}",
+            "log.progress=false",
+            *extra,
+        ],
+    )
+
+
+def test_stops_at_the_first_check_that_reaches_the_target(tiny_model_dir, tmp_path, monkeypatch):
+    accuracies = iter([0.1, 0.4, 0.7, 0.9])
+    monkeypatch.setattr(sft_module, "dev_checker", lambda *a: lambda: next(accuracies))
+    result = sft_module.sft(_cfg(tiny_model_dir, tmp_path, "sft.steps=20", "sft.target_accuracy=0.6"))
+    assert result.steps == 6 and result.reached_target and result.dev_accuracy == 0.7
+    rows = read_metrics(result.output_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r.get("sft/dev_greedy_accuracy") for r in rows] == [None, 0.1, None, 0.4, None, 0.7]
+    assert json.loads((result.output_dir / "sft_result.json").read_text())["steps"] == 6
+
+
+def test_runs_all_steps_when_the_target_is_not_reached_and_saves_a_loadable_model(tiny_model_dir, tmp_path):
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "sft.steps=5",
+        "sft.target_accuracy=1.01",
+        "sft.output_dir=" + str(tmp_path / "m"),
+    )
+    result = sft_module.sft(cfg)
+    assert result.steps == 5 and not result.reached_target and 0 <= result.dev_accuracy <= 1
+    rows = read_metrics(result.output_dir)
+    assert rows[-1]["sft/dev_greedy_accuracy"] == result.dev_accuracy  # checked at the last step too
+    assert rows[-1]["sft/loss"] < rows[0]["sft/loss"]
+
+    from transformers import AutoModelForCausalLM
+
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    assert any(not torch.equal(a, b) for a, b in zip(before.parameters(), after.parameters(), strict=True))
+    assert (tmp_path / "m" / "tokenizer.json").exists() and (tmp_path / "m" / "config.yaml").exists()
