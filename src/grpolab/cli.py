@@ -221,14 +221,8 @@ def _run(args: argparse.Namespace) -> int:
             return 128 + result.stopped_by
         print(f"grpolab: trained to step {result.final_step}; run written to {result.run_dir}")
         return 0
-    if args.verb == "compare":
-        return _compare(cfg, args.algos)
-    if args.verb == "recipe":
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see above)
-        from grpolab.recipe import print_summary, run_recipe
-
-        print_summary(run_recipe(cfg))
-        return 0
+    if args.verb in ("compare", "recipe"):
+        return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg)
     if args.verb == "sft":
         from grpolab.training.sft import sft
 
@@ -297,6 +291,14 @@ def _stopped_message(result) -> str:
         f"grpolab: stopped by {name} after step {result.final_step}; checkpoint saved in {result.run_dir} "
         f"({last.name}); continue with: grpolab train --resume (same config)"
     )
+
+
+def _recipe(cfg) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see _run_without_config)
+    from grpolab.recipe import print_summary, run_recipe
+
+    print_summary(run_recipe(cfg))
+    return 0
 
 
 def _compare(cfg, algos_arg: str) -> int:

@@ -38,7 +38,7 @@ def run_recipe(cfg: Config, *, title: str | None = None) -> RecipeResult:
     from grpolab.model_sources import local_source
     from grpolab.run.logging import read_metrics
     from grpolab.run.preflight import build_rewards, check_model_source, prepare_run_dir
-    from grpolab.train.loop import train
+    from grpolab.training.loop import train
 
     prepare_run_dir(cfg, resume=False)  # a run dir holding checkpoints without log.overwrite: fail now
     check_model_source(cfg.model)
