@@ -2,7 +2,7 @@
 
 1. Evaluate the starting model (``model.name_or_path``) on the held-out prompts: greedy accuracy,
    Pass@K and Maj@K at ``eval.temperature``.
-2. GRPO (or the variant ``algo.name`` names) through ``grpolab.train.loop.train``.
+2. GRPO (or the variant ``algo.name`` names) through ``grpolab.training.loop.train``.
 3. Evaluate the final checkpoint the same way, on the same prompts and random stream.
 4. Write ``<run>/report.md`` (the demo's report: curves, tables, samples) and ``<run>/eval.json``.
 
