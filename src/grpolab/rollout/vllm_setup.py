@@ -23,10 +23,12 @@ def engine_kwargs(
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments of a run (cfg.vllm; docs/vllm.md); ``context``: the model's
     max_position_embeddings, which caps the default max_model_len."""
+    from grpolab.model_sources import local_source  # a GGUF source: the plain folder it was converted to
+
     v, cpu = cfg.vllm, device_type == "cpu"
     kwargs: dict[str, Any] = {
-        "model": cfg.model.name_or_path,
-        "tokenizer": cfg.model.tokenizer or cfg.model.name_or_path,
+        "model": local_source(cfg.model.name_or_path),
+        "tokenizer": local_source(cfg.model.tokenizer or cfg.model.name_or_path),
         "revision": cfg.model.revision,
         "trust_remote_code": cfg.model.trust_remote_code,
         "dtype": engine_dtype(cfg, autocast_dtype),
@@ -74,8 +76,10 @@ def check_vllm(cfg: Config, *, device_type: str) -> None:
         raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL}")
     from transformers import AutoConfig
 
+    from grpolab.model_sources import local_source
+
     hf = AutoConfig.from_pretrained(
-        cfg.model.name_or_path, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
+        local_source(cfg.model.name_or_path), revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
     )
     _check_architecture(hf, device_type)
     _check_kv_cache(cfg, hf, device_type)

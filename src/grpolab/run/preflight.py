@@ -16,6 +16,7 @@ from grpolab.config import Config, ConfigError, ModelConfig, RewardSpec
 from grpolab.data import DataError
 from grpolab.errors import GrpolabError
 from grpolab.hub import hub_load_kwargs
+from grpolab.model_sources import check_source, is_converted_source
 from grpolab.models import ModelLoadError, resolve_device
 from grpolab.rewards import WeightedReward, build_reward
 from grpolab.run import checkpoint as ckpt
@@ -60,12 +61,17 @@ def check_model_source(cfg: ModelConfig) -> None:
     """A local model path that does not exist fails here, before the data and rewards are loaded.
 
     An absolute path, or one starting with ``.`` or ``~``, is local; anything else that is not an
-    existing folder is taken for a hub id, which must be cached or the Hub reachable (grpolab.hub).
+    existing folder is taken for a hub id, which must be cached or the Hub reachable (grpolab.hub). A
+    ``.gguf`` file or a ``package:<module>/<file>`` source is checked to exist, to be GGUF, and to be
+    readable (the gguf package installed); its conversion waits for the model load.
     """
     resolve_device(cfg)  # model.device=cuda without CUDA
     source = cfg.name_or_path
     if not source:
         raise ModelLoadError("model.name_or_path is empty: set it to a local model folder or a hub id")
+    if is_converted_source(source):
+        check_source(source)
+        return
     path = Path(source).expanduser()
     if source.startswith(("/", ".", "~")) and not path.exists():
         raise ModelLoadError(

@@ -22,6 +22,17 @@ def test_vote_keys_extract_the_answer_and_split_disagreeing_grades():
     assert vote_keys(texts, correct) == ["12", "12", "12", "12 [graded wrong]", "7"]
 
 
+def test_votes_follow_the_grading_rewards_extraction():
+    from grpolab.eval.runner import Grader
+    from grpolab.rewards import build_reward
+
+    texts = ["7 + 5 = 12", "12", "The sum is 12.", "7 + 5 = 13"]
+    grader = Grader([build_reward("exact_match", kwargs={"extract": "last_number"})], 0.5, None)
+    assert vote_keys(texts, [True, True, True, False], grader.answer) == ["12", "12", "12", "13"]
+    plain = Grader([build_reward("exact_match", kwargs={"extract": "none"})], 0.5, None)
+    assert plain.answer("7 + 5 = 12") == "7 + 5 = 12"  # no declared extraction: the whole final text
+
+
 @pytest.fixture(scope="module")
 def results(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("eval")

@@ -146,3 +146,33 @@ def test_factories_build_named_batched_rewards():
     assert reward.name == "soft_overlong"
     assert reward([c("", 18), c("", 10)], [EX, EX]) == [pytest.approx(-0.5), 0.0]
     assert rules.make_r1_format(prefilled_think=True)([c("r</think><answer>1</answer>")], [EX]) == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("42", 1.0),
+        ("6 * 7 = 42", 1.0),  # the last number: the restated operands do not count
+        ("6 * 7 = 42.", 1.0),
+        ("The answer is 42!\n", 1.0),
+        ("42 is 6 * 7", 0.0),  # 7 is the last number
+        ("6 * 7 = 41", 0.0),
+        ("forty-two", 0.0),
+        ("", 0.0),
+        ("<think>maybe 42</think> 41", 0.0),  # only after the reasoning
+        ("6 * 7 = 42.0", 0.0),  # exact, not numeric
+    ],
+)
+def test_exact_match_last_number(text, expected):
+    assert rules.exact_match(c(text), EX, extract="last_number") == expected
+
+
+def test_last_number_reads_thousands_commas_and_signs():
+    assert rules.extract_last_number("so 1,000 + 42 = 1,042.") == "1042"
+    assert rules.extract_last_number("5 - 9 = -4") == "-4"
+    assert rules.extract_last_number("no digits") is None
+
+
+def test_only_last_number_declares_its_extraction_for_voting():
+    assert rules.make_exact_match(extract="last_number").extract_answer("7 + 5 = 12") == "12"
+    assert not hasattr(rules.make_exact_match(extract="none"), "extract_answer")
