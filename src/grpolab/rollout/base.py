@@ -43,3 +43,15 @@ class Sampler(Protocol):
     def close(self) -> None:
         """Release what the engine holds (memory, processes) at the end of a run; hf: nothing."""
         ...
+
+
+def check_sampling(*, max_completion_length: int, temperature: float, top_p: float, top_k: int) -> None:
+    """The sampling settings every engine takes, with the same meaning (0 / 1 = off), checked alike."""
+    if max_completion_length < 1:
+        raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")

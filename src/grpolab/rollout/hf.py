@@ -35,6 +35,7 @@ from transformers.cache_utils import DynamicLayer
 
 from grpolab.inference import WeightCopy, attention_for, wants_eager_attention
 from grpolab.models import is_peft
+from grpolab.rollout.base import check_sampling
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.types import Completions, FinishReason
 
@@ -65,14 +66,7 @@ class HFSampler:
         (refreshed from the model at each call; one more copy of those weights in memory). None = on
         for a CPU model under autocast without LoRA. ``max_batch_sequences`` None: derived at each call
         from ``kv_cache_budget_bytes`` (None = a share of the free memory; grpolab.rollout.budget)."""
-        if max_completion_length < 1:
-            raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
-        if top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+        check_sampling(max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k)
         if max_batch_sequences is not None and max_batch_sequences < 1:
             raise ValueError(f"max_batch_sequences must be >= 1 or None, got {max_batch_sequences}")
         self.model = model

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from grpolab.rollout.base import check_sampling
 from grpolab.rollout.vllm_setup import import_vllm
 from grpolab.rollout.vllm_sync import policy_weights
 from grpolab.types import Completions, FinishReason
@@ -65,14 +66,7 @@ class VLLMSampler:
         """``engine``: a vLLM ``LLM`` (``start_engine``). ``weights_from``: the policy whose weights the
         engine takes before the first ``sample`` (None: the engine's weights as they are). ``sleep_mode``:
         put the engine to sleep after each ``sample`` (CUDA only)."""
-        if max_completion_length < 1:
-            raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
-        if top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+        check_sampling(max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k)
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty: pass the ids that end a completion")
         self.engine = engine
