@@ -55,3 +55,14 @@ def check_sampling(*, max_completion_length: int, temperature: float, top_p: flo
         raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+
+
+def check_prompts(prompt_ids: list[list[int]], num_generations: int) -> None:
+    """What every engine's ``sample`` needs of its inputs: G >= 1 and at least one token in every prompt."""
+    if num_generations < 1:
+        raise ValueError(f"num_generations must be >= 1, got {num_generations}")
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty: pass at least one prompt")
+    empty = [i for i, p in enumerate(prompt_ids) if len(p) == 0]
+    if empty:
+        raise ValueError(f"prompts {empty} have no tokens: start every prompt with at least one token (e.g. BOS)")

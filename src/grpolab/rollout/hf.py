@@ -35,7 +35,7 @@ from transformers.cache_utils import DynamicLayer
 
 from grpolab.inference import WeightCopy, attention_for, wants_eager_attention
 from grpolab.models import is_peft
-from grpolab.rollout.base import check_sampling
+from grpolab.rollout.base import check_prompts, check_sampling
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.types import Completions, FinishReason
 
@@ -303,15 +303,7 @@ def _resolve_eos(model, tokenizer, eos_token_ids: Sequence[int] | None) -> list[
 
 
 def _check_inputs(prompt_ids, num_generations: int, generator, device: torch.device) -> None:
-    if num_generations < 1:
-        raise ValueError(f"num_generations must be >= 1, got {num_generations}")
-    if not prompt_ids:
-        raise ValueError("prompt_ids is empty: pass at least one prompt")
-    empty = [i for i, p in enumerate(prompt_ids) if len(p) == 0]
-    if empty:
-        raise ValueError(
-            f"prompts {empty} have no tokens: start every prompt with at least one token (e.g. BOS)"
-        )
+    check_prompts(prompt_ids, num_generations)
     if generator is not None and generator.device.type != device.type:
         raise ValueError(
             f"generator is on {generator.device} but the model on {device}: create it on {device}"

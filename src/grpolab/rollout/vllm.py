@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from grpolab.rollout.base import check_sampling
+from grpolab.rollout.base import check_prompts, check_sampling
 from grpolab.rollout.vllm_setup import import_vllm
 from grpolab.rollout.vllm_sync import policy_weights
 from grpolab.types import Completions, FinishReason
@@ -105,7 +105,7 @@ class VLLMSampler:
         generator: torch.Generator | None = None,
     ) -> Completions:
         """G completions for each prompt, prompt-major (row p*G + g is sample g of prompt p)."""
-        _check_inputs(prompt_ids, num_generations)
+        check_prompts(prompt_ids, num_generations)
         if self._pending is not None:
             self.update_weights(self._pending)
         self._wake()
@@ -187,16 +187,6 @@ def _engine_dtype(engine) -> torch.dtype | None:
 def _draw_seed(generator: torch.Generator) -> int:
     """One seed from the step's generator (advancing it, so the next step and a resumed run differ / agree)."""
     return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
-
-
-def _check_inputs(prompt_ids, num_generations: int) -> None:
-    if num_generations < 1:
-        raise ValueError(f"num_generations must be >= 1, got {num_generations}")
-    if not prompt_ids:
-        raise ValueError("prompt_ids is empty: pass at least one prompt")
-    empty = [i for i, p in enumerate(prompt_ids) if len(p) == 0]
-    if empty:
-        raise ValueError(f"prompts {empty} have no tokens: start every prompt with at least one token (e.g. BOS)")
 
 
 # ----------------------------------------------------------------------------------- engines
