@@ -50,9 +50,9 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
+    from grpolab.commands.train import train
     from grpolab.config import load_config
     from grpolab.tasks.arithmetic import arithmetic_examples
-    from grpolab.training.loop import train
 
     assert torch.cuda.is_available(), "this smoke run needs a CUDA GPU"
     with tempfile.TemporaryDirectory() as tmp:

@@ -49,8 +49,8 @@ def _rank(rank: int, world: int, port: int, overrides: list[str], result: str) -
     torch.set_num_threads(1)
     from torch.profiler import ProfilerActivity, profile
 
+    from grpolab.commands.train import train
     from grpolab.config import load_config
-    from grpolab.training.loop import train
 
     cfg = load_config(None, overrides)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from tracker_records import trackio_logs
 
+from grpolab.commands.train import train
 from grpolab.config import load_config
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.logging import read_metrics
 from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer, build_tiny_model
-from grpolab.training.loop import train
 
 REWARDS = ["conversational_format_reward", "conversational_accuracy_reward", "length_penalty"]
 

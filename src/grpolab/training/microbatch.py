@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
+from grpolab.distributed import dist
 from grpolab.errors import ConfigError
-from grpolab.run import dist
 
 
 def split_rows(

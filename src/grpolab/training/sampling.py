@@ -33,9 +33,9 @@ import torch
 
 from grpolab.config import Config
 from grpolab.data import PromptSampler
+from grpolab.distributed import dist
 from grpolab.rewards import score_batch
 from grpolab.rewards.base import ScoreResult
-from grpolab.run import dist
 from grpolab.training.batch import rewards_tensor
 from grpolab.types import Completions, Example
 

@@ -7,15 +7,15 @@ import math
 import pytest
 import torch
 
-from grpolab.data import DataError
-from grpolab.tasks.preferences import max_digit_preference_pairs, prompt_blind_accuracy
-from grpolab.training.reward_model import (
+from grpolab.commands.train_rm import (
     PreferencePair,
     bradley_terry_loss,
     read_pairs,
     split_pairs,
     write_pairs,
 )
+from grpolab.data import DataError
+from grpolab.tasks.preferences import max_digit_preference_pairs, prompt_blind_accuracy
 
 
 def test_bradley_terry_loss_hand_values():
