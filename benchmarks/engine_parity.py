@@ -6,7 +6,7 @@ For each seed:
    accuracy), or the SFT folder already in ``<out>/seed<N>/sft`` (a previous run of this script);
 2. the demo's GRPO stage from that one folder twice, ``rollout.engine=hf`` then ``rollout.engine=vllm``,
    every other key the demo's (``demo_config``: steps, seed, batch, lr, beta, mu);
-3. both final policies evaluated by the demo's evaluation (``grpolab.eval.runner.evaluate``: the 200
+3. both final policies evaluated by the demo's evaluation (``grpolab.commands.eval.evaluate``: the 200
    held-out problems, 64 samples at T = 1) with the hf engine, so the measurement itself is identical;
    ``--eval-vllm`` also evaluates them with the vllm engine.
 
@@ -91,7 +91,7 @@ def grpo_stage(out: Path, seed: int, size: str, sft_dir: str, engine: str, steps
 
 def evaluate_both(cfgs: dict, finals: dict, engine: str) -> dict:
     """engine -> ModelEval of each GRPO run's final policy, both sampled by ``engine`` (the hf run's config)."""
-    from grpolab.eval.runner import evaluate
+    from grpolab.commands.eval import evaluate
 
     cfg = cfgs["hf"]
     cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine=engine))

@@ -35,10 +35,10 @@ RECIPE = HERE.parent / "configs" / "smollm2_arithmetic.yaml"
 
 def step_prompts(cfg, steps: int) -> list[dict[str, str]]:
     """The training prompts grpolab's seeded sampler draws for ``steps`` steps, in order."""
-    from grpolab.data import PromptSampler, load_examples, split_eval
+    from grpolab.data import PromptOrder, load_examples, split_eval
 
     train, _ = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
-    sampler = PromptSampler(len(train), seed=cfg.seed, shuffle=cfg.data.shuffle)
+    sampler = PromptOrder(len(train), seed=cfg.seed, shuffle=cfg.data.shuffle)
     rows = [i for _ in range(steps) for i in sampler.next(cfg.train.prompts_per_step)]
     return [{"prompt": train[i].prompt, "answer": train[i].answer} for i in rows]
 
@@ -90,7 +90,7 @@ def evaluate_all(cfg, folder: str, runs: dict[str, dict], a: argparse.Namespace)
     """ModelEvals of the starting model and every trained one, by grpolab's evaluator (same prompts, stream)."""
     import dataclasses
 
-    from grpolab.eval.runner import evaluate
+    from grpolab.commands.eval import evaluate
 
     ev = dataclasses.replace(cfg.eval, max_prompts=a.eval_prompts, ks=(1, 8), num_samples=8)
     ecfg = dataclasses.replace(cfg, eval=ev, seed=0)

@@ -111,7 +111,7 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], help="an extra override for every preset, e.g. algo.num_minibatches=1")
     a = p.parse_args()
     set_threads(a.threads)
-    from grpolab.eval.runner import evaluate
+    from grpolab.commands.eval import evaluate
 
     out = Path(tempfile.mkdtemp(prefix="grpolab-variants-"))
     model = a.sft_model or sft_start(out, a.sft_accuracy)

@@ -29,7 +29,7 @@ def __getattr__(name: str) -> Any:
 
         return sft
     if name == "evaluate":
-        from grpolab.eval.runner import evaluate
+        from grpolab.commands.eval import evaluate
 
         return evaluate
     if name == "run_demo":

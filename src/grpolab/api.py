@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpolab.commands.train import train as train_loop
 from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, inert_settings, load_config
 from grpolab.data import DataError, examples_from_rows
 from grpolab.errors import ConfigError, GrpolabError
@@ -113,7 +114,6 @@ def train(
 
 
 def _run(cfg: Config, rewards, examples, *, resume: bool) -> TrainResult:
-    from grpolab.commands.train import train as train_loop
 
     show_progress_logs()
     return train_loop(cfg, resume=resume, rewards=rewards, examples=examples)

@@ -182,7 +182,7 @@ def _run_without_config(args: argparse.Namespace) -> int | None:
 
         return run_hacking(args)
     if args.verb == "export":
-        from grpolab.distributed.sharded import export
+        from grpolab.runtime.sharded import export
 
         print(f"grpolab: exported {export(args.checkpoint, args.out, dtype=args.dtype)}")
         return 0
@@ -237,7 +237,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"grpolab: SFT {done.steps} steps, dev accuracy {done.dev_accuracy}; saved {done.output_dir}")
         return 0
     if args.verb == "eval":
-        from grpolab.eval.runner import evaluate
+        from grpolab.commands.eval import evaluate
 
         for e in evaluate(cfg):
             _print_eval(e)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,8 +14,14 @@ import torch
 
 from grpolab import jsonio
 from grpolab.config import DataConfig
+from grpolab.config.templates import apply_template
 from grpolab.errors import GrpolabError, one_line
+from grpolab.tasks.arithmetic import arithmetic_examples, multiplication_examples
+from grpolab.tasks.reasoning_gym import gym_examples
 from grpolab.types import Example
+
+Encode = Callable[[Sequence[Example], Any], list[list[int]]]
+"""``encode(examples, tokenizer) -> token ids of each prompt``, in place of the template."""
 
 
 class DataError(GrpolabError, ValueError):
@@ -32,7 +38,6 @@ def load_examples(cfg: DataConfig, *, seed: int) -> list[Example]:
     if cfg.source == "hf":
         return _rows_to_examples(_read_hf(cfg), cfg, origin=cfg.path)
     if cfg.source == "reasoning_gym":
-        from grpolab.tasks.reasoning_gym import gym_examples
 
         if not cfg.name:
             raise DataError(
@@ -40,11 +45,9 @@ def load_examples(cfg: DataConfig, *, seed: int) -> list[Example]:
             )
         return _task(gym_examples, cfg, cfg.name, size=cfg.size, seed=seed, params=cfg.params, template=cfg.template)
     if cfg.source == "arithmetic":
-        from grpolab.tasks.arithmetic import arithmetic_examples
 
         return _task(arithmetic_examples, cfg, size=cfg.size, seed=seed, **dict(cfg.params))
     if cfg.source == "multiplication":
-        from grpolab.tasks.arithmetic import multiplication_examples
 
         return _task(multiplication_examples, cfg, size=cfg.size, seed=seed, **dict(cfg.params))
     raise DataError(f"unknown data.source '{cfg.source}'")
@@ -202,7 +205,6 @@ def examples_from_rows(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, *, or
 
 
 def _rows_to_examples(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, origin: str) -> list[Example]:
-    from grpolab.config.templates import apply_template
 
     examples = []
     for i, row in enumerate(rows):
@@ -315,16 +317,14 @@ def check_prompt_chars(examples: Sequence[Example], tokenizer, cfg: DataConfig) 
             )
 
 
-def tokenize_prompts(examples: Sequence[Example], tokenizer, cfg: DataConfig, make_env=None) -> list[list[int]]:
+def tokenize_prompts(
+    examples: Sequence[Example], tokenizer, cfg: DataConfig, encode: Encode | None = None
+) -> list[list[int]]:
     """Token ids of every prompt, computed once. A prompt over data.max_prompt_length is an error naming it.
-    With an environment (``make_env``), a prompt is its first messages with the env's tools declared."""
+    ``encode(examples, tokenizer)`` replaces the template when the prompt is not the example's text alone
+    (with an environment: its first messages with the env's tools declared, rollout.multiturn)."""
     check_prompt_chars(examples, tokenizer, cfg)
-    if make_env is not None:
-        from grpolab.rollout.multiturn import episode_prompt_ids
-
-        encoded = episode_prompt_ids(examples, tokenizer, make_env)
-    else:
-        encoded = _encode(examples, tokenizer, cfg)
+    encoded = _encode(examples, tokenizer, cfg) if encode is None else encode(examples, tokenizer)
     for i, ids in enumerate(encoded):
         if len(ids) > cfg.max_prompt_length:
             raise DataError(
@@ -375,7 +375,7 @@ def _chat(prompt: str, tokenizer, cfg: DataConfig) -> str:
 
 
 @dataclass
-class PromptSampler:
+class PromptOrder:
     """Draws prompts without replacement, reshuffling each epoch; its state resumes exactly."""
 
     size: int

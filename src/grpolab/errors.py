@@ -19,6 +19,12 @@ class ConfigError(GrpolabError, ValueError):
     """A configuration problem, with the key and a fix in the message."""
 
 
+class RewardError(GrpolabError, RuntimeError):
+    """A reward failed, returned a bad value, or took too long. The message says how to fix it.
+
+    It lives here, below both, because the sandbox (which rewards call) raises it too."""
+
+
 class TrainingError(GrpolabError, RuntimeError):
     """Training cannot go on (e.g. too many non-finite losses in a row); the last good checkpoint is kept."""
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import grpolab.commands.eval as eval_command
 import grpolab.commands.sft as sft_mod
 import grpolab.commands.train as loop
-import grpolab.eval.runner as runner
 import grpolab.runtime.assemble as assemble_mod
 from grpolab.cli import main
 from grpolab.config import ConfigError, load_config
@@ -380,7 +380,7 @@ def run_verb(verb: str, cfg) -> None:
     elif verb == "sft":
         sft_mod.sft(cfg)
     elif verb == "eval":
-        runner.evaluate(cfg)
+        eval_command.evaluate(cfg)
     else:
         raise AssertionError(verb)
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
+import grpolab.commands.eval as eval_command
 import grpolab.commands.sft as sft_mod
 import grpolab.commands.train as loop
-import grpolab.eval.runner as runner
 import grpolab.runtime.assemble as assemble
 from grpolab.cli import main
 from grpolab.config import ConfigError, load_config
-from grpolab.distributed import sharded
 from grpolab.eval.results import load_evals
 from grpolab.models.loading import ModelLoadError
 from grpolab.runtime import checkpoint as ckpt
+from grpolab.runtime import sharded
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -176,13 +176,13 @@ def test_eval_checks_every_path_first_and_keeps_each_finished_model(
     base = overrides(tiny_model_dir, addition_jsonl(16), tmp_path, "data.eval_size=2", "eval.num_samples=2",
                      "eval.greedy=false", f"eval.output_dir={tmp_path / 'eval'}")
     loaded = []
-    real_load = runner.load_model
-    monkeypatch.setattr(runner, "load_model", lambda cfg: loaded.append(cfg.name_or_path) or real_load(cfg))
+    real_load = eval_command.load_model
+    monkeypatch.setattr(eval_command, "load_model", lambda cfg: loaded.append(cfg.name_or_path) or real_load(cfg))
     cfg = load_config(None, [*base, f"eval.checkpoints=[{tiny_model_dir}, {tmp_path}/missing]"])
     with pytest.raises(ModelLoadError, match="missing does not exist"):
-        runner.evaluate(cfg)
+        eval_command.evaluate(cfg)
     assert loaded == []  # the second path was checked before the first model loaded
-    real_model = runner.evaluate_model
+    real_model = eval_command.evaluate_model
     calls = []
 
     def stop_on_second(*args, **kwargs):
@@ -191,10 +191,10 @@ def test_eval_checks_every_path_first_and_keeps_each_finished_model(
             raise KeyboardInterrupt
         return real_model(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "evaluate_model", stop_on_second)
+    monkeypatch.setattr(eval_command, "evaluate_model", stop_on_second)
     step = trained / "checkpoints" / "step_1"
     with pytest.raises(KeyboardInterrupt):
-        runner.evaluate(load_config(None, [*base, f"eval.checkpoints=[{tiny_model_dir}, {step}]"]))
+        eval_command.evaluate(load_config(None, [*base, f"eval.checkpoints=[{tiny_model_dir}, {step}]"]))
     (kept,) = load_evals(tmp_path / "eval" / "eval.json")
     assert kept.path == tiny_model_dir and 0 <= kept.pass_at[1] <= 1
 

@@ -139,8 +139,8 @@ def test_torchrun_eval_splits_prompts(tiny_model_dir, addition_jsonl, tmp_path):
     greedy answers as one process, and rank 0's sampled completions equal to one process's (same seed)."""
     import json
 
+    from grpolab.commands.eval import evaluate
     from grpolab.config import load_config
-    from grpolab.eval.runner import evaluate
 
     overrides = [
         f"model.name_or_path={tiny_model_dir}", "model.autocast=none", f"data.path={addition_jsonl(16)}",

@@ -100,7 +100,7 @@ def test_torchrun_two_ranks_one_engine_each(model_dir, addition_jsonl, tmp_path)
 
 def test_eval_samples_with_the_engine(model_dir, addition_jsonl, tmp_path, monkeypatch):
     """``grpolab eval`` with rollout.engine=vllm: greedy completions equal the hf engine's."""
-    from grpolab.eval.runner import evaluate
+    from grpolab.commands.eval import evaluate
     from grpolab.rollout.vllm import VLLMSampler
 
     temperatures = []

@@ -117,8 +117,8 @@ def test_huge_integers_and_seeds_are_config_errors():
 
 
 def test_a_seed_near_the_limit_shuffles():
-    from grpolab.data import PromptSampler
+    from grpolab.data import PromptOrder
 
-    sampler = PromptSampler(10, seed=9223372036854000000)
+    sampler = PromptOrder(10, seed=9223372036854000000)
     assert sorted(sampler.next(10)) == list(range(10))
-    assert PromptSampler(10, seed=-5).next(10) == PromptSampler(10, seed=-5).next(10)
+    assert PromptOrder(10, seed=-5).next(10) == PromptOrder(10, seed=-5).next(10)

@@ -23,7 +23,15 @@ from pathlib import Path
 
 import torch
 
+from grpolab.commands.train import train
 from grpolab.config import Config, load_config
+from grpolab.data import load_examples, split_eval
+from grpolab.envs.setup import environment_from_config
+from grpolab.rollout.hf import HFSampler
+from grpolab.rollout.multiturn import ChatDelta, MultiTurnSampler, episode_prompt_ids
+from grpolab.runtime.logging import read_metrics
+from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
+from grpolab.training.logprobs import completion_logprobs
 
 SIZES: dict[str, tuple[dict[str, int], list[str]]] = {
     "full": ({"hidden_size": 128, "num_layers": 2, "num_heads": 4}, []),
@@ -60,8 +68,6 @@ def agent_config(out_dir: str | Path, size: str = "full", overrides: Sequence[st
 
 def run_agent_demo(out_dir: str | Path = "runs/demo-agent", size: str = "full", overrides: Sequence[str] = ()):
     """SFT, GRPO, evaluate before and after; returns (report path, [AgentEval], seconds)."""
-    from grpolab.commands.train import train
-    from grpolab.data import load_examples, split_eval
 
     cfg = agent_config(out_dir, size, overrides)
     run_dir, seconds = cfg.run_dir, {}
@@ -97,7 +103,6 @@ def _tokenizer(path: Path):
     the GRPO run and the evaluation all tokenize with the tokenizer the model folder holds."""
     from transformers import AutoTokenizer
 
-    from grpolab.tasks.tiny import build_char_tokenizer
 
     tok = build_char_tokenizer()
     tok.chat_template = AGENT_TEMPLATE
@@ -106,7 +111,6 @@ def _tokenizer(path: Path):
 
 
 def _make_env(cfg: Config, tools_enabled: bool = True):
-    from grpolab.envs.setup import environment_from_config
 
     kwargs = {**cfg.env.kwargs, "tools_enabled": tools_enabled}
     return environment_from_config(dataclasses.replace(cfg.env, kwargs=kwargs))
@@ -114,7 +118,6 @@ def _make_env(cfg: Config, tools_enabled: bool = True):
 
 def sft_traces(examples, tok, make_env, *, seed: int, tool_fraction: float = 0.5):
     """(prompt ids [n], episode ids [n], sampled mask [n]) laid out as the rollout lays out episodes."""
-    from grpolab.rollout.multiturn import ChatDelta
 
     delta = ChatDelta(tok, make_env().tools)
     rng = random.Random(seed)
@@ -135,8 +138,6 @@ def sft_traces(examples, tok, make_env, *, seed: int, tool_fraction: float = 0.5
 
 def _sft(cfg: Config, examples, shape: dict[str, int]) -> Path:
     """Masked next-token SFT on the traces (model tokens only); saves the model to cfg.sft_dir."""
-    from grpolab.tasks.tiny import build_tiny_model
-    from grpolab.training.logprobs import completion_logprobs
 
     out = cfg.sft_dir
     tok = _tokenizer(out)
@@ -165,8 +166,6 @@ def evaluate_agent(cfg: Config, path: str, examples, label: str) -> AgentEval:
     """Accuracy and tool-call rate of one episode per held-out prompt, with and without the tool."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpolab.rollout.hf import HFSampler
-    from grpolab.rollout.multiturn import MultiTurnSampler, episode_prompt_ids
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path)
@@ -185,7 +184,6 @@ def evaluate_agent(cfg: Config, path: str, examples, label: str) -> AgentEval:
 
 
 def _write_report(run_dir: Path, cfg: Config, evals: list[AgentEval], seconds: dict[str, float]) -> Path:
-    from grpolab.runtime.logging import read_metrics
 
     rows = read_metrics(run_dir)
     curve = [(r["step"], r.get("reward"), r.get("tools/call_frequency")) for r in rows]

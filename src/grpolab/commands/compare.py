@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpolab.commands.compare_report import write_report
 from grpolab.config import AlgoName, Config, ConfigError, dump_config
 from grpolab.errors import GrpolabError
 from grpolab.runtime.logging import read_metrics
@@ -93,7 +94,6 @@ def validate_algos(cfg: Config, algos: Sequence[str]) -> dict[str, Config]:
 
 def compare(cfg: Config, algos: Sequence[str] = DEFAULT_ALGOS) -> Comparison:
     """Train each algorithm in turn in its own process, then write report.md and plots/ beside the runs."""
-    from grpolab.commands.compare_report import write_report
 
     configs = validate_algos(cfg, algos)
     out = cfg.run_dir

@@ -20,8 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpolab.commands.eval import evaluate
+from grpolab.commands.sft import sft
+from grpolab.commands.train import train
 from grpolab.config import Config, load_config
+from grpolab.eval.report import summary_sentence, write_report
 from grpolab.eval.results import ModelEval
+from grpolab.models.loading import count_parameters
+from grpolab.runtime.logging import read_metrics
+from grpolab.tasks.tiny import save_tiny
 
 # size -> (tiny-model shape, config overrides). "tiny" is for tests: seconds, not a result.
 SIZES: dict[str, tuple[dict[str, int], list[str]]] = {
@@ -72,12 +79,6 @@ def run_demo(
     """SFT a tiny model from scratch, GRPO it, evaluate before and after, write the report."""
     from transformers.utils import logging as hf_logging
 
-    from grpolab.commands.sft import sft
-    from grpolab.commands.train import train
-    from grpolab.eval.report import write_report
-    from grpolab.eval.runner import evaluate
-    from grpolab.runtime.logging import read_metrics
-    from grpolab.tasks.tiny import save_tiny
 
     hf_logging.disable_progress_bar()  # the demo shows its own bars, one per phase
     base = demo_config(out_dir, size, overrides)
@@ -124,7 +125,6 @@ def _task_name(cfg: Config) -> str:
 def _setup_lines(cfg: Config, init: str, sft_result, seconds: dict[str, float]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    from grpolab.models.loading import count_parameters
 
     params = count_parameters(AutoModelForCausalLM.from_pretrained(init))
     s, t, r = cfg.sft, cfg.train, cfg.rollout
@@ -147,7 +147,6 @@ def print_summary(result: DemoResult) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from grpolab.eval.report import summary_sentence
 
     console = Console()
     before, after = result.evals[0], result.evals[-1]

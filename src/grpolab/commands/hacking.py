@@ -15,6 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpolab.commands.hacking_analysis import effective_beta
+from grpolab.commands.hacking_report import write_report
+from grpolab.commands.train import train
 from grpolab.config import Config, ConfigError, dump_config
 from grpolab.runtime.logging import read_metrics
 
@@ -38,11 +41,6 @@ def finished(cfg: Config) -> bool:
         return False
     rows = read_metrics(cfg.run_dir)
     return bool(rows) and rows[-1].get("step") == cfg.train.num_steps
-
-
-def effective_beta(cfg: Config) -> float:
-    """The KL coefficient a run trains with: the one place this package reads it from a config."""
-    return float(cfg.algo.beta)
 
 
 def run_name(beta: float, seed: int) -> str:
@@ -88,8 +86,6 @@ def hacking(
     setup=None,
 ) -> HackingResult:
     """Train every (beta, seed) of the grid in turn, then write report.md beside the runs."""
-    from grpolab.commands.hacking_report import write_report
-    from grpolab.commands.train import train
 
     configs = grid_configs(cfg, betas, seeds)
     run_dirs = {}

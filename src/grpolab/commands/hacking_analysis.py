@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grpolab.config import Config
+
 PROXY_KEY = "reward"
 GOLD_KEY = "train/gold_total"
 KL_KEY = "train/kl_seq"
@@ -163,3 +165,8 @@ def pick_samples(
         if len(picked) == k:
             break
     return picked
+
+
+def effective_beta(cfg: Config) -> float:
+    """The KL coefficient a run trains with: the one place this package reads it from a config."""
+    return float(cfg.algo.beta)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from grpolab.commands.hacking import grid_configs, hacking
+from grpolab.commands.hacking_miniature import DEFAULT_BETAS, DEFAULT_SEEDS, miniature_config, run_miniature
 from grpolab.config import ConfigError, load_config
 
 
@@ -20,17 +22,10 @@ def run_hacking(args: argparse.Namespace) -> int:
     seeds = _values(args.seeds, int, "--seeds")
     if args.miniature:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: a shared CPU
-        from grpolab.commands.hacking_miniature import (
-            DEFAULT_BETAS,
-            DEFAULT_SEEDS,
-            miniature_config,
-            run_miniature,
-        )
 
         miniature_config(args.out, args.overrides)  # a bad override fails before any work
         result = run_miniature(args.out, betas or DEFAULT_BETAS, seeds or DEFAULT_SEEDS, args.overrides)
     else:
-        from grpolab.commands.hacking import grid_configs, hacking
 
         cfg = load_config(args.config, args.overrides)
         grid_configs(cfg, betas, seeds)  # fails before any model loads

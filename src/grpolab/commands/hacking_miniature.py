@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from grpolab import jsonio
+from grpolab.commands.demo import SIZES, demo_config
+from grpolab.commands.hacking import grid_configs, hacking
+from grpolab.commands.sft import sft
+from grpolab.commands.train_rm import train_reward_model
 from grpolab.config import Config
+from grpolab.data import load_examples, split_eval
+from grpolab.runtime.logging import read_metrics
+from grpolab.tasks.preferences import length_shortcut_pairs
+from grpolab.tasks.tiny import save_tiny
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +60,6 @@ DEFAULT_SEEDS = (0, 1, 2)
 
 def miniature_config(out_dir: str | Path, overrides: Sequence[str] = ()) -> Config:
     """The miniature's base config: demo.yaml, OVERRIDES, the output folder, then the caller's overrides."""
-    from grpolab.commands.demo import demo_config
 
     return demo_config(out_dir, "full", [*OVERRIDES, *overrides])
 
@@ -64,7 +71,6 @@ def run_miniature(
     overrides: Sequence[str] = (),
 ):
     """SFT, the narrow reward model, then the (beta, seed) grid of GRPO runs and the report."""
-    from grpolab.commands.hacking import grid_configs, hacking
 
     base = miniature_config(out_dir, overrides)
     seconds: dict[str, float] = {}
@@ -95,9 +101,6 @@ def run_miniature(
 
 
 def _sft_stage(base: Config) -> tuple[Path, str]:
-    from grpolab.commands.demo import SIZES
-    from grpolab.commands.sft import sft
-    from grpolab.tasks.tiny import save_tiny
 
     if (base.sft_dir / "config.json").exists():
         log.warning("reusing the SFT model in %s (delete it to train it again)", base.sft_dir)
@@ -111,7 +114,6 @@ def _sft_stage(base: Config) -> tuple[Path, str]:
 
 def _sft_note(sft_dir: Path) -> str:
     """What the SFT folder's metrics.jsonl says: steps taken and the last greedy dev accuracy."""
-    from grpolab.runtime.logging import read_metrics
 
     rows = read_metrics(sft_dir)
     dev = [r["sft/dev_greedy_accuracy"] for r in rows if "sft/dev_greedy_accuracy" in r]
@@ -120,9 +122,6 @@ def _sft_note(sft_dir: Path) -> str:
 
 
 def _reward_model_stage(base: Config, sft_dir: Path) -> tuple[Path, str]:
-    from grpolab.commands.train_rm import train_reward_model
-    from grpolab.data import load_examples, split_eval
-    from grpolab.tasks.preferences import length_shortcut_pairs
 
     rm_cfg = base.reward_model
     out = base.reward_model_dir

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpolab.commands.hacking import effective_beta
-from grpolab.commands.hacking_analysis import HackingNumbers, analyse, pick_samples, sentence
+from grpolab.commands.hacking_analysis import HackingNumbers, analyse, effective_beta, pick_samples, sentence
 from grpolab.config import load_config
 from grpolab.runtime.logging import read_metrics
 

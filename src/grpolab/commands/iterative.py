@@ -39,9 +39,8 @@ from grpolab.commands.train import train
 from grpolab.commands.train_rm import PreferencePair, read_pairs, train_reward_model, write_pairs
 from grpolab.config import Config, ConfigError
 from grpolab.data import load_examples
-from grpolab.rewards import WeightedReward, score_batch
+from grpolab.rewards import WeightedReward, build_rewards, score_batch
 from grpolab.runtime.checkpoint import latest_checkpoint
-from grpolab.runtime.preflight import build_rewards
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpolab.commands.eval import evaluate
+from grpolab.commands.train import train
 from grpolab.config import Config
-from grpolab.eval.results import ModelEval
+from grpolab.data import load_examples, split_eval
+from grpolab.eval.report import summary_sentence, write_report
+from grpolab.eval.results import ModelEval, save_evals
+from grpolab.models.sources import local_source
+from grpolab.rewards import build_rewards
+from grpolab.runtime.logging import read_metrics
+from grpolab.runtime.preflight import check_model_source, prepare_run_dir
 
 
 @dataclass
@@ -31,14 +39,6 @@ class RecipeResult:
 
 def run_recipe(cfg: Config, *, title: str | None = None) -> RecipeResult:
     """Evaluate the model, train it, evaluate the result, write the report; see the module docstring."""
-    from grpolab.commands.train import train
-    from grpolab.data import load_examples, split_eval
-    from grpolab.eval.report import write_report
-    from grpolab.eval.results import save_evals
-    from grpolab.eval.runner import evaluate
-    from grpolab.models.sources import local_source
-    from grpolab.runtime.logging import read_metrics
-    from grpolab.runtime.preflight import build_rewards, check_model_source, prepare_run_dir
 
     prepare_run_dir(cfg, resume=False)  # a run dir holding checkpoints without log.overwrite: fail now
     check_model_source(cfg.model)
@@ -97,7 +97,6 @@ def setup_lines(cfg: Config, seconds: dict[str, float]) -> dict[str, str]:
 
 
 def print_summary(result: RecipeResult) -> None:
-    from grpolab.eval.report import summary_sentence
 
     before, after = result.evals
     k = max(set(before.ks) & set(after.ks))

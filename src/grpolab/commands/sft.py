@@ -26,15 +26,16 @@ import torch
 
 from grpolab import jsonio
 from grpolab.config import Config, ConfigError, dump_config
-from grpolab.data import DataError, PromptSampler, check_prompt_chars, split_eval, tokenize_prompts
+from grpolab.data import DataError, PromptOrder, check_prompt_chars, split_eval, tokenize_prompts
 from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
+from grpolab.eval.runner import Grader, greedy_decode, greedy_sampler
 from grpolab.models.loading import load_tokenizer, resolve_autocast, resolve_device
+from grpolab.progress import Progress
 from grpolab.rollout.engines import check_engine
 from grpolab.runtime import checkpoint as ckpt
 from grpolab.runtime.assemble import load_model, training_examples
 from grpolab.runtime.guards import GracefulStop
 from grpolab.runtime.logging import RunLogger
-from grpolab.runtime.progress import Progress
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.master import MasterWeightOptimizer, backward, grads_to_clip, wants_master_weights
 from grpolab.types import Example
@@ -113,7 +114,6 @@ def dev_checker(cfg: Config, model, tok, dev: Sequence[Example]) -> Callable[[],
     """A function returning the greedy accuracy on ``dev`` graded with the configured rewards, decoded by
     the engine of ``rollout.engine``. Each check builds its sampler and closes it after: between checks
     the training steps get back the memory it holds (hf: a low-precision copy of the weights)."""
-    from grpolab.eval.runner import Grader, greedy_decode, greedy_sampler
 
     grader = Grader.from_config(cfg)
     prompt_ids = tokenize_prompts(dev, tok, cfg.data)
@@ -165,7 +165,7 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
     targets = tokenize_targets(examples, tok, s.completion_format)
     check = dev_checker(cfg, model, tok, dev) if dev else None
     optimizer = _optimizer(model, cfg)
-    order = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
+    order = PromptOrder(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     start, accuracy = _restore(point, model, optimizer, order) if point is not None else (0, None)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
@@ -248,7 +248,7 @@ def _resume_point(out: Path, resume: bool) -> Path | None:
     return path
 
 
-def _save_checkpoint(cfg: Config, step: int, model, tok, optimizer, order: PromptSampler, accuracy) -> None:
+def _save_checkpoint(cfg: Config, step: int, model, tok, optimizer, order: PromptOrder, accuracy) -> None:
     state = {
         "step": step,
         "optimizer": optimizer.state_dict(),
@@ -260,7 +260,7 @@ def _save_checkpoint(cfg: Config, step: int, model, tok, optimizer, order: Promp
     ckpt.save_checkpoint(cfg.sft_dir, step, model=model, tokenizer=tok, state=state, keep_last=1, files=files)
 
 
-def _restore(path: Path, model, optimizer, order: PromptSampler) -> tuple[int, float | None]:
+def _restore(path: Path, model, optimizer, order: PromptOrder) -> tuple[int, float | None]:
     """Load a stopped run's checkpoint in place; (its step, its last dev accuracy)."""
     ckpt.load_weights_into(model, path)
     state = ckpt.load_state(path)

@@ -11,6 +11,7 @@ from grpolab.config.advice import warn_config
 from grpolab.config.engine import VLLMConfig
 from grpolab.config.sections import (
     ALGO_PRESETS,
+    GROUP_BASELINES,
     AlgoConfig,
     DataConfig,
     EnvConfig,
@@ -111,7 +112,7 @@ def _fit_preset_minibatches(cfg: Config) -> None:
 
 def _check_cross_fields(cfg: Config) -> None:
     a, r, t = cfg.algo, cfg.rollout, cfg.train
-    needs_group = a.advantage in {"grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp_baseline"}
+    needs_group = a.resolved_advantage in GROUP_BASELINES
     if (needs_group or a.dynamic_sampling) and r.num_generations < 2:
         raise ConfigError(
             f"rollout.num_generations={r.num_generations}: algo '{a.name}' compares completions within a "

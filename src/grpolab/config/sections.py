@@ -14,6 +14,10 @@ AlgoName = Literal[
 AdvantageName = Literal[
     "grpo", "dr_grpo", "rloo", "online_rft", "batch_std", "reinforce_pp", "reinforce_pp_baseline", "gae"
 ]
+GROUP_BASELINES: frozenset[str] = frozenset({"grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp_baseline"})
+"""Advantage estimators whose baseline is the prompt's own group: equal rewards within a group give zero
+advantage, so they need rollout.num_generations >= 2 and a temperature above 0. A test holds this set to
+what ``grpolab.algo``'s estimators do."""
 TrackerName = Literal["tensorboard", "wandb", "trackio"]
 LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"]
 
@@ -403,7 +407,7 @@ class LogConfig:
     tensorboard: bool = True
     """Also write TensorBoard events."""
     progress: bool = True
-    """Show progress: a bar on a terminal, else a log line every ~10 s or tenth of the work (grpolab.runtime.progress)."""
+    """Show progress: a bar on a terminal, else a log line every ~10 s or tenth of the work (grpolab.progress)."""
     overwrite: bool = False
     """Let a fresh run (no --resume) start in a run directory that holds checkpoints, deleting them;
     without it that is an error, so that no saved run is lost by mistake."""

@@ -14,9 +14,9 @@ import numbers
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from grpolab.config.sections import GROUP_BASELINES
+from grpolab.config.templates import resolve_template
 from grpolab.errors import ConfigError
-
-GROUP_ADVANTAGES = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
 
 
 def numeric_fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -91,14 +91,12 @@ def check_numbers(cfg: Any) -> None:
         if bad:
             raise ConfigError(message)
     a, r = cfg.algo, cfg.rollout
-    if r.temperature == 0 and a.resolved_advantage in GROUP_ADVANTAGES and r.num_generations > 1:
+    if r.temperature == 0 and a.resolved_advantage in GROUP_BASELINES and r.num_generations > 1:
         raise ConfigError(
             f"rollout.temperature=0 samples greedily, so the {r.num_generations} completions of a group are "
             f"identical and algo '{a.name}' gets zero advantage everywhere: nothing would be learned. "
             "Use a temperature > 0 (1.0 is usual)"
         )
-    from grpolab.config.templates import resolve_template  # imports nothing of grpolab's
-
     try:
         resolve_template(cfg.data.template)
     except ValueError as err:

@@ -14,6 +14,9 @@ from functools import partial
 from typing import Any
 
 from grpolab.envs.base import Environment, EnvStep, Message, Tool, ToolLimits, ToolResult, run_tool
+from grpolab.envs.openenv import OpenEnvAdapter
+from grpolab.envs.retry import GymRetryEnv
+from grpolab.envs.tools import ToolEnv, calculator, python_tool
 from grpolab.errors import ConfigError
 
 MakeEnv = Callable[[], Environment]
@@ -25,7 +28,6 @@ def _calculator(
     system_prompt: str | None = None,
     tools_enabled: bool = True,
 ) -> MakeEnv:
-    from grpolab.envs.tools import ToolEnv, calculator
 
     tool = Tool.from_function(calculator)
     return partial(
@@ -41,7 +43,6 @@ def _calculator(
 def _python(
     limits: ToolLimits, call_format: str = "hermes", system_prompt: str | None = None, memory_mb: int = 512
 ) -> MakeEnv:
-    from grpolab.envs.tools import ToolEnv, python_tool
 
     # the sandbox's own wall limit sits inside the tool's timeout, so the process is killed, not abandoned
     tool = python_tool(timeout_s=max(limits.timeout_s - 1.0, 0.5), memory_mb=memory_mb)
@@ -49,13 +50,11 @@ def _python(
 
 
 def _gym_retry(limits: ToolLimits, retries: int = 1, retry_discount: float = 1.0) -> MakeEnv:
-    from grpolab.envs.retry import GymRetryEnv
 
     return partial(GymRetryEnv, retries=retries, retry_discount=retry_discount)
 
 
 def _openenv(limits: ToolLimits, base_url: str, **kwargs: Any) -> MakeEnv:
-    from grpolab.envs.openenv import OpenEnvAdapter
 
     return partial(OpenEnvAdapter, base_url, timeout_s=limits.timeout_s, **kwargs)
 

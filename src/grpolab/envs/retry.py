@@ -1,7 +1,7 @@
 """A reasoning-gym puzzle played over several turns: an answer, feedback when it is wrong, a retry.
 
 The examples are grpolab.tasks.reasoning_gym's (data.source=reasoning_gym); the grade is the dataset's own
-``score_answer`` (grpolab.tasks.reasoning_gym.gym_score) on the turn's ``<answer>`` tag. A wrong answer gets a
+``score_answer`` (grpolab.rewards.reasoning_gym.gym_score) on the turn's ``<answer>`` tag. A wrong answer gets a
 user message saying so and the model answers again, up to ``retries`` times. The reward is the grade of
 the last answer, times ``retry_discount`` per retry used (1.0: a late right answer counts in full).
 """
@@ -9,6 +9,7 @@ the last answer, times ``retry_discount`` per retry used (1.0: a late right answ
 from __future__ import annotations
 
 from grpolab.envs.base import EnvStep, Message
+from grpolab.rewards.reasoning_gym import gym_score
 from grpolab.types import Completion, Example
 
 FEEDBACK = (
@@ -40,7 +41,6 @@ class GymRetryEnv:
         return [{"role": "user", "content": example.prompt}]
 
     def step(self, model_turn: str) -> EnvStep:
-        from grpolab.tasks.reasoning_gym import gym_score
 
         score = float(gym_score(Completion(model_turn, 1), self.example))
         if score >= self.threshold or self.used >= self.retries:

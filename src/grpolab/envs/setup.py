@@ -14,13 +14,3 @@ def environment_from_config(env: EnvConfig) -> MakeEnv | None:
     limits = ToolLimits(env.tool_timeout_s, env.max_tool_output_chars, env.on_tool_error)
     return build_environment(env.name, env.kwargs, limits)
 
-
-def episode_sampler(sampler, tokenizer, make_env: MakeEnv | None, env: EnvConfig):
-    """The sampler itself without an environment; else a MultiTurnSampler over it."""
-    if make_env is None:
-        return sampler
-    from grpolab.rollout.multiturn import MultiTurnSampler
-
-    return MultiTurnSampler(
-        sampler, tokenizer, make_env, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens
-    )

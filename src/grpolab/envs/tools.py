@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from grpolab.envs.base import EnvStep, Message, Tool, ToolLimits, run_tool
+from grpolab.sandbox.runner import SandboxLimits, run_python
 from grpolab.types import Example
 
 CheckFn = Callable[[str, Example], float]
@@ -166,7 +167,6 @@ def _evaluate(node: ast.AST) -> int | float:
 def python_tool(timeout_s: float = 5.0, memory_mb: int = 512) -> Tool:
     """A tool that runs a Python program in grpolab's sandbox (rewards/sandbox.py) and returns what it
     printed, with the exit status when it failed."""
-    from grpolab.sandbox.runner import SandboxLimits, run_python
 
     limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb)
 

@@ -17,12 +17,13 @@ with ``kwargs``, or ``"package.module:attribute"`` naming one of:
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+from grpolab.config import Config, RewardSpec
+from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import rules
 from grpolab.rewards.base import (
     PerSample,
@@ -32,19 +33,15 @@ from grpolab.rewards.base import (
     ScoreResult,
     WeightedReward,
     dry_run,
+    import_attr,
     per_sample,
     score_batch,
 )
 from grpolab.rewards.code import make_code_tests
 from grpolab.rewards.math_answer import make_math_accuracy
+from grpolab.rewards.reasoning_gym import make_gym_score
 from grpolab.rewards.trl_style import TrlReward, looks_like_trl
 from grpolab.rewards.worker import start_workers
-
-
-def _make_gym_score() -> PerSample:
-    from grpolab.tasks.reasoning_gym import make_gym_score  # tasks.gym imports this package
-
-    return make_gym_score()
 
 
 def _make_reward_model(
@@ -80,7 +77,7 @@ REWARDS: dict[str, Callable[..., Reward]] = {
     "soft_overlong": rules.make_soft_overlong,
     "length_penalty": rules.make_length_penalty,
     "truncation_penalty": rules.make_truncation_penalty,
-    "reasoning_gym": _make_gym_score,
+    "reasoning_gym": make_gym_score,
     "reward_model": _make_reward_model,
     "code_tests": make_code_tests,
 }
@@ -113,27 +110,8 @@ def _call_factory(label: str, factory: Callable[..., Any], kwargs: Mapping[str, 
     return factory(**kwargs)
 
 
-def _import_attr(spec: str) -> Any:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"reward {spec!r}: write a user reward as 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ValueError(
-            f"reward {spec!r}: cannot import module {module_name!r} ({exc}); put it beside the config file, "
-            "install it, or put its folder on PYTHONPATH"
-        ) from exc
-    if not hasattr(module, attr):
-        public = [n for n in dir(module) if not n.startswith("_")]
-        close = difflib.get_close_matches(attr, public, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}{hint}")
-    return getattr(module, attr)
-
-
 def _user_reward(spec: str, kwargs: Mapping[str, Any], kind: str = "auto") -> Reward:
-    return reward_from_object(_import_attr(spec), spec, kwargs, kind)
+    return reward_from_object(import_attr(spec), spec, kwargs, kind)
 
 
 def reward_from_object(obj: Any, spec: str, kwargs: Mapping[str, Any] | None = None, kind: str = "auto") -> Reward:
@@ -220,6 +198,36 @@ def build_reward(
     return WeightedReward(reward, weight)
 
 
+def build_rewards(
+    cfg: Config, specs: Sequence[RewardSpec] | None = None, key: str = "reward.functions"
+) -> list[WeightedReward]:
+    """reward.functions built; a bad entry is a ConfigError naming ``reward.functions[i]``; two entries of
+    the same name (they would overwrite each other's logged component) are an error pointing at ``alias``."""
+    specs = cfg.reward.functions if specs is None else specs
+    if not specs:
+        raise ConfigError(
+            f"{key} is empty: name at least one reward, e.g. {key}=[{{name: math_accuracy}}]"
+        )
+    rewards: list[WeightedReward] = []
+    for i, spec in enumerate(specs):
+        try:
+            built = build_reward(
+                spec.name, weight=spec.weight, kwargs=spec.kwargs, alias=spec.alias, kind=spec.kind
+            )
+        except GrpolabError:
+            raise
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"{key}[{i}] (name {spec.name!r}): {err}") from err
+        names = [r.name for r in rewards]
+        if built.name in names:
+            raise ConfigError(
+                f"{key}[{names.index(built.name)}] and {key}[{i}] are both named {built.name!r}; "
+                f"give one an alias, e.g. {key}[{i}].alias={built.name}_2"
+            )
+        rewards.append(built)
+    return rewards
+
+
 __all__ = [
     "IN_PROCESS",
     "REWARDS",
@@ -231,6 +239,7 @@ __all__ = [
     "TrlReward",
     "WeightedReward",
     "build_reward",
+    "build_rewards",
     "dry_run",
     "per_sample",
     "reward_from_object",

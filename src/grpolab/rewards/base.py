@@ -16,14 +16,17 @@ worker process killed at the deadline (grpolab.rewards.worker), unless it sets `
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import math
 import numbers
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn, Protocol, runtime_checkable
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
-from grpolab.errors import ConfigError, GrpolabError
+from grpolab.errors import ConfigError, RewardError
+from grpolab.rewards.errors import SampleError, describe_example
 from grpolab.rewards.timeouts import TimedOut, Unsendable, call_bounded, gather_bounded
 from grpolab.rewards.worker import WorkerDied
 from grpolab.types import Completion, Example
@@ -31,41 +34,11 @@ from grpolab.types import Completion, Example
 SampleFn = Callable[[Completion, Example], "float | None"]
 
 
-class RewardError(GrpolabError, RuntimeError):
-    """A reward failed, returned a bad value, or took too long. The message says how to fix it."""
-
-
-class SampleError(RewardError):
-    """A per-sample reward raised on one example; chained from the original exception."""
-
-    def __init__(self, name: str, index: int, example: Example, exc: Exception) -> None:
-        super().__init__(
-            f"reward '{name}' raised {type(exc).__name__} on {describe_example(example, index)}: {exc}. "
-            "Fix the reward function, or the dataset row it cannot handle."
-        )
-        self.name, self.index, self.example, self.exc = name, index, example, exc
-
-    def __reduce__(self):  # pickled by its fields (sent back from a reward's worker process)
-        return (type(self), (self.name, self.index, self.example, self.exc), {"__notes__": getattr(self, "__notes__", [])})
-
-
 @runtime_checkable
 class Reward(Protocol):
     name: str
 
     def __call__(self, completions: list[Completion], examples: list[Example]) -> list[float | None]: ...
-
-
-def describe_example(example: Example, index: int, width: int = 80) -> str:
-    """``example 3 (prompt: '...')``, the prompt cut to about ``width`` characters.
-
-    Templated prompts share their first few hundred characters, so the head and the tail are shown.
-    """
-    prompt = " ".join(example.prompt.split())
-    if len(prompt) > width:
-        head = width * 3 // 8
-        prompt = prompt[:head] + " ... " + prompt[-(width - head - 5) :]
-    return f"example {index} (prompt: {prompt!r})"
 
 
 class PerSample:
@@ -339,3 +312,23 @@ def dry_run(
     for j in range(count):  # the weighted totals too: 1e308 x weight 10 is inf
         _total(rewards, values, j, examples[j])
     return per_sample_s
+
+
+def import_attr(spec: str) -> Any:
+    """The object named by ``"package.module:attribute"``; a ValueError says what is wrong with the spec."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"reward {spec!r}: write a user reward as 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ValueError(
+            f"reward {spec!r}: cannot import module {module_name!r} ({exc}); put it beside the config file, "
+            "install it, or put its folder on PYTHONPATH"
+        ) from exc
+    if not hasattr(module, attr):
+        public = [n for n in dir(module) if not n.startswith("_")]
+        close = difflib.get_close_matches(attr, public, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}{hint}")
+    return getattr(module, attr)

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from grpolab.config import ConfigError
-from grpolab.rewards.base import RewardError, _call, describe_example
+from grpolab.rewards.base import RewardError, _call, describe_example, import_attr
 from grpolab.types import Example
 
 StepFn = Callable[[list[str], Example], Sequence[float]]
@@ -70,8 +70,6 @@ PROCESS_REWARDS: dict[str, Callable[..., ProcessReward]] = {
 def build_process_reward(name: str, kwargs: Mapping[str, Any] | None = None) -> ProcessReward:
     """A ``PROCESS_REWARDS`` key, or ``"package.module:attribute"``: a class (instantiated with kwargs),
     a process-reward object (used as is), or a per-step rule function (kwargs bound)."""
-    from grpolab.rewards import _import_attr
-
     kwargs = dict(kwargs or {})
     if ":" not in name:
         if name not in PROCESS_REWARDS:
@@ -81,7 +79,7 @@ def build_process_reward(name: str, kwargs: Mapping[str, Any] | None = None) -> 
             )
         return PROCESS_REWARDS[name](**kwargs)
     try:
-        obj = _import_attr(name)
+        obj = import_attr(name)
     except ValueError as err:
         raise ConfigError(f"reward.process.name: {err}") from err
     if inspect.isclass(obj):

@@ -34,6 +34,9 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from grpolab.errors import RewardError
+from grpolab.rewards.errors import SampleError
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -306,8 +309,6 @@ def _reply(reward: Any, asynchronous: bool, args: tuple) -> bytes:
     try:
         return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
     except Exception as err:  # noqa: BLE001 (a value pickle cannot send)
-        from grpolab.rewards.base import RewardError
-
         message = (
             f"reward '{getattr(reward, 'name', reward)}' returned {type(reply[1]).__name__}, which cannot be sent "
             f"back from its worker process ({type(err).__name__}: {err}); return a list of floats (or None)"
@@ -324,8 +325,6 @@ class _Remote:
 
 def _portable(exc: BaseException) -> BaseException | _Remote:
     """``exc`` with the worker's traceback as a note, if it survives pickling; else a _Remote of it."""
-    from grpolab.rewards.base import SampleError
-
     note = "(raised in the reward's worker process)\n" + "".join(traceback.format_exception(exc))
     with contextlib.suppress(Exception):
         exc.add_note(note)
@@ -343,9 +342,7 @@ def _rebuilt(payload: BaseException | _Remote) -> BaseException:
         return payload
     exc = type(payload.type_name, (Exception,), {"__module__": "reward worker"})(payload.message)
     if payload.sample is not None:
-        from grpolab.rewards.base import SampleError
-
-        exc = SampleError(*payload.sample, exc)
+            exc = SampleError(*payload.sample, exc)
     for note in payload.notes:
         exc.add_note(note)
     return exc

@@ -21,7 +21,9 @@ from collections.abc import Callable
 import torch
 
 from grpolab.config import Config, ConfigError
+from grpolab.distributed import parallel
 from grpolab.rollout.base import Sampler
+from grpolab.rollout.hf import sampler_from_config
 from grpolab.rollout.vllm_setup import build_vllm_sampler, check_vllm_config
 
 SamplerBuilder = Callable[..., Sampler]
@@ -40,8 +42,6 @@ def build_hf_sampler(
     """grpolab's own decoder over the live policy (rollout/hf.py): it reads the trained weights as they are,
     so it needs no weight sync. Under FSDP every ``sample`` runs with the layers gathered (run/parallel.py)
     and samples from the sharded fp32 weights themselves (no low-precision copy)."""
-    from grpolab.distributed import parallel
-    from grpolab.rollout.hf import sampler_from_config
 
     sharded = wrapped is not None and parallel.is_sharded(wrapped)
     sampler = sampler_from_config(

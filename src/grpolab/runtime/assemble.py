@@ -27,6 +27,7 @@ resume must be given them again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -37,9 +38,9 @@ from typing import Any
 import torch
 
 from grpolab.config import Config, ModelConfig, config_to_dict, dump_config
-from grpolab.data import PromptSampler, check_prompt_chars, load_examples, split_eval, tokenize_prompts
+from grpolab.data import PromptOrder, check_prompt_chars, load_examples, split_eval, tokenize_prompts
 from grpolab.distributed import dist, parallel
-from grpolab.envs.setup import environment_from_config, episode_sampler
+from grpolab.envs.setup import environment_from_config
 from grpolab.models.inference import limit_cpu_threads
 from grpolab.models.loading import (
     Reference,
@@ -49,14 +50,14 @@ from grpolab.models.loading import (
     resolve_autocast,
     resolve_device,
 )
-from grpolab.rewards import WeightedReward, dry_run, start_workers
+from grpolab.rewards import WeightedReward, build_rewards, dry_run, start_workers
 from grpolab.rollout.base import Sampler
 from grpolab.rollout.engines import build_sampler, check_engine
+from grpolab.rollout.multiturn import episode_prompt_ids, episode_sampler
 from grpolab.runtime.guards import BadSteps, NoSignal
 from grpolab.runtime.lock import hold_run_dir_for_job
 from grpolab.runtime.logging import RunLogger, peak_memory_mb
 from grpolab.runtime.preflight import (
-    build_rewards,
     check_context,
     check_model_source,
     clear_previous_run,
@@ -66,12 +67,13 @@ from grpolab.runtime.resumable import Resumable
 from grpolab.runtime.resume import ResumePoint, record_resume
 from grpolab.runtime.run_info import write_run_info
 from grpolab.runtime.trackers import check_trackers
-from grpolab.training.batch import LogprobContext
+from grpolab.training.batch import BatchBuilder, LogprobContext
 from grpolab.training.gold import GoldMonitor, build_gold_rewards
+from grpolab.training.master import MasterWeightOptimizer
 from grpolab.training.optim import build_optimizer
 from grpolab.training.ppo import Critic, rollout_batch_builder
 from grpolab.training.step import PolicyLossSpec
-from grpolab.training.step_advantages import build_process_supervision
+from grpolab.training.step_advantages import ProcessSupervision, TurnSupervision, build_process_supervision
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)
@@ -79,9 +81,6 @@ log = logging.getLogger(__name__)
 __all__ = [
     "Run",
     "assemble",
-    "build_gold_rewards",
-    "build_rewards",
-    "build_sampler",
     "load_model",
     "session",
     "split_examples",
@@ -99,27 +98,27 @@ class Run:
     """The training examples (held-out ones excluded); ``prompt_ids`` are theirs, in the same order."""
     prompt_ids: list[list[int]]
     policy: torch.nn.Module
-    """The policy as the trainer holds it: DDP- or FSDP2-wrapped under torchrun, else ``plain``."""
-    plain: torch.nn.Module
+    """The policy as the trainer holds it: DDP- or FSDP2-wrapped under torchrun, else ``unwrapped_policy``."""
+    unwrapped_policy: torch.nn.Module
     tokenizer: Any
     device: torch.device
-    amp: torch.dtype | None
+    autocast_dtype: torch.dtype | None
     """The autocast dtype of forward passes, None for full precision."""
     reference: Reference | None
     critic: Critic | None
-    process: Any
-    """Process supervision (algo.supervision=process; train/process.py), else None."""
+    process_supervision: ProcessSupervision | TurnSupervision | None
+    """Process supervision (algo.supervision=process; training/step_advantages.py), else None."""
     sampler: Sampler
-    optimizer: Any
-    scheduler: Any
-    spec: PolicyLossSpec
-    ctx: LogprobContext
-    make_batch: Any
-    """``(cfg, completions, prompt_ids, rewards, valid, *, policy, reference, ctx) -> (batch, metrics)``."""
+    optimizer: torch.optim.Optimizer | MasterWeightOptimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    policy_loss: PolicyLossSpec
+    logprob_context: LogprobContext
+    build_batch: BatchBuilder
+    """The step's batch builder: outcome advantages, or GAE with the critic (PPO)."""
     gold: GoldMonitor
-    data: PromptSampler
-    sample_gen: torch.Generator
-    minibatch_gen: torch.Generator
+    prompt_order: PromptOrder
+    sampling_generator: torch.Generator
+    minibatch_generator: torch.Generator
     bad_steps: BadSteps
     no_signal: NoSignal
     resumable: Resumable
@@ -180,7 +179,8 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) ->
     reference = parallel.wrap_reference(reference, mode, fsdp_compute)
     policy = parallel.wrap(plain, mode, device, compute_dtype=fsdp_compute)  # before the optimizer
     parallel.log_layout(mode)
-    prompt_ids = tokenize_prompts(examples, tok, cfg.data, make_env)  # with an env: its first messages and tools
+    encode = None if make_env is None else functools.partial(episode_prompt_ids, make_env=make_env)
+    prompt_ids = tokenize_prompts(examples, tok, cfg.data, encode)  # with an env: its first messages and tools
     check_context(cfg, prompt_ids, plain.config)
     process = build_process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
     sampler = build_sampler(cfg, policy=plain, tokenizer=tok, autocast_dtype=amp, wrapped=policy)
@@ -192,7 +192,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) ->
     critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
     make_batch = rollout_batch_builder(cfg, critic)
     gold = GoldMonitor.from_config(cfg, gold_rewards, plain, reference, ctx, amp)  # logged, never trained on
-    data = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
+    data = PromptOrder(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)  # each rank its own
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
     bad_steps = BadSteps(cfg.train.max_bad_steps, cfg.run_dir)
@@ -201,10 +201,10 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) ->
         policy, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps, no_signal
     )
     return Run(
-        cfg=cfg, rewards=list(rewards), examples=examples, prompt_ids=prompt_ids, policy=policy, plain=plain,
-        tokenizer=tok, device=device, amp=amp, reference=reference, critic=critic, process=process,
-        sampler=sampler, optimizer=optimizer, scheduler=scheduler, spec=spec, ctx=ctx, make_batch=make_batch,
-        gold=gold, data=data, sample_gen=sample_gen, minibatch_gen=minibatch_gen, bad_steps=bad_steps,
+        cfg=cfg, rewards=list(rewards), examples=examples, prompt_ids=prompt_ids, policy=policy, unwrapped_policy=plain,
+        tokenizer=tok, device=device, autocast_dtype=amp, reference=reference, critic=critic, process_supervision=process,
+        sampler=sampler, optimizer=optimizer, scheduler=scheduler, policy_loss=spec, logprob_context=ctx, build_batch=make_batch,
+        gold=gold, prompt_order=data, sampling_generator=sample_gen, minibatch_generator=minibatch_gen, bad_steps=bad_steps,
         no_signal=no_signal, resumable=resumable,
     )  # fmt: skip
 

@@ -24,7 +24,10 @@ from types import FrameType
 
 import torch
 
+from grpolab.config.sections import GROUP_BASELINES
+from grpolab.distributed import dist
 from grpolab.errors import TrainingError
+from grpolab.runtime.checkpoint import latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +72,6 @@ class GracefulStop:
 
 def weights_finite(model: torch.nn.Module) -> bool:
     """True when every trainable parameter is finite on every rank (one device sync, one collective)."""
-    from grpolab.distributed import dist
-
     flags = [torch.isfinite(getattr(p, "_local_tensor", p)).all() for p in model.parameters() if p.requires_grad]
     return not dist.any_rank(not bool(torch.stack(flags).all())) if flags else True
 
@@ -112,8 +113,6 @@ class BadSteps:
             )
 
     def _last_good(self) -> str:
-        from grpolab.runtime.checkpoint import latest_checkpoint
-
         last = latest_checkpoint(self.run_dir)
         return f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
 
@@ -145,11 +144,9 @@ class NoSignal:
     def from_config(cls, cfg) -> NoSignal:
         """Group baselines read frac_reward_zero_std; process supervision is not judged (its signal is in the step
         rewards, which these outcome metrics do not see)."""
-        from grpolab.config.validate import GROUP_ADVANTAGES
-
         return cls(
             cfg.train.max_no_signal_steps,
-            group_baseline=cfg.algo.resolved_advantage in GROUP_ADVANTAGES,
+            group_baseline=cfg.algo.resolved_advantage in GROUP_BASELINES,
             enabled=cfg.algo.supervision != "process",
         )
 

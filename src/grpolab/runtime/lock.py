@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from grpolab.distributed import dist
 from grpolab.errors import ConfigError, GrpolabError, one_line
 
 log = logging.getLogger(__name__)
@@ -111,8 +112,6 @@ def hold_run_dir_for_job(run_dir: Path | str) -> Iterator[None]:
     A refused lock then stops every rank with its own one-line error, instead of rank 0 alone leaving
     the others to fail in their next collective (a gloo traceback).
     """
-    from grpolab.distributed import dist
-
     with contextlib.ExitStack() as stack:
         refused: GrpolabError | None = None
         if dist.is_main():

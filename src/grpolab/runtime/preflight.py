@@ -12,13 +12,11 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from grpolab.config import Config, ConfigError, ModelConfig, RewardSpec
+from grpolab.config import Config, ConfigError, ModelConfig
 from grpolab.data import DataError
-from grpolab.errors import GrpolabError
 from grpolab.models.hub import hub_load_kwargs
 from grpolab.models.loading import ModelLoadError, resolve_device
 from grpolab.models.sources import check_source, is_converted_source
-from grpolab.rewards import WeightedReward, build_reward
 from grpolab.runtime import checkpoint as ckpt
 from grpolab.runtime.resume import ResumePoint, resume_point
 
@@ -107,36 +105,6 @@ def _check_model_files(path: Path, source: str) -> None:
                 f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: the folder was copied or "
                 "exported only in part; copy or export it again"
             )
-
-
-def build_rewards(
-    cfg: Config, specs: Sequence[RewardSpec] | None = None, key: str = "reward.functions"
-) -> list[WeightedReward]:
-    """reward.functions built; a bad entry is a ConfigError naming ``reward.functions[i]``; two entries of
-    the same name (they would overwrite each other's logged component) are an error pointing at ``alias``."""
-    specs = cfg.reward.functions if specs is None else specs
-    if not specs:
-        raise ConfigError(
-            f"{key} is empty: name at least one reward, e.g. {key}=[{{name: math_accuracy}}]"
-        )
-    rewards: list[WeightedReward] = []
-    for i, spec in enumerate(specs):
-        try:
-            built = build_reward(
-                spec.name, weight=spec.weight, kwargs=spec.kwargs, alias=spec.alias, kind=spec.kind
-            )
-        except GrpolabError:
-            raise
-        except (ValueError, TypeError) as err:
-            raise ConfigError(f"{key}[{i}] (name {spec.name!r}): {err}") from err
-        names = [r.name for r in rewards]
-        if built.name in names:
-            raise ConfigError(
-                f"{key}[{names.index(built.name)}] and {key}[{i}] are both named {built.name!r}; "
-                f"give one an alias, e.g. {key}[{i}].alias={built.name}_2"
-            )
-        rewards.append(built)
-    return rewards
 
 
 def check_context(cfg: Config, prompt_ids: Sequence[Sequence[int]], model_config) -> None:

@@ -15,10 +15,11 @@ from typing import Any
 import torch
 
 from grpolab.config import Config, ConfigError, dump_config
-from grpolab.data import PromptSampler
-from grpolab.distributed import dist, parallel, sharded
+from grpolab.data import PromptOrder
+from grpolab.distributed import dist, parallel
 from grpolab.models.loading import Reference
 from grpolab.runtime import checkpoint as ckpt
+from grpolab.runtime import sharded
 from grpolab.runtime.guards import BadSteps, NoSignal
 from grpolab.training.optim import apply_optim_config
 from grpolab.training.ppo import Critic
@@ -35,7 +36,7 @@ class Resumable:
     optimizer: Any
     scheduler: Any
     reference: Reference | None
-    data: PromptSampler
+    data: PromptOrder
     sample_gen: torch.Generator
     minibatch_gen: torch.Generator
     critic: Critic | None

@@ -26,7 +26,9 @@ import yaml
 
 from grpolab import jsonio
 from grpolab.config import Config, ConfigError, config_from_dict, config_to_dict
+from grpolab.distributed import dist
 from grpolab.runtime import checkpoint as ckpt
+from grpolab.runtime import sharded
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +144,6 @@ def resume_point(cfg: Config) -> ResumePoint | None:
 def check_world_size(path: Path) -> None:
     """A sharded checkpoint resumes only with the world size that wrote it (each rank's RNG and data share
     are its own); a ConfigError before any model loads says how to run it."""
-    from grpolab.distributed import dist, sharded
-
     if not sharded.is_sharded_checkpoint(path):
         return
     saved = sharded.saved_world_size(path)

@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from grpolab.rewards.base import RewardError
+from grpolab.errors import RewardError
 from grpolab.sandbox.verdict import MAX_DEPTH, RAISED, decode
 
 HARNESS = Path(__file__).with_name("harness.py")

@@ -15,9 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from grpolab.config.templates import apply_template, resolve_template
-from grpolab.rewards.base import PerSample, per_sample
-from grpolab.rewards.rules import extract_answer_tag
-from grpolab.types import Completion, Example
+from grpolab.types import Example
 
 ANSWER_INSTRUCTION = "Give only the final answer between <answer> and </answer> tags."
 
@@ -98,22 +96,3 @@ def gym_examples(
             Example(apply_template(template, question, system_prompt), str(entry["answer"]), meta)
         )
     return examples
-
-
-def gym_score(completion: Completion, example: Example) -> float:
-    """The dataset's own ``score_answer`` on the last ``<answer>`` after the reasoning (None if absent)."""
-    meta = example.meta
-    missing = [k for k in ("gym_dataset", "gym_seed", "gym_size", "gym_entry") if k not in meta]
-    if missing:
-        raise ValueError(
-            f"example meta lacks {', '.join(missing)}; the reasoning_gym reward grades only examples "
-            "made by grpolab.tasks.reasoning_gym.gym_examples"
-        )
-    dataset = gym_dataset(
-        meta["gym_dataset"], size=meta["gym_size"], seed=meta["gym_seed"], params=meta.get("gym_params")
-    )
-    return dataset.score_answer(extract_answer_tag(completion.text), meta["gym_entry"])
-
-
-def make_gym_score() -> PerSample:
-    return per_sample(gym_score, name="reasoning_gym")

@@ -25,6 +25,11 @@ AdvantageFn = Callable[..., torch.Tensor]
 """``(rewards [P, G], valid [P, G], mask [N, T], token_kl [N, T] | None) -> advantages [N, T]``."""
 
 
+BatchBuilder = Callable[..., tuple[RolloutBatch, dict[str, float]]]
+"""``(cfg, completions, prompt_ids, rewards, valid, *, policy, reference, ctx) -> (batch, metrics)``: the
+outcome-advantage builder below, or PPO's with its critic (training/ppo.py); chosen once at assembly."""
+
+
 def outcome_estimator(cfg: Config) -> AdvantageFn:
     """The advantage function, chosen once: an OUTCOME_ESTIMATORS entry ([P, G], one value along T) or a
     TOKEN_ESTIMATORS entry (REINFORCE++: [N, T]). Batch-level statistics span every rank under torchrun."""
@@ -124,6 +129,31 @@ class LogprobContext:
         return torch.empty_like(result).index_copy_(0, order, result)
 
 
+def repeated_prompts(prompt_ids: Sequence[Sequence[int]], num_generations: int) -> list[list[int]]:
+    """[N] prompt ids: each of the [P] prompts repeated G times, prompt-major, to match the completions."""
+    return [list(p) for p in prompt_ids for _ in range(num_generations)]
+
+
+def reference_logprobs(
+    reference: Reference | None, ctx: LogprobContext, ids: list[list[int]], completions: Completions
+) -> torch.Tensor | None:
+    """[N, T] log-probs of the completions under the reference (None without one: algo.beta = 0)."""
+    if reference is None:
+        return None
+    with reference.model() as ref_model:
+        return ctx.logprobs(ref_model, ids, completions.completion_ids, completions.completion_mask)
+
+
+def old_logprobs_if_needed(
+    cfg: Config, policy: torch.nn.Module, ctx: LogprobContext, ids: list[list[int]], completions: Completions
+) -> torch.Tensor | None:
+    """[N, T] log-probs under the policy before its first update, when it moves within the batch
+    (``algo.needs_old_logprobs``: several epochs or minibatches); else None, the ratio being exactly 1."""
+    if not cfg.algo.needs_old_logprobs:
+        return None
+    return ctx.logprobs(policy, ids, completions.completion_ids, completions.completion_mask)
+
+
 def build_rollout_batch(
     cfg: Config,
     completions: Completions,
@@ -145,15 +175,12 @@ def build_rollout_batch(
     advantages are then each completion's first-token advantage.
     """
     g = completions.num_generations
-    ids = [list(p) for p in prompt_ids for _ in range(g)]
+    ids = repeated_prompts(prompt_ids, g)
     device = completions.completion_ids.device
     mask = completions.completion_mask  # the sequence the trainer runs (a multi-turn episode: env tokens too)
     trains = completions.model_mask  # the tokens the model sampled: only they get loss, KL and advantage
     loss_mask = trains & ~completions.truncated.to(device)[:, None] if cfg.algo.mask_truncated else trains
-    ref_logprobs = None
-    if reference is not None:
-        with reference.model() as ref_model:
-            ref_logprobs = ctx.logprobs(ref_model, ids, completions.completion_ids, mask)
+    ref_logprobs = reference_logprobs(reference, ctx, ids, completions)
     sampler_logprobs = completions.logprobs.to(device)
     token_kl = None
     if cfg.algo.resolved_kl_in == "reward" and ref_logprobs is not None:
@@ -169,9 +196,7 @@ def build_rollout_batch(
             steps.step_rewards, steps.step_end_mask, trains, num_generations=g, std=cfg.algo.std, eps=cfg.algo.eps
         )
         advantages = adv_tokens[:, 0].reshape_as(rewards).cpu()
-    old_logprobs = None
-    if cfg.algo.needs_old_logprobs:
-        old_logprobs = ctx.logprobs(policy, ids, completions.completion_ids, mask)
+    old_logprobs = old_logprobs_if_needed(cfg, policy, ctx, ids, completions)
     batch = RolloutBatch(
         prompt_ids=ids,
         completion_ids=completions.completion_ids,

@@ -26,7 +26,7 @@ import torch
 
 from grpolab.config import Config
 from grpolab.models.loading import Reference
-from grpolab.rewards import WeightedReward, score_batch
+from grpolab.rewards import WeightedReward, build_rewards, score_batch
 from grpolab.types import Completions, Example, RolloutBatch
 
 
@@ -34,8 +34,6 @@ def build_gold_rewards(cfg: Config) -> list[WeightedReward]:
     """reward.gold built with the same checks and messages as reward.functions (naming ``reward.gold[i]``)."""
     if not cfg.reward.gold:
         return []
-    from grpolab.runtime.preflight import build_rewards
-
     return build_rewards(cfg, cfg.reward.gold, key="reward.gold")
 
 

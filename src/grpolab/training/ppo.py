@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -38,7 +38,16 @@ from grpolab.algo.masked import masked_mean, masked_var
 from grpolab.config import Config
 from grpolab.distributed import dist, parallel
 from grpolab.models.loading import Reference
-from grpolab.training.batch import LogprobContext, build_rollout_batch, outcome_estimator, rollout_metrics
+from grpolab.training.batch import (
+    BatchBuilder,
+    LogprobContext,
+    build_rollout_batch,
+    old_logprobs_if_needed,
+    outcome_estimator,
+    reference_logprobs,
+    repeated_prompts,
+    rollout_metrics,
+)
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
 from grpolab.training.microbatch import prompt_lengths_of
 from grpolab.training.optim import build_optimizer
@@ -205,16 +214,13 @@ def build_ppo_batch(
     """
     a = cfg.algo
     g = completions.num_generations
-    ids = [list(p) for p in prompt_ids for _ in range(g)]
+    ids = repeated_prompts(prompt_ids, g)
     device = completions.completion_ids.device
     mask = completions.completion_mask
     loss_mask = completions.model_mask & valid.reshape(-1, 1).to(device)  # env tokens: context only
     if a.mask_truncated:
         loss_mask = loss_mask & ~completions.truncated.to(device)[:, None]
-    ref_logprobs = None
-    if reference is not None:
-        with reference.model() as ref_model:
-            ref_logprobs = ctx.logprobs(ref_model, ids, completions.completion_ids, mask)
+    ref_logprobs = reference_logprobs(reference, ctx, ids, completions)
     t0 = time.perf_counter()
     old_values = critic.values(ids, completions.completion_ids, mask)
     t_values = time.perf_counter() - t0
@@ -232,9 +238,7 @@ def build_ppo_batch(
         whiten=a.whiten_advantages,
         kl_estimator=a.kl_estimator,
     )
-    old_logprobs = None
-    if a.mu > 1 or a.num_minibatches > 1:
-        old_logprobs = ctx.logprobs(policy, ids, completions.completion_ids, mask)
+    old_logprobs = old_logprobs_if_needed(cfg, policy, ctx, ids, completions)
     batch = RolloutBatch(
         prompt_ids=ids,
         completion_ids=completions.completion_ids,
@@ -266,8 +270,6 @@ def _value_metrics(values: Tensor, returns: Tensor, mask: Tensor) -> dict[str, f
         "train/value_explained_var": float(explained),
     }
 
-
-BatchBuilder = Callable[..., tuple[RolloutBatch, dict[str, float]]]
 
 
 def rollout_batch_builder(cfg: Config, critic: Critic | None) -> BatchBuilder:

@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from grpolab.config.loading import _set_dotted, config_from_dict
+from grpolab.config.root import Config
 from grpolab.errors import ConfigError
 from grpolab.trl.fields import TRL_FIELDS
 from grpolab.trl.input import read_trl, typed
@@ -211,7 +213,6 @@ class TrlConversion:
     """Not-applicable fields set to a non-default value: 'name=value: why'."""
 
     def config_dict(self) -> dict[str, Any]:
-        from grpolab.config.loading import _set_dotted
 
         nested: dict[str, Any] = {}
         for key in sorted(self.keys, key=_config_order):
@@ -230,7 +231,6 @@ class TrlConversion:
 
 def _config_order(key: str) -> tuple[int, ...]:
     """Sort dotted keys as the Config dataclasses declare them (model, data, rollout, algo, ...)."""
-    from grpolab.config.root import Config
 
     node: Any = Config
     rank = []
@@ -341,7 +341,6 @@ def _same(value: Any, default: Any) -> bool:
 
 
 def _validate(out: TrlConversion) -> None:
-    from grpolab.config.loading import config_from_dict
 
     try:
         config_from_dict(out.config_dict())

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from grpolab.config import DataConfig
-from grpolab.data import DataError, PromptSampler, load_examples, split_eval, tokenize_prompts
+from grpolab.data import DataError, PromptOrder, load_examples, split_eval, tokenize_prompts
 from grpolab.tasks.tiny import build_char_tokenizer
 
 
@@ -64,12 +64,12 @@ def test_split_eval_holds_out_the_tail():
 
 
 def test_prompt_sampler_covers_each_epoch_and_resumes_exactly():
-    a = PromptSampler(size=5, seed=3)
+    a = PromptOrder(size=5, seed=3)
     first = a.next(5)
     assert sorted(first) == [0, 1, 2, 3, 4]
     a.next(2)
     state = a.state_dict()
-    b = PromptSampler(size=5, seed=3)
+    b = PromptOrder(size=5, seed=3)
     b.load_state_dict(state)
     assert a.next(7) == b.next(7)
     assert a.drawn == b.drawn == 14  # sys/samples_seen counts from it: every prompt drawn, across epochs

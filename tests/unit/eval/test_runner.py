@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from grpolab.commands.eval import evaluate
 from grpolab.config import load_config
-from grpolab.eval.runner import default_ks, evaluate, vote_keys
+from grpolab.eval.runner import default_ks, vote_keys
 
 
 def test_default_ks():

@@ -204,7 +204,7 @@ def test_engine_start_keeps_the_trainers_random_state_and_threads(monkeypatch):
 def test_the_reloads_false_alarm_about_rotary_embeddings_is_dropped_and_others_shown():
     import logging
 
-    from grpolab.rollout.vllm_setup import RELOAD_LOGGER, RotaryReloadNoise, import_vllm
+    from grpolab.rollout.vllm import RELOAD_LOGGER, RotaryReloadNoise, import_vllm
 
     import_vllm()
     import_vllm()  # a second call adds no second filter

@@ -53,9 +53,9 @@ def no_model(monkeypatch):
 def test_a_grpo_run_without_kl_has_no_reference_nor_critic(tiny_model_dir, addition_jsonl, tmp_path):
     cfg = load_config(None, overrides(tiny_model_dir, addition_jsonl(16), tmp_path, "algo.beta=0"))
     run = assembled(cfg)
-    assert run.reference is None and run.critic is None and run.process is None
-    assert isinstance(run.sampler, HFSampler) and run.sampler.model is run.plain
-    assert run.policy is run.plain  # one process: not wrapped
+    assert run.reference is None and run.critic is None and run.process_supervision is None
+    assert isinstance(run.sampler, HFSampler) and run.sampler.model is run.unwrapped_policy
+    assert run.policy is run.unwrapped_policy  # one process: not wrapped
     assert run.start == 0 and len(run.examples) == 16 - 4 == len(run.prompt_ids)
     assert [r.name for r in run.rewards] == ["exact_match"]
     assert (tmp_path / "run" / "config.yaml").exists() and (tmp_path / "run" / "run_info.json").exists()

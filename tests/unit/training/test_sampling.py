@@ -3,7 +3,7 @@
 import torch
 
 from grpolab.config import load_config
-from grpolab.data import PromptSampler
+from grpolab.data import PromptOrder
 from grpolab.rewards import build_reward
 from grpolab.training.sampling import groups_with_signal, sample_step
 from grpolab.types import Completions, Example
@@ -46,7 +46,7 @@ REWARDS = [build_reward("exact_match", kwargs={"extract": "none"})]
 
 def _step(overrides, data=None, gen=None):
     cfg = load_config(None, ["train.prompts_per_step=6", f"rollout.num_generations={G}", *overrides])
-    data = data or PromptSampler(len(EXAMPLES), seed=0, shuffle=True)
+    data = data or PromptOrder(len(EXAMPLES), seed=0, shuffle=True)
     gen = gen or torch.Generator().manual_seed(0)
     sampler = ScriptedSampler()
     step = sample_step(
@@ -82,7 +82,7 @@ def test_dynamic_sampling_fills_the_step_with_groups_that_have_a_signal():
 
 def test_without_dynamic_sampling_one_round_keeps_everything():
     step, sampler = _step([])
-    assert sampler.calls == 1 and step.rows == PromptSampler(len(EXAMPLES), seed=0).next(6)  # as before
+    assert sampler.calls == 1 and step.rows == PromptOrder(len(EXAMPLES), seed=0).next(6)  # as before
     assert step.metrics["train/groups_kept"] == step.metrics["train/groups_drawn"] == 6
 
 
@@ -90,11 +90,11 @@ def test_spent_rounds_train_on_what_was_kept_and_the_draw_is_reproducible():
     step, sampler = _step(["algo.dynamic_sampling=true", "algo.max_sampling_rounds=1"])
     assert sampler.calls == 1 and 0 < len(step.rows) < 6 and all(k % 3 for k in step.rows)
     # same data position and generator state -> the same step (what exact resume relies on)
-    data, gen = PromptSampler(len(EXAMPLES), seed=0), torch.Generator().manual_seed(0)
+    data, gen = PromptOrder(len(EXAMPLES), seed=0), torch.Generator().manual_seed(0)
     data.next(6)
     gen_state = gen.get_state()
     a, _ = _step(["algo.dynamic_sampling=true"], data=data, gen=gen)
-    data2, gen2 = PromptSampler(len(EXAMPLES), seed=0), torch.Generator()
+    data2, gen2 = PromptOrder(len(EXAMPLES), seed=0), torch.Generator()
     data2.next(6)
     gen2.set_state(gen_state)
     b, _ = _step(["algo.dynamic_sampling=true"], data=data2, gen=gen2)

@@ -1,7 +1,7 @@
 """Progress of the long phases (SFT, GRPO, evaluation): a rich bar on a terminal, log lines elsewhere.
 
 A bar only draws on a TTY; under ``make demo | tee`` or in CI logs it would print nothing for minutes.
-There one INFO line goes to the ``grpolab.runtime.progress`` logger every ``interval_s`` seconds or every
+There one INFO line goes to the ``grpolab.progress`` logger every ``interval_s`` seconds or every
 ``every`` units (a tenth of the total by default), and at the end: the count, the values passed to
 ``update`` (reward, KL, loss, ...), seconds per unit and the estimated time left.
 """

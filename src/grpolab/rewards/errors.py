@@ -1,0 +1,36 @@
+"""The error of one sample's reward, and how an example is named in messages.
+
+Apart from the contract (rewards/base.py) so that the worker that runs rewards in another process
+(rewards/worker.py), which base.py itself uses, can rebuild the error it sends back.
+"""
+
+from __future__ import annotations
+
+from grpolab.errors import RewardError
+from grpolab.types import Example
+
+
+def describe_example(example: Example, index: int, width: int = 80) -> str:
+    """``example 3 (prompt: '...')``, the prompt cut to about ``width`` characters.
+
+    Templated prompts share their first few hundred characters, so the head and the tail are shown.
+    """
+    prompt = " ".join(example.prompt.split())
+    if len(prompt) > width:
+        head = width * 3 // 8
+        prompt = prompt[:head] + " ... " + prompt[-(width - head - 5) :]
+    return f"example {index} (prompt: {prompt!r})"
+
+
+class SampleError(RewardError):
+    """A per-sample reward raised on one example; chained from the original exception."""
+
+    def __init__(self, name: str, index: int, example: Example, exc: Exception) -> None:
+        super().__init__(
+            f"reward '{name}' raised {type(exc).__name__} on {describe_example(example, index)}: {exc}. "
+            "Fix the reward function, or the dataset row it cannot handle."
+        )
+        self.name, self.index, self.example, self.exc = name, index, example, exc
+
+    def __reduce__(self):  # pickled by its fields (sent back from a reward's worker process)
+        return (type(self), (self.name, self.index, self.example, self.exc), {"__notes__": getattr(self, "__notes__", [])})
