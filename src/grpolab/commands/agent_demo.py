@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import json
 import random
 import time
@@ -23,8 +22,9 @@ from pathlib import Path
 
 import torch
 
+from grpolab.commands.packaged import final_checkpoint, packaged_config, with_model
 from grpolab.commands.train import train
-from grpolab.config import Config, load_config
+from grpolab.config import Config
 from grpolab.data import load_examples, split_eval
 from grpolab.envs.setup import environment_from_config
 from grpolab.rollout.hf import HFSampler
@@ -57,13 +57,8 @@ class AgentEval:
 
 
 def agent_config(out_dir: str | Path, size: str = "full", overrides: Sequence[str] = ()) -> Config:
-    if size not in SIZES:
-        raise ValueError(f"unknown demo size {size!r}; choose one of {', '.join(SIZES)}")
-    out = Path(out_dir)
-    where = [f"log.output_dir={out.parent}", f"log.run_name={out.name}"]
-    resource = importlib.resources.files("grpolab") / "configs" / "demo_agent.yaml"
-    with importlib.resources.as_file(resource) as path:
-        return load_config(path, [*SIZES[size][1], *where, *overrides])
+    """The agent demo's config (package data) with the size preset, the output folder and ``overrides``."""
+    return packaged_config("demo_agent.yaml", SIZES, out_dir, size, overrides)
 
 
 def run_agent_demo(out_dir: str | Path = "runs/demo-agent", size: str = "full", overrides: Sequence[str] = ()):
@@ -75,21 +70,17 @@ def run_agent_demo(out_dir: str | Path = "runs/demo-agent", size: str = "full", 
     examples, held_out = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
     sft_dir = _sft(cfg, examples, SIZES[size][0])
     seconds["sft"] = time.perf_counter() - t0
-    grpo_cfg = _with_model(cfg, str(sft_dir))
+    grpo_cfg = with_model(cfg, str(sft_dir))
     t1 = time.perf_counter()
     trained = train(grpo_cfg)
     seconds["grpo"] = time.perf_counter() - t1
-    final = trained.run_dir / "checkpoints" / f"step_{trained.final_step}"
+    final = final_checkpoint(trained)
     t2 = time.perf_counter()
     evals = [evaluate_agent(cfg, str(sft_dir), held_out, "SFT"), evaluate_agent(cfg, str(final), held_out, "GRPO")]
     seconds["eval"] = time.perf_counter() - t2
     seconds["total"] = time.perf_counter() - t0
     report = _write_report(run_dir, cfg, evals, seconds)
     return report, evals, seconds
-
-
-def _with_model(cfg: Config, path: str) -> Config:
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=path))
 
 
 AGENT_TEMPLATE = (  # no spaces: a saved character tokenizer reloads (as Qwen2Tokenizer) without them
@@ -102,7 +93,6 @@ def _tokenizer(path: Path):
     """The character tokenizer with the agent template, saved to ``path`` and read back: the SFT traces,
     the GRPO run and the evaluation all tokenize with the tokenizer the model folder holds."""
     from transformers import AutoTokenizer
-
 
     tok = build_char_tokenizer()
     tok.chat_template = AGENT_TEMPLATE
@@ -165,7 +155,6 @@ def _sft(cfg: Config, examples, shape: dict[str, int]) -> Path:
 def evaluate_agent(cfg: Config, path: str, examples, label: str) -> AgentEval:
     """Accuracy and tool-call rate of one episode per held-out prompt, with and without the tool."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path)

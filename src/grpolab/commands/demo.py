@@ -13,7 +13,6 @@ with the size preset's overrides and the caller's on top; only the model path ch
 
 from __future__ import annotations
 
-import importlib.resources
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from grpolab.commands.eval import evaluate
+from grpolab.commands.packaged import final_checkpoint, packaged_config, stop_if_interrupted, with_model
 from grpolab.commands.sft import sft
 from grpolab.commands.train import train
-from grpolab.config import Config, load_config
+from grpolab.config import Config
 from grpolab.eval.report import summary_sentence, write_report
 from grpolab.eval.results import ModelEval
 from grpolab.models.loading import count_parameters
@@ -64,13 +64,7 @@ class DemoResult:
 
 def demo_config(out_dir: str | Path, size: str = "full", overrides: Sequence[str] = ()) -> Config:
     """The demo config (package data) with the size preset, the output folder and ``overrides`` applied."""
-    if size not in SIZES:
-        raise ValueError(f"unknown demo size {size!r}; choose one of {', '.join(SIZES)}")
-    out = Path(out_dir)
-    where = [f"log.output_dir={out.parent}", f"log.run_name={out.name}"]
-    resource = importlib.resources.files("grpolab") / "configs" / "demo.yaml"
-    with importlib.resources.as_file(resource) as path:
-        return load_config(path, [*SIZES[size][1], *where, *overrides])
+    return packaged_config("demo.yaml", SIZES, out_dir, size, overrides)
 
 
 def run_demo(
@@ -79,23 +73,20 @@ def run_demo(
     """SFT a tiny model from scratch, GRPO it, evaluate before and after, write the report."""
     from transformers.utils import logging as hf_logging
 
-
     hf_logging.disable_progress_bar()  # the demo shows its own bars, one per phase
     base = demo_config(out_dir, size, overrides)
     run_dir, seconds = base.run_dir, {}
     t0 = time.perf_counter()
     init = save_tiny(run_dir / "init_model", seed=base.seed, **SIZES[size][0])
-    sft_result = sft(_with_model(base, init), resume=True)  # continues an SFT a Ctrl-C stopped
-    if sft_result.stopped_by is not None:  # Ctrl-C during SFT: its checkpoint is saved, stop here
-        raise KeyboardInterrupt
+    sft_result = sft(with_model(base, init), resume=True)  # continues an SFT a Ctrl-C stopped
+    stop_if_interrupted(sft_result)  # Ctrl-C during SFT: its checkpoint is saved, stop here
     seconds["sft"] = time.perf_counter() - t0
-    grpo_cfg = _with_model(base, str(base.sft_dir))
+    grpo_cfg = with_model(base, str(base.sft_dir))
     t1 = time.perf_counter()
     trained = train(grpo_cfg)
     seconds["grpo"] = time.perf_counter() - t1
-    if trained.stopped_by is not None:  # Ctrl-C during GRPO: the checkpoint is saved, stop here
-        raise KeyboardInterrupt
-    final = trained.run_dir / "checkpoints" / f"step_{trained.final_step}"
+    stop_if_interrupted(trained)  # Ctrl-C during GRPO: the checkpoint is saved, stop here
+    final = final_checkpoint(trained)
     t2 = time.perf_counter()
     evals = evaluate(grpo_cfg, [str(base.sft_dir), str(final)], labels=["SFT", "GRPO"])
     seconds["eval"] = time.perf_counter() - t2
@@ -110,13 +101,6 @@ def run_demo(
     return DemoResult(run_dir, report, evals, sft_result.steps, sft_result.dev_accuracy, seconds)
 
 
-def _with_model(base: Config, path: str) -> Config:
-    """The same config with model.name_or_path set (re-validated like any loaded config)."""
-    import dataclasses
-
-    return dataclasses.replace(base, model=dataclasses.replace(base.model, name_or_path=str(path)))
-
-
 def _task_name(cfg: Config) -> str:
     order = "sum reversed" if cfg.data.params.get("reverse", True) else "sum in normal order"
     return f"{cfg.data.params.get('digits', 3)}-digit addition, {order}"
@@ -124,7 +108,6 @@ def _task_name(cfg: Config) -> str:
 
 def _setup_lines(cfg: Config, init: str, sft_result, seconds: dict[str, float]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
-
 
     params = count_parameters(AutoModelForCausalLM.from_pretrained(init))
     s, t, r = cfg.sft, cfg.train, cfg.rollout
@@ -146,7 +129,6 @@ def print_summary(result: DemoResult) -> None:
     """A terminal summary: the before/after numbers and where the report is."""
     from rich.console import Console
     from rich.table import Table
-
 
     console = Console()
     before, after = result.evals[0], result.evals[-1]

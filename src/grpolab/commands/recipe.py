@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpolab.commands.eval import evaluate
+from grpolab.commands.packaged import final_checkpoint, stop_if_interrupted
 from grpolab.commands.train import train
 from grpolab.config import Config
 from grpolab.data import load_examples, split_eval
@@ -57,9 +58,8 @@ def run_recipe(cfg: Config, *, title: str | None = None) -> RecipeResult:
     t2 = time.perf_counter()
     trained = train(cfg)
     seconds["train"] = time.perf_counter() - t2
-    if trained.stopped_by is not None:  # Ctrl-C during training: the checkpoint is saved, stop here
-        raise KeyboardInterrupt
-    final = trained.run_dir / "checkpoints" / f"step_{trained.final_step}"
+    stop_if_interrupted(trained)  # Ctrl-C during training: the checkpoint is saved, stop here
+    final = final_checkpoint(trained)
     _phase(f"3/3 evaluating the trained model ({final})")
     t3 = time.perf_counter()
     [after] = evaluate(cfg, [str(final)], labels=[cfg.algo.name.upper()], out_dir=run_dir / "eval_final")

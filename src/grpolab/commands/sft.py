@@ -36,6 +36,8 @@ from grpolab.runtime import checkpoint as ckpt
 from grpolab.runtime.assemble import load_model, training_examples
 from grpolab.runtime.guards import GracefulStop
 from grpolab.runtime.logging import RunLogger
+from grpolab.runtime.resumable import SFTResumable
+from grpolab.runtime.resume import intact_checkpoint
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.master import MasterWeightOptimizer, backward, grads_to_clip, wants_master_weights
 from grpolab.types import Example
@@ -166,7 +168,8 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
     check = dev_checker(cfg, model, tok, dev) if dev else None
     optimizer = _optimizer(model, cfg)
     order = PromptOrder(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
-    start, accuracy = _restore(point, model, optimizer, order) if point is not None else (0, None)
+    resumable = SFTResumable(model, tok, optimizer, order)
+    start, accuracy = resumable.restore(point) if point is not None else (0, None)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
     logger = RunLogger(out, tensorboard=False, resume_step=start if point is not None else None)
@@ -193,7 +196,7 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
         if accuracy is not None and accuracy >= s.target_accuracy:
             break
         if stop.requested and step < s.steps:  # SIGINT / SIGTERM: a checkpoint, then stop
-            _save_checkpoint(cfg, step, model, tok, optimizer, order, accuracy)
+            resumable.save(cfg, step, accuracy)
             bar.close()
             logger.close()
             return SFTResult(out, step, accuracy, False, time.perf_counter() - t0, stopped_by=stop.signum)
@@ -238,34 +241,7 @@ def _resume_point(out: Path, resume: bool) -> Path | None:
         )
     if not resume:
         return None
-    if not found:
-        log.info("sft --resume: no checkpoint in %s, starting from step 0", out)
-        return None
-    path, damaged = ckpt.latest_intact(out)
+    path = intact_checkpoint(out, "sft --resume")
     if path is None:
-        why = "; ".join(f"{p.name}: {problem}" for p, problem in damaged)
-        raise ConfigError(f"sft --resume: no intact checkpoint in {ckpt.checkpoint_root(out)} ({why})")
+        log.info("sft --resume: no checkpoint in %s, starting from step 0", out)
     return path
-
-
-def _save_checkpoint(cfg: Config, step: int, model, tok, optimizer, order: PromptOrder, accuracy) -> None:
-    state = {
-        "step": step,
-        "optimizer": optimizer.state_dict(),
-        "data": order.state_dict(),
-        "rng": ckpt.rng_state(),
-        "accuracy": accuracy,
-    }
-    files = {"config.yaml": dump_config(cfg)}
-    ckpt.save_checkpoint(cfg.sft_dir, step, model=model, tokenizer=tok, state=state, keep_last=1, files=files)
-
-
-def _restore(path: Path, model, optimizer, order: PromptOrder) -> tuple[int, float | None]:
-    """Load a stopped run's checkpoint in place; (its step, its last dev accuracy)."""
-    ckpt.load_weights_into(model, path)
-    state = ckpt.load_state(path)
-    optimizer.load_state_dict(state["optimizer"])
-    order.load_state_dict(state["data"])
-    ckpt.set_rng_state(state["rng"])
-    log.info("sft: resumed from %s at step %d", path, state["step"])
-    return int(state["step"]), state.get("accuracy")

@@ -235,14 +235,15 @@ def grad_scale() -> float:
     return float(_WORLD.size)
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    """The mean of ``x``'s counted entries over all ranks (a token-weighted metric)."""
+def global_masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """The mean of ``x``'s counted entries over all ranks, as a float (a token-weighted metric; the per-row
+    tensor version, on one process, is ``grpolab.algo.masked.masked_mean``)."""
     m = mask.to(x.dtype)
     count, total = _reduce([float(m.sum()), float((x * m).sum())], tdist.ReduceOp.SUM)
     return total / max(count, 1.0)
 
 
-def masked_mean_var(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def global_masked_mean_var(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and unbiased variance of ``x``'s counted entries over all ranks (two passes, as masked_var)."""
     m = mask.to(x.dtype)
     count, total = _reduce([float(m.sum()), float((x * m).sum())], tdist.ReduceOp.SUM)

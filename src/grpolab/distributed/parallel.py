@@ -124,28 +124,6 @@ def gathered(model: nn.Module) -> Iterator[nn.Module]:
             m.set_reshard_after_forward(True, recurse=False)
 
 
-class GatheredSampler:
-    """A sampler over a wrapped model: each ``sample`` runs inside ``gathered(model)``."""
-
-    def __init__(self, sampler, model: nn.Module):
-        self.sampler, self.model = sampler, model
-
-    def sample(self, *args, **kwargs):
-        with gathered(self.model):
-            return self.sampler.sample(*args, **kwargs)
-
-    def update_weights(self, model: nn.Module) -> None:
-        self.sampler.update_weights(model)
-
-    def close(self) -> None:
-        self.sampler.close()
-
-
-def sampler_for(sampler, model: nn.Module):
-    """The sampler itself for a plain or DDP model (built on the inner module), a GatheredSampler under FSDP."""
-    return GatheredSampler(sampler, model) if is_sharded(model) else sampler
-
-
 def wrap_reference(reference, mode: str, compute_dtype: torch.dtype | None):
     """Under FSDP the frozen reference copy is sharded like the policy (LoRA's adapter-off base is the
     policy itself). Under DDP it stays a plain local copy: it has no gradients to average."""

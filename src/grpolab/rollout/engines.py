@@ -30,6 +30,24 @@ SamplerBuilder = Callable[..., Sampler]
 """``(cfg, *, policy, tokenizer, autocast_dtype, wrapped=None, temperature=None) -> Sampler``."""
 
 
+class UnshardedSampler:
+    """The hf sampler over an FSDP2 model: each ``sample`` runs with every layer unsharded
+    (``parallel.gathered``), then the shards are put back for training."""
+
+    def __init__(self, sampler: Sampler, model: torch.nn.Module):
+        self.sampler, self.model = sampler, model
+
+    def sample(self, *args, **kwargs):
+        with parallel.gathered(self.model):
+            return self.sampler.sample(*args, **kwargs)
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        self.sampler.update_weights(model)
+
+    def close(self) -> None:
+        self.sampler.close()
+
+
 def build_hf_sampler(
     cfg: Config,
     *,
@@ -40,7 +58,7 @@ def build_hf_sampler(
     temperature: float | None = None,
 ) -> Sampler:
     """grpolab's own decoder over the live policy (rollout/hf.py): it reads the trained weights as they are,
-    so it needs no weight sync. Under FSDP every ``sample`` runs with the layers gathered (run/parallel.py)
+    so it needs no weight sync. Under FSDP every ``sample`` runs with the layers gathered (distributed/parallel.py)
     and samples from the sharded fp32 weights themselves (no low-precision copy)."""
 
     sharded = wrapped is not None and parallel.is_sharded(wrapped)
@@ -52,7 +70,7 @@ def build_hf_sampler(
         temperature=temperature,
         cast_weights=False if sharded else None,
     )
-    return parallel.sampler_for(sampler, wrapped) if wrapped is not None else sampler
+    return UnshardedSampler(sampler, wrapped) if sharded else sampler
 
 
 ENGINES: dict[str, SamplerBuilder] = {"hf": build_hf_sampler, "vllm": build_vllm_sampler}

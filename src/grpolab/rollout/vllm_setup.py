@@ -77,7 +77,6 @@ def check_vllm(cfg: Config, *, device_type: str) -> None:
         raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL}")
     from transformers import AutoConfig
 
-
     hf = AutoConfig.from_pretrained(
         local_source(cfg.model.name_or_path), revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
     )

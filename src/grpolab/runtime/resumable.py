@@ -1,7 +1,7 @@
 """Everything a checkpoint holds so that a resumed run continues exactly where it stopped: save and restore.
 
-One process writes a single-file checkpoint (run/checkpoint.py); several processes, or FSDP, write a
-DCP checkpoint from every rank (run/sharded.py). Restoring loads in place and returns the step; the
+One process writes a single-file checkpoint (runtime/checkpoint.py); several processes, or FSDP, write a
+DCP checkpoint from every rank (runtime/sharded.py). Restoring loads in place and returns the step; the
 learning rate of the resuming config then applies (``--resume optim.lr=...``).
 """
 
@@ -47,7 +47,7 @@ class Resumable:
 
     @property
     def sharded(self) -> bool:
-        """Several processes, or FSDP: DCP checkpoints written by every rank (run/sharded.py)."""
+        """Several processes, or FSDP: DCP checkpoints written by every rank (runtime/sharded.py)."""
         return dist.world().size > 1 or parallel.is_sharded(self.model)
 
     def _dcp_parts(self, cfg: Config, step: int):
@@ -98,7 +98,7 @@ class Resumable:
             keep_last=cfg.log.keep_last,
             extra_models=extra,
             state=state,
-            files={"config.yaml": dump_config(cfg)},  # what this checkpoint was trained with (run/resume.py)
+            files={"config.yaml": dump_config(cfg)},  # what this checkpoint was trained with (runtime/resume.py)
         )
 
     def restore(self, path: Path, cfg: Config) -> int:
@@ -139,3 +139,37 @@ class Resumable:
             apply_optim_config(self.critic.optimizer, self.critic.scheduler, cfg, lr=value_lr)
         log.info("resumed from %s at step %d", path, state["step"])
         return int(state["step"])
+
+
+@dataclass
+class SFTResumable:
+    """What a stopped ``grpolab sft`` checkpoint holds (one process): weights, optimizer, the prompt order,
+    the random states and the last dev accuracy, written and read like the RL checkpoint above."""
+
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    prompt_order: PromptOrder
+
+    def save(self, cfg: Config, step: int, accuracy: float | None) -> None:
+        state = {
+            "step": step,
+            "optimizer": self.optimizer.state_dict(),
+            "data": self.prompt_order.state_dict(),
+            "rng": ckpt.rng_state(),
+            "accuracy": accuracy,
+        }
+        files = {"config.yaml": dump_config(cfg)}
+        ckpt.save_checkpoint(
+            cfg.sft_dir, step, model=self.model, tokenizer=self.tokenizer, state=state, keep_last=1, files=files
+        )
+
+    def restore(self, path: Path) -> tuple[int, float | None]:
+        """Load a stopped run's checkpoint in place; (its step, its last dev accuracy)."""
+        ckpt.load_weights_into(self.model, path)
+        state = ckpt.load_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.prompt_order.load_state_dict(state["data"])
+        ckpt.set_rng_state(state["rng"])
+        log.info("sft: resumed from %s at step %d", path, state["step"])
+        return int(state["step"]), state.get("accuracy")

@@ -115,22 +115,29 @@ def check_changes(changes: dict[str, tuple[Any, Any]], allow: tuple[str, ...], s
     )
 
 
+def intact_checkpoint(folder: Path, label: str, fix: str = "") -> Path | None:
+    """The newest intact checkpoint under ``folder`` (None when it holds none). When every one is damaged, a
+    ConfigError naming each and why; damaged newer ones are skipped with a warning. Used by every verb that
+    resumes (train, sft), so they judge a checkpoint alike."""
+    if not ckpt.list_checkpoints(folder):
+        return None
+    path, damaged = ckpt.latest_intact(folder)
+    if path is None:
+        why = "; ".join(f"{p.name}: {problem}" for p, problem in damaged)
+        raise ConfigError(f"{label}: no intact checkpoint in {ckpt.checkpoint_root(folder)} ({why}){fix}")
+    for bad, problem in damaged:
+        log.warning("%s: checkpoint %s is damaged (%s); resuming from %s instead", label, bad, problem, path)
+    return path
+
+
 def resume_point(cfg: Config) -> ResumePoint | None:
     """The checkpoint to resume from and the accepted config changes; None when the run has none yet."""
     run_dir = cfg.run_dir
-    found = ckpt.list_checkpoints(run_dir)
-    if not found:
+    fix = "; start over with log.overwrite=true or restore the checkpoints from a copy"
+    path = intact_checkpoint(run_dir, "--resume", fix)
+    if path is None:
         log.warning("--resume: no checkpoint in %s, starting from step 0", run_dir)
         return None
-    path, damaged = ckpt.latest_intact(run_dir)
-    if path is None:
-        why = "; ".join(f"{p.name}: {problem}" for p, problem in damaged)
-        raise ConfigError(
-            f"--resume: no intact checkpoint in {ckpt.checkpoint_root(run_dir)} ({why}); start over with "
-            "log.overwrite=true or restore the checkpoints from a copy"
-        )
-    for bad, problem in damaged:
-        log.warning("--resume: checkpoint %s is damaged (%s); resuming from %s instead", bad, problem, path)
     check_world_size(path)
     saved, saved_path = _saved_config(run_dir, path)
     if saved is None:

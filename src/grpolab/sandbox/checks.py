@@ -136,7 +136,6 @@ class _Splitter(ast.NodeTransformer):
                 return node  # math.<name>: nothing below it to visit
         return self.generic_visit(node)
 
-
     def _unroll(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp) -> Unrolled:
         if len(self.probes) > MAX_UNROLLED:  # nested comprehensions multiply
             raise Unsupported(f"more than {MAX_UNROLLED} calls of the code in one test")

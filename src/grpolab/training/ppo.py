@@ -1,7 +1,7 @@
 """PPO with a critic on GRPO's path (DeepSeekMath Sec. 4.1.1, Eqs. 1-2, arXiv 2402.03300; ALGORITHMS 1.1, 2).
 
 What PPO adds to a GRPO step, and nothing else:
-* a value model V_psi (train/value.py) with its own AdamW (``algo.value_lr``), trained with the clipped
+* a value model V_psi (training/value.py) with its own AdamW (``algo.value_lr``), trained with the clipped
   value loss (``algo.value_clip``, ``algo.vf_coef``) over the same mu passes and minibatch split as the
   policy, after the policy update;
 * token rewards with the KL penalty folded in: -beta * k1 at every counted token and the score at the last
@@ -91,7 +91,7 @@ def ppo_advantages(
     token_rewards = kl_shaped_token_rewards(scores, logprobs, ref, mask, beta=beta, kl_fn=KL_ESTIMATORS[kl_estimator])
     advantages, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
     if whiten:  # statistics over every rank's tokens (masked_whiten's, made global)
-        mean, var = dist.masked_mean_var(advantages, loss_mask)
+        mean, var = dist.global_masked_mean_var(advantages, loss_mask)
         advantages = (advantages - mean) * torch.rsqrt(var + 1e-8)
     advantages = torch.where(loss_mask, advantages, torch.zeros_like(advantages))
     return PPOAdvantages(advantages, returns, token_rewards)
@@ -255,7 +255,7 @@ def build_ppo_batch(
     metrics = rollout_metrics(completions, rewards, valid, seq_adv)
     metrics.update(_value_metrics(old_values, ppo.returns, loss_mask))
     if ref_logprobs is not None:
-        metrics["kl"] = dist.masked_mean(KL_ESTIMATORS[a.kl_estimator](sampled, ref_logprobs), mask)  # as in the reward
+        metrics["kl"] = dist.global_masked_mean(KL_ESTIMATORS[a.kl_estimator](sampled, ref_logprobs), mask)  # as in the reward
     metrics["sys/time_value_forward_s"] = t_values
     return batch, metrics
 
@@ -269,7 +269,6 @@ def _value_metrics(values: Tensor, returns: Tensor, mask: Tensor) -> dict[str, f
         "train/return_mean": float(masked_mean(returns, mask)),
         "train/value_explained_var": float(explained),
     }
-
 
 
 def rollout_batch_builder(cfg: Config, critic: Critic | None) -> BatchBuilder:

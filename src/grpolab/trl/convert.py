@@ -348,7 +348,6 @@ def _validate(out: TrlConversion) -> None:
         raise ConfigError(f"convert-trl: the converted config is not valid for grpolab: {err}") from err
 
 
-
 def markdown_table() -> str:
     """docs/coming_from_trl.md's table: every GRPOConfig field, its status, and grpolab's key or the reason."""
     lines = ["| TRL GRPOConfig field | status | grpolab / reason |", "|---|---|---|"]
