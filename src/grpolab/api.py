@@ -93,7 +93,7 @@ class GRPOTrainer:
                 f"resume_from_checkpoint={resume_from_checkpoint!r}: grpolab resumes the latest checkpoint of "
                 f"{self.args.run_dir} (log.output_dir/log.run_name); pass True"
             )
-        return _run(self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint)
+        return _train_with(self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint)
 
 
 def train(
@@ -110,10 +110,10 @@ def train(
     ``reward.functions`` and ``data`` when given. ``resume``: continue the latest checkpoint (``--resume``).
     """
     cfg, rewards, examples = _assemble(_raw_config(config), reward_funcs, reward_weights, train_dataset)
-    return _run(cfg, rewards, examples, resume=resume)
+    return _train_with(cfg, rewards, examples, resume=resume)
 
 
-def _run(cfg: Config, rewards, examples, *, resume: bool) -> TrainResult:
+def _train_with(cfg: Config, rewards, examples, *, resume: bool) -> TrainResult:
 
     show_progress_logs()
     return train_loop(cfg, resume=resume, rewards=rewards, examples=examples)

@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
-        return _run(args)
+        return _dispatch(args)
     except GrpolabError as err:
         rank = f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""  # torchrun
         print(f"grpolab: error: {rank}{one_line(err)}", file=sys.stderr)
@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _run_without_config(args: argparse.Namespace) -> int | None:
+def _dispatch_without_config(args: argparse.Namespace) -> int | None:
     """The verbs that take no --config of their own (demo, hacking, export, import-gguf); None for the others."""
     if args.verb == "demo":
         # Before torch loads: OpenMP threads that sleep instead of spinning. On a shared 2-core CPU the
@@ -199,8 +199,8 @@ def _run_without_config(args: argparse.Namespace) -> int | None:
     return None
 
 
-def _run(args: argparse.Namespace) -> int:
-    early = _run_without_config(args)
+def _dispatch(args: argparse.Namespace) -> int:
+    early = _dispatch_without_config(args)
     if early is not None:
         return early
     cfg = load_config(args.config, _overrides(args))
@@ -294,7 +294,7 @@ def _stopped_message(result) -> str:
 
 
 def _recipe(cfg) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see _run_without_config)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see _dispatch_without_config)
     from grpolab.commands.recipe import print_summary, run_recipe
 
     print_summary(run_recipe(cfg))

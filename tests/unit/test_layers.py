@@ -41,6 +41,12 @@ RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 # `import grpolab` and `grpolab --help` stay fast and free of torch.
 LAZY_OK = {"grpolab", "grpolab.cli"}
 
+# Module -> the grpolab modules it may import inside a function, and why.
+LAZY_PAIRS = {
+    ("grpolab.rewards", "grpolab.rewards.neural"): "imports transformers, only when a reward model is asked for",
+    ("grpolab.rewards.step_rewards", "grpolab.rewards.neural"): "the same, for a process reward model",
+}
+
 
 def _module(path: Path) -> str:
     parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
@@ -142,7 +148,7 @@ def test_no_cycle_between_packages():
 def test_no_grpolab_import_inside_a_function():
     """A function-local import of a grpolab module hides a cycle from view: only the facade and the CLI
     may defer one (so that `grpolab --help` does not import torch)."""
-    local = [f"{src} line {line} imports {dst}" for src, dst, line, inside in import_graph() if inside and src not in LAZY_OK]
+    local = [f"{src} line {line} imports {dst}" for src, dst, line, inside in import_graph() if inside and src not in LAZY_OK and (src, dst) not in LAZY_PAIRS]
     assert local == []
 
 

@@ -70,25 +70,25 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
     for step in range(run.start + 1, cfg.train.num_steps + 1):
         if dist.any_rank(stop.requested):  # SIGINT / SIGTERM: the previous step saved a checkpoint
             break
-        t0 = time.perf_counter()
+        step_started = time.perf_counter()
         drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: training/sampling.py)
             cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
             prompt_ids=run.prompt_ids, generator=run.sampling_generator,
         )  # fmt: skip
         batch_examples = [run.examples[i] for i in drawn.rows]
-        t2, (batch, metrics) = _advantages(run, drawn, batch_examples)
-        t3 = time.perf_counter()
+        batch_started, (batch, metrics) = _advantages(run, drawn, batch_examples)
+        update_started = time.perf_counter()
         metrics.update(_update(run, batch, step))  # mu passes; then the sampler takes the new weights
-        t4 = time.perf_counter()
+        update_done = time.perf_counter()
         metrics.update(length_by_reward(drawn.completions, drawn.rewards, drawn.valid))
         run.resumable.num_tokens += int(dist.all_reduce_sum(float(step_tokens(drawn.completions))))
         metrics.update(_component_means(drawn.scores.components))
         metrics.update(drawn.metrics)
         metrics.update(
             {
-                "sys/time_reference_s": t3 - t2,
-                "sys/time_training_s": t4 - t3,
-                "sys/step_time_s": t4 - t0,
+                "sys/time_reference_s": update_started - batch_started,
+                "sys/time_training_s": update_done - update_started,
+                "sys/step_time_s": update_done - step_started,
                 "sys/peak_mem_mb": peak_memory_mb(run.device),
                 "sys/samples_seen": run.prompt_order.drawn * cfg.rollout.num_generations,  # dynamic sampling's rounds too
             }
@@ -107,7 +107,7 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
         if step == cfg.train.num_steps or (every and step % every == 0) or dist.any_rank(stop.requested):
             run.resumable.save(cfg, step)
         last_step = step
-        progress.update(step, reward=metrics["reward"], kl=metrics.get("kl"), step_time=t4 - t0)
+        progress.update(step, reward=metrics["reward"], kl=metrics.get("kl"), step_time=update_done - step_started)
     progress.close()
     run.logger.close()
     stopped_by = stop.signum if last_step < cfg.train.num_steps else None
@@ -121,13 +121,13 @@ def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
     completions = drawn.completions
     repeated = [e for e in batch_examples for _ in range(completions.num_generations)]
     by_step = {} if run.process_supervision is None else {"steps": run.process_supervision.score(completions, repeated, drawn.rewards, drawn.valid)}
-    t2 = time.perf_counter()
+    batch_started = time.perf_counter()
     batch, metrics = run.build_batch(
         run.cfg, completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,
         policy=run.policy, reference=run.reference, ctx=run.logprob_context, **by_step,
     )  # fmt: skip
     metrics.update(run.gold.measure(completions, repeated, batch))  # logged, never trained on
-    return t2, (batch, metrics)
+    return batch_started, (batch, metrics)
 
 
 def _update(run: Run, batch, step: int) -> dict[str, float]:
@@ -141,9 +141,9 @@ def _update(run: Run, batch, step: int) -> dict[str, float]:
                 pad_id=run.tokenizer.pad_token_id, autocast_dtype=run.autocast_dtype, generator=run.minibatch_generator,
             )  # fmt: skip
         )
-        t0 = time.perf_counter()
+        sync_started = time.perf_counter()
         run.sampler.update_weights(run.policy)
-        metrics["sys/time_weight_sync_s"] = time.perf_counter() - t0  # vllm: gather, merge, load; hf: nothing
+        metrics["sys/time_weight_sync_s"] = time.perf_counter() - sync_started  # vllm: gather, merge, load; hf: nothing
     if run.critic is not None:
         metrics.update(run.critic.update(batch))
     return metrics

@@ -66,7 +66,7 @@ def test_a_kl_penalty_brings_a_reference_and_ppo_a_critic(tiny_model_dir, additi
     grpo = assembled(load_config(None, overrides(tiny_model_dir, data, tmp_path, "algo.beta=0.04")))
     assert grpo.reference is not None and grpo.reference.frozen_model is not None and grpo.critic is None
     ppo = assembled(load_config(None, overrides(tiny_model_dir, data, tmp_path, "algo.name=ppo", "log.run_name=ppo")))
-    assert ppo.critic is not None and ppo.critic.model is not ppo.plain
+    assert ppo.critic is not None and ppo.critic.model is not ppo.unwrapped_policy
 
 
 def test_vllm_without_its_sampler_is_one_line_before_the_model_loads(
