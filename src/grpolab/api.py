@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpolab.commands.train import train as train_loop
-from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, inert_settings, load_config
+from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, load_config
 from grpolab.data import DataError, examples_from_rows
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
@@ -45,7 +45,6 @@ from grpolab.types import Example
 if TYPE_CHECKING:
     from grpolab.commands.train import TrainResult
 
-log = logging.getLogger(__name__)
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # as ``grpolab`` (cli.py) writes its log
 
@@ -157,9 +156,7 @@ def _assemble(
         default = DataConfig.answer_field
         if raw.get("data", {}).get("answer_field", default) == default and not any(default in r for r in rows):
             _set(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
-    cfg = config_from_dict(raw)
-    for message in inert_settings(cfg):
-        log.warning(message)
+    cfg = config_from_dict(raw)  # warns each setting that does less than it says (config/checks.py)
     examples = None if rows is None else examples_from_rows(rows, cfg.data, origin="train_dataset")
     return cfg, rewards, examples
 

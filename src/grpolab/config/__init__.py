@@ -9,14 +9,15 @@ Algorithm presets: ``algo.name`` picks a paper's recipe for the algo fields left
 estimator, loss aggregation, KL, clip, updates per rollout, dynamic sampling, overlong filtering); see
 ``ALGO_PRESETS``. They are filled in when ``AlgoConfig`` is built, so every field holds its effective
 value afterwards. Anything set explicitly wins. ``inert_settings`` lists valid settings that cannot act
-(logged as warnings by ``load_config``).
+or do less than expected; building a ``Config`` warns each as a ``ConfigWarning`` (config/checks.py).
 """
 
 from __future__ import annotations
 
+from grpolab.config.checks import ConfigWarning, inert_settings  # noqa: F401
 from grpolab.config.engine import VLLMConfig  # noqa: F401
 from grpolab.config.loading import config_from_dict, config_to_dict, dump_config, load_config  # noqa: F401
-from grpolab.config.root import Config, inert_settings  # noqa: F401
+from grpolab.config.root import Config  # noqa: F401
 from grpolab.config.sections import (  # noqa: F401 - re-exported
     ALGO_PRESETS,
     AdvantageName,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import logging
 import re
 import sys
 import types
@@ -15,11 +14,9 @@ from typing import Any, Literal
 
 import yaml
 
-from grpolab.config.root import Config, inert_settings
+from grpolab.config.root import Config
 from grpolab.config.trl_names import trl_hint
 from grpolab.errors import ConfigError
-
-log = logging.getLogger("grpolab.config")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
@@ -41,8 +38,6 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if line is None:
             raise
         raise ConfigError(f"{path}:{line}: {err}") from err
-    for message in inert_settings(cfg):
-        log.warning(message)
     if path is not None:
         _importable(Path(path).resolve().parent)
     return cfg

@@ -9,7 +9,7 @@ import torch
 from transformers import Qwen2Config
 
 from grpolab.config import Config, ModelConfig, RolloutConfig, TrainConfig
-from grpolab.config.advice import ConfigWarning
+from grpolab.config.checks import ConfigWarning
 from grpolab.errors import ConfigError
 from grpolab.rollout.budget import LOGIT_COPIES, kv_bytes_per_sequence, sequences_per_block
 from grpolab.rollout.hf import HFSampler

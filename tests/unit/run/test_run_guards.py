@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpolab.config import Config, ConfigError, OptimConfig, RewardConfig, RewardSpec, load_config
-from grpolab.config.validate import numeric_fields
+from grpolab.config.checks import numeric_fields
 from grpolab.errors import TrainingError
 from grpolab.rewards import build_reward, score_batch
 from grpolab.runtime import checkpoint as ckpt

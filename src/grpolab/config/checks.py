@@ -1,0 +1,333 @@
+"""Every check of a config, in one place: finite numbers, one range table, the checks across fields, and
+the one channel for valid settings that do less than they say.
+
+``Config.__post_init__`` runs them, so a config built in Python is checked as one read from YAML is:
+
+1. ``check_finite``: the generic walk visits every numeric field of every section (nested specs and tuples
+   included) and names the dotted key of a NaN or infinity; a NaN compares False with everything, so
+   without it ``algo.beta=nan`` passed ``beta < 0`` and ran with no KL at all.
+2. ``check_ranges``: ``range_table``, one row per setting (or pair) with its allowed range and the message.
+3. ``check_cross_fields``: combinations of settings (group size, greedy sampling, minibatch split, GAE,
+   process supervision) and the prompt template.
+4. ``warn_config``: every note of ``inert_settings`` (and the preset's minibatch fit) as a ``ConfigWarning``.
+   Nothing fails; the message says what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+from grpolab.config.sections import ALGO_PRESETS, GROUP_BASELINES, AlgoConfig
+from grpolab.config.templates import resolve_template
+from grpolab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from grpolab.config.root import Config
+
+
+class ConfigWarning(UserWarning):
+    """A setting that silently does less than it says; the message says what to change."""
+
+
+# ----------------------------------------------------------------------------------- finite numbers
+
+
+def numeric_fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """(dotted key, value) of every int / float reachable from a config dataclass (bools excluded)."""
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            yield from numeric_fields(getattr(obj, f.name), f"{prefix}{f.name}.")
+    elif isinstance(obj, tuple | list):
+        for i, v in enumerate(obj):
+            yield from numeric_fields(v, f"{prefix.rstrip('.')}[{i}].")
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            yield from numeric_fields(v, f"{prefix}{k}.")
+    elif isinstance(obj, numbers.Real) and not isinstance(obj, bool):
+        yield prefix.rstrip("."), obj
+
+
+INT_LIMIT = 1 << 63
+"""Integers of a config must lie in (-2**63, 2**63): torch's generators and counters are 64-bit."""
+
+SEED_LIMIT = INT_LIMIT - (1 << 16)
+"""Room above ``seed`` for the per-rank and per-purpose offsets (seed + rank, seed + 2)."""
+
+
+def check_finite(cfg: Any) -> None:
+    """Every float finite, every int within 64 bits (math.isfinite of a huge int raises OverflowError)."""
+    seed = getattr(cfg, "seed", 0)
+    if not -SEED_LIMIT < seed < SEED_LIMIT:
+        raise ConfigError(f"seed={seed} is too large: give a seed of at most 63 bits (|seed| < 2**63 - 65536)")
+    for key, value in numeric_fields(cfg):
+        if isinstance(value, int) and not -INT_LIMIT < value < INT_LIMIT:
+            raise ConfigError(
+                f"config key '{key}' is an integer of {len(str(abs(value)))} digits, beyond 64 bits; give a "
+                "smaller number"
+            )
+        if not math.isfinite(value):
+            raise ConfigError(f"config key '{key}' is {value!r}; give a finite number")
+
+
+# ----------------------------------------------------------------------------------- the range table
+
+
+def range_table(cfg: Config) -> list[tuple[bool, str]]:
+    """(out of range, message) for every setting with a range, section by section; the first hit is raised.
+
+    The PPO rows (gamma .. value_init_path) apply only where a value model is trained (algo.name=ppo or
+    algo.advantage=gae)."""
+    m, d, r, a, o, t, e, lg = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.optim, cfg.train, cfg.eval, cfg.log
+    env, sft, critic = cfg.env, cfg.sft, a.name == "ppo" or a.needs_critic
+    return [
+        (m.lora.r < 1 or m.lora.alpha <= 0, "model.lora.r must be >= 1 and model.lora.alpha > 0"),
+        (not 0 <= m.lora.dropout < 1, "model.lora.dropout must be in [0, 1)"),
+        (d.size < 1, "data.size must be >= 1"),
+        (d.eval_size < 0, "data.eval_size must be >= 0 (0 = no held-out set)"),
+        (d.max_prompt_length < 1, "data.max_prompt_length must be >= 1"),
+        (
+            r.max_batch_sequences is not None and r.max_batch_sequences < 1,
+            "rollout.max_batch_sequences must be >= 1, or null for no limit",
+        ),
+        (a.eps <= 0, "algo.eps must be > 0 (1e-4): it keeps a zero-std group from dividing by zero"),
+        (a.ref_reset_every < 0, "algo.ref_reset_every must be >= 0 (0 = never)"),
+        (o.weight_decay < 0, "optim.weight_decay must be >= 0"),
+        (any(not 0 <= b < 1 for b in o.betas), "optim.betas must both be in [0, 1) (AdamW: 0.9, 0.99)"),
+        (o.max_grad_norm < 0, "optim.max_grad_norm must be >= 0 (0 = no clip)"),
+        (o.warmup_steps < 0, "optim.warmup_steps must be >= 0"),
+        (t.max_no_signal_steps < 0, "train.max_no_signal_steps must be >= 0 (0 = never stop)"),
+        (e.every < 0 or e.max_prompts < 0, "eval.every and eval.max_prompts must be >= 0"),
+        (e.temperature < 0, "eval.temperature must be >= 0 (0 = greedy)"),
+        (lg.samples_every < 0, "log.samples_every must be >= 0 (0 = never)"),
+        (cfg.reward.dry_run_examples < 0, "reward.dry_run_examples must be >= 0 (0 = skip)"),
+        (sft.lr <= 0 or sft.weight_decay < 0, "sft.lr must be > 0 and sft.weight_decay >= 0"),
+        (sft.dev_size < 1, "sft.dev_size must be >= 1"),
+        (r.num_generations < 1, "rollout.num_generations must be >= 1"),
+        (t.prompts_per_step < 1, "train.prompts_per_step must be >= 1"),
+        (t.num_steps < 0, "train.num_steps must be >= 0"),
+        (t.micro_batch_size < 1, "train.micro_batch_size must be >= 1"),
+        (
+            t.max_tokens_per_micro_batch is not None and t.max_tokens_per_micro_batch < 1,
+            "train.max_tokens_per_micro_batch must be >= 1 (padded tokens per forward), or null for rows only",
+        ),
+        (r.max_completion_length < 1, "rollout.max_completion_length must be >= 1"),
+        (r.temperature < 0, "rollout.temperature must be >= 0 (0 = greedy)"),
+        (not 0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]"),
+        (r.top_k < 0, "rollout.top_k must be >= 0 (0 = off)"),
+        (a.mu < 1, "algo.mu must be >= 1 (1 = a single update per generation batch)"),
+        (a.num_minibatches < 1, "algo.num_minibatches must be >= 1"),
+        (a.beta < 0, "algo.beta must be >= 0 (0 = no KL and no reference model)"),
+        (a.clip_low < 0 or a.resolved_clip_high < 0, "algo.clip_low and algo.clip_high must be >= 0"),
+        (a.dual_clip is not None and a.dual_clip <= 1, "algo.dual_clip must be > 1 (verl uses 3.0), or null"),
+        (a.max_sampling_rounds < 1, "algo.max_sampling_rounds must be >= 1 (verl: 10)"),
+        (a.rollout_correction_cap <= 0, "algo.rollout_correction_cap must be > 0 (TIS: 2.0)"),
+        (a.entropy_coef < 0, "algo.entropy_coef must be >= 0 (0 = no entropy bonus)"),
+        (
+            a.policy_loss == "cispo" and (a.importance_level != "token" or a.dual_clip is not None),
+            "algo.policy_loss=cispo clips a per-token IS weight: set algo.importance_level=token and algo.dual_clip=null",
+        ),
+        (o.lr <= 0, "optim.lr must be > 0"),
+        (e.num_samples < 1, "eval.num_samples must be >= 1"),
+        (any(not 0 < k <= e.num_samples for k in e.ks), "eval.ks must be in 1..eval.num_samples"),
+        (e.prompts_per_batch < 1, "eval.prompts_per_batch must be >= 1"),
+        (sft.steps < 0 or sft.batch_size < 1, "sft.steps must be >= 0 and sft.batch_size >= 1"),
+        (sft.check_every < 1, "sft.check_every must be >= 1"),
+        ("{answer}" not in sft.completion_format, "sft.completion_format must contain {answer}"),
+        (lg.keep_last < 1, "log.keep_last must be >= 1"),
+        (lg.checkpoint_every < 0, "log.checkpoint_every must be >= 0 (0 = only at the end)"),
+        (
+            r.kv_cache_budget_mb is not None and r.kv_cache_budget_mb <= 0,
+            "rollout.kv_cache_budget_mb must be > 0 (MB for the sampler's KV cache), or null for a share of free memory",
+        ),
+        (env.max_turns < 1, "env.max_turns must be >= 1"),
+        (env.max_episode_tokens < 1, "env.max_episode_tokens must be >= 1"),
+        (env.tool_timeout_s <= 0, "env.tool_timeout_s must be > 0 (seconds per tool call)"),
+        (env.max_tool_output_chars < 1, "env.max_tool_output_chars must be >= 1"),
+        (t.max_bad_steps < 0, "train.max_bad_steps must be >= 0 (0 = skip bad updates but never stop)"),
+        (cfg.reward.timeout_s <= 0, "reward.timeout_s must be > 0 (seconds per reward call on a batch)"),
+        (critic and not 0 <= a.gamma <= 1, "algo.gamma must be in [0, 1] (1.0 = undiscounted, as TRL and verl)"),
+        (critic and not 0 <= a.lam <= 1, "algo.lam must be in [0, 1] (DeepSeek-R1 supp. A.3: 1.0; TRL: 0.95)"),
+        (critic and a.vf_coef <= 0, "algo.vf_coef must be > 0 (TRL: 0.1)"),
+        (
+            critic and a.value_clip is not None and a.value_clip <= 0,
+            "algo.value_clip must be > 0 (0.2), or null for no clip",
+        ),
+        (critic and a.value_lr is not None and a.value_lr <= 0, "algo.value_lr must be > 0, or null for optim.lr"),
+        (
+            critic and a.critic_warmup_steps < 0,
+            "algo.critic_warmup_steps must be >= 0 (0 = no critic warm-up)",
+        ),
+        (
+            critic and a.value_init == "reward_model" and not a.value_init_path,
+            "algo.value_init=reward_model needs algo.value_init_path, the reward model's folder or hub id "
+            "(or use algo.value_init=policy)",
+        ),
+    ]
+
+
+def check_ranges(cfg: Config) -> None:
+    """Every number finite and every setting in its range (``range_table``); ConfigError naming the key."""
+    check_finite(cfg)
+    for bad, message in range_table(cfg):
+        if bad:
+            raise ConfigError(message)
+
+
+# ----------------------------------------------------------------------------------- across fields
+
+
+def check_cross_fields(cfg: Config) -> None:
+    """Combinations of settings: greedy groups, the template, group size, the minibatch split, GAE's value
+    model, process supervision. Runs after ``check_ranges`` (and after the preset's minibatches are fitted)."""
+    a, r, t = cfg.algo, cfg.rollout, cfg.train
+    if r.temperature == 0 and a.resolved_advantage in GROUP_BASELINES and r.num_generations > 1:
+        raise ConfigError(
+            f"rollout.temperature=0 samples greedily, so the {r.num_generations} completions of a group are "
+            f"identical and algo '{a.name}' gets zero advantage everywhere: nothing would be learned. "
+            "Use a temperature > 0 (1.0 is usual)"
+        )
+    try:
+        resolve_template(cfg.data.template)
+    except ValueError as err:
+        raise ConfigError(f"data.template: {err}") from err
+    needs_group = a.resolved_advantage in GROUP_BASELINES
+    if (needs_group or a.dynamic_sampling) and r.num_generations < 2:
+        raise ConfigError(
+            f"rollout.num_generations={r.num_generations}: algo '{a.name}' compares completions within a "
+            "group, so it needs at least 2 per prompt. Set rollout.num_generations >= 2 (DeepSeekMath used 64)."
+        )
+    n = cfg.completions_per_step
+    if n % a.num_minibatches or (n // a.num_minibatches) % r.num_generations:
+        raise ConfigError(
+            f"algo.num_minibatches={a.num_minibatches} must split the {n} completions per step into whole "
+            f"groups of rollout.num_generations={r.num_generations}: make train.prompts_per_step "
+            f"({t.prompts_per_step}) divisible by algo.num_minibatches, or set algo.num_minibatches "
+            f"(the '{a.name}' preset uses {ALGO_PRESETS[a.name]['num_minibatches']})."
+        )
+    if a.resolved_advantage == "gae" and a.name != "ppo":
+        raise ConfigError("algo.advantage='gae' needs a value model: set algo.name=ppo.")
+    if a.supervision == "process":
+        _check_process(cfg)
+
+
+def _check_process(cfg: Config) -> None:
+    a, spec = cfg.algo, cfg.reward.process
+    if cfg.env.name is not None and spec is not None:
+        raise ConfigError(
+            "reward.process is set, but with env.name the steps of process supervision are the episode's "
+            "turns, scored by the environment's per-turn rewards: remove reward.process (docs/multiturn.md)"
+        )
+    if cfg.env.name is None and (spec is None or not spec.name):
+        raise ConfigError(
+            "algo.supervision=process needs reward.process, e.g. "
+            "reward.process={name: 'my_module:step_scores', delimiter: '\\n'} (or env.name: the steps are turns)"
+        )
+    if spec is not None and not spec.delimiter:
+        raise ConfigError("reward.process.delimiter is empty: give the text that ends a step, e.g. '\\n'")
+    if a.resolved_advantage != "grpo" or a.resolved_kl_in != "loss":
+        raise ConfigError(
+            "algo.supervision=process implements GRPO with process supervision (DeepSeekMath Sec. 4.1.3): "
+            "use algo.name=grpo (or dapo) with algo.advantage=grpo and the KL in the loss"
+        )
+
+
+# ----------------------------------------------------------------------------------- settings that do less
+
+
+def inert_settings(cfg: Config) -> list[str]:
+    """Settings that are valid but have no effect, or less than expected: one sentence each with the fix.
+
+    ``Config`` warns each as a ``ConfigWarning`` when it is built (``warn_config``). A preset's own values
+    are flagged only where the preset cannot make them act either (DeepSeekMath's GRPO clip at mu=1 is the
+    paper's recipe, not the user's choice); a value the user chose is flagged.
+    """
+    m, r, t, a = cfg.model, cfg.rollout, cfg.train, cfg.algo
+    out = []
+    if m.dtype == "float16" and m.autocast == "bf16":
+        out.append(
+            "model.dtype=float16 with model.autocast=bf16: autocast rounds every fp16 weight to bf16 at each "
+            "matmul (fewer mantissa bits than fp16). Use model.autocast=none, or model.dtype=bfloat16 / float32."
+        )
+    if r.max_batch_sequences is not None and r.kv_cache_budget_mb is not None:
+        out.append(
+            "rollout.kv_cache_budget_mb is ignored while rollout.max_batch_sequences is set: drop one of them."
+        )
+    longest = cfg.data.max_prompt_length + r.max_completion_length
+    if t.max_tokens_per_micro_batch is not None and t.max_tokens_per_micro_batch < longest:
+        out.append(
+            f"train.max_tokens_per_micro_batch={t.max_tokens_per_micro_batch} is below one row of "
+            f"data.max_prompt_length + rollout.max_completion_length = {longest} tokens: such rows run alone, "
+            "over the budget. Raise it to at least that, or lower the lengths."
+        )
+    if a.ratio_is_one:
+        out += [_RATIO_IS_ONE.format(what=what) for what in _inert_clips(a)]
+    if not a.dynamic_sampling and a.max_sampling_rounds != _default(AlgoConfig, "max_sampling_rounds"):
+        out.append(
+            f"algo.max_sampling_rounds={a.max_sampling_rounds} has no effect without dynamic sampling: set "
+            "algo.dynamic_sampling=true (DAPO) or leave it out"
+        )
+    if a.rollout_correction == "none":
+        changed = [
+            f"algo.{k}={getattr(a, k)}"
+            for k in ("rollout_correction_level", "rollout_correction_cap")
+            if getattr(a, k) != _default(AlgoConfig, k)
+        ]
+        if changed:
+            out.append(
+                f"{' and '.join(changed)} have no effect with algo.rollout_correction=none: set "
+                "algo.rollout_correction=tis (or mis) to correct the sampler / trainer mismatch"
+            )
+    if a.beta == 0 and a.kl_estimator != a.preset["kl_estimator"]:
+        out.append(f"algo.kl_estimator={a.kl_estimator} has no effect with algo.beta=0 (no KL term): set algo.beta > 0")
+    if a.importance_level == "sequence" and a.loss_agg == "token-mean":
+        out.append(
+            "algo.importance_level=sequence (GSPO) with algo.loss_agg=token-mean weighs each sequence's ratio by "
+            "its length; GSPO's objective averages over sequences: set algo.loss_agg=seq-mean-token-mean"
+        )
+    return out
+
+
+_RATIO_IS_ONE = (
+    "algo.mu=1 and algo.num_minibatches=1 make the importance ratio exactly 1 (the policy does not move "
+    "before its batch is used up), so {what} cannot act; set algo.num_minibatches > 1 or algo.mu > 1 "
+    "(DAPO: 16 minibatches, GSPO: 4)"
+)
+
+
+def _default(cls, name: str):
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
+def _inert_clips(a: AlgoConfig) -> list[str]:
+    """What a ratio of exactly 1 leaves inert, each named by its own setting."""
+    out = []
+    clips = f"algo.clip_low={a.clip_low:g}, algo.clip_high={a.clip_high:g}"
+    chosen = a.clip_low != a.preset["clip_low"] or a.clip_high != a.preset.get("clip_high", a.preset["clip_low"])
+    if a.policy_loss == "cispo":
+        out.append(f"CISPO's IS-weight clip ({clips}; it is REINFORCE with token-mean here)")
+    elif a.importance_level == "sequence":
+        out.append(f"GSPO's sequence-level clip ({clips})")
+    elif a.clip_high != a.clip_low:
+        out.append(f"the ratio clip with Clip-Higher ({clips})")
+    elif chosen:
+        out.append(f"the symmetric ratio clip (algo.clip_low=algo.clip_high={a.clip_low:g})")
+    if a.policy_loss == "clip" and a.dual_clip is not None:
+        out.append(f"the dual clip (algo.dual_clip={a.dual_clip:g})")
+    if a.needs_critic and a.value_clip is not None:
+        out.append(f"the value clip (algo.value_clip={a.value_clip:g}: the value model does not move either)")
+    return out
+
+
+def warn_config(cfg: Config, notes: Iterable[str] = ()) -> None:
+    """``notes`` (what the config changed itself) and every ``inert_settings`` line, each a ConfigWarning.
+
+    Called from ``Config.__post_init__``; stacklevel 4 names the line that built the Config. Python shows
+    a warning once per place and message, so a config rebuilt with ``dataclasses.replace`` says it once."""
+    for message in [*notes, *inert_settings(cfg)]:
+        warnings.warn(message, ConfigWarning, stacklevel=4)

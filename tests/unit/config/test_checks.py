@@ -1,0 +1,104 @@
+"""The checks of a config (config/checks.py): finite numbers, the range table, the checks across fields
+(each error names the key and the fix), and the settings that do less than they say (ConfigWarning)."""
+
+import pytest
+
+from grpolab.config import ConfigError, ConfigWarning, inert_settings, load_config
+
+
+def _load(*overrides):
+    return load_config(None, ["train.prompts_per_step=16", *overrides])
+
+
+def _text(caught) -> str:
+    return "\n".join(str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rollout.num_generations=1"], "needs at least 2 per prompt"),
+        (["algo.num_minibatches=3"], "make train.prompts_per_step (8) divisible by algo.num_minibatches"),
+        (["algo.beta=-1"], "algo.beta must be >= 0"),
+        (["rollout.top_p=0"], "rollout.top_p must be in (0, 1]"),
+        (["algo.dual_clip=0.5"], "algo.dual_clip must be > 1"),
+        (["algo.advantage=gae"], "needs a value model"),
+    ],
+)
+def test_bad_configs_name_the_key_and_the_fix(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert message in str(err.value)
+
+
+def test_huge_integers_and_seeds_are_config_errors():
+    with pytest.raises(ConfigError, match="seed=100000000000000000000 is too large"):
+        load_config(None, ["seed=100000000000000000000"])
+    with pytest.raises(ConfigError, match=r"config key 'train.num_steps' is an integer of 30 digits"):
+        load_config(None, ["train.num_steps=" + "9" * 30])
+    assert load_config(None, ["seed=9223372036854000000"]).seed == 9223372036854000000  # 63 bits still fit
+
+
+def test_an_explicit_minibatch_count_is_never_changed():
+    with pytest.raises(Exception, match=r"or set algo.num_minibatches \(the 'dapo' preset uses 16\)"):
+        load_config(None, ["algo.name=dapo", "algo.num_minibatches=16"])
+
+
+def test_inert_clip_settings_are_warned_at_load():
+    with pytest.warns(ConfigWarning) as caught:
+        cfg = _load("algo.name=dapo", "algo.num_minibatches=1")
+    assert "the ratio clip with Clip-Higher (algo.clip_low=0.2, algo.clip_high=0.28) cannot act" in _text(caught)
+    messages = inert_settings(_load("algo.name=grpo", "algo.dual_clip=3.0", "algo.importance_level=sequence"))
+    assert any("dual clip" in m for m in messages) and any("GSPO's sequence-level clip" in m for m in messages)
+    assert any("CISPO" in m for m in inert_settings(_load("algo.name=cispo", "algo.num_minibatches=1")))
+    # the presets that move the policy within a batch warn about nothing; neither does plain GRPO
+    for name in ("dapo", "gspo", "cispo", "grpo", "dr_grpo"):
+        assert inert_settings(_load(f"algo.name={name}")) == [], name
+    assert cfg.algo.ratio_is_one
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo.clip_low=0.1"], "so the symmetric ratio clip (algo.clip_low=algo.clip_high=0.1) cannot act"),
+        (["algo.name=gspo", "algo.num_minibatches=1"], "so GSPO's sequence-level clip (algo.clip_low=0.0003, "
+         "algo.clip_high=0.0004) cannot act"),
+        (["algo.name=ppo", "algo.num_minibatches=1"], "so the value clip (algo.value_clip=0.2: the value model"),
+        (["algo.max_sampling_rounds=3"], "algo.max_sampling_rounds=3 has no effect without dynamic sampling"),
+        (["algo.rollout_correction_cap=5"], "algo.rollout_correction_cap=5.0 have no effect with algo.rollout_correction=none"),
+        (["algo.rollout_correction_level=sequence"], "algo.rollout_correction_level=sequence have no effect"),
+        (["algo.name=dapo", "algo.kl_estimator=k2"], "algo.kl_estimator=k2 has no effect with algo.beta=0"),
+    ],
+)
+def test_each_inert_setting_is_named_by_its_own_key(overrides, message):
+    messages = inert_settings(_load(*overrides))
+    assert any(message in m for m in messages), messages
+    assert not any("Clip-Higher" in m for m in messages if "GSPO" in message)  # GSPO's clip is not Clip-Higher
+
+
+def test_presets_with_a_clip_update_in_minibatches_so_it_acts():
+    for name in ("reinforce_pp", "ppo"):
+        cfg = _load(f"algo.name={name}")
+        assert not cfg.algo.ratio_is_one and inert_settings(cfg) == [], name
+    cfg = _load("algo.name=grpo", "algo.kl_in=reward", "algo.kl_estimator=k2")
+    assert inert_settings(cfg) == []  # the KL in the reward uses the estimator now (training/batch.py)
+
+
+def test_gspo_with_token_mean_is_warned():
+    messages = inert_settings(_load("algo.name=gspo", "algo.loss_agg=token-mean"))
+    assert any("seq-mean-token-mean" in m for m in messages)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo.name=dapo", "rollout.num_generations=1"], "needs at least 2 per prompt"),
+        (["algo.max_sampling_rounds=0"], "algo.max_sampling_rounds must be >= 1"),
+        (["algo.rollout_correction=tis", "algo.rollout_correction_cap=0"], "rollout_correction_cap must be > 0"),
+        (["algo.entropy_coef=-0.1"], "algo.entropy_coef must be >= 0"),
+        (["algo.name=cispo", "algo.importance_level=sequence"], "algo.importance_level=token"),
+    ],
+)
+def test_new_fields_are_checked(overrides, message):
+    with pytest.raises(Exception, match=message):
+        _load(*overrides)
