@@ -2,7 +2,7 @@
 
 Its tensor names, the query / key rows permuted for llama.cpp's rotary layout, the byte-level BPE
 tokenizer (``tokenizer.ggml.model = gpt2``) with its tokens, merges, token types, special ids and chat
-template as metadata. Used by tests/unit/test_model_sources.py and tests/integration/test_recipe.py.
+template as metadata. Used by tests/unit/models/test_sources.py and tests/integration/test_recipe.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,17 @@
 
 import pytest
 
-from grpolab.config import ConfigError, ConfigWarning, inert_settings, load_config
+from grpolab.config import (
+    Config,
+    ConfigError,
+    ConfigWarning,
+    OptimConfig,
+    RewardConfig,
+    RewardSpec,
+    inert_settings,
+    load_config,
+)
+from grpolab.config.checks import numeric_fields
 
 
 def _load(*overrides):
@@ -102,3 +112,14 @@ def test_gspo_with_token_mean_is_warned():
 def test_new_fields_are_checked(overrides, message):
     with pytest.raises(Exception, match=message):
         _load(*overrides)
+
+
+def test_every_number_of_the_config_is_walked_nested_ones_included():
+    cfg = Config(reward=RewardConfig(functions=(RewardSpec("a", 2.0), RewardSpec("b", 0.5))))
+    found = dict(numeric_fields(cfg))
+    assert found["reward.functions[1].weight"] == 0.5 and found["optim.betas[0]"] == 0.9
+    assert "log.tensorboard" not in found  # bools are not numbers here
+    with pytest.raises(ConfigError, match=r"'reward.functions\[1\].weight' is inf"):
+        Config(reward=RewardConfig(functions=(RewardSpec("a"), RewardSpec("b", float("inf")))))
+    with pytest.raises(ConfigError, match="'optim.lr' is nan"):
+        Config(optim=OptimConfig(lr=float("nan")))

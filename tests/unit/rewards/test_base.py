@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from grpolab.config import ConfigError
 from grpolab.rewards import (
     RewardError,
     SampleError,
@@ -201,3 +202,20 @@ def test_dry_run_timeout_names_the_slow_example():
         match=r"took longer than 0.2 s on a batch of 1 .*example 1 \(prompt: 'question number 1'\)",
     ):
         dry_run([WeightedReward(per_sample(slow_on_second))], *batch(3), timeout_s=0.2)
+
+
+def _score(value, weight=1.0):
+    reward = per_sample(lambda c, e: value, name="r")
+    ex, comp = Example(prompt="p", answer="a"), Completion(text="x", num_tokens=1)
+    return score_batch([WeightedReward(reward, weight)], [comp], [ex], timeout_s=None)
+
+
+def test_non_finite_totals_and_huge_ints_are_reward_errors():
+    assert _score(0.5, 2.0).total == [1.0]
+    with pytest.raises(RewardError, match=r"the total reward of example 0 .* is inf \(10 x 1e\+308 \('r'\)\)"):
+        _score(1e308, 10.0)
+    with pytest.raises(RewardError, match="reward 'r' returned an int of 401 digits for example 0"):
+        _score(10**400)
+    for weight in (math.nan, math.inf, 10**400):
+        with pytest.raises(ConfigError, match="give a finite number"):
+            WeightedReward(per_sample(lambda c, e: 1.0, name="r"), weight)

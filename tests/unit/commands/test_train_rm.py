@@ -15,7 +15,6 @@ from grpolab.commands.train_rm import (
     write_pairs,
 )
 from grpolab.data import DataError
-from grpolab.tasks.preferences import max_digit_preference_pairs, prompt_blind_accuracy
 
 
 def test_bradley_terry_loss_hand_values():
@@ -44,9 +43,3 @@ def test_read_pairs_round_trip_and_errors(tmp_path):
     )
     with pytest.raises(DataError, match=r"bad.jsonl:2 needs string fields rejected"):
         read_pairs(tmp_path / "bad.jsonl")
-
-
-def test_max_digit_pairs_defeat_prompt_blind_rules():
-    rows = max_digit_preference_pairs(size=200, seed=0)
-    assert all(r["chosen"] == max(r["prompt"][4:-2].split(",")) != r["rejected"] for r in rows)
-    assert prompt_blind_accuracy(rows) < 0.65  # lists holding 9 have no larger absent digit

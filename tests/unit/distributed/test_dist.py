@@ -1,5 +1,5 @@
-"""The rank arithmetic of grpolab.distributed.dist and the launch checks of grpolab.distributed.parallel (no process group:
-the helpers that only split work are checked by setting the world they see)."""
+"""The rank arithmetic of grpolab.distributed.dist (no process group: the helpers that only split work
+are checked by setting the world they see)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 
 from grpolab.config import ConfigError
 from grpolab.distributed import dist
-from grpolab.distributed.parallel import resolve_parallel
 
 
 @pytest.fixture
@@ -59,13 +58,3 @@ def test_metric_kinds():
     assert dist._kind("reward") == "mean"
     assert dist._kind("completions/mean_length") == "mean"
     assert dist._kind("clip_ratio/high_mean") == "mean"
-
-
-def test_parallel_modes():
-    assert resolve_parallel("auto", 1) == "none"
-    assert resolve_parallel("auto", 4) == "ddp"
-    assert resolve_parallel("ddp", 4) == "ddp"
-    with pytest.raises(ConfigError, match="train.parallel=none under 2 processes"):
-        resolve_parallel("none", 2)
-    with pytest.raises(ConfigError, match="train.parallel=fsdp needs a process group"):
-        resolve_parallel("fsdp", 1)

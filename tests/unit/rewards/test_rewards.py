@@ -120,3 +120,11 @@ def test_user_reward_object_and_classes(user_module):
 def test_user_reward_errors(user_module, spec, pattern):
     with pytest.raises(ValueError, match=pattern):
         build_reward(spec)
+
+
+def test_an_alias_renames_a_reward_so_two_of_one_kind_can_be_combined():
+    a = build_reward("exact_match", kwargs={"extract": "none"})
+    b = build_reward("exact_match", kwargs={"extract": "last_line"}, alias="exact_last_line", weight=0.5)
+    result = score_batch([a, b], [Completion("x\n2", 2)], [Example("1+1=", answer="2")], timeout_s=None)
+    assert result.components == {"exact_match": [0.0], "exact_last_line": [1.0]}
+    assert result.total == [0.5]

@@ -73,3 +73,11 @@ def test_prompt_sampler_covers_each_epoch_and_resumes_exactly():
     b.load_state_dict(state)
     assert a.next(7) == b.next(7)
     assert a.drawn == b.drawn == 14  # sys/samples_seen counts from it: every prompt drawn, across epochs
+
+
+def test_a_seed_near_the_limit_shuffles():
+    from grpolab.data import PromptOrder
+
+    sampler = PromptOrder(10, seed=9223372036854000000)
+    assert sorted(sampler.next(10)) == list(range(10))
+    assert PromptOrder(10, seed=-5).next(10) == PromptOrder(10, seed=-5).next(10)

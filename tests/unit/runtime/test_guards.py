@@ -1,0 +1,53 @@
+"""The no-signal guard (runtime/guards.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from grpolab.config import load_config
+from grpolab.errors import TrainingError
+from grpolab.runtime.guards import NoSignal
+
+FLAT = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 1.0, "reward_std": 0.0}
+SIGNAL = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 0.5, "reward_std": 0.4}
+
+
+def test_no_signal_warns_at_3_and_stops_at_the_limit_and_a_signal_resets_it(caplog):
+    guard = NoSignal(5, group_baseline=True)
+    with caplog.at_level(logging.WARNING):
+        for step in (1, 2):
+            guard.observe(step, FLAT)
+        assert caplog.text == ""
+        guard.observe(3, FLAT)
+        assert "steps 1-3: no learning signal, every completion of every group got the same reward" in caplog.text
+        guard.observe(4, SIGNAL)
+        assert guard.in_a_row == 0
+        for step in range(5, 9):
+            guard.observe(step, FLAT)
+        with pytest.raises(TrainingError, match=r"steps 5-9: 5 steps in a row carried no learning signal"):
+            guard.observe(9, FLAT)
+
+
+def test_no_signal_reads_valid_frac_first_and_reward_std_for_a_learned_baseline():
+    assert not NoSignal(0, group_baseline=False).has_signal({**SIGNAL, "train/reward_valid_frac": 0.0})
+    ppo = NoSignal(0, group_baseline=False)
+    assert ppo.has_signal({**FLAT, "reward_std": 0.1})  # zero-std groups, a value baseline: still signal
+    assert not ppo.has_signal(FLAT)
+    never = NoSignal(0, group_baseline=True)
+    for step in range(1, 100):
+        never.observe(step, FLAT)  # 0 = never stop
+    assert never.in_a_row == 99
+
+
+def test_no_signal_from_config_picks_the_baseline_and_skips_process_supervision():
+    assert NoSignal.from_config(load_config(None, [])).group_baseline
+    ppo = NoSignal.from_config(load_config(None, ["algo.name=ppo", "train.max_no_signal_steps=7"]))
+    assert not ppo.group_baseline and ppo.limit == 7
+    process = NoSignal.from_config(
+        load_config(None, ["algo.supervision=process", "reward.process={name: 'my_module:steps'}"])
+    )
+    for step in range(1, 200):
+        process.observe(step, FLAT)  # outcome metrics do not see the step rewards: never judged
+    assert process.in_a_row == 0
