@@ -22,8 +22,8 @@ def keys(**trl_values):
 
 def test_the_table_holds_exactly_the_installed_grpoconfig_fields():
     fields = {f.name for f in dataclasses.fields(trl.GRPOConfig) if f.init}
-    assert fields - set(TRL_FIELDS) == set(), "TRL added fields: give each a rule in config/trl_fields.py"
-    assert set(TRL_FIELDS) - fields == set(), "TRL dropped fields: remove them from config/trl_fields.py"
+    assert fields - set(TRL_FIELDS) == set(), "TRL added fields: give each a rule in trl/fields.py"
+    assert set(TRL_FIELDS) - fields == set(), "TRL dropped fields: remove them from trl/fields.py"
     assert set(SCRIPT_FIELDS).isdisjoint(TRL_FIELDS)
 
 

@@ -112,7 +112,7 @@ def test_presets_with_a_clip_update_in_minibatches_so_it_acts():
         cfg = _load(f"algo.name={name}")
         assert not cfg.algo.ratio_is_one and inert_settings(cfg) == [], name
     cfg = _load("algo.name=grpo", "algo.kl_in=reward", "algo.kl_estimator=k2")
-    assert inert_settings(cfg) == []  # the KL in the reward uses the estimator now (train/batch.py)
+    assert inert_settings(cfg) == []  # the KL in the reward uses the estimator now (training/batch.py)
 
 
 def test_gspo_with_token_mean_is_warned():

@@ -1,9 +1,9 @@
 """``grpolab hacking``: train against the proxy reward, watch the gold reward, write the overoptimisation report.
 
 One run per (algo.beta, seed) of the grid, one after another in this process, each a plain
-``grpolab train`` run with ``reward.gold`` logged (rewards/gold.py), written to
+``grpolab train`` run with ``reward.gold`` logged (training/gold.py), written to
 ``<log.output_dir>/<log.run_name>/beta<beta>_seed<seed>/``; ``report.md`` and ``plots/`` beside them
-(hacking/report.py). The gold curve is the train-time gold score of each step's on-policy samples,
+(commands/hacking_report.py). The gold curve is the train-time gold score of each step's on-policy samples,
 not a separate evaluation of checkpoints: the same samples the proxy scored, at every step, for free.
 """
 

@@ -7,7 +7,7 @@ Built from the embedded default's pieces (grpolab/configs/demo.yaml, the demo's 
    (tasks.preferences.length_shortcut_pairs: chosen = the answer, rejected = the answer less one digit),
    so the reward model can rank every pair by length alone (``<out>/reward_model``);
 3. GRPO against that reward model (the proxy) with exact match as the gold reward, for each beta and
-   seed of the grid (hacking/run.py), then the report (hacking/report.py) in ``<out>/report.md``.
+   seed of the grid (commands/hacking.py), then the report (commands/hacking_report.py) in ``<out>/report.md``.
 
 Room to exploit the shortcut: rollout.max_completion_length is 8 (the demo's 5 fits the 4-digit sums).
 A stage whose output folder already exists is reused (delete it to redo it): the grid can be rerun, or

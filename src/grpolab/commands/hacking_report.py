@@ -2,7 +2,7 @@
 
 The numbers and each sentence come from hacking.analysis; this module only reads the run folders
 (config.yaml, metrics.jsonl, samples.jsonl) and lays them out. The gold curve is the train-time gold
-score of each step's samples (see hacking/run.py), so the sample completions shown are the ones the
+score of each step's samples (see commands/hacking.py), so the sample completions shown are the ones the
 policy produced at that step, with the proxy and gold scores they received.
 """
 

@@ -1,6 +1,6 @@
 """The GRPO training loop, DeepSeekMath Algorithm 1 (arXiv 2402.03300), one outer iteration.
 
-``assemble`` (run/assemble.py) reads the config into a run: models, reference, rewards, data, sampler,
+``assemble`` (runtime/assemble.py) reads the config into a run: models, reference, rewards, data, sampler,
 optimizer, resume point. Each step then follows the paper: sample G outputs per question with pi_old
 (the sampler holds pi_theta's weights: pi_old <- pi_theta); compute their rewards; group-relative
 advantages (or PPO's GAE with the critic); mu updates of pi_theta; the sampler takes the new weights;
@@ -51,7 +51,7 @@ def train(
     """Run GRPO (or a variant chosen by cfg.algo) and return where the run was written.
 
     ``rewards`` / ``examples``: already built, in place of what ``cfg.reward.functions`` / ``cfg.data``
-    would build (run/assemble.py). SIGINT / SIGTERM while it runs: the current step finishes, a
+    would build (runtime/assemble.py). SIGINT / SIGTERM while it runs: the current step finishes, a
     checkpoint is saved, and the result has ``stopped_by`` set (guards.py). Bad input fails before the
     model loads where it can.
     """
@@ -71,7 +71,7 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
         if dist.any_rank(stop.requested):  # SIGINT / SIGTERM: the previous step saved a checkpoint
             break
         t0 = time.perf_counter()
-        drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: train/sampling.py)
+        drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: training/sampling.py)
             cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
             prompt_ids=run.prompt_ids, generator=run.sampling_generator,
         )  # fmt: skip

@@ -420,7 +420,7 @@ class LogConfig:
     """Tracker project (wandb, trackio); the tracker run is named log.run_name."""
     resume_allow: tuple[str, ...] = ()
     """Config keys (or sections, e.g. "model") that --resume may change although they alter what was
-    trained; same as ``grpolab train --resume --resume-allow-change KEY``. See run/resume.py."""
+    trained; same as ``grpolab train --resume --resume-allow-change KEY``. See runtime/resume.py."""
 
     def __post_init__(self) -> None:
         if self.report_to is not None and len(set(self.report_to)) != len(self.report_to):

@@ -1,7 +1,7 @@
 """Pass@K / Maj@K of one or more models on the held-out prompts (``grpolab eval``; DeepSeekMath Fig. 7).
 
 For each model folder: sample n completions per held-out prompt with the engine of ``rollout.engine``
-(built as training builds it, run/assemble.py; hf: batched, KV cache, bf16 autocast when configured), grade them with the configured rewards (correct = total reward above
+(built as training builds it, runtime/assemble.py; hf: batched, KV cache, bf16 autocast when configured), grade them with the configured rewards (correct = total reward above
 ``eval.correct_threshold``), and compute unbiased pass@K and maj@K for K = 1, 2, 4, ... up to n.
 Every model draws from the same seeded random stream, so two models are compared on equal footing.
 

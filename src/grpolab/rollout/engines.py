@@ -40,7 +40,7 @@ def build_hf_sampler(
     temperature: float | None = None,
 ) -> Sampler:
     """grpolab's own decoder over the live policy (rollout/hf.py): it reads the trained weights as they are,
-    so it needs no weight sync. Under FSDP every ``sample`` runs with the layers gathered (run/parallel.py)
+    so it needs no weight sync. Under FSDP every ``sample`` runs with the layers gathered (distributed/parallel.py)
     and samples from the sharded fp32 weights themselves (no low-precision copy)."""
 
     sharded = wrapped is not None and parallel.is_sharded(wrapped)

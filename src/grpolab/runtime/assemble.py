@@ -1,6 +1,6 @@
 """Reading a config into a working run: one step with one home (docs/design.md, "A run is assembled in one place").
 
-``assemble(cfg)`` returns a ``Run``, everything the training loop (train/loop.py) needs, built in this
+``assemble(cfg)`` returns a ``Run``, everything the training loop (commands/train.py) needs, built in this
 order so that bad input fails before the model loads and nothing is deleted before every check passed:
 
 1. checks that need no model: the parallel mode, the run directory (resume point and config changes,
@@ -131,8 +131,8 @@ class Run:
 @contextlib.contextmanager
 def session(cfg: Config) -> Iterator[None]:
     """The process group (one process: world size 1) and the run directory's lock, held by the rank
-    that writes it, rank 0 (run/lock.py): ``assemble`` and the loop run inside it."""
-    # a refused lock stops every rank with one line (run/lock.py)
+    that writes it, rank 0 (runtime/lock.py): ``assemble`` and the loop run inside it."""
+    # a refused lock stops every rank with one line (runtime/lock.py)
     with dist.session(resolve_device(cfg.model).type), hold_run_dir_for_job(cfg.run_dir):
         yield
 
@@ -196,7 +196,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) ->
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)  # each rank its own
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
     bad_steps = BadSteps(cfg.train.max_bad_steps, cfg.run_dir)
-    no_signal = NoSignal.from_config(cfg)  # zero-std / no-valid-reward steps in a row (run/guards.py)
+    no_signal = NoSignal.from_config(cfg)  # zero-std / no-valid-reward steps in a row (runtime/guards.py)
     resumable = Resumable(
         policy, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps, no_signal
     )
@@ -221,7 +221,7 @@ def _check_inputs(cfg: Config, resume: bool, rewards, examples):
     check_trackers(cfg.log.trackers)
     check_engine(cfg.rollout.engine, cfg)  # vllm: installed, the architecture, the KV cache's size
     make_env = environment_from_config(cfg.env)  # None: one completion per prompt (docs/multiturn.md)
-    gold_rewards = build_gold_rewards(cfg)  # logged, never in the advantages (rewards/gold.py)
+    gold_rewards = build_gold_rewards(cfg)  # logged, never in the advantages (training/gold.py)
     examples = training_examples(cfg, examples)
     _dry_run(cfg, rewards, examples)
     _dry_run(cfg, gold_rewards, examples)

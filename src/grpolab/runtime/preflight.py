@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def prepare_run_dir(cfg: Config, *, resume: bool) -> ResumePoint | None:
-    """The checkpoint to resume from (checked, see run/resume.py), or None; call it holding the run dir's lock.
+    """The checkpoint to resume from (checked, see runtime/resume.py), or None; call it holding the run dir's lock.
 
     Partial checkpoints left by a kill are deleted (never resumable). A fresh run (no --resume) in a run
     directory that already holds checkpoints is an error, unless log.overwrite: starting over would mix

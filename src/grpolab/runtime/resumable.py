@@ -1,7 +1,7 @@
 """Everything a checkpoint holds so that a resumed run continues exactly where it stopped: save and restore.
 
-One process writes a single-file checkpoint (run/checkpoint.py); several processes, or FSDP, write a
-DCP checkpoint from every rank (run/sharded.py). Restoring loads in place and returns the step; the
+One process writes a single-file checkpoint (runtime/checkpoint.py); several processes, or FSDP, write a
+DCP checkpoint from every rank (runtime/sharded.py). Restoring loads in place and returns the step; the
 learning rate of the resuming config then applies (``--resume optim.lr=...``).
 """
 
@@ -47,7 +47,7 @@ class Resumable:
 
     @property
     def sharded(self) -> bool:
-        """Several processes, or FSDP: DCP checkpoints written by every rank (run/sharded.py)."""
+        """Several processes, or FSDP: DCP checkpoints written by every rank (runtime/sharded.py)."""
         return dist.world().size > 1 or parallel.is_sharded(self.model)
 
     def _dcp_parts(self, cfg: Config, step: int):
@@ -98,7 +98,7 @@ class Resumable:
             keep_last=cfg.log.keep_last,
             extra_models=extra,
             state=state,
-            files={"config.yaml": dump_config(cfg)},  # what this checkpoint was trained with (run/resume.py)
+            files={"config.yaml": dump_config(cfg)},  # what this checkpoint was trained with (runtime/resume.py)
         )
 
     def restore(self, path: Path, cfg: Config) -> int:

@@ -7,7 +7,7 @@ A job of several processes (or any FSDP job) writes ``checkpoints/step_N/`` as:
     config.json, tokenizer    the model's config and tokenizer (rank 0), for ``grpolab export``
     sharded.json              the world size, so a resume at another world size fails with a message
 
-Atomic like the one-process checkpoint (run/checkpoint.py): all ranks write into ``.tmp_step_N``,
+Atomic like the one-process checkpoint (runtime/checkpoint.py): all ranks write into ``.tmp_step_N``,
 wait for each other (barrier), then rank 0 renames it into place and prunes old ones. Exact resume
 needs the same world size (each rank's generators and data share are its own).
 
@@ -99,7 +99,7 @@ def save(
         (tmp / MARKER).write_text(json.dumps({"world_size": dist.world().size, "step": step}) + "\n")
     dist.barrier()  # every rank's files are written: only now may the folder become step_N
     if dist.is_main():
-        ckpt.write_manifest(tmp)  # sizes and hashes, verified on resume (run/checkpoint.py)
+        ckpt.write_manifest(tmp)  # sizes and hashes, verified on resume (runtime/checkpoint.py)
         trash = root / f".old_step_{step}"
         if final.exists():
             shutil.rmtree(trash, ignore_errors=True)

@@ -1,7 +1,7 @@
 """PPO with a critic on GRPO's path (DeepSeekMath Sec. 4.1.1, Eqs. 1-2, arXiv 2402.03300; docs/algorithms.md 1.1, 2).
 
 What PPO adds to a GRPO step, and nothing else:
-* a value model V_psi (train/value.py) with its own AdamW (``algo.value_lr``), trained with the clipped
+* a value model V_psi (training/value.py) with its own AdamW (``algo.value_lr``), trained with the clipped
   value loss (``algo.value_clip``, ``algo.vf_coef``) over the same mu passes and minibatch split as the
   policy, after the policy update;
 * token rewards with the KL penalty folded in: -beta * k1 at every counted token and the score at the last

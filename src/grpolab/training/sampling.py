@@ -104,7 +104,7 @@ def sample_step(
     """Draw, sample and score one step's groups; with ``algo.dynamic_sampling``, repeat rounds until enough
     groups have a signal. Metrics: ``train/sampling_rounds``, ``train/groups_drawn``, ``train/groups_kept``,
     ``train/reward_mean_drawn`` (over every completion drawn) and the generation / scoring times."""
-    target = cfg.train.prompts_per_step // dist.world().size  # this rank's share (run/dist.py shard)
+    target = cfg.train.prompts_per_step // dist.world().size  # this rank's share (distributed/dist.py shard)
     dynamic = bool(cfg.algo.dynamic_sampling)
     kept: list[StepGroups] = []
     drawn = n_kept = rounds = 0

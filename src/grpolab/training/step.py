@@ -221,7 +221,7 @@ def update_policy(
                     sums[k] += v
             counts["tokens"] += total_tokens
             finite = not dist.any_rank(not finite)  # every rank skips, or none
-            give_back_freed_memory()  # before AdamW's states and the step's temporaries (run/host.py)
+            give_back_freed_memory()  # before AdamW's states and the step's temporaries (distributed/host.py)
             _optimizer_step(model, optimizer, scheduler, cfg.optim.max_grad_norm, sums, counts, loss_finite=finite)
     return _summarise(sums, counts, scheduler)
 

@@ -1,4 +1,4 @@
-"""run/assemble.py: a config read into a run holds the parts the config asks for, checked before any
+"""runtime/assemble.py: a config read into a run holds the parts the config asks for, checked before any
 model loads; injected rewards and examples replace the configured ones; the sampler gets the weights
 after every policy update and after a resume."""
 

@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling (train/sampling.py), on a scripted sampler: no model needed."""
+"""DAPO dynamic sampling (training/sampling.py), on a scripted sampler: no model needed."""
 
 import torch
 
