@@ -13,8 +13,10 @@ Departures from the paper, and why:
   model, so the outer loop's last line (train the reward model on the new samples) has nothing to do.
   Partial credit gives a model that starts from random weights a signal; exact match would give every
   group equal rewards (advantage 0) for a long time. ``grpolab demo`` starts from SFT instead.
-* The reference model is frozen once per outer iteration, as Algorithm 1 says; with one iteration
-  (the default) it is the initial policy throughout.
+* The policy starts from random weights, not from an SFT model, so the learning rate is far above
+  the paper's 1e-6 (a 7B model); docs/algorithms.md 6.0 has the numbers of a tiny model from SFT.
+
+With one outer iteration (the default) the reference is the initial policy throughout.
 
     python examples/minimal_grpo.py [--steps 100] [--mu 1] [--seed 0]
 """
