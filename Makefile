@@ -50,7 +50,7 @@ real: setup
 	$(PY) -m grpolab recipe -c configs/smollm2_arithmetic.yaml $(REAL_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
 
 # After upgrading packages in $(VENV) and a passing `make test`: pin what is installed now.
 constraints:

@@ -119,7 +119,7 @@ def _train_with(cfg: Config, rewards, examples, *, resume: bool) -> TrainResult:
 
 
 def show_progress_logs() -> None:
-    """Let a script run off a terminal print progress lines (progress.py) without setting up logging.
+    """Let a script run off a terminal print progress lines (grpolab/progress.py) without setting up logging.
 
     Only when nothing is configured (no handler on the root or ``grpolab`` logger): then INFO and above
     from grpolab go to stderr as the command line writes them. A handler set up by the user wins.

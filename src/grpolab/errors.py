@@ -1,4 +1,4 @@
-"""The base class of the errors a user is expected to meet and fix (STYLE.md, "Errors a user will meet").
+"""The base class of the errors a user is expected to meet and fix (docs/design.md, "Errors a user meets are one line").
 
 ``ConfigError``, ``DataError``, ``ModelLoadError``, ``RewardError`` and ``TrainingError`` derive from
 ``GrpolabError`` (and keep their ``ValueError`` / ``RuntimeError`` bases). Their message names the

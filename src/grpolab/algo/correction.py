@@ -3,7 +3,7 @@ the difference.
 
 The sampler (a bf16 weight copy here, a separate inference engine later) and the trainer give the same
 tokens slightly different probabilities, so "on-policy" training is quietly off-policy (Yao et al., "Your
-Efficient RL Framework Secretly Brings You Off-Policy RL Training", 2025; ALGORITHMS 4.8). With
+Efficient RL Framework Secretly Brings You Off-Policy RL Training", 2025; docs/algorithms.md 4.8). With
 ``w = pi_train(a; theta_old) / pi_sampler(a; theta_old)`` the policy loss of every token is multiplied by
 ``sg(f(w))``:
 
@@ -73,7 +73,7 @@ def rollout_correction_weights(
     level: Level = "token",
     cap: float = 2.0,
 ) -> Tensor:
-    """Per-token correction weights ``sg(f(pi_train / pi_sampler))`` (TIS / MIS; ALGORITHMS 4.8).
+    """Per-token correction weights ``sg(f(pi_train / pi_sampler))`` (TIS / MIS; docs/algorithms.md 4.8).
 
     Args:
         old_logprobs: ``[N, T]`` the trainer's log-probs of the sampled tokens at the sampling weights.

@@ -3,7 +3,7 @@
 All take ``logprobs`` (current policy pi) and ``ref_logprobs`` (reference) of the sampled tokens and
 return a per-token estimate of KL(pi || ref) with the same shape; callers aggregate with a mask.
 
-What each one's gradient does when it is used as a LOSS on on-policy samples (ALGORITHMS 1.2; Tang &
+What each one's gradient does when it is used as a LOSS on on-policy samples (docs/algorithms.md 1.2; Tang &
 Munos, arXiv 2506.09477):
 * k1 = log(pi/ref): zero expected gradient, since E_pi[grad log pi] = 0. As a loss it regularises
   nothing on average; it only adds noise.

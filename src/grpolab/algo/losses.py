@@ -290,7 +290,7 @@ def aggregate(
 def value_loss(
     values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float | None = 0.2
 ) -> tuple[Tensor, Tensor]:
-    """Clipped value loss (PPO as in verl/TRL; ALGORITHMS 2).
+    """Clipped value loss (PPO as in verl/TRL; docs/algorithms.md 2).
 
     ``0.5 * masked_mean(max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2))``.
 

@@ -2,7 +2,7 @@
 
 1. Build a character tokenizer and a tiny Qwen2 model in code; save them (``<run>/init_model``).
 2. SFT from scratch until greedy dev accuracy reaches ``sft.target_accuracy``: a mediocre policy that
-   sometimes succeeds, as RL needs (ALGORITHMS.md 6.0). Saved to ``<run>/sft``.
+   sometimes succeeds, as RL needs (docs/algorithms.md 6.0). Saved to ``<run>/sft``.
 3. GRPO from that folder through ``grpolab.commands.train.train``, the path a user's model takes.
 4. Evaluate both models on the held-out prompts: Pass@K and Maj@K up to K = eval.num_samples.
 5. Write ``<run>/report.md`` with plots, and print a summary.

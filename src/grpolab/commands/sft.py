@@ -5,7 +5,7 @@ tokens of a batch (``sft.completion_format`` filled with the answer, then EOS); 
 only. Log-probs come from the ``completion_logprobs`` the GRPO trainer uses, so SFT and RL see the same
 inputs (left-padded prompt, right-padded target, positions from the attention mask, fp32 head).
 
-Early stop (ALGORITHMS.md 6.0): every ``sft.check_every`` steps, greedy accuracy on a dev set carved
+Early stop (docs/algorithms.md 6.0): every ``sft.check_every`` steps, greedy accuracy on a dev set carved
 from the training examples; training stops once it reaches ``sft.target_accuracy``. RL needs a policy
 that sometimes succeeds, and the SFT learning curve is sharp, so a step count is a poor stopping rule.
 The result is a model folder (``save_pretrained`` + tokenizer) that ``grpolab train`` loads by path.

@@ -2,7 +2,7 @@
 
     python -m grpolab.config.reference > docs/config.md
 
-A field's docstring is the string literal written under it; Python keeps no such
+A field's docstring is the string literal written under it (docs/design.md, "Configs are typed, frozen and validated"); Python keeps no such
 attribute, so it is read from the class's source with ``ast``. Each section is a table of key, type,
 default and docstring; a section nested in another (``model.lora``) or a list of entries
 (``reward.functions[]``) gets its own table. tests/unit/config/test_reference.py fails when the file

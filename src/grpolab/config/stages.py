@@ -24,7 +24,7 @@ class SFTConfig:
     completion_format: str = "{answer}"
     """Target text, with {answer} replaced by the example's answer; EOS is appended."""
     target_accuracy: float | None = None
-    """Stop once greedy dev accuracy reaches this (ALGORITHMS 6.0); null = run all steps."""
+    """Stop once greedy dev accuracy reaches this (docs/algorithms.md 6.0); null = run all steps."""
     check_every: int = 25
     """Steps between dev-accuracy checks."""
     dev_size: int = 200

@@ -4,7 +4,7 @@
 MASTER_ADDR and MASTER_PORT; ``session()`` reads them and joins the process group (gloo on a CPU,
 NCCL on CUDA, one device per LOCAL_RANK). Without them the world is one process and there is no
 process group, but the same helpers run: each then returns its input, so a single process takes the
-very same code path (STYLE.md habit 11). The algorithm calls the named helpers below and never asks
+very same code path (docs/design.md, "Distribution in one room"). The algorithm calls the named helpers below and never asks
 which rank it is; logging, checkpoints and progress decide that themselves with ``is_main()``.
 """
 

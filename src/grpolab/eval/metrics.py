@@ -5,7 +5,7 @@ Where the code departs from the usual definitions, and why:
   forms the huge binomials.
 * maj@k breaks ties deterministically: a subset whose plurality is shared by several answers scores
   (tied winners that are correct) / (tied winners), which is the expectation of a uniform random
-  tie-break (ALGORITHMS 7.10 allows either) and keeps evaluation reproducible.
+  tie-break (docs/algorithms.md 7.10 allows either) and keeps evaluation reproducible.
 * Unparsed answers (None) do not vote; a subset without any parsed answer scores 0. An unparsed answer
   marked correct is rejected, so that maj@1 always equals the mean correctness.
 """

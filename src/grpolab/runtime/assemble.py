@@ -1,4 +1,4 @@
-"""Reading a config into a working run: one step with one home (STYLE.md, "A run is assembled in one place").
+"""Reading a config into a working run: one step with one home (docs/design.md, "A run is assembled in one place").
 
 ``assemble(cfg)`` returns a ``Run``, everything the training loop (commands/train.py) needs, built in this
 order so that bad input fails before the model loads and nothing is deleted before every check passed:

@@ -1,6 +1,6 @@
 """The embedded default task: n-digit addition with the sum written least-significant digit first.
 
-Writing the sum reversed makes each carry local, so a 2-layer model learns it quickly (ALGORITHMS.md
+Writing the sum reversed makes each carry local, so a 2-layer model learns it quickly (docs/algorithms.md
 6.1, design A). Prompts look like ``123+456=`` and the reference answer is the zero-padded sum,
 reversed: 123 + 456 = 579 -> ``0579`` -> ``9750``. The reward is exact match of the completion.
 

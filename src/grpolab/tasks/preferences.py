@@ -8,7 +8,7 @@ to check membership and order against the prompt. ``prompt_blind_accuracy`` give
 
 Why not addition: a 2-layer, 64-wide model trained on Bradley-Terry pairs of 1-digit sums (chosen = the
 sum, rejected = a near miss) stayed at chance on held-out prompts after 30 epochs; addition needs tens
-of thousands of supervised examples (ALGORITHMS.md 6.1), far more than a test can afford.
+of thousands of supervised examples (docs/algorithms.md 6.1), far more than a test can afford.
 """
 
 from __future__ import annotations

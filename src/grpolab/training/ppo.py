@@ -1,4 +1,4 @@
-"""PPO with a critic on GRPO's path (DeepSeekMath Sec. 4.1.1, Eqs. 1-2, arXiv 2402.03300; ALGORITHMS 1.1, 2).
+"""PPO with a critic on GRPO's path (DeepSeekMath Sec. 4.1.1, Eqs. 1-2, arXiv 2402.03300; docs/algorithms.md 1.1, 2).
 
 What PPO adds to a GRPO step, and nothing else:
 * a value model V_psi (training/value.py) with its own AdamW (``algo.value_lr``), trained with the clipped

@@ -32,7 +32,7 @@ def _eval(label: str, passes: list[float], majs: list[float], greedy: float | No
     )
 
 
-# ALGORITHMS.md 6.1: SFT vs GRPO step 200 (design A).
+# docs/algorithms.md 6.1: SFT vs GRPO step 200 (design A).
 SFT = _eval(
     "SFT",
     [0.432, 0.636, 0.807, 0.911, 0.963, 0.986, 0.997],
@@ -55,7 +55,7 @@ def test_sentence_for_the_deepseekmath_picture_with_a_ceiling():
 
 
 def test_sentence_for_a_narrowing_pass_at_k_without_a_ceiling():
-    # ALGORITHMS.md 6.3 (design C at K = 32 ... written here at 64 for the shape)
+    # docs/algorithms.md 6.3 (design C at K = 32 ... written here at 64 for the shape)
     before = _eval(
         "SFT", [0.174, 0.3, 0.47, 0.68, 0.87, 0.93, 0.965], [0.174, 0.174, 0.184, 0.2, 0.2, 0.2, 0.203]
     )

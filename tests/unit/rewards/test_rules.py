@@ -88,7 +88,7 @@ def test_r1_format(text, prefilled, expected):
     [(0, 0.0), (16, 0.0), (17, -0.25), (18, -0.5), (20, -1.0), (21, -1.0), (10_000, -1.0)],
 )
 def test_soft_overlong_dapo_oracle(num_tokens, expected):
-    # ALGORITHMS.md sec. 7.7: L_max = 20, L_cache = 4.
+    # docs/algorithms.md 7.7: L_max = 20, L_cache = 4.
     assert rules.soft_overlong(c("", num_tokens), EX, max_length=20, cache_length=4) == pytest.approx(
         expected
     )
