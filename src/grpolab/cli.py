@@ -17,10 +17,11 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 
 from grpolab import __version__
-from grpolab.config import ConfigError, load_config
+from grpolab.config import ConfigError, ConfigWarning, load_config
 from grpolab.config.view import SECTIONS
 from grpolab.errors import GrpolabError, one_line
 
@@ -134,9 +135,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A ConfigWarning (a setting that does less than it says) on one line, as errors are; others as Python shows them."""
+    if issubclass(category, ConfigWarning):
+        print(f"grpolab: warning: {one_line(message)}", file=file or sys.stderr)
+    else:
+        _python_show_warning(message, category, filename, lineno, file, line)
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    warnings.showwarning = _show_warning
     try:
         return _dispatch(args)
     except GrpolabError as err:

@@ -68,3 +68,17 @@ def test_the_installed_entry_point_takes_options_after_overrides():
     )
     assert done.returncode == 0, done.stderr
     assert yaml.safe_load(done.stdout)["seed"] == 3
+
+
+def test_a_setting_that_does_less_than_it_says_is_one_warning_line():
+    """A ConfigWarning reaches the command line as `grpolab: warning: ...`, not as Python's two-line form."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpolab", "config", "rollout.max_batch_sequences=4", "rollout.kv_cache_budget_mb=10"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "kv_cache_budget_mb" in line]
+    assert lines == [
+        "grpolab: warning: rollout.kv_cache_budget_mb is ignored while rollout.max_batch_sequences is set: drop one of them."
+    ]
+    assert "ConfigWarning" not in proc.stderr

@@ -35,7 +35,6 @@ class ConfigWarning(UserWarning):
     """A setting that silently does less than it says; the message says what to change."""
 
 
-# ----------------------------------------------------------------------------------- finite numbers
 
 
 def numeric_fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -75,7 +74,6 @@ def check_finite(cfg: Any) -> None:
             raise ConfigError(f"config key '{key}' is {value!r}; give a finite number")
 
 
-# ----------------------------------------------------------------------------------- the range table
 
 
 def range_table(cfg: Config) -> list[tuple[bool, str]]:
@@ -179,7 +177,6 @@ def check_ranges(cfg: Config) -> None:
             raise ConfigError(message)
 
 
-# ----------------------------------------------------------------------------------- across fields
 
 
 def check_cross_fields(cfg: Config) -> None:
@@ -237,7 +234,6 @@ def _check_process(cfg: Config) -> None:
         )
 
 
-# ----------------------------------------------------------------------------------- settings that do less
 
 
 def inert_settings(cfg: Config) -> list[str]:
