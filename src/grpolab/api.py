@@ -20,7 +20,10 @@ Where this departs from TRL, and why:
 
 * ``model`` is a folder or a hub id. A model object is refused: grpolab loads the policy itself (dtype,
   LoRA, the chunked LM head, the reference), so it needs something ``from_pretrained`` reads.
-* ``args`` is a grpolab config, not TRL's ``GRPOConfig``; ``grpolab convert-trl`` converts one.
+* ``args`` may be TRL's ``GRPOConfig``: it is converted in place by ``grpolab convert-trl``'s rules
+  (grpolab.config.from_trl), with the world size from ``WORLD_SIZE`` and the run length from the
+  dataset's rows; a field grpolab cannot reproduce is a ConfigError naming it and why. The conversion
+  (notes, ignored fields) is logged and kept as ``trainer.trl_conversion``.
 * ``train(resume_from_checkpoint=True)`` continues the latest checkpoint of the run directory
   (``log.output_dir/log.run_name``), checked as ``grpolab train --resume`` checks it; a path is refused.
 * The config records a callable reward as ``"module:qualname"``, so the run's config.yaml says what ran.
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, inert_settings, load_config
+from grpolab.config.from_trl import TrlConversion, convert_trl
 from grpolab.data import DataError, examples_from_rows
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
@@ -57,7 +61,8 @@ class GRPOTrainer:
     Args:
         model: the policy's folder or hub id (``model.name_or_path``).
         reward_funcs: one reward or a list: TRL-style functions, grpolab rewards, or names (module docstring).
-        args: a grpolab ``Config``, a dict (sections or dotted keys), or a YAML path; None = the defaults.
+        args: a grpolab ``Config``, a dict (sections or dotted keys), a YAML path, or TRL's ``GRPOConfig``
+            (converted as ``grpolab convert-trl`` converts it); None = the defaults.
         train_dataset: a ``datasets.Dataset`` or a list of dicts; None = the config's ``data`` section.
         peft_config: a ``peft.LoraConfig``: trains a LoRA adapter (``model.lora``).
         processing_class: the tokenizer's folder or hub id (``model.tokenizer``).
@@ -77,7 +82,7 @@ class GRPOTrainer:
         processing_class: str | os.PathLike[str] | None = None,
         reward_weights: Sequence[float] | None = None,
     ) -> None:
-        raw = _raw_config(args)
+        raw, reward_weights, self.trl_conversion = _raw_args(args, train_dataset, reward_weights)
         _set(raw, "model", "name_or_path", _model_source(model, "model"))
         if processing_class is not None:
             _set(raw, "model", "tokenizer", _model_source(processing_class, "processing_class"))
@@ -108,7 +113,8 @@ def train(
     ``config`` as GRPOTrainer's ``args``; ``reward_funcs`` and ``train_dataset`` replace the config's
     ``reward.functions`` and ``data`` when given. ``resume``: continue the latest checkpoint (``--resume``).
     """
-    cfg, rewards, examples = _assemble(_raw_config(config), reward_funcs, reward_weights, train_dataset)
+    raw, reward_weights, _ = _raw_args(config, train_dataset, reward_weights)
+    cfg, rewards, examples = _assemble(raw, reward_funcs, reward_weights, train_dataset)
     return _run(cfg, rewards, examples, resume=resume)
 
 
@@ -245,13 +251,8 @@ def _raw_config(args: Any) -> dict[str, Any]:
         return config_to_dict(args)
     if isinstance(args, str | os.PathLike):
         return config_to_dict(load_config(Path(args)))
-    if type(args).__name__ == "GRPOConfig":
-        raise ConfigError(
-            "args is TRL's GRPOConfig; grpolab takes its own config: convert it with `grpolab convert-trl` "
-            "(every field mapped or refused with the reason)"
-        )
     if not isinstance(args, Mapping):
-        raise ConfigError(f"args is a {type(args).__name__}: give a grpolab Config, a dict or a YAML path")
+        raise ConfigError(f"args is a {type(args).__name__}: give a grpolab Config, a dict, a YAML path or TRL's GRPOConfig")
     raw: dict[str, Any] = {}
     for key, value in args.items():
         if not isinstance(key, str):
@@ -264,6 +265,50 @@ def _raw_config(args: Any) -> dict[str, Any]:
                 raise ConfigError(f"config key {key!r}: {section!r} is given both as a value and as a section")
         node[leaf] = _merge(node.get(leaf), copy.deepcopy(value))
     return raw
+
+
+def _raw_args(args: Any, train_dataset: Any, reward_weights):
+    """The config sections, the reward weights (a GRPOConfig's own when the call gives none) and, for TRL's
+    GRPOConfig, its conversion."""
+    if not _is_trl_config(args):
+        return _raw_config(args), reward_weights, None
+    conversion = _convert_trl_args(args, train_dataset)
+    if reward_weights is None and args.reward_weights is not None:
+        reward_weights = args.reward_weights
+    return conversion.config_dict(), reward_weights, conversion
+
+
+def _is_trl_config(args: Any) -> bool:
+    """TRL's GRPOConfig (or a subclass), told by its class without importing TRL."""
+    return any(c.__name__ == "GRPOConfig" and c.__module__.startswith("trl") for c in type(args).__mro__)
+
+
+def _convert_trl_args(args: Any, train_dataset: Any) -> TrlConversion:
+    """TRL's GRPOConfig through convert-trl's rules; its report is logged as ``grpolab convert-trl`` writes it.
+
+    The world size is torchrun's (``WORLD_SIZE``, as ``accelerate launch`` sets it for TRL): TRL's batch sizes
+    are per device. The dataset's length turns ``num_train_epochs`` into ``train.num_steps``.
+    """
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = 1
+    rows = len(train_dataset) if train_dataset is not None and hasattr(train_dataset, "__len__") else None
+    try:
+        conversion = convert_trl(args, num_processes=world, dataset_rows=rows or None)
+    except ConfigError as err:
+        raise ConfigError(f"args (TRL's GRPOConfig): {err}") from err
+    for title, items in (("differs from TRL", conversion.notes), ("ignored (not applicable)", conversion.ignored)):
+        for item in items:
+            log.info("args (TRL's GRPOConfig) %s: %s", title, item)
+    for item in conversion.todo:
+        if not item.startswith(tuple(_GIVEN_BY_THE_CALL)):
+            log.warning("args (TRL's GRPOConfig): to fill in: %s", item)
+    return conversion
+
+
+_GIVEN_BY_THE_CALL = ("model.name_or_path", "data.source", "reward.functions")
+"""convert-trl's to-fill items that GRPOTrainer's own arguments (model, train_dataset, reward_funcs) fill."""
 
 
 def _merge(old: Any, new: Any) -> Any:

@@ -117,10 +117,10 @@ def test_a_model_object_or_trl_config_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"model is a object: grpolab loads it itself.*save_pretrained"):
         GRPOTrainer(object(), reward_num_unique_chars)
 
-    class GRPOConfig:  # TRL's class, by name
+    class GRPOConfig:  # named as TRL's, but not TRL's: not converted
         pass
 
-    with pytest.raises(ConfigError, match="grpolab convert-trl"):
+    with pytest.raises(ConfigError, match="args is a GRPOConfig: give a grpolab Config, a dict, a YAML path"):
         GRPOTrainer("m", reward_num_unique_chars, args=GRPOConfig())
 
 
