@@ -18,8 +18,10 @@ TRL-style rewards.
 
 Where this departs from TRL, and why:
 
-* ``model`` is a folder or a hub id. A model object is refused: grpolab loads the policy itself (dtype,
-  LoRA, the chunked LM head, the reference), so it needs something ``from_pretrained`` reads.
+* ``model`` is a folder, a hub id, or a loaded ``PreTrainedModel`` / ``PeftModel`` (its adapter is trained),
+  which is written to a temporary folder and loaded from there (grpolab.api_models says why, and what is
+  refused: DDP / FSDP-wrapped, compiled, quantized models). ``save_model(dir)`` writes the trained policy
+  (or adapter) as a ``from_pretrained`` folder; ``state.log_history`` is the run's metrics, one dict a step.
 * ``args`` may be TRL's ``GRPOConfig``: it is converted in place by ``grpolab convert-trl``'s rules
   (grpolab.config.from_trl), with the world size from ``WORLD_SIZE`` and the run length from the
   dataset's rows; a field grpolab cannot reproduce is a ConfigError naming it and why. The conversion
@@ -38,11 +40,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpolab.api_models import ModelFolder, TrainerState, model_folder, save_model, tokenizer_folder
 from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, inert_settings, load_config
 from grpolab.config.from_trl import TrlConversion, convert_trl
 from grpolab.data import DataError, examples_from_rows
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
+from grpolab.run.logging import read_metrics
 from grpolab.types import Example
 
 if TYPE_CHECKING:
@@ -83,12 +87,24 @@ class GRPOTrainer:
         reward_weights: Sequence[float] | None = None,
     ) -> None:
         raw, reward_weights, self.trl_conversion = _raw_args(args, train_dataset, reward_weights)
-        _set(raw, "model", "name_or_path", _model_source(model, "model"))
-        if processing_class is not None:
-            _set(raw, "model", "tokenizer", _model_source(processing_class, "processing_class"))
+        self.model_folder: ModelFolder | None = None
+        if isinstance(model, str | os.PathLike):
+            _set(raw, "model", "name_or_path", os.fspath(model))
+            if processing_class is not None and hasattr(processing_class, "save_pretrained"):
+                self.model_folder = tokenizer_folder(processing_class, self)
+                processing_class = self.model_folder.keys["tokenizer"]
+            if processing_class is not None:
+                _set(raw, "model", "tokenizer", _model_source(processing_class, "processing_class"))
+        else:
+            if peft_config is not None and hasattr(model, "peft_config"):
+                raise ConfigError("model is a PeftModel and peft_config is given: its adapter is trained; drop peft_config")
+            self.model_folder = model_folder(model, processing_class, self)
+            for key, value in self.model_folder.keys.items():
+                _set(raw, "model", key, value)
         if peft_config is not None:
             _set(raw, "model", "lora", _lora(peft_config))
         self.args, self.reward_funcs, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset)
+        self._result: TrainResult | None = None
 
     def train(self, resume_from_checkpoint: bool = False) -> TrainResult:
         """Train to ``train.num_steps``; True continues the run directory's latest checkpoint."""
@@ -97,7 +113,22 @@ class GRPOTrainer:
                 f"resume_from_checkpoint={resume_from_checkpoint!r}: grpolab resumes the latest checkpoint of "
                 f"{self.args.run_dir} (log.output_dir/log.run_name); pass True"
             )
-        return _run(self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint)
+        self._result = _run(self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint)
+        return self._result
+
+    @property
+    def state(self) -> TrainerState:
+        """TRL's ``trainer.state``: ``global_step`` and ``log_history``, one dict per step (the run's
+        metrics.jsonl, each row with its "step"; grpolab logs every step, TRL every logging_steps)."""
+        history = read_metrics(self.args.run_dir)
+        return TrainerState(global_step=history[-1]["step"] if history else 0, log_history=history)
+
+    def save_model(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
+        """The trained policy as a ``from_pretrained`` folder (the adapter alone under LoRA), with its tokenizer,
+        copied from the run's latest checkpoint; None = TRL's default, the run folder's ``model``."""
+        out = Path(output_dir) if output_dir is not None else self.args.run_dir / "model"
+        base = self.model_folder.base_name if self.model_folder else None
+        return save_model(self.args.run_dir, out, base)
 
 
 def train(
@@ -327,10 +358,7 @@ def _set(raw: dict[str, Any], section: str, key: str, value: Any) -> None:
 def _model_source(obj: Any, arg: str) -> str:
     if isinstance(obj, str | os.PathLike):
         return os.fspath(obj)
-    raise ConfigError(
-        f"{arg} is a {type(obj).__name__}: grpolab loads it itself, so give its folder or hub id "
-        "(for one built or changed in code, save_pretrained(folder) first and pass the folder)"
-    )
+    raise ConfigError(f"{arg} is a {type(obj).__name__}: give a tokenizer object, its folder or hub id")
 
 
 def _lora(peft_config: Any) -> dict[str, Any]:

@@ -114,7 +114,7 @@ def test_bad_calls_fail_with_one_line_naming_the_argument(kwargs, message):
 
 
 def test_a_model_object_or_trl_config_is_refused_with_the_fix():
-    with pytest.raises(ConfigError, match=r"model is a object: grpolab loads it itself.*save_pretrained"):
+    with pytest.raises(ConfigError, match=r"model is a object: give a transformers causal LM .*, a peft PeftModel, or"):
         GRPOTrainer(object(), reward_num_unique_chars)
 
     class GRPOConfig:  # named as TRL's, but not TRL's: not converted
