@@ -4,6 +4,7 @@ arguments (``--learning_rate 1e-6 --num_generations 8``, ``--config trl.yaml``, 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,9 +85,16 @@ def typed(name: str, value: Any, defaults: Mapping[str, Any]) -> Any:
     default = defaults.get(name)
     if isinstance(value, str) and isinstance(default, int | float) and not isinstance(default, bool):
         try:
-            return type(default)(float(value)) if isinstance(default, int) else float(value)
+            value = float(value)
         except ValueError as err:
-            raise ConfigError(f"TRL field {name}={value!r} must be a number") from err
-    if isinstance(value, int) and isinstance(default, float) and not isinstance(value, bool):
-        return float(value)
+            raise ConfigError(f"TRL field {name}={value[:80]!r} must be a number") from err
+        if isinstance(default, int) and value.is_integer():
+            value = int(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"TRL field {name}={value}: must be a finite number")
+    if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > 2**63 - 1:
+            raise ConfigError(f"TRL field {name}: {str(value)[:20]}... is out of range (TRL's fields fit 64 bits)")
+        if isinstance(default, float):
+            return float(value)
     return value
