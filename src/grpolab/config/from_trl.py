@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 import typing
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,16 @@ def trl_defaults() -> dict[str, Any]:
     except ImportError as err:
         raise ConfigError("grpolab convert-trl reads TRL's GRPOConfig: pip install 'grpolab[trl]'") from err
     return {f.name: _default(f) for f in dataclasses.fields(GRPOConfig) if f.init}
+
+
+def _numeric_fields() -> frozenset[str]:
+    """GRPOConfig's fields typed float or int (None allowed), so "1e-6" from YAML or the CLI is read as a number."""
+    from trl import GRPOConfig
+
+    return frozenset(
+        f.name for f in dataclasses.fields(GRPOConfig)
+        if re.search(r"\b(float|int)\b", str(f.type)) and not re.search(r"\b(str|dict|list|bool)\b", str(f.type))
+    )
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -170,6 +181,11 @@ def _geometry(v: Mapping[str, Any], num_processes: int, dataset_rows: int | None
         steps = math.ceil(v["max_steps"] / per_generation)
     elif dataset_rows:
         steps = max(1, math.ceil(v["num_train_epochs"] * dataset_rows / prompts))
+    if steps is not None and steps > 2**31:
+        raise ConfigError(
+            f"convert-trl: max_steps / num_train_epochs: a run of {short(steps)} generation batches is out of range "
+            "(at most 2^31)"
+        )
     return Geometry(prompts, minibatches, per_generation, steps)
 
 
@@ -257,12 +273,13 @@ def _config_order(key: str) -> tuple[int, ...]:
 
 
 def convert_trl(
-    source: Any, *, num_processes: int = 1, dataset_rows: int | None = None
+    source: Any, *, num_processes: int = 1, dataset_rows: int | None = None, strict: bool = False
 ) -> TrlConversion:
     """A TRL GRPOConfig (object), a dict of its fields, a TRL YAML path, or TRL CLI args (a list of
     strings such as ``["--learning_rate", "1e-6"]``) -> the grpolab keys; ConfigError names every
     refused field with the reason. ``num_processes``: TRL's world size (its batch sizes are per device);
-    ``dataset_rows``: for num_train_epochs, the number of training rows."""
+    ``dataset_rows``: for num_train_epochs, the number of training rows. ``strict``: refuse also the fields
+    that are only listed (not applicable) or given under a legacy name."""
     raw = read_trl(source)
     for name, value in raw.items():
         check_size(str(name), value)
@@ -275,7 +292,8 @@ def convert_trl(
             f"{', '.join(unknown)}: not fields of TRL's GRPOConfig nor of the trl grpo script (this converter "
             "knows TRL 1.16); remove them or update grpolab"
         )
-    values = {**defaults, **_SCRIPT_DEFAULTS, **{k: typed(k, v, {**defaults, **_SCRIPT_DEFAULTS}) for k, v in given.items()}}
+    every_default, numeric = {**defaults, **_SCRIPT_DEFAULTS}, _numeric_fields()
+    values = {**every_default, **{k: typed(k, v, every_default, numeric) for k, v in given.items()}}
     untabled = sorted(set(defaults) - set(TRL_FIELDS))
     if untabled:
         raise ConfigError(f"TRL's GRPOConfig has fields this converter does not know: {', '.join(untabled)}")
@@ -289,11 +307,19 @@ def convert_trl(
             out.keys.update(_apply(name, rule, values[name], default, view, out))
         except Refused as err:
             refused.append(f"{name}={short(values[name])}: {err}")
+        except ConfigError:
+            raise
         except (ArithmeticError, TypeError, ValueError) as err:  # a value out of TRL's range or of the wrong type
             refused.append(f"{name}={short(values[name])}: not a value TRL takes here ({type(err).__name__}: {err})")
     if refused:
         raise ConfigError("convert-trl: grpolab cannot reproduce " + "; ".join(refused))
     out.notes = view.notes
+    if strict and (out.ignored or out.legacy):
+        listed = [item.split(":")[0] for item in out.ignored + out.legacy]
+        raise ConfigError(
+            f"convert-trl --strict: {len(listed)} fields are not converted exactly: {', '.join(listed)}; remove "
+            "them (or rename the legacy ones), or convert without --strict to have them listed"
+        )
     out.todo = [text for key, text in _TRAINER_ARGUMENTS.items() if key not in out.keys] + view.todos
     _validate(out)
     return out
@@ -304,8 +330,9 @@ _POSITIVE = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_
 
 def _view(values: dict[str, Any], num_processes: int, dataset_rows: int | None) -> TrlView:
     """The batch geometry, or one line naming what is wrong with it (and the process counts it would fit)."""
-    bad = [f"{k}={short(values[k])}" for k in _POSITIVE if isinstance(values[k], bool) or not isinstance(values[k], int)
-           or not 1 <= values[k] <= 2**31]
+    optional = [k for k in ("steps_per_generation", "generation_batch_size") if values[k] is not None]
+    bad = [f"{k}={short(values[k])}" for k in (*_POSITIVE, *optional) if isinstance(values[k], bool)
+           or not isinstance(values[k], int) or not 1 <= values[k] <= 2**31]
     if bad or not isinstance(num_processes, int) or not 1 <= num_processes <= 2**16:
         what = ", ".join(bad) or f"--num-processes {num_processes}"
         raise ConfigError(f"convert-trl: {what}: must be a whole number from 1 to 2^31 (processes: to 2^16)")
@@ -319,6 +346,8 @@ def _view(values: dict[str, Any], num_processes: int, dataset_rows: int | None) 
             f"convert-trl: per_device_train_batch_size / steps_per_generation with {num_processes} process"
             f"{'es' if num_processes > 1 else ''}: {err}{hint}"
         ) from err
+    except ConfigError:
+        raise
     except (ArithmeticError, TypeError, ValueError) as err:
         raise ConfigError(f"convert-trl: the batch geometry or run length is out of range ({type(err).__name__}: {err})") from err
 
@@ -326,7 +355,7 @@ def _view(values: dict[str, Any], num_processes: int, dataset_rows: int | None) 
 def _fits(values: dict[str, Any], n: int) -> bool:
     try:
         _geometry(values, n, None)
-    except (Refused, ArithmeticError, TypeError, ValueError):
+    except (Refused, ConfigError, ArithmeticError, TypeError, ValueError):
         return False
     return True
 
@@ -340,10 +369,10 @@ _TRAINER_ARGUMENTS = {
 
 
 def write_trl_conversion(
-    source: Any, out: str | Path, *, num_processes: int = 1, dataset_rows: int | None = None
+    source: Any, out: str | Path, *, num_processes: int = 1, dataset_rows: int | None = None, strict: bool = False
 ) -> TrlConversion:
     """``grpolab convert-trl``: convert, then print the YAML (``out="-"``) or write it to ``out``."""
-    conversion = convert_trl(source, num_processes=num_processes, dataset_rows=dataset_rows)
+    conversion = convert_trl(source, num_processes=num_processes, dataset_rows=dataset_rows, strict=strict)
     text = conversion.to_yaml(_describe(source))
     if str(out) == "-":
         print(text, end="")

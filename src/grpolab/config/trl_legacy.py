@@ -84,6 +84,7 @@ def legacy_names(given: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[
 
 _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 3, 6, 6, 80, 80
+_SHORT.maxlong = 24
 
 
 def short(value: Any) -> str:
