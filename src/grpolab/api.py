@@ -127,6 +127,8 @@ class GRPOTrainer:
         """The trained policy as a ``from_pretrained`` folder (the adapter alone under LoRA), with its tokenizer,
         copied from the run's latest checkpoint; None = TRL's default, the run folder's ``model``."""
         out = Path(output_dir) if output_dir is not None else self.args.run_dir / "model"
+        if os.environ.get("RANK", "0") != "0":  # under torchrun the first process writes it, as TRL's main process
+            return out
         base = self.model_folder.base_name if self.model_folder else None
         return save_model(self.args.run_dir, out, base)
 

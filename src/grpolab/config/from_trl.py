@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import sys
 import typing
 from collections.abc import Mapping, Sequence
@@ -26,8 +25,15 @@ from typing import Any
 import yaml
 
 from grpolab.config.trl_fields import TRL_FIELDS
-from grpolab.config.trl_legacy import OPEN_R1_DEFAULTS, OPEN_R1_FIELDS, check_size, legacy_names, open_r1_reward, short
-from grpolab.config.trl_input import read_trl, typed
+from grpolab.config.trl_input import numeric_fields, read_trl, typed
+from grpolab.config.trl_legacy import (
+    OPEN_R1_DEFAULTS,
+    OPEN_R1_FIELDS,
+    check_size,
+    legacy_names,
+    open_r1_reward,
+    short,
+)
 from grpolab.config.trl_rules import Refused, TrlField
 from grpolab.errors import ConfigError
 
@@ -44,16 +50,6 @@ def trl_defaults() -> dict[str, Any]:
     except ImportError as err:
         raise ConfigError("grpolab convert-trl reads TRL's GRPOConfig: pip install 'grpolab[trl]'") from err
     return {f.name: _default(f) for f in dataclasses.fields(GRPOConfig) if f.init}
-
-
-def _numeric_fields() -> frozenset[str]:
-    """GRPOConfig's fields typed float or int (None allowed), so "1e-6" from YAML or the CLI is read as a number."""
-    from trl import GRPOConfig
-
-    return frozenset(
-        f.name for f in dataclasses.fields(GRPOConfig)
-        if re.search(r"\b(float|int)\b", str(f.type)) and not re.search(r"\b(str|dict|list|bool)\b", str(f.type))
-    )
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -292,7 +288,7 @@ def convert_trl(
             f"{', '.join(unknown)}: not fields of TRL's GRPOConfig nor of the trl grpo script (this converter "
             "knows TRL 1.16); remove them or update grpolab"
         )
-    every_default, numeric = {**defaults, **_SCRIPT_DEFAULTS}, _numeric_fields()
+    every_default, numeric = {**defaults, **_SCRIPT_DEFAULTS}, numeric_fields()
     values = {**every_default, **{k: typed(k, v, every_default, numeric) for k, v in given.items()}}
     untabled = sorted(set(defaults) - set(TRL_FIELDS))
     if untabled:

@@ -81,6 +81,16 @@ def _scalar(text: str) -> Any:
         return text
 
 
+def numeric_fields() -> frozenset[str]:
+    """GRPOConfig's fields typed float or int (None allowed), so "1e-6" from YAML or the CLI is read as a number."""
+    from trl import GRPOConfig
+
+    return frozenset(
+        f.name for f in dataclasses.fields(GRPOConfig)
+        if re.search(r"\b(float|int)\b", str(f.type)) and not re.search(r"\b(str|dict|list|bool)\b", str(f.type))
+    )
+
+
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|nan)", re.IGNORECASE)
 
 
