@@ -330,7 +330,7 @@ def _convert_trl_args(args: Any, train_dataset: Any) -> TrlConversion:
     try:
         conversion = convert_trl(args, num_processes=world, dataset_rows=rows or None)
     except ConfigError as err:
-        raise ConfigError(f"args (TRL's GRPOConfig): {err}") from err
+        raise ConfigError(f"args (TRL's GRPOConfig; world size {world}, from WORLD_SIZE as torchrun sets it): {err}") from err
     for title, items in (("differs from TRL", conversion.notes), ("ignored (not applicable)", conversion.ignored)):
         for item in items:
             log.info("args (TRL's GRPOConfig) %s: %s", title, item)

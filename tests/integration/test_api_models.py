@@ -113,6 +113,12 @@ def test_what_cannot_be_taken_from_an_object_is_refused_with_the_reason(tiny_mod
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         with pytest.raises(ConfigError, match=r"model is wrapped by DistributedDataParallel: pass the model inside"):
             GRPOTrainer(ddp, reward_funcs=reward_len, train_dataset=ROWS)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        sharded = fully_shard(transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir), mesh=init_device_mesh("cpu", (1,)))
+        with pytest.raises(ConfigError, match=r"model is sharded by FSDP2 \(fully_shard\): pass it unsharded"):
+            GRPOTrainer(sharded, reward_funcs=reward_len, train_dataset=ROWS)
     finally:
         dist.destroy_process_group()
     config = type(model.config).from_dict(model.config.to_dict())
