@@ -7,7 +7,7 @@
 or in one call, ``grpolab.train(config, reward_funcs=[...], train_dataset=dataset)``. Both build a
 ``Config`` (a grpolab Config, a dict of its sections, dotted keys such as ``{"algo.beta": 0.0}``, or a
 YAML path), turn the reward functions and the dataset into what ``reward.functions`` and ``data`` would
-build, and run the loop ``grpolab train`` runs (``grpolab.training.loop.train``).
+build, and run the loop ``grpolab train`` runs (``grpolab.commands.train.train``).
 
 Reward functions are TRL's (``fn(completions, **kwargs) -> list[float | None]``, rewards.trl_style),
 grpolab reward objects, per-sample functions ``fn(completion, example)``, or names: a built-in
@@ -23,7 +23,7 @@ Where this departs from TRL, and why:
   refused: DDP / FSDP-wrapped, compiled, quantized models). ``save_model(dir)`` writes the trained policy
   (or adapter) as a ``from_pretrained`` folder; ``state.log_history`` is the run's metrics, one dict a step.
 * ``args`` may be TRL's ``GRPOConfig``: it is converted in place by ``grpolab convert-trl``'s rules
-  (grpolab.config.from_trl), with the world size from ``WORLD_SIZE`` and the run length from the
+  (grpolab.trl.convert), with the world size from ``WORLD_SIZE`` and the run length from the
   dataset's rows; a field grpolab cannot reproduce is a ConfigError naming it and why. The conversion
   (notes, ignored fields) is logged and kept as ``trainer.trl_conversion``.
 * ``train(resume_from_checkpoint=True)`` continues the latest checkpoint of the run directory
@@ -42,15 +42,15 @@ from typing import TYPE_CHECKING, Any
 
 from grpolab.api_models import ModelFolder, TrainerState, model_folder, save_model, tokenizer_folder
 from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, inert_settings, load_config
-from grpolab.config.from_trl import TrlConversion, convert_trl
+from grpolab.trl.convert import TrlConversion, convert_trl
 from grpolab.data import DataError, examples_from_rows
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.logging import read_metrics
 from grpolab.types import Example
 
 if TYPE_CHECKING:
-    from grpolab.training.loop import TrainResult
+    from grpolab.commands.train import TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def train(
 
 
 def _run(cfg: Config, rewards, examples, *, resume: bool) -> TrainResult:
-    from grpolab.training.loop import train as train_loop
+    from grpolab.commands.train import train as train_loop
 
     show_progress_logs()
     return train_loop(cfg, resume=resume, rewards=rewards, examples=examples)

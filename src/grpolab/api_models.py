@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from grpolab.errors import ConfigError, GrpolabError
-from grpolab.run.checkpoint import latest_intact
+from grpolab.runtime.checkpoint import latest_intact
 
 _DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 _WRAPPERS = {
@@ -184,7 +184,7 @@ def save_model(run_dir: Path, out: Path, base_name: str | None) -> Path:
         extra = f" ({len(damaged)} damaged)" if damaged else ""
         raise GrpolabError(f"save_model: {run_dir} holds no checkpoint{extra}: train() first")
     if (checkpoint / "dcp").is_dir():
-        from grpolab.run.sharded import export
+        from grpolab.runtime.sharded import export
 
         return export(checkpoint, out)
     out = Path(out)

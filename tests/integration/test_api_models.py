@@ -10,8 +10,8 @@ import torch
 
 from grpolab.api import GRPOTrainer
 from grpolab.errors import ConfigError, GrpolabError
-from grpolab.run.checkpoint import latest_checkpoint
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.checkpoint import latest_checkpoint
+from grpolab.runtime.logging import read_metrics
 
 transformers = pytest.importorskip("transformers")
 ROWS = [{"prompt": f"{a}+{b}="} for a in range(3) for b in range(2)]

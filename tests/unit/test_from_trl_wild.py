@@ -9,7 +9,7 @@ import re
 import pytest
 
 from grpolab.cli import main
-from grpolab.config.from_trl import convert_trl
+from grpolab.trl.convert import convert_trl
 from grpolab.errors import ConfigError
 from grpolab.training.optim import lr_lambda
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from grpolab.cli import main
-from grpolab.config.from_trl import convert_trl
+from grpolab.trl.convert import convert_trl
 from grpolab.errors import ConfigError
 
 pytest.importorskip("trl", reason="convert-trl reads TRL's GRPOConfig fields: pip install 'grpolab[trl]'")
