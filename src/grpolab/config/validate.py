@@ -16,7 +16,7 @@ from typing import Any
 
 from grpolab.errors import ConfigError
 
-GROUP_ADVANTAGES = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
+GROUP_BASELINES = {"grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"}
 
 
 def numeric_fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -92,7 +92,7 @@ def check_numbers(cfg: Any) -> None:
         if bad:
             raise ConfigError(message)
     a, r = cfg.algo, cfg.rollout
-    if r.temperature == 0 and a.resolved_advantage in GROUP_ADVANTAGES and r.num_generations > 1:
+    if r.temperature == 0 and a.resolved_advantage in GROUP_BASELINES and r.num_generations > 1:
         raise ConfigError(
             f"rollout.temperature=0 samples greedily, so the {r.num_generations} completions of a group are "
             f"identical and algo '{a.name}' gets zero advantage everywhere: nothing would be learned. "
