@@ -18,9 +18,14 @@ TRL-style rewards.
 
 Where this departs from TRL, and why:
 
-* ``model`` is a folder or a hub id. A model object is refused: grpolab loads the policy itself (dtype,
-  LoRA, the chunked LM head, the reference), so it needs something ``from_pretrained`` reads.
-* ``args`` is a grpolab config, not TRL's ``GRPOConfig``; ``grpolab convert-trl`` converts one.
+* ``model`` is a folder, a hub id, or a loaded ``PreTrainedModel`` / ``PeftModel`` (its adapter is trained),
+  which is written to a temporary folder and loaded from there (grpolab.api_models says why, and what is
+  refused: DDP / FSDP-wrapped, compiled, quantized models). ``save_model(dir)`` writes the trained policy
+  (or adapter) as a ``from_pretrained`` folder; ``state.log_history`` is the run's metrics, one dict a step.
+* ``args`` may be TRL's ``GRPOConfig``: it is converted in place by ``grpolab convert-trl``'s rules
+  (grpolab.trl.convert), with the world size from ``WORLD_SIZE`` and the run length from the
+  dataset's rows; a field grpolab cannot reproduce is a ConfigError naming it and why. The conversion
+  (notes, ignored fields) is logged and kept as ``trainer.trl_conversion``.
 * ``train(resume_from_checkpoint=True)`` continues the latest checkpoint of the run directory
   (``log.output_dir/log.run_name``), checked as ``grpolab train --resume`` checks it; a path is refused.
 * The config records a callable reward as ``"module:qualname"``, so the run's config.yaml says what ran.
@@ -35,15 +40,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpolab.api_models import ModelFolder, TrainerState, model_folder, save_model, tokenizer_folder
 from grpolab.commands.train import train as train_loop
 from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, load_config
 from grpolab.data import DataError, examples_from_rows
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
+from grpolab.runtime.logging import read_metrics
+from grpolab.trl.convert import TrlConversion, convert_trl
 from grpolab.types import Example
 
 if TYPE_CHECKING:
     from grpolab.commands.train import TrainResult
+
+log = logging.getLogger(__name__)
 
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # as ``grpolab`` (cli.py) writes its log
@@ -57,7 +67,8 @@ class GRPOTrainer:
     Args:
         model: the policy's folder or hub id (``model.name_or_path``).
         reward_funcs: one reward or a list: TRL-style functions, grpolab rewards, or names (module docstring).
-        args: a grpolab ``Config``, a dict (sections or dotted keys), or a YAML path; None = the defaults.
+        args: a grpolab ``Config``, a dict (sections or dotted keys), a YAML path, or TRL's ``GRPOConfig``
+            (converted as ``grpolab convert-trl`` converts it); None = the defaults.
         train_dataset: a ``datasets.Dataset`` or a list of dicts; None = the config's ``data`` section.
         peft_config: a ``peft.LoraConfig``: trains a LoRA adapter (``model.lora``).
         processing_class: the tokenizer's folder or hub id (``model.tokenizer``).
@@ -77,13 +88,25 @@ class GRPOTrainer:
         processing_class: str | os.PathLike[str] | None = None,
         reward_weights: Sequence[float] | None = None,
     ) -> None:
-        raw = _raw_config(args)
-        _set(raw, "model", "name_or_path", _model_source(model, "model"))
-        if processing_class is not None:
-            _set(raw, "model", "tokenizer", _model_source(processing_class, "processing_class"))
+        raw, reward_weights, self.trl_conversion = _raw_args(args, train_dataset, reward_weights)
+        self.model_folder: ModelFolder | None = None
+        if isinstance(model, str | os.PathLike):
+            _set(raw, "model", "name_or_path", os.fspath(model))
+            if processing_class is not None and hasattr(processing_class, "save_pretrained"):
+                self.model_folder = tokenizer_folder(processing_class, self)
+                processing_class = self.model_folder.keys["tokenizer"]
+            if processing_class is not None:
+                _set(raw, "model", "tokenizer", _model_source(processing_class, "processing_class"))
+        else:
+            if peft_config is not None and hasattr(model, "peft_config"):
+                raise ConfigError("model is a PeftModel and peft_config is given: its adapter is trained; drop peft_config")
+            self.model_folder = model_folder(model, processing_class, self)
+            for key, value in self.model_folder.keys.items():
+                _set(raw, "model", key, value)
         if peft_config is not None:
             _set(raw, "model", "lora", _lora(peft_config))
         self.args, self.reward_funcs, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset)
+        self._result: TrainResult | None = None
 
     def train(self, resume_from_checkpoint: bool = False) -> TrainResult:
         """Train to ``train.num_steps``; True continues the run directory's latest checkpoint."""
@@ -92,7 +115,24 @@ class GRPOTrainer:
                 f"resume_from_checkpoint={resume_from_checkpoint!r}: grpolab resumes the latest checkpoint of "
                 f"{self.args.run_dir} (log.output_dir/log.run_name); pass True"
             )
-        return _train_with(self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint)
+        self._result = _train_with(self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint)
+        return self._result
+
+    @property
+    def state(self) -> TrainerState:
+        """TRL's ``trainer.state``: ``global_step`` and ``log_history``, one dict per step (the run's
+        metrics.jsonl, each row with its "step"; grpolab logs every step, TRL every logging_steps)."""
+        history = read_metrics(self.args.run_dir)
+        return TrainerState(global_step=history[-1]["step"] if history else 0, log_history=history)
+
+    def save_model(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
+        """The trained policy as a ``from_pretrained`` folder (the adapter alone under LoRA), with its tokenizer,
+        copied from the run's latest checkpoint; None = TRL's default, the run folder's ``model``."""
+        out = Path(output_dir) if output_dir is not None else self.args.run_dir / "model"
+        if os.environ.get("RANK", "0") != "0":  # under torchrun the first process writes it, as TRL's main process
+            return out
+        base = self.model_folder.base_name if self.model_folder else None
+        return save_model(self.args.run_dir, out, base)
 
 
 def train(
@@ -108,12 +148,12 @@ def train(
     ``config`` as GRPOTrainer's ``args``; ``reward_funcs`` and ``train_dataset`` replace the config's
     ``reward.functions`` and ``data`` when given. ``resume``: continue the latest checkpoint (``--resume``).
     """
-    cfg, rewards, examples = _assemble(_raw_config(config), reward_funcs, reward_weights, train_dataset)
+    raw, reward_weights, _ = _raw_args(config, train_dataset, reward_weights)
+    cfg, rewards, examples = _assemble(raw, reward_funcs, reward_weights, train_dataset)
     return _train_with(cfg, rewards, examples, resume=resume)
 
 
 def _train_with(cfg: Config, rewards, examples, *, resume: bool) -> TrainResult:
-
     show_progress_logs()
     return train_loop(cfg, resume=resume, rewards=rewards, examples=examples)
 
@@ -242,13 +282,8 @@ def _raw_config(args: Any) -> dict[str, Any]:
         return config_to_dict(args)
     if isinstance(args, str | os.PathLike):
         return config_to_dict(load_config(Path(args)))
-    if type(args).__name__ == "GRPOConfig":
-        raise ConfigError(
-            "args is TRL's GRPOConfig; grpolab takes its own config: convert it with `grpolab convert-trl` "
-            "(every field mapped or refused with the reason)"
-        )
     if not isinstance(args, Mapping):
-        raise ConfigError(f"args is a {type(args).__name__}: give a grpolab Config, a dict or a YAML path")
+        raise ConfigError(f"args is a {type(args).__name__}: give a grpolab Config, a dict, a YAML path or TRL's GRPOConfig")
     raw: dict[str, Any] = {}
     for key, value in args.items():
         if not isinstance(key, str):
@@ -261,6 +296,50 @@ def _raw_config(args: Any) -> dict[str, Any]:
                 raise ConfigError(f"config key {key!r}: {section!r} is given both as a value and as a section")
         node[leaf] = _merge(node.get(leaf), copy.deepcopy(value))
     return raw
+
+
+def _raw_args(args: Any, train_dataset: Any, reward_weights):
+    """The config sections, the reward weights (a GRPOConfig's own when the call gives none) and, for TRL's
+    GRPOConfig, its conversion."""
+    if not _is_trl_config(args):
+        return _raw_config(args), reward_weights, None
+    conversion = _convert_trl_args(args, train_dataset)
+    if reward_weights is None and args.reward_weights is not None:
+        reward_weights = args.reward_weights
+    return conversion.config_dict(), reward_weights, conversion
+
+
+def _is_trl_config(args: Any) -> bool:
+    """TRL's GRPOConfig (or a subclass), told by its class without importing TRL."""
+    return any(c.__name__ == "GRPOConfig" and c.__module__.startswith("trl") for c in type(args).__mro__)
+
+
+def _convert_trl_args(args: Any, train_dataset: Any) -> TrlConversion:
+    """TRL's GRPOConfig through convert-trl's rules; its report is logged as ``grpolab convert-trl`` writes it.
+
+    The world size is torchrun's (``WORLD_SIZE``, as ``accelerate launch`` sets it for TRL): TRL's batch sizes
+    are per device. The dataset's length turns ``num_train_epochs`` into ``train.num_steps``.
+    """
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = 1
+    rows = len(train_dataset) if train_dataset is not None and hasattr(train_dataset, "__len__") else None
+    try:
+        conversion = convert_trl(args, num_processes=world, dataset_rows=rows or None)
+    except ConfigError as err:
+        raise ConfigError(f"args (TRL's GRPOConfig; world size {world}, from WORLD_SIZE as torchrun sets it): {err}") from err
+    for title, items in (("differs from TRL", conversion.notes), ("ignored (not applicable)", conversion.ignored)):
+        for item in items:
+            log.info("args (TRL's GRPOConfig) %s: %s", title, item)
+    for item in conversion.todo:
+        if not item.startswith(tuple(_GIVEN_BY_THE_CALL)):
+            log.warning("args (TRL's GRPOConfig): to fill in: %s", item)
+    return conversion
+
+
+_GIVEN_BY_THE_CALL = ("model.name_or_path", "data.source", "reward.functions")
+"""convert-trl's to-fill items that GRPOTrainer's own arguments (model, train_dataset, reward_funcs) fill."""
 
 
 def _merge(old: Any, new: Any) -> Any:
@@ -279,10 +358,7 @@ def _set(raw: dict[str, Any], section: str, key: str, value: Any) -> None:
 def _model_source(obj: Any, arg: str) -> str:
     if isinstance(obj, str | os.PathLike):
         return os.fspath(obj)
-    raise ConfigError(
-        f"{arg} is a {type(obj).__name__}: grpolab loads it itself, so give its folder or hub id "
-        "(for one built or changed in code, save_pretrained(folder) first and pass the folder)"
-    )
+    raise ConfigError(f"{arg} is a {type(obj).__name__}: give a tokenizer object, its folder or hub id")
 
 
 def _lora(peft_config: Any) -> dict[str, Any]:

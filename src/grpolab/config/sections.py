@@ -342,6 +342,9 @@ class OptimConfig:
     """Linear warm-up, in optimizer steps."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate schedule after warm-up."""
+    min_lr_ratio: float = 0.0
+    """cosine only: the floor the rate decays to, as a fraction of optim.lr (transformers' cosine_with_min_lr
+    min_lr_rate; 0 = decay to 0)."""
 
 
 @dataclass(frozen=True)

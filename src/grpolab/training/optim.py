@@ -11,8 +11,9 @@ from grpolab.config import Config
 from grpolab.training.master import MasterWeightOptimizer, wants_master_weights
 
 
-def lr_lambda(step: int, *, warmup: int, total: int, schedule: str) -> float:
-    """Multiplier of the peak learning rate after ``step`` optimizer steps."""
+def lr_lambda(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float = 0.0) -> float:
+    """Multiplier of the peak learning rate after ``step`` optimizer steps; ``min_ratio``: cosine's floor
+    (transformers' cosine_with_min_lr: min + (1 - min) x the cosine)."""
     if warmup and step < warmup:
         return (step + 1) / warmup
     if schedule == "constant" or total <= warmup:
@@ -20,7 +21,7 @@ def lr_lambda(step: int, *, warmup: int, total: int, schedule: str) -> float:
     progress = min((step - warmup) / max(total - warmup, 1), 1.0)
     if schedule == "linear":
         return 1.0 - progress
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, *, master_weights: bool | None = None):
@@ -48,7 +49,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config, *, master_weights: bool
         optimizer = inner = adamw(params)
     total = cfg.train.num_steps * cfg.optimizer_steps_per_generation
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        inner, lambda s: lr_lambda(s, warmup=o.warmup_steps, total=total, schedule=o.schedule)
+        inner, lambda s: lr_lambda(s, warmup=o.warmup_steps, total=total, schedule=o.schedule, min_ratio=o.min_lr_ratio)
     )
     return optimizer, scheduler
 

@@ -28,7 +28,15 @@ from grpolab.config.loading import _set_dotted, config_from_dict
 from grpolab.config.root import Config
 from grpolab.errors import ConfigError
 from grpolab.trl.fields import TRL_FIELDS
-from grpolab.trl.input import read_trl, typed
+from grpolab.trl.input import numeric_fields, read_trl, typed
+from grpolab.trl.legacy import (
+    OPEN_R1_DEFAULTS,
+    OPEN_R1_FIELDS,
+    check_size,
+    legacy_names,
+    open_r1_reward,
+    short,
+)
 from grpolab.trl.rules import Refused, TrlField
 
 __all__ = [
@@ -79,9 +87,16 @@ def _reward_funcs(v: Any, t: TrlView) -> dict[str, Any]:
     for name in names:
         if name == "get_soft_overlong_punishment":
             raise Refused("get_soft_overlong_punishment is a factory: use grpolab's soft_overlong reward")
-        target = f"trl.rewards:{name}" if name in _TRL_REWARDS else ":".join(name.rsplit(".", 1))
+        own = open_r1_reward(name, t) if isinstance(name, str) and name not in _TRL_REWARDS else None
+        if own is not None:
+            specs.append(own)
+            continue
+        target = f"trl.rewards:{name}" if name in _TRL_REWARDS else ":".join(str(name).rsplit(".", 1))
         if ":" not in target:
-            raise Refused(f"reward_funcs entry {name!r} is neither a TRL reward nor a dotted path pkg.module.fn")
+            raise Refused(
+                f"reward_funcs entry {short(name)} is neither a TRL reward, one of open-r1's names, nor a dotted "
+                "path pkg.module.fn"
+            )
         specs.append({"name": target, "kind": "trl"})
     if t["reward_model_name_or_path"]:
         specs.append({"name": "reward_model", "kwargs": {"path": t["reward_model_name_or_path"]}})
@@ -118,12 +133,13 @@ SCRIPT_FIELDS: dict[str, TrlField] = {
     "dataset_train_split": TrlField("mapped", "data.split", _script_key("data.split", "train")),
     "reward_funcs": TrlField("mapped", "reward.functions (TRL's own functions, kind trl)", _reward_funcs),
     "reward_model_name_or_path": TrlField("mapped", "read with reward_funcs", lambda v, t: {}),
+    **OPEN_R1_FIELDS,
 }
 _SCRIPT_DEFAULTS = {
     "model_name_or_path": None, "model_revision": "main", "dtype": None, "attn_implementation": None,
     "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
     "dataset_name": None, "dataset_config": None, "dataset_train_split": "train", "reward_funcs": None,
-    "reward_model_name_or_path": None,
+    "reward_model_name_or_path": None, **OPEN_R1_DEFAULTS,
 }  # trl.ModelConfig, trl.ScriptArguments and GRPOScriptArguments of TRL 1.16
 
 
@@ -163,6 +179,11 @@ def _geometry(v: Mapping[str, Any], num_processes: int, dataset_rows: int | None
         steps = math.ceil(v["max_steps"] / per_generation)
     elif dataset_rows:
         steps = max(1, math.ceil(v["num_train_epochs"] * dataset_rows / prompts))
+    if steps is not None and steps > 2**31:
+        raise ConfigError(
+            f"convert-trl: max_steps / num_train_epochs: a run of {short(steps)} generation batches is out of range "
+            "(at most 2^31)"
+        )
     return Geometry(prompts, minibatches, per_generation, steps)
 
 
@@ -171,6 +192,7 @@ class TrlView:
 
     def __init__(self, values: Mapping[str, Any], *, num_processes: int, dataset_rows: int | None) -> None:
         self.values = dict(values)
+        self.dataset_rows = dataset_rows
         self.notes: list[str] = []
         self.todos: list[str] = []
         self.rewards: list[dict[str, Any]] = []
@@ -211,6 +233,8 @@ class TrlConversion:
     """What the TRL config does not say and the grpolab config needs (model, data, rewards, run length)."""
     ignored: list[str] = field(default_factory=list)
     """Not-applicable fields set to a non-default value: 'name=value: why'."""
+    legacy: list[str] = field(default_factory=list)
+    """Fields given under a name TRL or transformers dropped, and what they were read as."""
 
     def config_dict(self) -> dict[str, Any]:
 
@@ -221,8 +245,8 @@ class TrlConversion:
 
     def to_yaml(self, source: str = "a TRL GRPOConfig") -> str:
         lines = [f"# grpolab config converted from {source} by grpolab convert-trl"]
-        for title, items in (("to fill in", self.todo), ("differences from TRL", self.notes),
-                             ("ignored (not applicable)", self.ignored)):
+        for title, items in (("to fill in", self.todo), ("mapped from legacy names", self.legacy),
+                             ("differences from TRL", self.notes), ("ignored (not applicable)", self.ignored)):
             if items:
                 lines.append(f"# {title}:")
                 lines.extend(f"#   - {item}" for item in items)
@@ -245,29 +269,32 @@ def _config_order(key: str) -> tuple[int, ...]:
 
 
 def convert_trl(
-    source: Any, *, num_processes: int = 1, dataset_rows: int | None = None
+    source: Any, *, num_processes: int = 1, dataset_rows: int | None = None, strict: bool = False
 ) -> TrlConversion:
     """A TRL GRPOConfig (object), a dict of its fields, a TRL YAML path, or TRL CLI args (a list of
     strings such as ``["--learning_rate", "1e-6"]``) -> the grpolab keys; ConfigError names every
     refused field with the reason. ``num_processes``: TRL's world size (its batch sizes are per device);
-    ``dataset_rows``: for num_train_epochs, the number of training rows."""
-    given = read_trl(source)
+    ``dataset_rows``: for num_train_epochs, the number of training rows. ``strict``: refuse also the fields
+    that are only listed (not applicable) or given under a legacy name."""
+    raw = read_trl(source)
+    for name, value in raw.items():
+        check_size(str(name), value)
     defaults = trl_defaults()
+    given, legacy, legacy_ignored = legacy_names(raw, defaults)
+    extra = {k: given.pop(k) for k in [k for k in given if k.startswith("data.")]}  # read from legacy names
     unknown = sorted(k for k in given if k not in defaults and k not in SCRIPT_FIELDS)
     if unknown:
         raise ConfigError(
             f"{', '.join(unknown)}: not fields of TRL's GRPOConfig nor of the trl grpo script (this converter "
             "knows TRL 1.16); remove them or update grpolab"
         )
-    values = {**defaults, **_SCRIPT_DEFAULTS, **{k: typed(k, v, defaults) for k, v in given.items()}}
+    every_default, numeric = {**defaults, **_SCRIPT_DEFAULTS}, numeric_fields()
+    values = {**every_default, **{k: typed(k, v, every_default, numeric) for k, v in given.items()}}
     untabled = sorted(set(defaults) - set(TRL_FIELDS))
     if untabled:
         raise ConfigError(f"TRL's GRPOConfig has fields this converter does not know: {', '.join(untabled)}")
-    try:
-        view = TrlView(values, num_processes=num_processes, dataset_rows=dataset_rows)
-    except Refused as err:
-        raise ConfigError(f"convert-trl: per_device_train_batch_size / steps_per_generation: {err}") from err
-    out = TrlConversion({})
+    view = _view(values, num_processes, dataset_rows)
+    out = TrlConversion(dict(extra), legacy=legacy, ignored=list(legacy_ignored))
     refused = []
     table = {**SCRIPT_FIELDS, **TRL_FIELDS}  # script first: reward_funcs before reward_weights
     for name, rule in table.items():
@@ -275,13 +302,58 @@ def convert_trl(
         try:
             out.keys.update(_apply(name, rule, values[name], default, view, out))
         except Refused as err:
-            refused.append(f"{name}={values[name]!r}: {err}")
+            refused.append(f"{name}={short(values[name])}: {err}")
+        except ConfigError:
+            raise
+        except (ArithmeticError, TypeError, ValueError) as err:  # a value out of TRL's range or of the wrong type
+            refused.append(f"{name}={short(values[name])}: not a value TRL takes here ({type(err).__name__}: {err})")
     if refused:
         raise ConfigError("convert-trl: grpolab cannot reproduce " + "; ".join(refused))
     out.notes = view.notes
+    if strict and (out.ignored or out.legacy):
+        listed = [item.split(":")[0] for item in out.ignored + out.legacy]
+        raise ConfigError(
+            f"convert-trl --strict: {len(listed)} fields are not converted exactly: {', '.join(listed)}; remove "
+            "them (or rename the legacy ones), or convert without --strict to have them listed"
+        )
     out.todo = [text for key, text in _TRAINER_ARGUMENTS.items() if key not in out.keys] + view.todos
     _validate(out)
     return out
+
+
+_POSITIVE = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "num_iterations")
+
+
+def _view(values: dict[str, Any], num_processes: int, dataset_rows: int | None) -> TrlView:
+    """The batch geometry, or one line naming what is wrong with it (and the process counts it would fit)."""
+    optional = [k for k in ("steps_per_generation", "generation_batch_size") if values[k] is not None]
+    bad = [f"{k}={short(values[k])}" for k in (*_POSITIVE, *optional) if isinstance(values[k], bool)
+           or not isinstance(values[k], int) or not 1 <= values[k] <= 2**31]
+    if bad or not isinstance(num_processes, int) or not 1 <= num_processes <= 2**16:
+        what = ", ".join(bad) or f"--num-processes {num_processes}"
+        raise ConfigError(f"convert-trl: {what}: must be a whole number from 1 to 2^31 (processes: to 2^16)")
+    try:
+        return TrlView(values, num_processes=num_processes, dataset_rows=dataset_rows)
+    except Refused as err:
+        fits = [n for n in range(1, 65) if _fits(values, n)]
+        hint = (f"; it fits {', '.join(map(str, fits[:4]))} processes: pass --num-processes N as accelerate launch "
+                "runs it" if fits else "")
+        raise ConfigError(
+            f"convert-trl: per_device_train_batch_size / steps_per_generation with {num_processes} process"
+            f"{'es' if num_processes > 1 else ''}: {err}{hint}"
+        ) from err
+    except ConfigError:
+        raise
+    except (ArithmeticError, TypeError, ValueError) as err:
+        raise ConfigError(f"convert-trl: the batch geometry or run length is out of range ({type(err).__name__}: {err})") from err
+
+
+def _fits(values: dict[str, Any], n: int) -> bool:
+    try:
+        _geometry(values, n, None)
+    except (Refused, ConfigError, ArithmeticError, TypeError, ValueError):
+        return False
+    return True
 
 
 _TRAINER_ARGUMENTS = {
@@ -293,10 +365,10 @@ _TRAINER_ARGUMENTS = {
 
 
 def write_trl_conversion(
-    source: Any, out: str | Path, *, num_processes: int = 1, dataset_rows: int | None = None
+    source: Any, out: str | Path, *, num_processes: int = 1, dataset_rows: int | None = None, strict: bool = False
 ) -> TrlConversion:
     """``grpolab convert-trl``: convert, then print the YAML (``out="-"``) or write it to ``out``."""
-    conversion = convert_trl(source, num_processes=num_processes, dataset_rows=dataset_rows)
+    conversion = convert_trl(source, num_processes=num_processes, dataset_rows=dataset_rows, strict=strict)
     text = conversion.to_yaml(_describe(source))
     if str(out) == "-":
         print(text, end="")
@@ -322,7 +394,7 @@ def _apply(name: str, rule: TrlField, value: Any, default: Any, view: TrlView, o
         return {}
     if rule.status == "refused":
         raise Refused(rule.why)
-    out.ignored.append(f"{name}={value!r}: {rule.why}")
+    out.ignored.append(f"{name}={short(value)}: {rule.why}")
     return {}
 
 

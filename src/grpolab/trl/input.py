@@ -4,6 +4,8 @@ arguments (``--learning_rate 1e-6 --num_generations 8``, ``--config trl.yaml``, 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,14 +81,43 @@ def _scalar(text: str) -> Any:
         return text
 
 
-def typed(name: str, value: Any, defaults: Mapping[str, Any]) -> Any:
-    """A YAML / CLI string where TRL's field holds a number (YAML reads 1e-6 as text) -> the number."""
+def numeric_fields() -> frozenset[str]:
+    """GRPOConfig's fields typed float or int (None allowed), so "1e-6" from YAML or the CLI is read as a number."""
+    from trl import GRPOConfig
+
+    return frozenset(
+        f.name for f in dataclasses.fields(GRPOConfig)
+        if re.search(r"\b(float|int)\b", str(f.type)) and not re.search(r"\b(str|dict|list|bool)\b", str(f.type))
+    )
+
+
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|nan)", re.IGNORECASE)
+
+
+def typed(name: str, value: Any, defaults: Mapping[str, Any], numeric: frozenset[str] = frozenset()) -> Any:
+    """A YAML / CLI string where TRL's field holds a number (YAML reads 1e-6 as text) -> the number; a number
+    that is not finite or does not fit 64 bits is a ConfigError naming the field. ``numeric``: the fields
+    typed ``float`` / ``int`` (``X | None`` included), for those whose default is None."""
     default = defaults.get(name)
-    if isinstance(value, str) and isinstance(default, int | float) and not isinstance(default, bool):
+    number_field = (isinstance(default, int | float) and not isinstance(default, bool)) or name in numeric
+    if isinstance(value, str) and number_field and (default is not None or _NUMBER.fullmatch(value.strip())):
         try:
-            return type(default)(float(value)) if isinstance(default, int) else float(value)
+            value = float(value)
         except ValueError as err:
-            raise ConfigError(f"TRL field {name}={value!r} must be a number") from err
-    if isinstance(value, int) and isinstance(default, float) and not isinstance(value, bool):
+            raise ConfigError(f"TRL field {name}={value[:80]!r} must be a number") from err
+        if isinstance(default, int) and value.is_integer():
+            value = int(value)
+    _check_number(name, value)
+    if isinstance(value, int) and not isinstance(value, bool) and isinstance(default, float):
         return float(value)
     return value
+
+
+def _check_number(name: str, value: Any) -> None:
+    if isinstance(value, list | tuple):
+        for item in value[:10_000]:
+            _check_number(name, item)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"TRL field {name}={value}: must be a finite number")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63 - 1:
+        raise ConfigError(f"TRL field {name}: {str(value)[:20]}... is out of range (TRL's fields fit 64 bits)")

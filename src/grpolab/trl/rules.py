@@ -93,6 +93,18 @@ def num_steps(v: Any, t: TrlView) -> dict[str, Any]:
     return {"train.num_steps": g.num_steps}
 
 
+def _fraction_of_run(t: TrlView, fraction: float, what: str) -> float | None:
+    """transformers' ``*_steps`` below 1: ``ceil(fraction x the run's optimizer steps)``, once the run length is
+    known (max_steps, or num_train_epochs with --dataset-rows); None (and a to-fill item) before."""
+    g = t.geometry
+    if g.num_steps is None:
+        t.todo(f"{what}={fraction:g} is a fraction of the run: pass --dataset-rows (or max_steps) to resolve it")
+        return None
+    steps = math.ceil(fraction * g.num_steps * g.optimizer_steps_per_generation)
+    t.note(f"{what}={fraction:g} of the run's {g.num_steps * g.optimizer_steps_per_generation} optimizer steps = {steps}")
+    return steps
+
+
 def _to_generation_steps(t: TrlView, optimizer_steps: float, what: str) -> int:
     per = t.geometry.optimizer_steps_per_generation
     steps = max(1, round(optimizer_steps / per))
@@ -238,11 +250,34 @@ def rollout_correction(v: bool, t: TrlView) -> dict[str, Any]:
 
 def schedule(v: Any, t: TrlView) -> dict[str, Any]:
     name = getattr(v, "value", v)
-    names = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+    names = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant",
+             "cosine_with_min_lr": "cosine"}
     if name not in names:
         raise Refused(f"grpolab's schedules are constant, linear and cosine (after a linear warm-up); not {name}")
-    if t["lr_scheduler_kwargs"]:
-        raise Refused(f"lr_scheduler_kwargs={t['lr_scheduler_kwargs']} has no grpolab equivalent")
+    floor = _min_lr(name, dict(t["lr_scheduler_kwargs"] or {}), t["learning_rate"])
+    out = _warmup(name, names[name], t)
+    return {**out, "optim.min_lr_ratio": floor} if floor else out
+
+
+def _min_lr(name: str, kwargs: dict[str, Any], lr: float) -> float:
+    """transformers' cosine_with_min_lr floor as a fraction of the peak lr (min_lr_rate, or min_lr / lr)."""
+    if name != "cosine_with_min_lr":
+        if kwargs:
+            raise Refused(f"lr_scheduler_kwargs={kwargs} has no grpolab equivalent for {name}")
+        return 0.0
+    unknown = sorted(set(kwargs) - {"min_lr_rate", "min_lr", "num_cycles"})
+    if unknown or kwargs.get("num_cycles", 0.5) != 0.5 or ("min_lr" in kwargs) == ("min_lr_rate" in kwargs):
+        raise Refused(
+            f"cosine_with_min_lr takes one of min_lr_rate / min_lr (num_cycles 0.5) in grpolab (optim.min_lr_ratio); "
+            f"got {sorted(kwargs)}"
+        )
+    rate = kwargs["min_lr_rate"] if "min_lr_rate" in kwargs else kwargs["min_lr"] / lr
+    if not 0 <= rate < 1:
+        raise Refused(f"the learning-rate floor is {rate:g} of the peak; it must be in [0, 1)")
+    return float(rate)
+
+
+def _warmup(name: str, schedule_name: str, t: TrlView) -> dict[str, Any]:
     warmup = t["warmup_steps"]
     if name == "constant":
         warmup = 0  # transformers' "constant" ignores warmup_steps
@@ -250,11 +285,13 @@ def schedule(v: Any, t: TrlView) -> dict[str, Any]:
         total = t.geometry.num_steps and t.geometry.num_steps * t.geometry.optimizer_steps_per_generation
         if not total:
             t.todo(f"optim.warmup_steps: warmup_steps={warmup:g} is a fraction of the run's optimizer steps")
-            return {"optim.schedule": names[name]}
+            return {"optim.schedule": schedule_name}
         warmup = math.ceil(total * warmup)
+    if warmup < 0:
+        raise Refused(f"warmup_steps={warmup:g} must be >= 0")
     if warmup:
         t.note("warm-up: transformers starts at lr 0 (step/warmup); grpolab at lr/warmup ((step+1)/warmup)")
-    return {"optim.schedule": names[name], "optim.warmup_steps": int(warmup)}
+    return {"optim.schedule": schedule_name, "optim.warmup_steps": int(warmup)}
 
 
 def betas(v: float, t: TrlView) -> dict[str, Any]:
@@ -286,7 +323,8 @@ _INIT_KWARGS_NA = {"attn_implementation", "use_cache", "low_cpu_mem_usage", "tru
 
 def init_kwargs(v: Any, t: TrlView) -> dict[str, Any]:
     kwargs = dict(v or {})
-    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", "float32"))  # TRL: float32 when not given
+    # the trl grpo script puts ModelConfig.dtype into model_init_kwargs; TRL: float32 when neither is given
+    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", t["dtype"] or "float32"))
     dtype = str(dtype).removeprefix("torch.")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise Refused(f"model_init_kwargs dtype={dtype}: grpolab's model.dtype is float32, bfloat16 or float16")
@@ -330,10 +368,21 @@ def save(v: Any, t: TrlView) -> dict[str, Any]:
     if strategy == "no":
         t.note("save_strategy=no: grpolab still saves one checkpoint at the end")
         return {"log.checkpoint_every": 0}
+    if strategy == "epoch":
+        g = t.geometry
+        if t.dataset_rows is None:
+            t.todo("log.checkpoint_every: save_strategy=epoch; set it to the steps of one epoch (rows / "
+                   "train.prompts_per_step) or pass --dataset-rows; until then grpolab saves at the end only")
+            return {"log.checkpoint_every": 0}
+        return {"log.checkpoint_every": max(1, math.ceil(t.dataset_rows / g.prompts_per_step))}
     if strategy != "steps":
-        raise Refused(f"save_strategy={strategy}: grpolab saves every log.checkpoint_every steps (save_strategy=steps)")
-    if 0 < v < 1:
-        raise Refused("save_steps < 1 (a fraction of the run): give save_steps in optimizer steps")
+        raise Refused(f"save_strategy={strategy}: grpolab saves every log.checkpoint_every steps (steps or epoch)")
+    if v <= 0:
+        raise Refused("save_steps must be > 0 with save_strategy=steps")
+    if v < 1:
+        v = _fraction_of_run(t, v, "save_steps")
+        if v is None:
+            return {}
     return {"log.checkpoint_every": _to_generation_steps(t, v, "save_steps")}
 
 
@@ -361,8 +410,12 @@ def evaluation(v: Any, t: TrlView) -> dict[str, Any]:
     if strategy == "no":
         return {"eval.every": 0}
     every = t["eval_steps"] or t["logging_steps"]  # transformers: eval_steps defaults to logging_steps
-    if strategy != "steps" or every < 1:
+    if strategy != "steps" or every <= 0:
         raise Refused(f"eval_strategy={strategy}: grpolab evaluates every eval.every steps (eval_strategy=steps)")
+    if every < 1:
+        every = _fraction_of_run(t, every, "eval_steps")
+        if every is None:
+            return {"eval.every": 0}
     t.todo("data.eval_size: grpolab evaluates Pass@K / Maj@K on held-out rows of the training data")
     return {
         "eval.every": _to_generation_steps(t, every, "eval_steps"),

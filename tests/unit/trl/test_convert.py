@@ -13,7 +13,7 @@ from grpolab.config import ConfigError, config_from_dict
 from grpolab.trl.convert import SCRIPT_FIELDS, TRL_FIELDS, convert_trl, markdown_table, trl_defaults
 
 trl = pytest.importorskip("trl")
-DOC = Path(__file__).parents[2] / "docs" / "coming_from_trl.md"
+DOC = Path(__file__).parents[3] / "docs" / "coming_from_trl.md"
 
 
 def keys(**trl_values):

@@ -1,0 +1,203 @@
+"""Model objects in the Python API: a loaded ``PreTrainedModel`` or ``PeftModel`` as ``model=``, and
+``save_model`` / ``state.log_history`` after training, as TRL's GRPOTrainer has them.
+
+A model object is written once, with ``save_pretrained``, to a temporary folder that the trainer owns
+(removed with the trainer), and the run loads it from there as it loads any folder: the dtype, the chunked
+LM head, the reference and the generation engine are then built exactly as from a folder, and vLLM, which
+loads a folder, sees the same weights. A ``PeftModel`` is written as its base model plus its adapter, and
+the adapter is trained (``model.lora.enabled``). The run's config.yaml names the temporary folder; its
+checkpoints hold the trained weights.
+
+What cannot be taken from an object is refused with the reason: a model already wrapped for parallel
+training (DDP, FSDP, DeepSpeed: grpolab wraps the policy itself, ``train.parallel``), a compiled one, a
+quantized one, one on the meta device, and PEFT adapters other than one LoRA adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpolab.errors import ConfigError, GrpolabError
+from grpolab.runtime.checkpoint import latest_intact
+from grpolab.runtime.sharded import export
+
+_DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+_WRAPPERS = {
+    "DistributedDataParallel": "DistributedDataParallel",
+    "DataParallel": "DataParallel",
+    "FullyShardedDataParallel": "FSDP",
+    "DeepSpeedEngine": "DeepSpeed",
+    "OptimizedModule": "torch.compile",
+}
+# what a checkpoint holds beside the model (run/checkpoint.py): left out of save_model's folder
+_NOT_MODEL = ("trainer_state", "manifest.json", "config.yaml")
+
+
+@dataclass
+class ModelFolder:
+    """Where a model object was written, and the model.* keys that load it from there."""
+
+    path: Path
+    keys: dict[str, Any]
+    """model.* keys: name_or_path, tokenizer, dtype and, for a PeftModel, lora."""
+    base_name: str | None = None
+    """A PeftModel's base_model_name_or_path as it was given (written back by save_model)."""
+    _cleanup: Any = field(default=None, repr=False)
+
+
+def model_folder(model: Any, tokenizer: Any, owner: object) -> ModelFolder:
+    """Check ``model`` (and ``tokenizer``, an object, a folder / hub id, or None) and write it to a temporary
+    folder removed with ``owner``; ConfigError with the reason for what cannot be taken."""
+    _check_object(model)
+    peft = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+    base = model.get_base_model() if peft else model
+    dtype = _DTYPES.get(str(base.dtype))
+    if dtype is None:
+        raise ConfigError(f"model's weights are {base.dtype}: grpolab trains float32, bfloat16 or float16 weights")
+    lora = _lora_of(model) if peft else None  # before anything is written
+    token_source = _tokenizer_source(tokenizer, base)
+    path = Path(tempfile.mkdtemp(prefix="grpolab-model-"))
+    cleanup = weakref.finalize(owner, shutil.rmtree, path, True)
+    try:
+        folder = _write(model, base, path, peft, tokenizer, token_source)
+    except (OSError, ValueError, RuntimeError) as err:
+        cleanup()
+        raise ConfigError(f"model could not be written to a folder for the run ({type(err).__name__}: {err})") from err
+    keys: dict[str, Any] = {"name_or_path": str(folder), "tokenizer": token_source or str(path / "base" if peft else path)}
+    keys["dtype"] = dtype
+    if lora is not None:
+        keys["lora"] = lora
+    base_name = getattr(next(iter(model.peft_config.values())), "base_model_name_or_path", None) if peft else None
+    return ModelFolder(path, keys, base_name, cleanup)
+
+
+def tokenizer_folder(tokenizer: Any, owner: object) -> ModelFolder:
+    """A tokenizer object (processing_class) written to a temporary folder removed with ``owner``."""
+    path = Path(tempfile.mkdtemp(prefix="grpolab-tokenizer-"))
+    cleanup = weakref.finalize(owner, shutil.rmtree, path, True)
+    try:
+        tokenizer.save_pretrained(path)
+    except (OSError, ValueError, TypeError) as err:
+        cleanup()
+        raise ConfigError(f"processing_class could not be written to a folder ({type(err).__name__}: {err})") from err
+    return ModelFolder(path, {"tokenizer": str(path)}, None, cleanup)
+
+
+def _check_object(model: Any) -> None:
+    for cls in type(model).__mro__:
+        wrapper = _WRAPPERS.get(cls.__name__)
+        if wrapper:
+            raise ConfigError(
+                f"model is wrapped by {wrapper}: pass the model inside it (model.module / the unwrapped model); grpolab "
+                "wraps the policy itself (DDP or FSDP2 under torchrun, train.parallel)"
+            )
+    if any(c.__name__ == "FSDPModule" for c in type(model).__mro__):
+        raise ConfigError("model is sharded by FSDP2 (fully_shard): pass it unsharded; grpolab shards it with train.parallel=fsdp")
+    if not hasattr(model, "save_pretrained") or not hasattr(model, "config"):
+        raise ConfigError(
+            f"model is a {type(model).__name__}: give a transformers causal LM (AutoModelForCausalLM.from_pretrained), "
+            "a peft PeftModel, or its folder or hub id"
+        )
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base, "is_quantized", False) or getattr(base, "hf_quantizer", None) is not None:
+        raise ConfigError("model is quantized: grpolab trains float32 / bfloat16 / float16 weights; load it unquantized")
+    if any(p.device.type == "meta" for p in base.parameters()):
+        raise ConfigError("model has weights on the meta device (not loaded): load its weights first")
+    if not callable(getattr(base, "get_output_embeddings", None)) or base.get_output_embeddings() is None:
+        raise ConfigError(f"model is a {type(base).__name__}, which has no LM head: give a causal LM (AutoModelForCausalLM)")
+
+
+def _lora_of(model: Any) -> dict[str, Any]:
+    configs = model.peft_config
+    if len(configs) != 1:
+        raise ConfigError(f"model is a PeftModel with {len(configs)} adapters ({', '.join(configs)}): grpolab trains one")
+    (pc,) = configs.values()
+    kind = str(getattr(pc.peft_type, "value", pc.peft_type))
+    if kind != "LORA":
+        raise ConfigError(f"model is a PeftModel with a {kind} adapter: grpolab trains LoRA adapters")
+    if pc.modules_to_save:
+        raise ConfigError(
+            f"model's LoRA adapter also trains whole modules ({sorted(pc.modules_to_save)}, modules_to_save): grpolab "
+            "trains the adapter's LoRA weights only"
+        )
+    targets = pc.target_modules
+    targets = targets if isinstance(targets, str) else sorted(targets)
+    return {"enabled": True, "r": pc.r, "alpha": pc.lora_alpha, "dropout": pc.lora_dropout, "target_modules": targets}
+
+
+def _tokenizer_source(tokenizer: Any, base: Any) -> str | None:
+    """A folder or hub id to read the tokenizer from, or None when the object is written beside the model."""
+    if tokenizer is not None:
+        if isinstance(tokenizer, str | Path):
+            return str(tokenizer)
+        if not hasattr(tokenizer, "save_pretrained"):
+            raise ConfigError(f"processing_class is a {type(tokenizer).__name__}: give a tokenizer, its folder or hub id")
+        return None
+    source = getattr(base, "name_or_path", "") or getattr(base.config, "_name_or_path", "")
+    if not source:
+        raise ConfigError(
+            "model was built in code (it has no name_or_path to read its tokenizer from): give processing_class, "
+            "its tokenizer"
+        )
+    return str(source)
+
+
+def _write(model, base, path: Path, peft: bool, tokenizer, token_source: str | None) -> Path:
+    target = path / "base" if peft else path
+    if peft:  # the base weights without the adapter's layers, then the adapter beside it
+        state = {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if ".lora_" not in k}
+        base.save_pretrained(target, state_dict=state, safe_serialization=True)
+        model.save_pretrained(path / "adapter", safe_serialization=True)
+        adapter_config = path / "adapter" / "adapter_config.json"
+        written = json.loads(adapter_config.read_text())
+        written["base_model_name_or_path"] = str(target)
+        adapter_config.write_text(json.dumps(written, indent=2))
+    else:
+        model.save_pretrained(target, safe_serialization=True)
+    if token_source is None:
+        tokenizer.save_pretrained(target)
+    return path / "adapter" if peft else path
+
+
+# ----------------------------------------------------------------------------- after training
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """TRL's ``trainer.state``, as far as grpolab has it."""
+
+    global_step: int
+    """The last step trained (a grpolab step: one generation batch)."""
+    log_history: list[dict[str, Any]]
+    """One dict per step, the run's metrics.jsonl rows (each with its "step"), read when asked."""
+
+
+def save_model(run_dir: Path, out: Path, base_name: str | None) -> Path:
+    """The latest checkpoint of ``run_dir`` as a ``from_pretrained`` folder (or a PEFT adapter) at ``out``."""
+    checkpoint, damaged = latest_intact(run_dir)
+    if checkpoint is None:
+        extra = f" ({len(damaged)} damaged)" if damaged else ""
+        raise GrpolabError(f"save_model: {run_dir} holds no checkpoint{extra}: train() first")
+    if (checkpoint / "dcp").is_dir():
+        return export(checkpoint, out)
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise GrpolabError(f"save_model: {out} exists and is not an empty folder; give a new one (nothing is overwritten)")
+    out.mkdir(parents=True, exist_ok=True)
+    extras = {p.stem for p in checkpoint.glob("*.safetensors") if not p.stem.startswith(("model", "adapter_model"))}
+    for item in sorted(checkpoint.iterdir()):
+        if item.is_file() and not item.name.startswith(_NOT_MODEL) and item.stem not in extras:
+            shutil.copy2(item, out / item.name)
+    adapter_config = out / "adapter_config.json"
+    if adapter_config.is_file():  # a PeftModel's adapter names the base it was given, not the temporary copy
+        written = json.loads(adapter_config.read_text())
+        if base_name is not None or str(written.get("base_model_name_or_path", "")).startswith(tempfile.gettempdir()):
+            written["base_model_name_or_path"] = base_name
+            adapter_config.write_text(json.dumps(written, indent=2))
+    return out
