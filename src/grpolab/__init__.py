@@ -1,6 +1,7 @@
 """grpolab: GRPO (DeepSeekMath, arXiv 2402.03300) and the PPO it is a variant of, for causal LMs.
 
-The top-level names are imported lazily so that ``import grpolab.algo`` stays free of transformers.
+The top-level names are imported lazily (each import below, inside ``__getattr__``) so that
+``import grpolab.algo`` stays free of transformers and ``grpolab --help`` of torch.
 """
 
 from __future__ import annotations

@@ -179,34 +179,38 @@ def _dispatch_without_config(args: argparse.Namespace) -> int | None:
         # default spin-wait made each backward pass 20-40x slower; idle, the cost is small.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if args.agent:
-            from grpolab.commands.agent_demo import agent_config, print_agent_summary, run_agent_demo
+            from grpolab.commands.agent_demo import (  # lazy: --help stays fast
+                agent_config,
+                print_agent_summary,
+                run_agent_demo,
+            )
 
             out = args.out or "runs/demo-agent"
             agent_config(out, args.size, args.overrides)  # a bad override fails before any work
             print_agent_summary(*run_agent_demo(out, args.size, args.overrides))
             return 0
-        from grpolab.commands.demo import demo_config, print_summary, run_demo
+        from grpolab.commands.demo import demo_config, print_summary, run_demo  # lazy: --help stays fast
 
         out = args.out or "runs/demo"
         demo_config(out, args.size, args.overrides)  # a bad override fails before any work
         print_summary(run_demo(out, args.size, args.overrides))
         return 0
     if args.verb == "hacking":
-        from grpolab.commands.hacking_cli import run_hacking
+        from grpolab.commands.hacking_cli import run_hacking  # lazy: --help stays fast
 
         return run_hacking(args)
     if args.verb == "export":
-        from grpolab.runtime.sharded import export
+        from grpolab.runtime.sharded import export  # lazy: --help stays fast
 
         print(f"grpolab: exported {export(args.checkpoint, args.out, dtype=args.dtype)}")
         return 0
     if args.verb == "import-gguf":
-        from grpolab.models.sources import check_source, import_gguf
+        from grpolab.models.sources import check_source, import_gguf  # lazy: --help stays fast
 
         print(f"grpolab: wrote {import_gguf(check_source(args.gguf), args.out)}")
         return 0
     if args.verb == "convert-trl":
-        from grpolab.trl.convert import write_trl_conversion
+        from grpolab.trl.convert import write_trl_conversion  # lazy: --help stays fast
 
         write_trl_conversion(
             args.trl_args, args.out, num_processes=args.num_processes, dataset_rows=args.dataset_rows, strict=args.strict
@@ -223,13 +227,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.verb == "config":
         import yaml
 
-        from grpolab.config.view import config_view
+        from grpolab.config.view import config_view  # lazy: --help stays fast
 
         print(f"# the config grpolab {args.for_verb} reads (grpolab config --for VERB shows another verb's)")
         print(yaml.safe_dump(config_view(cfg, args.for_verb), sort_keys=False), end="")
         return 0
     if args.verb == "train":
-        from grpolab.commands.train import train
+        from grpolab.commands.train import train  # lazy: --help stays fast
 
         result = train(cfg, resume=args.resume)
         if result.stopped_by is not None:
@@ -240,7 +244,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.verb in ("compare", "recipe"):
         return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg)
     if args.verb == "sft":
-        from grpolab.commands.sft import sft
+        from grpolab.commands.sft import sft  # lazy: --help stays fast
 
         done = sft(cfg, resume=args.resume)
         if done.stopped_by is not None:
@@ -253,21 +257,21 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"grpolab: SFT {done.steps} steps, dev accuracy {done.dev_accuracy}; saved {done.output_dir}")
         return 0
     if args.verb == "eval":
-        from grpolab.commands.eval import evaluate
+        from grpolab.commands.eval import evaluate  # lazy: --help stays fast
 
         for e in evaluate(cfg):
             _print_eval(e)
         print(f"grpolab: eval written to {cfg.eval_dir}")
         return 0
     if args.verb == "train-rm":
-        from grpolab.commands.train_rm import train_reward_model
+        from grpolab.commands.train_rm import train_reward_model  # lazy: --help stays fast
 
         rm = train_reward_model(cfg)
         accuracy = rm.metrics.get("eval/pair_accuracy")
         print(f"grpolab: reward model saved to {rm.output_dir}; held-out pair accuracy {accuracy}")
         return 0
     if args.verb == "train-iterative":
-        from grpolab.commands.iterative import iterative_rl
+        from grpolab.commands.iterative import iterative_rl  # lazy: --help stays fast
 
         done = iterative_rl(cfg)
         print(f"grpolab: {len(done.iterations)} iterations; policy {done.policy_path}")
@@ -297,7 +301,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 def _stopped_message(result) -> str:
     """What a signal left behind: the checkpoint to resume from, or that none was written."""
-    from grpolab.runtime.checkpoint import latest_checkpoint
+    from grpolab.runtime.checkpoint import latest_checkpoint  # lazy: --help stays fast
 
     name = signal.Signals(result.stopped_by).name
     last = latest_checkpoint(result.run_dir)
@@ -311,21 +315,21 @@ def _stopped_message(result) -> str:
 
 def _recipe(cfg) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see _dispatch_without_config)
-    from grpolab.commands.recipe import print_summary, run_recipe
+    from grpolab.commands.recipe import print_summary, run_recipe  # lazy: --help stays fast
 
     print_summary(run_recipe(cfg))
     return 0
 
 
 def _compare(cfg, algos_arg: str) -> int:
-    from grpolab.commands.compare import CompareStopped, compare, validate_algos
+    from grpolab.commands.compare import CompareStopped, compare, validate_algos  # lazy: --help stays fast
 
     algos = [a.strip() for a in algos_arg.split(",") if a.strip()]
     validate_algos(cfg, algos)  # a ConfigError: the one-line path, before anything runs
     try:
         result = compare(cfg, algos)
     except CompareStopped as stopped:
-        from grpolab.runtime.checkpoint import latest_checkpoint
+        from grpolab.runtime.checkpoint import latest_checkpoint  # lazy: --help stays fast
 
         last = latest_checkpoint(stopped.run_dir)
         saved = f"its checkpoint: {last}" if last else "it had written no checkpoint yet"
