@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib
 import logging
 import os
 import signal
@@ -22,8 +23,32 @@ from collections.abc import Sequence
 
 from grpolab import __version__
 from grpolab.config import ConfigError, ConfigWarning, load_config
-from grpolab.config.view import SECTIONS
+from grpolab.config.view import SECTIONS, config_view
 from grpolab.errors import GrpolabError, one_line
+
+VERB_MODULES = {
+    "train": "grpolab.commands.train",
+    "sft": "grpolab.commands.sft",
+    "eval": "grpolab.commands.eval",
+    "train-rm": "grpolab.commands.train_rm",
+    "train-iterative": "grpolab.commands.iterative",
+    "compare": "grpolab.commands.compare",
+    "recipe": "grpolab.commands.recipe",
+    "demo": "grpolab.commands.demo",
+    "demo --agent": "grpolab.commands.agent_demo",
+    "hacking": "grpolab.commands.hacking_cli",
+    "export": "grpolab.runtime.sharded",
+    "import-gguf": "grpolab.models.sources",
+    "convert-trl": "grpolab.trl.convert",
+    "checkpoint": "grpolab.runtime.checkpoint",
+}
+"""What each verb runs: the module, imported when the verb runs (``_module``), so that ``grpolab --help``
+and a bad config cost no import of torch. The one lazy import of the command line."""
+
+
+def _module(key: str):
+    return importlib.import_module(VERB_MODULES[key])
+
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
@@ -179,40 +204,27 @@ def _dispatch_without_config(args: argparse.Namespace) -> int | None:
         # default spin-wait made each backward pass 20-40x slower; idle, the cost is small.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if args.agent:
-            from grpolab.commands.agent_demo import (  # lazy: --help stays fast
-                agent_config,
-                print_agent_summary,
-                run_agent_demo,
-            )
-
+            agent = _module("demo --agent")
             out = args.out or "runs/demo-agent"
-            agent_config(out, args.size, args.overrides)  # a bad override fails before any work
-            print_agent_summary(*run_agent_demo(out, args.size, args.overrides))
+            agent.agent_config(out, args.size, args.overrides)  # a bad override fails before any work
+            agent.print_agent_summary(*agent.run_agent_demo(out, args.size, args.overrides))
             return 0
-        from grpolab.commands.demo import demo_config, print_summary, run_demo  # lazy: --help stays fast
-
+        demo = _module("demo")
         out = args.out or "runs/demo"
-        demo_config(out, args.size, args.overrides)  # a bad override fails before any work
-        print_summary(run_demo(out, args.size, args.overrides))
+        demo.demo_config(out, args.size, args.overrides)  # a bad override fails before any work
+        demo.print_summary(demo.run_demo(out, args.size, args.overrides))
         return 0
     if args.verb == "hacking":
-        from grpolab.commands.hacking_cli import run_hacking  # lazy: --help stays fast
-
-        return run_hacking(args)
+        return _module("hacking").run_hacking(args)
     if args.verb == "export":
-        from grpolab.runtime.sharded import export  # lazy: --help stays fast
-
-        print(f"grpolab: exported {export(args.checkpoint, args.out, dtype=args.dtype)}")
+        print(f"grpolab: exported {_module('export').export(args.checkpoint, args.out, dtype=args.dtype)}")
         return 0
     if args.verb == "import-gguf":
-        from grpolab.models.sources import check_source, import_gguf  # lazy: --help stays fast
-
-        print(f"grpolab: wrote {import_gguf(check_source(args.gguf), args.out)}")
+        sources = _module("import-gguf")
+        print(f"grpolab: wrote {sources.import_gguf(sources.check_source(args.gguf), args.out)}")
         return 0
     if args.verb == "convert-trl":
-        from grpolab.trl.convert import write_trl_conversion  # lazy: --help stays fast
-
-        write_trl_conversion(
+        _module("convert-trl").write_trl_conversion(
             args.trl_args, args.out, num_processes=args.num_processes, dataset_rows=args.dataset_rows, strict=args.strict
         )
         return 0
@@ -227,15 +239,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.verb == "config":
         import yaml
 
-        from grpolab.config.view import config_view  # lazy: --help stays fast
-
         print(f"# the config grpolab {args.for_verb} reads (grpolab config --for VERB shows another verb's)")
         print(yaml.safe_dump(config_view(cfg, args.for_verb), sort_keys=False), end="")
         return 0
     if args.verb == "train":
-        from grpolab.commands.train import train  # lazy: --help stays fast
-
-        result = train(cfg, resume=args.resume)
+        result = _module("train").train(cfg, resume=args.resume)
         if result.stopped_by is not None:
             print(_stopped_message(result), file=sys.stderr)
             return 128 + result.stopped_by
@@ -244,9 +252,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.verb in ("compare", "recipe"):
         return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg)
     if args.verb == "sft":
-        from grpolab.commands.sft import sft  # lazy: --help stays fast
-
-        done = sft(cfg, resume=args.resume)
+        done = _module("sft").sft(cfg, resume=args.resume)
         if done.stopped_by is not None:
             print(
                 f"grpolab: SFT stopped by {signal.Signals(done.stopped_by).name} after step {done.steps}; checkpoint "
@@ -257,23 +263,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"grpolab: SFT {done.steps} steps, dev accuracy {done.dev_accuracy}; saved {done.output_dir}")
         return 0
     if args.verb == "eval":
-        from grpolab.commands.eval import evaluate  # lazy: --help stays fast
-
-        for e in evaluate(cfg):
+        for e in _module("eval").evaluate(cfg):
             _print_eval(e)
         print(f"grpolab: eval written to {cfg.eval_dir}")
         return 0
     if args.verb == "train-rm":
-        from grpolab.commands.train_rm import train_reward_model  # lazy: --help stays fast
-
-        rm = train_reward_model(cfg)
+        rm = _module("train-rm").train_reward_model(cfg)
         accuracy = rm.metrics.get("eval/pair_accuracy")
         print(f"grpolab: reward model saved to {rm.output_dir}; held-out pair accuracy {accuracy}")
         return 0
     if args.verb == "train-iterative":
-        from grpolab.commands.iterative import iterative_rl  # lazy: --help stays fast
-
-        done = iterative_rl(cfg)
+        done = _module("train-iterative").iterative_rl(cfg)
         print(f"grpolab: {len(done.iterations)} iterations; policy {done.policy_path}")
         print(f"grpolab: reward model {done.reward_model_path}")
         return 0
@@ -301,10 +301,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 def _stopped_message(result) -> str:
     """What a signal left behind: the checkpoint to resume from, or that none was written."""
-    from grpolab.runtime.checkpoint import latest_checkpoint  # lazy: --help stays fast
-
     name = signal.Signals(result.stopped_by).name
-    last = latest_checkpoint(result.run_dir)
+    last = _module("checkpoint").latest_checkpoint(result.run_dir)
     if last is None:
         return f"grpolab: stopped by {name} before step 1; no checkpoint was written (nothing to resume)"
     return (
@@ -315,23 +313,19 @@ def _stopped_message(result) -> str:
 
 def _recipe(cfg) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see _dispatch_without_config)
-    from grpolab.commands.recipe import print_summary, run_recipe  # lazy: --help stays fast
-
-    print_summary(run_recipe(cfg))
+    recipe = _module("recipe")
+    recipe.print_summary(recipe.run_recipe(cfg))
     return 0
 
 
 def _compare(cfg, algos_arg: str) -> int:
-    from grpolab.commands.compare import CompareStopped, compare, validate_algos  # lazy: --help stays fast
-
+    commands = _module("compare")
     algos = [a.strip() for a in algos_arg.split(",") if a.strip()]
-    validate_algos(cfg, algos)  # a ConfigError: the one-line path, before anything runs
+    commands.validate_algos(cfg, algos)  # a ConfigError: the one-line path, before anything runs
     try:
-        result = compare(cfg, algos)
-    except CompareStopped as stopped:
-        from grpolab.runtime.checkpoint import latest_checkpoint  # lazy: --help stays fast
-
-        last = latest_checkpoint(stopped.run_dir)
+        result = commands.compare(cfg, algos)
+    except commands.CompareStopped as stopped:
+        last = _module("checkpoint").latest_checkpoint(stopped.run_dir)
         saved = f"its checkpoint: {last}" if last else "it had written no checkpoint yet"
         skipped = f"; not started: {', '.join(stopped.skipped)}" if stopped.skipped else ""
         print(

@@ -82,3 +82,15 @@ def test_a_setting_that_does_less_than_it_says_is_one_warning_line():
         "grpolab: warning: rollout.kv_cache_budget_mb is ignored while rollout.max_batch_sequences is set: drop one of them."
     ]
     assert "ConfigWarning" not in proc.stderr
+
+
+def test_every_verb_module_imports_and_help_imports_no_torch():
+    """The table of verb modules names real modules, and --help stays free of torch (they load when run)."""
+    import importlib
+
+    from grpolab.cli import VERB_MODULES
+
+    for module in VERB_MODULES.values():
+        importlib.import_module(module)
+    code = "import sys; from grpolab.cli import build_parser; build_parser(); assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
