@@ -121,10 +121,25 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
         if cfg.lora.enabled:
             model = _wrap_lora(cfg, model)
+    check_finite_weights(model, cfg.name_or_path)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False  # training forward only; the sampler passes use_cache=True itself
     return model, tok
+
+
+def check_finite_weights(model: torch.nn.Module, source: str) -> None:
+    """ModelLoadError naming the first parameter that holds NaN or inf: a damaged file, or one saved from a
+    diverged run, is refused at load (step 0) instead of failing in the sampler. One host sync."""
+    params = list(model.named_parameters())
+    flags = torch.stack([torch.isfinite(p.detach()).all().to(params[0][1].device) for _, p in params])
+    if bool(flags.all()):
+        return
+    name = next(n for (n, _), ok in zip(params, flags.tolist(), strict=True) if not ok)
+    raise ModelLoadError(
+        f"model '{source}' (model.name_or_path): its weight '{name}' holds NaN or infinite values, so it cannot "
+        "sample; the file is damaged or was saved from a diverged run: use an earlier checkpoint or download it again"
+    )
 
 
 def _adapter_base(adapter_config: Path) -> str:

@@ -9,7 +9,14 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from grpolab.errors import TrainingError
 from grpolab.types import Completions
+
+
+class NonFiniteLogits(TrainingError):
+    """The model gave NaN or +inf logits while sampling (NaN weights, or an fp16 overflow). The sampler
+    raises it instead of drawing from a NaN distribution (torch.multinomial's traceback on a CPU, a
+    device assert on CUDA); the caller adds which model and which step."""
 
 
 @runtime_checkable

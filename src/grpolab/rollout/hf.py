@@ -35,7 +35,7 @@ from transformers.cache_utils import DynamicLayer
 
 from grpolab.inference import WeightCopy, attention_for, wants_eager_attention
 from grpolab.models import is_peft
-from grpolab.rollout.base import check_prompts, check_sampling
+from grpolab.rollout.base import NonFiniteLogits, check_prompts, check_sampling
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.types import Completions, FinishReason
 
@@ -110,6 +110,7 @@ class HFSampler:
         was_training = self.model.training
         self.model.eval()
         self._net = self._weights.refresh() if self._weights is not None else self.model
+        self._nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set by _pick, read once below
         try:
             with torch.inference_mode(), self._autocast(device):
                 parts = [
@@ -120,6 +121,11 @@ class HFSampler:
             self.model.train(was_training)
             if self._weights is not None:
                 self._weights.release()
+        if bool(self._nonfinite):  # one host sync per call, not per token
+            raise NonFiniteLogits(
+                "the model's logits were NaN or infinite while sampling (NaN or infinite weights, or an overflow "
+                "in model.dtype float16)"
+            )
         ids, mask, logprobs = _concat_right_padded(parts, self.pad_token_id)
         return self._package(prompt_ids, num_generations, ids, mask, logprobs)
 
@@ -217,6 +223,11 @@ class HFSampler:
     def _pick(self, logits: torch.Tensor, generator):
         """[n, V] logits -> sampled token [n] and its log-prob [n] under softmax(logits / T)."""
         logits = logits.float()
+        # NaN or +inf anywhere, or no finite logit at all: the row's distribution is undefined. It is
+        # drawn from uniform logits instead (no crash, no sync here) and sample() raises afterwards.
+        bad = ~(logits < torch.inf).all(-1) | (logits == -torch.inf).all(-1)
+        self._nonfinite |= bad.any()
+        logits = torch.where(bad[:, None], 0.0, logits)
         if self.temperature == 0:
             token = logits.argmax(-1)
             logprobs = torch.log_softmax(logits, dim=-1)

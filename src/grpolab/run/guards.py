@@ -12,19 +12,27 @@ and weights are left as they were; see step.py). A step with a skipped update is
 ``train.max_bad_steps`` bad steps in a row the run stops with a TrainingError. Weights that turn
 non-finite despite finite gradients (a huge learning rate) stop the run at once, before they could be
 checkpointed: the last checkpoint on disk is then the last good one.
+
+Non-finite sampling. A model whose logits are NaN (NaN weights loaded from a damaged file, an fp16
+overflow) stops the run when it samples, with one line naming the model and the step
+(``sampling_guard``); nothing from that step is logged or checkpointed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
 import torch
 
 from grpolab.errors import TrainingError
+from grpolab.rollout.base import NonFiniteLogits
+from grpolab.run.checkpoint import latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +83,24 @@ def weights_finite(model: torch.nn.Module) -> bool:
     return not dist.any_rank(not bool(torch.stack(flags).all())) if flags else True
 
 
+def last_good(run_dir: Path) -> str:
+    last = latest_checkpoint(run_dir)
+    return f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+
+
+@contextlib.contextmanager
+def sampling_guard(model: str, step: int, run_dir: Path) -> Iterator[None]:
+    """NonFiniteLogits from a sampler inside becomes one TrainingError naming ``model`` and ``step``."""
+    try:
+        yield
+    except NonFiniteLogits as err:
+        raise TrainingError(
+            f"step {step}: {err} in model '{model}'; nothing of this step was logged or saved, and "
+            f"{last_good(run_dir)}. Check the model's weights are finite (a damaged file, a diverged run), or "
+            "use model.dtype=bfloat16 / float32 instead of float16."
+        ) from err
+
+
 class BadSteps:
     """Counts steps in a row whose update was skipped for a non-finite loss or gradient."""
 
@@ -112,10 +138,7 @@ class BadSteps:
             )
 
     def _last_good(self) -> str:
-        from grpolab.run.checkpoint import latest_checkpoint
-
-        last = latest_checkpoint(self.run_dir)
-        return f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+        return last_good(self.run_dir)
 
     def state_dict(self) -> dict[str, int]:
         return {"in_a_row": self.in_a_row}

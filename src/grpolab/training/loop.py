@@ -23,7 +23,7 @@ from grpolab.config import Config
 from grpolab.rewards import WeightedReward
 from grpolab.run import dist, parallel
 from grpolab.run.assemble import Run, assemble, session
-from grpolab.run.guards import GracefulStop
+from grpolab.run.guards import GracefulStop, sampling_guard
 from grpolab.run.logging import peak_memory_mb
 from grpolab.run.progress import Progress
 from grpolab.training.batch import length_by_reward, step_tokens
@@ -71,10 +71,11 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
         if dist.any_rank(stop.requested):  # SIGINT / SIGTERM: the previous step saved a checkpoint
             break
         t0 = time.perf_counter()
-        drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: train/sampling.py)
-            cfg, sampler=run.sampler, rewards=run.rewards, data=run.data, examples=run.examples,
-            prompt_ids=run.prompt_ids, generator=run.sample_gen,
-        )  # fmt: skip
+        with sampling_guard(cfg.model.name_or_path, step, cfg.run_dir):  # NaN logits: one line, this step
+            drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: train/sampling.py)
+                cfg, sampler=run.sampler, rewards=run.rewards, data=run.data, examples=run.examples,
+                prompt_ids=run.prompt_ids, generator=run.sample_gen,
+            )  # fmt: skip
         batch_examples = [run.examples[i] for i in drawn.rows]
         t2, (batch, metrics) = _advantages(run, drawn, batch_examples)
         t3 = time.perf_counter()
