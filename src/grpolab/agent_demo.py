@@ -175,7 +175,8 @@ def evaluate_agent(cfg: Config, path: str, examples, label: str) -> AgentEval:
         make_env = _make_env(cfg, tools_enabled=tools)
         inner = HFSampler(model, tok, max_completion_length=cfg.rollout.max_completion_length, temperature=temperature)
         sampler = MultiTurnSampler(
-            inner, tok, make_env, max_turns=cfg.env.max_turns, max_episode_tokens=cfg.env.max_episode_tokens
+            inner, tok, make_env, max_turns=cfg.env.max_turns, max_episode_tokens=cfg.env.max_episode_tokens,
+            step_timeout_s=cfg.env.step_timeout_s,
         )
         prompts = episode_prompt_ids(examples, tok, make_env)
         out = sampler.sample(prompts, num_generations=1, generator=torch.Generator().manual_seed(cfg.seed), examples=examples)

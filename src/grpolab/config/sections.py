@@ -128,6 +128,10 @@ class EnvConfig:
     rollout.max_completion_length of them."""
     tool_timeout_s: float = 10.0
     """A tool call is cut off here; the model reads an error instead."""
+    step_timeout_s: float = 300.0
+    """The most the rollout waits for the environments' reset, step or closing on one turn (all episodes
+    together); past it the run stops with one line, since a hung step (even one that blocks its event
+    loop) leaves every episode of the batch stuck. Tool calls inside a step are cut at tool_timeout_s."""
     max_tool_output_chars: int = 2000
     """A tool's output is cut to this many characters before it is tokenized."""
     on_tool_error: Literal["message", "end"] = "message"

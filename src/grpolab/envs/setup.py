@@ -22,5 +22,6 @@ def episode_sampler(sampler, tokenizer, make_env: MakeEnv | None, env: EnvConfig
     from grpolab.rollout.multiturn import MultiTurnSampler
 
     return MultiTurnSampler(
-        sampler, tokenizer, make_env, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens
+        sampler, tokenizer, make_env, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
+        step_timeout_s=env.step_timeout_s,
     )
