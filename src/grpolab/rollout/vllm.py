@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from grpolab.rollout.base import check_prompts, check_sampling
+from grpolab.config import ConfigError
+from grpolab.rollout.base import EngineDied, check_prompts, check_sampling
 from grpolab.rollout.vllm_setup import import_vllm
 from grpolab.rollout.vllm_sync import policy_weights
 from grpolab.types import Completions, FinishReason
@@ -91,8 +92,9 @@ class VLLMSampler:
         t0 = time.perf_counter()
         self._wake()
         weights = policy_weights(model, _engine_dtype(self.engine))
-        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        self.engine.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        with engine_alive("the weight sync"):
+            self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.engine.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self._pending = None
         self.last_sync_s = time.perf_counter() - t0
         log.debug("vllm: weights synced in %.3f s", self.last_sync_s)
@@ -106,6 +108,7 @@ class VLLMSampler:
     ) -> Completions:
         """G completions for each prompt, prompt-major (row p*G + g is sample g of prompt p)."""
         check_prompts(prompt_ids, num_generations)
+        self._check_fits(prompt_ids)
         if self._pending is not None:
             self.update_weights(self._pending)
         self._wake()
@@ -119,7 +122,8 @@ class VLLMSampler:
                 seed = None if base is None else (base + p * num_generations + g) % SEED_MODULUS
                 params.append(self._params(seed))
         t0 = time.perf_counter()
-        outputs = self.engine.generate(requests, params, use_tqdm=False)
+        with engine_alive("sampling"):
+            outputs = self.engine.generate(requests, params, use_tqdm=False)
         self.last_generate_s = time.perf_counter() - t0
         samples = [out.outputs[0] for out in outputs]
         if greedy:
@@ -130,6 +134,19 @@ class VLLMSampler:
 
     def close(self) -> None:
         """Nothing to release: the engine stays for the next sampler of this process (``shutdown_engines``)."""
+
+    def _check_fits(self, prompt_ids: list[list[int]]) -> None:
+        """Each prompt and a whole completion fit the engine's max_model_len: vLLM would otherwise cut the
+        completion at it without a word (finish "length", like a completion at max_completion_length), or
+        fail with a traceback for a prompt longer than it. check_vllm refuses such a config before the
+        model loads; this holds for a sampler built by hand."""
+        limit = getattr(getattr(self.engine.llm_engine, "model_config", None), "max_model_len", None)
+        longest = max(len(p) for p in prompt_ids)
+        if isinstance(limit, int) and longest + self.max_completion_length > limit:
+            raise ConfigError(
+                f"vllm.max_model_len={limit} cannot hold a prompt of {longest} tokens and max_completion_length="
+                f"{self.max_completion_length}; raise vllm.max_model_len to at least {longest + self.max_completion_length}"
+            )
 
     def _wake(self) -> None:
         """Wake the engine if any sampler on it put it to sleep (an evaluation shares the run's engine)."""
@@ -177,6 +194,18 @@ class VLLMSampler:
             finish_reasons=reasons,
             num_generations=group,
         )
+
+
+@contextlib.contextmanager
+def engine_alive(what: str):
+    """vLLM's EngineDeadError (its core died: out of memory, a crash) as one EngineDied line."""
+    try:
+        yield
+    except Exception as err:
+        if type(err).__name__ not in ("EngineDeadError", "EngineGenerateError"):
+            raise
+        said = " ".join(str(err).split())[:300]
+        raise EngineDied(f"the vLLM engine died during {what} ({type(err).__name__}: {said})") from err
 
 
 def _engine_dtype(engine) -> torch.dtype | None:

@@ -31,7 +31,7 @@ from types import FrameType
 import torch
 
 from grpolab.errors import TrainingError
-from grpolab.rollout.base import NonFiniteLogits
+from grpolab.rollout.base import SamplerFailed
 from grpolab.run.checkpoint import latest_checkpoint
 
 log = logging.getLogger(__name__)
@@ -90,15 +90,47 @@ def last_good(run_dir: Path) -> str:
 
 @contextlib.contextmanager
 def sampling_guard(model: str, step: int, run_dir: Path) -> Iterator[None]:
-    """NonFiniteLogits from a sampler inside becomes one TrainingError naming ``model`` and ``step``."""
+    """A SamplerFailed inside (NaN logits, a dead engine) becomes one TrainingError naming ``model``,
+    ``step`` and the last good checkpoint."""
     try:
         yield
-    except NonFiniteLogits as err:
+    except SamplerFailed as err:
         raise TrainingError(
             f"step {step}: {err} in model '{model}'; nothing of this step was logged or saved, and "
-            f"{last_good(run_dir)}. Check the model's weights are finite (a damaged file, a diverged run), or "
-            "use model.dtype=bfloat16 / float32 instead of float16."
+            f"{last_good(run_dir)}. {err.remedy}"
         ) from err
+
+
+GAP_METRIC = "sampling/sampling_logp_difference/mean"
+
+
+class SamplerGap:
+    """Stops the run when the sampler's log-probs drift from the trainer's (rollout.max_logprob_gap).
+
+    A weight sync that silently misses a layer (verl #7495; LoRA on a tied LM head before grpolab sent
+    it) leaves the engine sampling from another policy: the mean |log pi_train - log pi_sampler| grows
+    step after step while everything else looks normal. Two steps in a row above the limit stop the run
+    before that step's checkpoint, so one noisy batch does not.
+    """
+
+    def __init__(self, limit: float | None, run_dir: Path, patience: int = 2) -> None:
+        self.limit, self.run_dir, self.patience = limit, Path(run_dir), patience
+        self.above: list[float] = []
+
+    def observe(self, step: int, metrics: dict[str, float]) -> None:
+        gap = metrics.get(GAP_METRIC)
+        if self.limit is None or gap is None:
+            return
+        self.above = [*self.above, gap] if gap > self.limit else []
+        if len(self.above) >= self.patience:
+            shown = ", ".join(f"{g:.3g}" for g in self.above)
+            raise TrainingError(
+                f"step {step}: the sampler's log-probs differ from the trainer's by {shown} nats per token on the "
+                f"last {len(self.above)} steps ({GAP_METRIC} > rollout.max_logprob_gap={self.limit:g}): the engine "
+                f"is not sampling from the policy being trained (a weight sync that misses a layer); "
+                f"{last_good(self.run_dir)}. Report it, try rollout.engine=hf, or raise rollout.max_logprob_gap "
+                "if the gap is expected (a low-precision engine)"
+            )
 
 
 class BadSteps:

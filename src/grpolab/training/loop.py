@@ -23,7 +23,7 @@ from grpolab.config import Config
 from grpolab.rewards import WeightedReward
 from grpolab.run import dist, parallel
 from grpolab.run.assemble import Run, assemble, session
-from grpolab.run.guards import GracefulStop, sampling_guard
+from grpolab.run.guards import GracefulStop, SamplerGap, sampling_guard
 from grpolab.run.logging import peak_memory_mb
 from grpolab.run.progress import Progress
 from grpolab.training.batch import length_by_reward, step_tokens
@@ -67,6 +67,7 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
     cfg, metrics, last_step = run.cfg, {}, run.start
     title = cfg.algo.name.upper()
     progress = Progress(total=cfg.train.num_steps, start=run.start, enabled=cfg.log.progress and dist.is_main(), title=title)
+    gap = SamplerGap(cfg.rollout.max_logprob_gap, cfg.run_dir)
     for step in range(run.start + 1, cfg.train.num_steps + 1):
         if dist.any_rank(stop.requested):  # SIGINT / SIGTERM: the previous step saved a checkpoint
             break
@@ -102,6 +103,7 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
             run.logger.samples(step, run.gold.annotate(rows_out))
         run.bad_steps.observe(step, metrics.get("train/skipped_updates", 0.0), run.policy)  # raises to stop the run
         run.no_signal.observe(step, metrics)  # raises after train.max_no_signal_steps steps without signal
+        gap.observe(step, metrics)  # raises when the sampler drifts from the policy (rollout.max_logprob_gap)
         if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0 and run.reference is not None:
             run.reference.reset_to(parallel.unwrap(run.policy))  # pi_ref <- pi_theta
         every = cfg.log.checkpoint_every
