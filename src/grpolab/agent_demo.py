@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 
 from grpolab.config import Config, load_config
+from grpolab.demo import own_config
+from grpolab.jsonio import write_whole
 
 SIZES: dict[str, tuple[dict[str, int], list[str]]] = {
     "full": ({"hidden_size": 128, "num_layers": 2, "num_heads": 4}, []),
@@ -63,7 +65,7 @@ def run_agent_demo(out_dir: str | Path = "runs/demo-agent", size: str = "full", 
     from grpolab.data import load_examples, split_eval
     from grpolab.training.loop import train
 
-    cfg = agent_config(out_dir, size, overrides)
+    cfg = own_config(agent_config(out_dir, size, overrides), "demo --agent")
     run_dir, seconds = cfg.run_dir, {}
     t0 = time.perf_counter()
     examples, held_out = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
@@ -73,12 +75,14 @@ def run_agent_demo(out_dir: str | Path = "runs/demo-agent", size: str = "full", 
     t1 = time.perf_counter()
     trained = train(grpo_cfg)
     seconds["grpo"] = time.perf_counter() - t1
+    if trained.stopped_by is not None:  # Ctrl-C during GRPO: its checkpoint is saved; no eval, no report
+        raise KeyboardInterrupt
     final = trained.run_dir / "checkpoints" / f"step_{trained.final_step}"
     t2 = time.perf_counter()
     evals = [evaluate_agent(cfg, str(sft_dir), held_out, "SFT"), evaluate_agent(cfg, str(final), held_out, "GRPO")]
     seconds["eval"] = time.perf_counter() - t2
     seconds["total"] = time.perf_counter() - t0
-    report = _write_report(run_dir, cfg, evals, seconds)
+    report = _write_report(run_dir, cfg, evals, seconds, grpo_steps=trained.final_step)
     return report, evals, seconds
 
 
@@ -185,7 +189,11 @@ def evaluate_agent(cfg: Config, path: str, examples, label: str) -> AgentEval:
     return AgentEval(label, results["sampled"][0], results["sampled"][1], results["no_tool"][0], results["greedy"][0])
 
 
-def _write_report(run_dir: Path, cfg: Config, evals: list[AgentEval], seconds: dict[str, float]) -> Path:
+def _write_report(
+    run_dir: Path, cfg: Config, evals: list[AgentEval], seconds: dict[str, float], *, grpo_steps: int
+) -> Path:
+    """report.md and agent_eval.json, each written whole (a temporary file renamed into place); the GRPO
+    steps said are the steps that ran."""
     from grpolab.run.logging import read_metrics
 
     rows = read_metrics(run_dir)
@@ -203,7 +211,7 @@ def _write_report(run_dir: Path, cfg: Config, evals: list[AgentEval], seconds: d
         *(f"| {e.label} | {e.accuracy:.3f} | {e.tool_call_rate:.3f} | {e.accuracy_no_tool:.3f} | {e.greedy_accuracy:.3f} |" for e in evals),
         "",
         f"SFT: {cfg.sft.steps} steps of batch {cfg.sft.batch_size} on traces, half with a tool call. "
-        f"GRPO: {cfg.train.num_steps} steps of {cfg.train.prompts_per_step} prompts x G={cfg.rollout.num_generations} episodes.",
+        f"GRPO: {grpo_steps} steps of {cfg.train.prompts_per_step} prompts x G={cfg.rollout.num_generations} episodes.",
         "",
         "| GRPO step | reward | tool calls per episode |",
         "|---:|---:|---:|",
@@ -213,8 +221,8 @@ def _write_report(run_dir: Path, cfg: Config, evals: list[AgentEval], seconds: d
         "",
     ]
     report = run_dir / "report.md"
-    report.write_text("\n".join(lines))
-    (run_dir / "agent_eval.json").write_text(json.dumps([dataclasses.asdict(e) for e in evals], indent=2))
+    write_whole(run_dir / "agent_eval.json", json.dumps([dataclasses.asdict(e) for e in evals], indent=2))
+    write_whole(report, "\n".join(lines))
     return report
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from grpolab.config import Config, load_config
 from grpolab.eval.results import ModelEval
+from grpolab.run.demo_folder import claim
 
 # size -> (tiny-model shape, config overrides). "tiny" is for tests: seconds, not a result.
 SIZES: dict[str, tuple[dict[str, int], list[str]]] = {
@@ -80,7 +81,7 @@ def run_demo(
     from grpolab.training.sft import sft
 
     hf_logging.disable_progress_bar()  # the demo shows its own bars, one per phase
-    base = demo_config(out_dir, size, overrides)
+    base = own_config(demo_config(out_dir, size, overrides), "demo")
     run_dir, seconds = base.run_dir, {}
     t0 = time.perf_counter()
     init = save_tiny(run_dir / "init_model", seed=base.seed, **SIZES[size][0])
@@ -107,6 +108,15 @@ def run_demo(
     )
     seconds["total"] = time.perf_counter() - t0
     return DemoResult(run_dir, report, evals, sft_result.steps, sft_result.dev_accuracy, seconds)
+
+
+def own_config(cfg: Config, kind: str) -> Config:
+    """``cfg`` after claiming its run folder (run/demo_folder.py): the demo's own earlier run there is
+    started over (log.overwrite), any other run refused unless log.overwrite=true was given."""
+    import dataclasses
+
+    claim(cfg.run_dir, kind, overwrite=cfg.log.overwrite)
+    return dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, overwrite=True))
 
 
 def _with_model(base: Config, path: str) -> Config:
