@@ -112,3 +112,13 @@ def test_a_broken_model_folder_is_one_error(plain_folder, tmp_path, mutate, mess
     with pytest.raises(ModelLoadError, match=message) as info:
         load_policy(ModelConfig(name_or_path=str(folder), device="cpu"))
     assert isinstance(info.value, GrpolabError)
+
+
+def test_a_name_too_long_to_look_up_is_one_error():
+    from grpolab.hub import HubUnavailable, hub_load_kwargs
+    from grpolab.run.preflight import check_model_source
+
+    with pytest.raises(ModelLoadError, match=r"cannot be looked up \(File name too long\)"):
+        check_model_source(ModelConfig(name_or_path="x" * 5000, device="cpu"))
+    with pytest.raises(HubUnavailable, match=r"model.name_or_path 'x+\.\.\.' cannot be looked up"):
+        hub_load_kwargs("x" * 5000, None, "model.name_or_path")
