@@ -104,16 +104,18 @@ class EnvLoop:
             ) from None
 
     def close(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run ``coro`` (the environments' close) unless the loop is stuck, then stop the loop."""
+        """Run ``coro`` (the environments' close), then stop the loop. A stuck loop is left to its daemon
+        thread, abandoned as a hung tool is: stopping it would only destroy its pending tasks."""
         if self.stuck:
             coro.close()
-        else:
-            try:
-                self.run(coro, "closing the environments")
-            except Exception as exc:  # noqa: BLE001 (a server gone already: nothing left to close)
-                log.warning("closing the environments failed (%s: %s); going on", type(exc).__name__, exc)
+            return
+        try:
+            self.run(coro, "closing the environments")
+        except Exception as exc:  # noqa: BLE001 (a server gone already: nothing left to close)
+            log.warning("closing the environments failed (%s: %s); going on", type(exc).__name__, exc)
+        if self.stuck:  # closing itself hung
+            return
         self.loop.call_soon_threadsafe(self.loop.stop)
-        if not self.stuck:
-            self.thread.join(self.timeout_s)
-            if not self.thread.is_alive():
-                self.loop.close()
+        self.thread.join(self.timeout_s)
+        if not self.thread.is_alive():
+            self.loop.close()

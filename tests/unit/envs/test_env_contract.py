@@ -141,3 +141,20 @@ def test_tool_output_with_lone_surrogates_reaches_the_model_replaced():
     assert checked_step(env, step).messages[0]["content"] == "ok \ufffd\ufffd end"
     out = _sample(lambda: ToolEnv([Tool.from_function(emits)], call_format="python"), text="emits(1)")
     assert all(e.messages[2]["content"] == "ok \ufffd\ufffd end" for e in out.episodes)
+
+
+class NoStep:
+    tools: list = []
+
+    def reset(self, example):
+        return []
+
+
+def test_an_env_name_that_makes_no_environment_is_a_config_error(monkeypatch):
+    from grpolab.config import ConfigError
+    from grpolab.envs import build_environment
+
+    with pytest.raises(ConfigError, match=r"env.name='test_env_contract:NoStep' made a NoStep with no step method"):
+        build_environment(f"{__name__}:NoStep", {}, ToolLimits())
+    with pytest.raises(ConfigError, match=r"made a str with no reset or step method"):
+        build_environment("builtins:str", {}, ToolLimits())
