@@ -134,7 +134,7 @@ class EnvConfig:
     tool_timeout_s: float = 10.0
     """A tool call is cut off here; the model reads an error instead."""
     step_timeout_s: float = 300.0
-    """The most the rollout waits for the environments' reset, step or closing on one turn (all episodes
+    """The most the rollout waits for the environments' steps (or their closing) on one turn (all episodes
     together); past it the run stops with one line, since a hung step (even one that blocks its event
     loop) leaves every episode of the batch stuck. Tool calls inside a step are cut at tool_timeout_s."""
     max_tool_output_chars: int = 2000

@@ -6,7 +6,7 @@ return, instead of a traceback deep in the rollout: ``reset`` must return a list
 that holds lone surrogates (a byte string decoded with ``surrogateescape``, a cut UTF-16 pair) cannot
 be tokenized or written as UTF-8: each one is replaced by U+FFFD, and the episode goes on.
 
-The episodes' coroutines run in an event loop of their own, in a daemon thread (``EnvLoop``), and the
+The episodes' steps run in an event loop of their own, in a daemon thread (``EnvLoop``), and the
 rollout waits on them at most ``env.step_timeout_s``: a step that never returns, even one that blocks
 its event loop (``time.sleep`` in an ``async def``), stops the run with one line naming the setting,
 since every episode of that loop is stuck with it; the thread is abandoned, never joined.

@@ -159,7 +159,7 @@ class MultiTurnSampler:
         max_episode_tokens: int,
         step_timeout_s: float = 300.0,
     ) -> None:
-        """``step_timeout_s``: the most the rollout waits for the environments' resets, steps or closing
+        """``step_timeout_s``: the most the rollout waits for the environments' steps (and their closing)
         (env.step_timeout_s; envs.contract.EnvLoop)."""
         if max_turns < 1 or max_episode_tokens < 1:
             raise ValueError(
@@ -196,17 +196,16 @@ class MultiTurnSampler:
             raise ValueError(
                 "a multi-turn sampler needs examples=[...], one per prompt, to reset the environments"
             )
-        envs = [self.make_env() for _ in range(len(prompt_ids) * num_generations)]
+        episodes = []
+        for prompt, example in zip(prompt_ids, examples, strict=True):
+            for _ in range(num_generations):
+                env = self.make_env()  # reset here, outside any event loop, as before: it may run its own
+                episodes.append(_Running(list(prompt), env, checked_reset(env, env.reset(example))))
+        envs = [e.env for e in episodes]
         # one loop for the whole call (clients opened in a step stay usable), in its own thread, so that
-        # every wait on the environments is bounded by env.step_timeout_s (envs.contract)
+        # every wait on the environments' steps is bounded by env.step_timeout_s (envs.contract)
         loop = EnvLoop(self.step_timeout_s)
-        episodes: list[_Running] = []
         try:
-            starts = loop.run(_reset_all(envs, [e for e in examples for _ in range(num_generations)]), "reset(example)")
-            episodes = [
-                _Running(list(prompt_ids[i // num_generations]), env, first)
-                for i, (env, first) in enumerate(zip(envs, starts, strict=True))
-            ]
             for turn in range(self.max_turns):
                 running = [e for e in episodes if e.finish is None]
                 if not running:
@@ -291,11 +290,6 @@ async def _step_all(envs: Sequence[Environment], turns: Sequence[str]) -> list[E
         return checked_step(env, await result if inspect.isawaitable(result) else result)
 
     return list(await asyncio.gather(*(one(env, turn) for env, turn in zip(envs, turns, strict=True))))
-
-
-async def _reset_all(envs: Sequence[Environment], examples: Sequence[Example]) -> list[list[Message]]:
-    """Each environment's first messages, checked (run in the EnvLoop, so a hanging reset is bounded too)."""
-    return [checked_reset(env, env.reset(example)) for env, example in zip(envs, examples, strict=True)]
 
 
 async def _close_all(envs: Sequence[Environment]) -> None:
