@@ -223,11 +223,6 @@ class HFSampler:
     def _pick(self, logits: torch.Tensor, generator):
         """[n, V] logits -> sampled token [n] and its log-prob [n] under softmax(logits / T)."""
         logits = logits.float()
-        # NaN or +inf anywhere, or no finite logit at all: the row's distribution is undefined. It is
-        # drawn from uniform logits instead (no crash, no sync here) and sample() raises afterwards.
-        bad = ~(logits < torch.inf).all(-1) | (logits == -torch.inf).all(-1)
-        self._nonfinite |= bad.any()
-        logits = torch.where(bad[:, None], 0.0, logits)
         if self.temperature == 0:
             token = logits.argmax(-1)
             logprobs = torch.log_softmax(logits, dim=-1)
@@ -236,7 +231,10 @@ class HFSampler:
             logprobs = torch.log_softmax(scaled, dim=-1)
             filtered = filter_logits(scaled, top_k=self.top_k, top_p=self.top_p)
             probs = logprobs.exp() if filtered is scaled else torch.softmax(filtered, dim=-1)
-            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            # a row whose logits hold NaN or +inf (or are all -inf) is NaN throughout: drawn uniformly here
+            # (multinomial would fail, a device assert on CUDA), and sample() raises after the loop
+            token = torch.multinomial(probs.nan_to_num_(nan=1.0), 1, generator=generator).squeeze(-1)
+        self._nonfinite |= logprobs[:, 0].isnan().any()  # O(rows), no host sync
         return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
 
     def _package(self, prompt_ids, group, ids, mask, logprobs) -> Completions:
