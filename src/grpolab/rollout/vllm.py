@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from grpolab.config import ConfigError
+from grpolab.rewards.timeouts import TimedOut, bounded_in_main
 from grpolab.rollout.base import EngineDied, check_prompts, check_sampling
 from grpolab.rollout.vllm_setup import import_vllm
 from grpolab.rollout.vllm_sync import policy_weights
@@ -63,10 +64,12 @@ class VLLMSampler:
         weights_from: torch.nn.Module | None = None,
         device: torch.device | str = "cpu",
         sleep_mode: bool = False,
+        timeout_s: float | None = None,
     ) -> None:
         """``engine``: a vLLM ``LLM`` (``start_engine``). ``weights_from``: the policy whose weights the
         engine takes before the first ``sample`` (None: the engine's weights as they are). ``sleep_mode``:
-        put the engine to sleep after each ``sample`` (CUDA only)."""
+        put the engine to sleep after each ``sample`` (CUDA only). ``timeout_s``: the most a ``sample`` or a
+        weight sync may take (vllm.timeout_s); None = unbounded."""
         check_sampling(max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k)
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty: pass the ids that end a completion")
@@ -80,6 +83,7 @@ class VLLMSampler:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.device = torch.device(device)
         self.sleep_mode = sleep_mode
+        self.timeout_s = timeout_s
         self._pending = weights_from
         self.last_sync_s = 0.0
         """Seconds the last weight sync took (gather, merge, load, cache reset)."""
@@ -92,9 +96,11 @@ class VLLMSampler:
         t0 = time.perf_counter()
         self._wake()
         weights = policy_weights(model, _engine_dtype(self.engine))
-        with engine_alive("the weight sync"):
+        def reload() -> None:
             self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             self.engine.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+
+        self._bounded(reload, "the weight sync")
         self._pending = None
         self.last_sync_s = time.perf_counter() - t0
         log.debug("vllm: weights synced in %.3f s", self.last_sync_s)
@@ -122,8 +128,7 @@ class VLLMSampler:
                 seed = None if base is None else (base + p * num_generations + g) % SEED_MODULUS
                 params.append(self._params(seed))
         t0 = time.perf_counter()
-        with engine_alive("sampling"):
-            outputs = self.engine.generate(requests, params, use_tqdm=False)
+        outputs = self._bounded(lambda: self.engine.generate(requests, params, use_tqdm=False), "sampling")
         self.last_generate_s = time.perf_counter() - t0
         samples = [out.outputs[0] for out in outputs]
         if greedy:
@@ -134,6 +139,19 @@ class VLLMSampler:
 
     def close(self) -> None:
         """Nothing to release: the engine stays for the next sampler of this process (``shutdown_engines``)."""
+
+    def _bounded(self, fn, what: str):
+        """``fn()`` with a dead engine as EngineDied, and within ``timeout_s`` (EngineDied past it)."""
+        with engine_alive(what):
+            if self.timeout_s is None:
+                return fn()
+            try:
+                return bounded_in_main(fn, self.timeout_s)
+            except TimedOut:
+                raise EngineDied(
+                    f"the vLLM engine did not finish {what} within vllm.timeout_s={self.timeout_s:g} s (a hung "
+                    "engine, or raise vllm.timeout_s for very long generations)"
+                ) from None
 
     def _check_fits(self, prompt_ids: list[list[int]]) -> None:
         """Each prompt and a whole completion fit the engine's max_model_len: vLLM would otherwise cut the

@@ -260,4 +260,5 @@ def build_vllm_sampler(
         weights_from=wrapped if wrapped is not None else policy,
         device=device,
         sleep_mode=cfg.vllm.sleep_mode and device.type != "cpu",
+        timeout_s=cfg.vllm.timeout_s,
     )

@@ -117,3 +117,25 @@ def test_the_head_s_update_reaches_the_engine(model_dir):
             logits = peft(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float()
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
         torch.testing.assert_close(out.logprobs[i, :n], expected, atol=1e-4, rtol=0)  # measured ~1e-6
+
+
+class _Hangs(_Engine):
+    """Steps forever in Python, as vLLM's in-process engine loop would if it never finished."""
+
+    def generate(self, *args, **kwargs):
+        import time
+
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            time.sleep(0.01)
+
+
+def test_a_hung_engine_is_cut_at_vllm_timeout_s():
+    import time
+
+    sampler = VLLMSampler(_Hangs(), types.SimpleNamespace(pad_token_id=0), max_completion_length=4,
+                          eos_token_ids=[1], timeout_s=0.3)  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(EngineDied, match=r"did not finish sampling within vllm.timeout_s=0.3 s"):
+        sampler.sample([[2, 3]], num_generations=1)
+    assert time.monotonic() - t0 < 3
