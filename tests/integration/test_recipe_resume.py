@@ -9,7 +9,7 @@ import os
 import signal
 
 import grpolab.eval.runner as runner
-import grpolab.training.loop as loop
+import grpolab.commands.train as loop
 import grpolab.training.sampling as sampling
 from grpolab.cli import main
 

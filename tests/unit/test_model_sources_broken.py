@@ -14,11 +14,11 @@ pytest.importorskip("gguf", reason="the GGUF path needs the gguf package: pip in
 
 from gguf_files import write_tiny_gguf  # noqa: E402
 
-from grpolab import model_sources  # noqa: E402
+from grpolab.models import sources as model_sources  # noqa: E402
 from grpolab.config import ModelConfig  # noqa: E402
 from grpolab.errors import GrpolabError  # noqa: E402
-from grpolab.model_sources import ModelSourceError, import_gguf, local_source  # noqa: E402
-from grpolab.models import ModelLoadError, load_policy  # noqa: E402
+from grpolab.models.sources import ModelSourceError, import_gguf, local_source  # noqa: E402
+from grpolab.models.loading import ModelLoadError, load_policy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +115,8 @@ def test_a_broken_model_folder_is_one_error(plain_folder, tmp_path, mutate, mess
 
 
 def test_a_name_too_long_to_look_up_is_one_error():
-    from grpolab.hub import HubUnavailable, hub_load_kwargs
-    from grpolab.run.preflight import check_model_source
+    from grpolab.models.hub import HubUnavailable, hub_load_kwargs
+    from grpolab.runtime.preflight import check_model_source
 
     with pytest.raises(ModelLoadError, match=r"cannot be looked up \(File name too long\)"):
         check_model_source(ModelConfig(name_or_path="x" * 5000, device="cpu"))

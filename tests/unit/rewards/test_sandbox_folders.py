@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from grpolab.rewards import sandbox_folders as sf
-from grpolab.rewards.sandbox import SandboxLimits, _remove, run_python
+from grpolab.sandbox import folders as sf
+from grpolab.sandbox.runner import SandboxLimits, _remove, run_python
 
 
 def _dead_pid() -> int:
@@ -49,7 +49,7 @@ def test_a_run_leaves_no_folder_and_records_its_owner_while_it_runs(tmp_path, mo
         seen.append((root.parent, (root / sf.OWNER).read_text(), pid))
         real(root, pid)
 
-    monkeypatch.setattr("grpolab.rewards.sandbox.record_harness", spy)
+    monkeypatch.setattr("grpolab.sandbox.runner.record_harness", spy)
     result = run_python("while True: pass", mode="program", limits=SandboxLimits(timeout_s=0.3))
     assert not result.clean_exit
     assert seen and seen[0][0] == tmp_path and seen[0][1] == str(os.getpid())

@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-import grpolab.models as models_mod
+import grpolab.models.loading as models_mod
 from grpolab.cli import main
 from grpolab.config import ModelConfig
-from grpolab.models import ModelLoadError, load_policy
+from grpolab.models.loading import ModelLoadError, load_policy
 from grpolab.rollout import HFSampler
 from grpolab.rollout.base import NonFiniteLogits
 from grpolab.tasks.tiny import build_tiny_model

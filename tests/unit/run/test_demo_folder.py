@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from grpolab.config import ConfigError
-from grpolab.demo import demo_config, own_config
-from grpolab.run.demo_folder import MARK, claim, owner
+from grpolab.commands.demo import demo_config, own_config
+from grpolab.runtime.demo_folder import MARK, claim, owner
 
 
 def test_a_new_or_empty_folder_is_claimed(tmp_path):

@@ -9,7 +9,7 @@ import grpolab.rollout.hf as hf_mod
 from grpolab.cli import main
 from grpolab.errors import TrainingError
 from grpolab.rollout.base import EngineDied
-from grpolab.run.guards import GAP_METRIC, SamplerGap
+from grpolab.runtime.guards import GAP_METRIC, SamplerGap
 
 
 def test_two_steps_in_a_row_above_the_limit_stop_one_does_not(tmp_path):

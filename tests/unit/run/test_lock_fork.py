@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from grpolab.run.lock import hold_run_dir
+from grpolab.runtime.lock import hold_run_dir
 
 
 def test_a_forked_child_does_not_keep_the_lock(tmp_path):
