@@ -74,7 +74,7 @@ def run_demo(
     from transformers.utils import logging as hf_logging
 
     from grpolab.eval.report import write_report
-    from grpolab.eval.runner import evaluate
+    from grpolab.commands.eval import evaluate
     from grpolab.runtime.logging import read_metrics
     from grpolab.tasks.tiny import save_tiny
     from grpolab.commands.train import train

@@ -43,10 +43,10 @@ def run_recipe(cfg: Config, *, title: str | None = None, resume: bool = False) -
     from grpolab.data import load_examples, split_eval
     from grpolab.eval.report import write_report
     from grpolab.eval.results import save_evals
-    from grpolab.eval.runner import evaluate
+    from grpolab.commands.eval import evaluate
     from grpolab.models.sources import local_source
     from grpolab.runtime.logging import read_metrics
-    from grpolab.runtime.preflight import build_rewards, check_model_source, prepare_run_dir
+    from grpolab.rewards import build_rewards, check_model_source, prepare_run_dir
     from grpolab.commands.train import train
 
     prepare_run_dir(cfg, resume=resume)  # checkpoints without --resume or log.overwrite: fail now

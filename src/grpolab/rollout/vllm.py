@@ -39,7 +39,7 @@ import torch
 from grpolab.config import ConfigError
 from grpolab.rewards.timeouts import TimedOut, bounded_in_main
 from grpolab.rollout.base import EngineDied, check_prompts, check_sampling
-from grpolab.rollout.vllm_setup import import_vllm
+from grpolab.rollout.vllm import import_vllm
 from grpolab.rollout.vllm_sync import policy_weights
 from grpolab.types import Completions, FinishReason
 

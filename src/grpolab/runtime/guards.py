@@ -200,11 +200,11 @@ class NoSignal:
     def from_config(cls, cfg) -> NoSignal:
         """Group baselines read frac_reward_zero_std; process supervision is not judged (its signal is in the step
         rewards, which these outcome metrics do not see)."""
-        from grpolab.config.validate import GROUP_ADVANTAGES
+        from grpolab.config.sections import GROUP_BASELINES
 
         return cls(
             cfg.train.max_no_signal_steps,
-            group_baseline=cfg.algo.resolved_advantage in GROUP_ADVANTAGES,
+            group_baseline=cfg.algo.resolved_advantage in GROUP_BASELINES,
             enabled=cfg.algo.supervision != "process",
         )
 
