@@ -46,6 +46,7 @@ from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict,
 from grpolab.data import DataError, examples_from_rows
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
+from grpolab.rewards.trl_style import check_columns
 from grpolab.runtime.logging import read_metrics
 from grpolab.trl.convert import TrlConversion, convert_trl
 from grpolab.types import Example
@@ -198,6 +199,8 @@ def _assemble(
             _set(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
     cfg = config_from_dict(raw)  # warns each setting that does less than it says (config/checks.py)
     examples = None if rows is None else examples_from_rows(rows, cfg.data, origin="train_dataset")
+    if rows is not None and any(isinstance(r.reward, TrlReward) for r in rewards or ()):
+        check_columns(list(dict.fromkeys(k for r in rows for k in r)), "train_dataset")
     return cfg, rewards, examples
 
 

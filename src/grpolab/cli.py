@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.num_steps=100")
     p = _verb(sub, "recipe", help="evaluate the model, train it, evaluate again, write report.md (make real)")
     _config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue an interrupted recipe: its evaluation and checkpoints are kept")
     p = _verb(sub, "config", help="print the resolved, validated config and exit")
     _config_args(p)
     p.add_argument(
@@ -250,7 +251,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"grpolab: trained to step {result.final_step}; run written to {result.run_dir}")
         return 0
     if args.verb in ("compare", "recipe"):
-        return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg)
+        return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg, resume=args.resume)
     if args.verb == "sft":
         done = _module("sft").sft(cfg, resume=args.resume)
         if done.stopped_by is not None:
@@ -311,10 +312,18 @@ def _stopped_message(result) -> str:
     )
 
 
-def _recipe(cfg) -> int:
+def _recipe(cfg, *, resume: bool) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see _dispatch_without_config)
     recipe = _module("recipe")
-    recipe.print_summary(recipe.run_recipe(cfg))
+    try:
+        recipe.print_summary(recipe.run_recipe(cfg, resume=resume))
+    except KeyboardInterrupt:
+        print(
+            "grpolab: recipe interrupted; what it finished is kept (eval_base/eval.json, checkpoints); "
+            "continue with: grpolab recipe --resume (same config)",
+            file=sys.stderr,
+        )
+        return 130
     return 0
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 NONFINITE_KEY = "nonfinite_count"
@@ -75,3 +77,19 @@ def loads_strict(text: str | bytes, *, allow_nan: bool = False) -> Any:
     if allow_nan:
         return json.loads(text, object_pairs_hook=_no_duplicates)
     return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+
+
+def write_whole(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` so that it is whole or not there: a temporary file beside it, flushed to
+    disk, renamed into place. A kill (SIGKILL included) or a crash mid-write leaves the previous file, if
+    any, and at most a ``.tmp`` file beside it; a report or eval.json is never half-written."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -22,11 +22,13 @@ from pathlib import Path
 
 import torch
 
-from grpolab.commands.packaged import final_checkpoint, packaged_config, with_model
+from grpolab.commands.demo import own_config
+from grpolab.commands.packaged import final_checkpoint, packaged_config, stop_if_interrupted, with_model
 from grpolab.commands.train import train
 from grpolab.config import Config
 from grpolab.data import load_examples, split_eval
 from grpolab.envs.setup import environment_from_config
+from grpolab.jsonio import write_whole
 from grpolab.rollout.hf import HFSampler
 from grpolab.rollout.multiturn import ChatDelta, MultiTurnSampler, episode_prompt_ids
 from grpolab.runtime.logging import read_metrics
@@ -64,7 +66,7 @@ def agent_config(out_dir: str | Path, size: str = "full", overrides: Sequence[st
 def run_agent_demo(out_dir: str | Path = "runs/demo-agent", size: str = "full", overrides: Sequence[str] = ()):
     """SFT, GRPO, evaluate before and after; returns (report path, [AgentEval], seconds)."""
 
-    cfg = agent_config(out_dir, size, overrides)
+    cfg = own_config(agent_config(out_dir, size, overrides), "demo --agent")
     run_dir, seconds = cfg.run_dir, {}
     t0 = time.perf_counter()
     examples, held_out = split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
@@ -74,12 +76,13 @@ def run_agent_demo(out_dir: str | Path = "runs/demo-agent", size: str = "full", 
     t1 = time.perf_counter()
     trained = train(grpo_cfg)
     seconds["grpo"] = time.perf_counter() - t1
+    stop_if_interrupted(trained)  # Ctrl-C during GRPO: its checkpoint is saved; no eval, no report
     final = final_checkpoint(trained)
     t2 = time.perf_counter()
     evals = [evaluate_agent(cfg, str(sft_dir), held_out, "SFT"), evaluate_agent(cfg, str(final), held_out, "GRPO")]
     seconds["eval"] = time.perf_counter() - t2
     seconds["total"] = time.perf_counter() - t0
-    report = _write_report(run_dir, cfg, evals, seconds)
+    report = _write_report(run_dir, cfg, evals, seconds, grpo_steps=trained.final_step)
     return report, evals, seconds
 
 
@@ -163,7 +166,8 @@ def evaluate_agent(cfg: Config, path: str, examples, label: str) -> AgentEval:
         make_env = _make_env(cfg, tools_enabled=tools)
         inner = HFSampler(model, tok, max_completion_length=cfg.rollout.max_completion_length, temperature=temperature)
         sampler = MultiTurnSampler(
-            inner, tok, make_env, max_turns=cfg.env.max_turns, max_episode_tokens=cfg.env.max_episode_tokens
+            inner, tok, make_env, max_turns=cfg.env.max_turns, max_episode_tokens=cfg.env.max_episode_tokens,
+            step_timeout_s=cfg.env.step_timeout_s,
         )
         prompts = episode_prompt_ids(examples, tok, make_env)
         out = sampler.sample(prompts, num_generations=1, generator=torch.Generator().manual_seed(cfg.seed), examples=examples)
@@ -172,7 +176,11 @@ def evaluate_agent(cfg: Config, path: str, examples, label: str) -> AgentEval:
     return AgentEval(label, results["sampled"][0], results["sampled"][1], results["no_tool"][0], results["greedy"][0])
 
 
-def _write_report(run_dir: Path, cfg: Config, evals: list[AgentEval], seconds: dict[str, float]) -> Path:
+def _write_report(
+    run_dir: Path, cfg: Config, evals: list[AgentEval], seconds: dict[str, float], *, grpo_steps: int
+) -> Path:
+    """report.md and agent_eval.json, each written whole (a temporary file renamed into place); the GRPO
+    steps said are the steps that ran."""
 
     rows = read_metrics(run_dir)
     curve = [(r["step"], r.get("reward"), r.get("tools/call_frequency")) for r in rows]
@@ -189,7 +197,7 @@ def _write_report(run_dir: Path, cfg: Config, evals: list[AgentEval], seconds: d
         *(f"| {e.label} | {e.accuracy:.3f} | {e.tool_call_rate:.3f} | {e.accuracy_no_tool:.3f} | {e.greedy_accuracy:.3f} |" for e in evals),
         "",
         f"SFT: {cfg.sft.steps} steps of batch {cfg.sft.batch_size} on traces, half with a tool call. "
-        f"GRPO: {cfg.train.num_steps} steps of {cfg.train.prompts_per_step} prompts x G={cfg.rollout.num_generations} episodes.",
+        f"GRPO: {grpo_steps} steps of {cfg.train.prompts_per_step} prompts x G={cfg.rollout.num_generations} episodes.",
         "",
         "| GRPO step | reward | tool calls per episode |",
         "|---:|---:|---:|",
@@ -199,8 +207,8 @@ def _write_report(run_dir: Path, cfg: Config, evals: list[AgentEval], seconds: d
         "",
     ]
     report = run_dir / "report.md"
-    report.write_text("\n".join(lines))
-    (run_dir / "agent_eval.json").write_text(json.dumps([dataclasses.asdict(e) for e in evals], indent=2))
+    write_whole(run_dir / "agent_eval.json", json.dumps([dataclasses.asdict(e) for e in evals], indent=2))
+    write_whole(report, "\n".join(lines))
     return report
 
 

@@ -13,6 +13,7 @@ with the size preset's overrides and the caller's on top; only the model path ch
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from grpolab.config import Config
 from grpolab.eval.report import summary_sentence, write_report
 from grpolab.eval.results import ModelEval
 from grpolab.models.loading import count_parameters
+from grpolab.runtime.demo_folder import claim
 from grpolab.runtime.logging import read_metrics
 from grpolab.tasks.tiny import save_tiny
 
@@ -74,7 +76,7 @@ def run_demo(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the demo shows its own bars, one per phase
-    base = demo_config(out_dir, size, overrides)
+    base = own_config(demo_config(out_dir, size, overrides), "demo")
     run_dir, seconds = base.run_dir, {}
     t0 = time.perf_counter()
     init = save_tiny(run_dir / "init_model", seed=base.seed, **SIZES[size][0])
@@ -99,6 +101,13 @@ def run_demo(
     )
     seconds["total"] = time.perf_counter() - t0
     return DemoResult(run_dir, report, evals, sft_result.steps, sft_result.dev_accuracy, seconds)
+
+
+def own_config(cfg: Config, kind: str) -> Config:
+    """``cfg`` after claiming its run folder (run/demo_folder.py): the demo's own earlier run there is
+    started over (log.overwrite), any other run refused unless log.overwrite=true was given."""
+    claim(cfg.run_dir, kind, overwrite=cfg.log.overwrite)
+    return dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, overwrite=True))
 
 
 def _task_name(cfg: Config) -> str:

@@ -8,10 +8,17 @@
 
 The config is checked and the model source resolved (a GGUF converted once, grpolab.models.sources)
 before the first evaluation, so a bad config fails in seconds, not after the first evaluation.
+
+``resume=True`` (``grpolab recipe --resume``) continues an interrupted recipe without redoing or deleting
+anything done: the starting model's evaluation is read back from ``<run>/eval_base/eval.json`` when it
+is there (it is written whole, after the evaluation), training continues from the latest checkpoint
+(``grpolab train --resume``'s checks: the same config), and a training already at train.num_steps just
+goes on to the final evaluation.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +29,13 @@ from grpolab.commands.train import train
 from grpolab.config import Config
 from grpolab.data import load_examples, split_eval
 from grpolab.eval.report import summary_sentence, write_report
-from grpolab.eval.results import ModelEval, save_evals
+from grpolab.eval.results import ModelEval, load_evals, save_evals
 from grpolab.models.sources import local_source
 from grpolab.rewards import build_rewards
 from grpolab.runtime.logging import read_metrics
 from grpolab.runtime.preflight import check_model_source, prepare_run_dir
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,10 +47,10 @@ class RecipeResult:
     seconds: dict[str, float]
 
 
-def run_recipe(cfg: Config, *, title: str | None = None) -> RecipeResult:
+def run_recipe(cfg: Config, *, title: str | None = None, resume: bool = False) -> RecipeResult:
     """Evaluate the model, train it, evaluate the result, write the report; see the module docstring."""
 
-    prepare_run_dir(cfg, resume=False)  # a run dir holding checkpoints without log.overwrite: fail now
+    prepare_run_dir(cfg, resume=resume)  # checkpoints without --resume or log.overwrite: fail now
     check_model_source(cfg.model)
     build_rewards(cfg)
     split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)  # a DataError now, not later
@@ -52,11 +61,16 @@ def run_recipe(cfg: Config, *, title: str | None = None) -> RecipeResult:
     run_dir = cfg.run_dir
     _phase(f"1/3 evaluating the starting model ({cfg.model.name_or_path})")
     t1 = time.perf_counter()
-    [before] = evaluate(cfg, [start_model], labels=["base"], out_dir=run_dir / "eval_base")
+    saved = run_dir / "eval_base" / "eval.json"
+    if resume and saved.is_file():  # done before the interruption: read back, not redone
+        [before] = load_evals(saved)
+        log.info("recipe --resume: the starting model's evaluation read back from %s", saved)
+    else:
+        [before] = evaluate(cfg, [start_model], labels=["base"], out_dir=run_dir / "eval_base")
     seconds["eval_base"] = time.perf_counter() - t1
     _phase(f"2/3 training: {cfg.train.num_steps} {cfg.algo.name.upper()} steps")
     t2 = time.perf_counter()
-    trained = train(cfg)
+    trained = train(cfg, resume=resume)
     seconds["train"] = time.perf_counter() - t2
     stop_if_interrupted(trained)  # Ctrl-C during training: the checkpoint is saved, stop here
     final = final_checkpoint(trained)

@@ -24,7 +24,7 @@ from grpolab.distributed import dist, parallel
 from grpolab.progress import Progress
 from grpolab.rewards import WeightedReward
 from grpolab.runtime.assemble import Run, assemble, session
-from grpolab.runtime.guards import GracefulStop
+from grpolab.runtime.guards import GracefulStop, SamplerGap, sampling_guard
 from grpolab.runtime.logging import peak_memory_mb
 from grpolab.training.batch import length_by_reward, step_tokens
 from grpolab.training.sampling import StepGroups, sample_step
@@ -67,14 +67,16 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
     cfg, metrics, last_step = run.cfg, {}, run.start
     title = cfg.algo.name.upper()
     progress = Progress(total=cfg.train.num_steps, start=run.start, enabled=cfg.log.progress and dist.is_main(), title=title)
+    gap = SamplerGap(cfg.rollout.max_logprob_gap, cfg.run_dir)
     for step in range(run.start + 1, cfg.train.num_steps + 1):
         if dist.any_rank(stop.requested):  # SIGINT / SIGTERM: the previous step saved a checkpoint
             break
         step_started = time.perf_counter()
-        drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: training/sampling.py)
-            cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
-            prompt_ids=run.prompt_ids, generator=run.sampling_generator,
-        )  # fmt: skip
+        with sampling_guard(cfg.model.name_or_path, step, cfg.run_dir):  # NaN logits: one line, this step
+            drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: training/sampling.py)
+                cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
+                prompt_ids=run.prompt_ids, generator=run.sampling_generator,
+            )  # fmt: skip
         batch_examples = [run.examples[i] for i in drawn.rows]
         batch_started, (batch, metrics) = _advantages(run, drawn, batch_examples)
         update_started = time.perf_counter()
@@ -101,6 +103,7 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
             run.logger.samples(step, run.gold.annotate(rows_out))
         run.bad_steps.observe(step, metrics.get("train/skipped_updates", 0.0), run.policy)  # raises to stop the run
         run.no_signal.observe(step, metrics)  # raises after train.max_no_signal_steps steps without signal
+        gap.observe(step, metrics)  # raises when the sampler drifts from the policy (rollout.max_logprob_gap)
         if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0 and run.reference is not None:
             run.reference.reset_to(parallel.unwrap(run.policy))  # pi_ref <- pi_theta
         every = cfg.log.checkpoint_every

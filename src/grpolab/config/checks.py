@@ -147,6 +147,11 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         (env.max_turns < 1, "env.max_turns must be >= 1"),
         (env.max_episode_tokens < 1, "env.max_episode_tokens must be >= 1"),
         (env.tool_timeout_s <= 0, "env.tool_timeout_s must be > 0 (seconds per tool call)"),
+        (env.step_timeout_s <= 0, "env.step_timeout_s must be > 0 (seconds per environment turn)"),
+        (
+            cfg.rollout.max_logprob_gap is not None and not cfg.rollout.max_logprob_gap > 0,
+            "rollout.max_logprob_gap must be > 0 (nats per token) or null (never stop)",
+        ),
         (env.max_tool_output_chars < 1, "env.max_tool_output_chars must be >= 1"),
         (t.max_bad_steps < 0, "train.max_bad_steps must be >= 0 (0 = skip bad updates but never stop)"),
         (cfg.reward.timeout_s <= 0, "reward.timeout_s must be > 0 (seconds per reward call on a batch)"),

@@ -34,6 +34,10 @@ class VLLMConfig:
     sleep_mode: bool = False
     """CUDA: offload the engine's weights and free its KV cache while the trainer runs (vLLM sleep mode,
     level 1), so training gets that memory back. vLLM does not support it on CPU: ignored there."""
+    timeout_s: float = 1800.0
+    """The most one sampling call or weight sync may take; past it the run stops with one line naming this
+    key (a hung engine), the checkpoints kept. The engine runs in the trainer's main thread, interrupted
+    between Python bytecodes: a call stuck inside C code (a deadlocked collective) is not cut."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -44,6 +48,7 @@ class VLLMConfig:
             ),
             (self.max_model_len is not None and self.max_model_len < 2, "vllm.max_model_len must be >= 2, or null"),
             (self.max_num_seqs is not None and self.max_num_seqs < 1, "vllm.max_num_seqs must be >= 1, or null"),
+            (not self.timeout_s > 0, "vllm.timeout_s must be > 0 (seconds per sampling call or weight sync)"),
         ]
         for bad, message in checks:
             if bad:

@@ -114,6 +114,11 @@ class RolloutConfig:
     kv_cache_budget_mb: float | None = None
     """Memory for the sampler's KV cache and step logits when max_batch_sequences is null; null = a quarter
     of the memory free when sampling starts (CUDA: free device memory; CPU: MemAvailable)."""
+    max_logprob_gap: float | None = 0.1
+    """The run stops when the mean |log pi_train - log pi_sampler| per token
+    (sampling/sampling_logp_difference/mean) is above this on 2 steps in a row: the engine is then not
+    sampling from the policy being trained (a weight sync that misses a layer). Measured in healthy runs:
+    ~0.003 (hf), ~0.01-0.02 (vllm in bf16). null = never stop."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,10 @@ class EnvConfig:
     rollout.max_completion_length of them."""
     tool_timeout_s: float = 10.0
     """A tool call is cut off here; the model reads an error instead."""
+    step_timeout_s: float = 300.0
+    """The most the rollout waits for the environments' steps (or their closing) on one turn (all episodes
+    together); past it the run stops with one line, since a hung step (even one that blocks its event
+    loop) leaves every episode of the batch stuck. Tool calls inside a step are cut at tool_timeout_s."""
     max_tool_output_chars: int = 2000
     """A tool's output is cut to this many characters before it is tokenized."""
     on_tool_error: Literal["message", "end"] = "message"

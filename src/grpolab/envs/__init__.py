@@ -85,9 +85,16 @@ def build_environment(name: str, kwargs: Mapping[str, Any], limits: ToolLimits) 
         )
     try:
         make_env = factory(**dict(kwargs))
-        make_env()  # built once now: a bad argument fails before any model loads
+        env = make_env()  # built once now: a bad argument fails before any model loads
     except TypeError as exc:
         raise ConfigError(f"env.kwargs={dict(kwargs)} do not fit env.name={name!r}: {exc}") from exc
+    missing = [m for m in ("reset", "step") if not callable(getattr(env, m, None))]
+    if missing or not isinstance(getattr(env, "tools", None), list | tuple):
+        what = f"no {' or '.join(missing)} method" if missing else "no tools list (an empty list for none)"
+        raise ConfigError(
+            f"env.name={name!r} made a {type(env).__name__} with {what}: an environment has reset(example) -> "
+            "messages, step(model_turn) -> EnvStep and tools (grpolab.envs.Environment; docs/multiturn.md)"
+        )
     return make_env
 
 

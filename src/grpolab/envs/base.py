@@ -16,8 +16,8 @@ Per-turn rewards are summed into the episode's reward (``Episode.env_reward``), 
 reward function hands to GRPO; other reward functions see the whole conversation as text.
 
 A tool is a Python callable (sync or async) run through ``run_tool``: it is cut off at
-``ToolLimits.timeout_s`` (a sync tool runs in a daemon thread that is abandoned, as rewards/base.py
-does), its output is cut to ``max_output_chars``, and an exception becomes an error message. Each
+``ToolLimits.timeout_s`` (it runs in a daemon thread that is abandoned, as rewards/base.py does; an
+async tool in an event loop of its own there, so one that blocks its loop is cut too), its output is cut to ``max_output_chars``, and an exception becomes an error message. Each
 failure is logged; the episode then goes on with the message, or ends with reward 0
 (``on_error="end"``). A run never crashes on a tool and a prompt never grows without bound.
 """
@@ -28,9 +28,11 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from grpolab.types import Example
@@ -111,19 +113,20 @@ async def run_tool(tool: Tool | None, arguments: Mapping[str, Any], limits: Tool
     if tool is None:
         return _failed("unknown_tool", "error: no such tool")
     try:
-        if inspect.iscoroutinefunction(tool.fn):
-            output = await asyncio.wait_for(tool.fn(**arguments), limits.timeout_s)
-        else:
-            output = await asyncio.wait_for(_in_daemon_thread(tool.fn, arguments), limits.timeout_s)
+        # An async tool runs in an event loop of its own, in a daemon thread, like a sync one: one that blocks
+        # its loop (time.sleep in an async def) would otherwise block the rollout's and outlive the timeout.
+        fn = partial(_run_coroutine, tool.fn) if inspect.iscoroutinefunction(tool.fn) else tool.fn
+        output = await asyncio.wait_for(_in_daemon_thread(fn, arguments), limits.timeout_s)
     except TimeoutError:
         _log_failure(tool.name, "timeout", f"timed out after {limits.timeout_s:g} s")
         return _failed("timeout", f"error: the tool {tool.name} timed out after {limits.timeout_s:g} s")
     except TypeError as exc:  # wrong or missing arguments from the model
-        return _failed("bad_arguments", _bounded(f"error: {exc}", limits.max_output_chars))
+        return _failed("bad_arguments", _bounded(clean_text(f"error: {exc}"), limits.max_output_chars))
     except Exception as exc:  # the tool's bug or the model's bad input: the model reads it, the run goes on
-        _log_failure(tool.name, "raised", f"raised {type(exc).__name__}: {exc}")
-        return _failed("raised", _bounded(f"error: {type(exc).__name__}: {exc}", limits.max_output_chars))
-    text = output if isinstance(output, str) else repr(output)
+        what = clean_text(f"{type(exc).__name__}: {exc}")
+        _log_failure(tool.name, "raised", f"raised {what}")
+        return _failed("raised", _bounded(f"error: {what}", limits.max_output_chars))
+    text = clean_text(output if isinstance(output, str) else repr(output))
     if len(text) > limits.max_output_chars:
         _log_failure(tool.name, "too_long", f"returned {len(text)} characters, cut to {limits.max_output_chars}")
         return ToolResult(_bounded(text, limits.max_output_chars), "too_long")
@@ -131,6 +134,19 @@ async def run_tool(tool: Tool | None, arguments: Mapping[str, Any], limits: Tool
 
 
 _WARNED: set[tuple[str, str]] = set()
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD: it can then be tokenized, logged and written as
+    UTF-8 (a tool's bytes decoded with ``surrogateescape``, a cut UTF-16 pair; envs.contract)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
 
 
 def _log_failure(tool: str, kind: str, what: str) -> None:
@@ -151,6 +167,10 @@ def _bounded(text: str, limit: int) -> str:
         return text
     note = f"...[cut {len(text) - limit} chars]"
     return text[: max(limit - len(note), 0)] + note[:limit]
+
+
+def _run_coroutine(fn: Callable[..., Any], **arguments: Any) -> Any:
+    return asyncio.run(fn(**arguments))
 
 
 def _in_daemon_thread(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> asyncio.Future:

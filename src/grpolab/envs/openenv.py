@@ -61,8 +61,10 @@ class OpenEnvAdapter:
     async def step(self, model_turn: str) -> EnvStep:
         try:
             return await asyncio.wait_for(self._step(model_turn), self.timeout_s)
-        except (TimeoutError, ConnectionError, RuntimeError, OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the client raises (websockets' ConnectionClosed when
+            # the server exits mid-episode, a bad JSON answer, a timeout) is the server's failure, not the run's
             log.warning("OpenEnv server %s failed (%s: %s); the episode ends with reward 0", self.base_url, type(exc).__name__, exc)
+            await self._drop_client()
             return EnvStep(reward=0.0, done=True, tool_errors=1)
 
     async def _step(self, model_turn: str) -> EnvStep:
@@ -84,6 +86,13 @@ class OpenEnvAdapter:
         return EnvStep([{"role": self.role, "content": text}], reward=reward, done=bool(result.done))
 
     async def close(self) -> None:
+        await self._drop_client()
+
+    async def _drop_client(self) -> None:
+        """Close the session; a server already gone fails to close, which changes nothing (logged at DEBUG)."""
         if self.client is not None:
             client, self.client = self.client, None
-            await client.close()
+            try:
+                await asyncio.wait_for(client.close(), self.timeout_s)
+            except Exception as exc:  # noqa: BLE001
+                log.debug("closing the OpenEnv session with %s failed: %s", self.base_url, exc)

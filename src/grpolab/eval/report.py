@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from grpolab.eval.results import ModelEval
+from grpolab.jsonio import write_whole
 
 NOISE = 0.005
 """Changes smaller than this are reported as unchanged."""
@@ -86,8 +87,13 @@ def _save(fig, plt, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:  # whole or the previous plot: written beside it, then renamed
+        fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+        plt.close(fig)
     return path
 
 
@@ -190,5 +196,5 @@ def write_report(
         lines += ["## GRPO training curves", "", "![reward and KL](plots/training.png)", ""]
     lines += ["## Sample completions", "", samples_section(evals)]
     path = out / "report.md"
-    path.write_text("\n".join(lines))
+    write_whole(path, "\n".join(lines))  # whole or the previous one: never half a report
     return path

@@ -60,9 +60,7 @@ class ModelEval:
 def save_evals(evals: list[ModelEval], path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")  # a kill mid-write leaves the previous file whole
-    tmp.write_text(jsonio.dumps([e.to_json() for e in evals], indent=1) + "\n")
-    tmp.replace(path)
+    jsonio.write_whole(path, jsonio.dumps([e.to_json() for e in evals], indent=1) + "\n")  # flushed, then renamed
     return path
 
 

@@ -31,6 +31,7 @@ from grpolab.models.loading import resolve_autocast
 from grpolab.progress import Progress
 from grpolab.rewards import WeightedReward, build_rewards, score_batch
 from grpolab.rewards.math_answer import prediction_text
+from grpolab.rollout.base import NonFiniteLogits
 from grpolab.rollout.engines import build_sampler
 from grpolab.training.gold import build_gold_rewards
 from grpolab.types import Completions, Example
@@ -139,7 +140,10 @@ def evaluate_model(
     bar = Progress(total=len(examples), enabled=progress and dist.is_main(), title=f"eval {label}", unit="prompt")
     for start in range(mine.start, mine.stop, chunk):
         stop = min(start + chunk, mine.stop)
-        comps = sampler.sample(prompt_ids[start:stop], num_generations=n, generator=generator)
+        try:
+            comps = sampler.sample(prompt_ids[start:stop], num_generations=n, generator=generator)
+        except NonFiniteLogits as err:  # the model and what is evaluated, on one line
+            raise NonFiniteLogits(f"eval of {label} ({path}): {err}; no eval.json entry was written for it") from err
         correct, total = grader.grade(comps, examples[start:stop])
         for p in range(len(comps.texts) // n):
             rows = slice(p * n, (p + 1) * n)

@@ -52,8 +52,11 @@ def _cached(repo_id: str, revision: str | None) -> bool:
 def hub_load_kwargs(source: str, revision: str | None, key: str) -> dict[str, bool]:
     """``{"local_files_only": True}`` when the Hub cannot be reached but ``source`` is cached, ``{}`` when it
     can (or ``source`` is a local folder); HubUnavailable naming ``key`` when neither."""
-    if Path(source).expanduser().exists():
-        return {}
+    try:
+        if Path(source).expanduser().exists():
+            return {}
+    except OSError as err:  # a name too long to look up: neither a folder nor a hub id
+        raise HubUnavailable(f"{key} '{source[:80]}...' cannot be looked up ({err.strerror}); give a model folder or a hub id") from err
     offline = offline_mode()
     if not offline and hub_reachable():
         return {}

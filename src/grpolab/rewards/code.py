@@ -31,14 +31,20 @@ Runs are independent processes, so ``workers`` > 1 runs several at once; each ha
 namespace, so none can signal another (without namespaces, in the fallback, ``os.kill(-1, 9)`` from
 one run could fail its batch-mates': keep ``workers`` at 1 there).
 
-Time budget: a batch of N completions can take up to about N x (timeout_s + 0.5) / workers seconds
-(times the number of cases for stdin/stdout tests) when every program hangs, and the whole call
-must fit in reward.timeout_s (default 60 s): raise it, or ``workers``, for large batches.
+Slow programs. A program still running at ``timeout_s`` is killed and its test (or case) fails, so a
+completion that loops forever scores 0 and training goes on; the number of such completions in a step
+is logged as ``rewards/code_tests/timed_out`` (``counts``). The call on a batch is then bounded by
+``time_budget_s``: ceil(N / workers) x cases x (timeout_s + 1 s of sandbox start-up and slack) + 10 s,
+with cases the most stdin/stdout cases of an example (1 for asserts), or reward.timeout_s if larger.
+Only a call that overruns that budget (the reward hangs as a whole, not one of its programs) stops
+the run with the timeout error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +53,7 @@ from typing import Any
 from grpolab.rewards.base import RewardError, SampleError
 from grpolab.rewards.rules import extract_answer_tag, final_region
 from grpolab.sandbox.checks import RAISED, AssertTest, split_test
-from grpolab.sandbox.runner import SandboxError, SandboxLimits, run_python
+from grpolab.sandbox.runner import STARTUP_S, SandboxError, SandboxLimits, run_python
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)
@@ -60,6 +66,10 @@ PROBE_MODULES = (
     "contextlib", "numbers", "time",
 )  # fmt: skip
 """Imported by the start-up probe, in the sandbox, as the sandbox's user."""
+_SLACK_S = 0.5
+"""Per program, beyond timeout_s + STARTUP_S (the sandbox's own deadline): killing and reaping it."""
+_CALL_SLACK_S = 10.0
+"""Per call: reading the tests, a loaded machine."""
 _FORMAT_HELP = (
     "give meta['tests'] as a list of assert statements, e.g. [\"assert add(1, 2) == 3\"], or a list of "
     "{'input': stdin text, 'output': expected stdout} objects"
@@ -136,6 +146,9 @@ class CodeTests:
         self.name = name
         self.isolation = ""
         """What the sandbox enforces here, from a probe run at construction."""
+        self.counts: dict[str, float] = {}
+        """Of the last call: ``timed_out``, the completions with a program killed at timeout_s (logged as
+        rewards/<name>/timed_out, summed over the step)."""
 
     def probe(self) -> str:
         """Import a wide stdlib set in the sandbox; raise RewardError if that fails on this machine."""
@@ -166,38 +179,53 @@ class CodeTests:
                 raise SampleError(self.name, i, example, exc) from exc
             jobs.append((extract_code(completion.text), tests))
         if self.workers == 1 or len(jobs) < 2:
-            return [self._score(code, tests) for code, tests in jobs]
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="code-tests") as pool:
-            return list(pool.map(lambda job: self._score(*job), jobs))
-
-    def _score(self, code: str | None, tests: list[Any]) -> float:
-        if code is None:
-            return 0.0
-        if isinstance(tests[0], AssertTest):
-            passed = self._passes_asserts(code, tests)
+            scored = [self._score(code, tests) for code, tests in jobs]
         else:
-            passed = sum(self._passes_io(code, case) for case in tests)
-        if self.all_or_nothing:
-            return float(passed == len(tests))
-        return passed / len(tests)
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="code-tests") as pool:
+                scored = list(pool.map(lambda job: self._score(*job), jobs))
+        self.counts = {"timed_out": float(sum(slow for _, slow in scored))}
+        return [score for score, _ in scored]
 
-    def _passes_asserts(self, code: str, tests: list[AssertTest]) -> int:
+    def time_budget_s(self, completions: list[Completion], examples: list[Example]) -> float:
+        """The most a call on this batch takes when every program runs to timeout_s (module docstring)."""
+        cases = 1
+        for example in examples:
+            with contextlib.suppress(ValueError):  # a malformed example fails in __call__, naming it
+                tests = read_tests(example)
+                cases = max(cases, 1 if isinstance(tests[0], str) else len(tests))
+        rounds = math.ceil(len(completions) / self.workers)
+        return rounds * cases * (self.limits.timeout_s + STARTUP_S + _SLACK_S) + _CALL_SLACK_S
+
+    def _score(self, code: str | None, tests: list[Any]) -> tuple[float, bool]:
+        """(score, whether a program was killed at timeout_s)."""
+        if code is None:
+            return 0.0, False
+        if isinstance(tests[0], AssertTest):
+            passed, slow = self._passes_asserts(code, tests)
+        else:
+            runs = [self._passes_io(code, case) for case in tests]
+            passed, slow = sum(ok for ok, _ in runs), any(s for _, s in runs)
+        if self.all_or_nothing:
+            return float(passed == len(tests)), slow
+        return passed / len(tests), slow
+
+    def _passes_asserts(self, code: str, tests: list[AssertTest]) -> tuple[int, bool]:
         exprs = [probe for test in tests for probe in test.probes]
         result = run_python(code, mode="asserts", limits=self.limits, exprs=exprs)
         if not result.loaded:
-            return 0
+            return 0, result.out_of_time
         values = [result.values.get(k, RAISED) for k in range(len(exprs))]
         passed = k = 0
         for test in tests:
             passed += test.passes(values[k : k + len(test.probes)])
             k += len(test.probes)
-        return passed
+        return passed, result.out_of_time
 
-    def _passes_io(self, code: str, case: Mapping[str, str]) -> bool:
+    def _passes_io(self, code: str, case: Mapping[str, str]) -> tuple[bool, bool]:
         result = run_python(code, mode="program", limits=self.limits, stdin=case["input"])
         if not result.clean_exit:
-            return False
-        return _normalise(result.stdout.decode("utf-8", "replace")) == _normalise(case["output"])
+            return False, result.out_of_time
+        return _normalise(result.stdout.decode("utf-8", "replace")) == _normalise(case["output"]), False
 
 
 def make_code_tests(

@@ -98,6 +98,15 @@ def _result(worker: Worker, deadline: float) -> Any:
         raise TimedOut from None
 
 
+def bounded_in_main(fn: Callable[[], object], timeout_s: float) -> object:
+    """``fn()`` within ``timeout_s`` (TimedOut past it) when called from the main thread, interrupted there
+    between bytecodes (``_bounded_in_main``); from another thread, ``fn()`` unbounded. For work that must run
+    in the calling thread, such as an in-process inference engine."""
+    if not _can_interrupt_main():
+        return fn()
+    return _bounded_in_main(fn, timeout_s)
+
+
 class _Timeout(BaseException):
     """Raised in the main thread by _bounded_in_main's timer; BaseException so `except Exception` in a reward lets it by."""
 

@@ -17,6 +17,10 @@ Where this departs from TRL, and why:
   docs uses signal.alarm, which only works there); ``reward.timeout_s`` interrupts them there.
 * In the dry run before training, completions are reference answers given as text: their
   ``completion_ids`` are empty lists.
+* A dataset column named ``prompts``, ``completions`` or ``completion_ids`` is refused (TRL fails on it
+  with "got multiple values for keyword argument"): the reward would get the model's completions,
+  not the column, and score against the wrong thing without a word. Rename the column
+  (``check_columns``; the Python API checks it when the trainer is made, the command line in the dry run).
 
 ``async def`` functions are awaited together with every other async reward of the batch
 (``asyncio.gather`` in ``score_batch``), as TRL does, so slow remote judges overlap.
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -87,6 +91,7 @@ class TrlReward:
         """The keyword lists TRL would pass for this batch (one entry per completion)."""
         columns = [_columns(e) for e in examples]
         names = list(dict.fromkeys(k for c in columns for k in c))
+        check_columns(names, "the dataset")
         args: dict[str, Any] = {
             "prompts": [list(e.messages) if e.messages is not None else e.prompt for e in examples],
             "completions": [
@@ -122,6 +127,17 @@ class TrlReward:
 
     def __repr__(self) -> str:
         return f"TrlReward({self.name!r}{', async' if self.is_async else ''})"
+
+
+def check_columns(columns: Sequence[str], where: str) -> None:
+    """RewardError when a dataset column has the name of one of TRL's batch arguments (module docstring)."""
+    clash = [c for c in TRL_ARGUMENTS if c in columns]
+    if clash:
+        raise RewardError(
+            f"{where} has a column named {clash[0]!r}, the name of the argument through which a TRL-style reward "
+            f"gets the model's {clash[0].replace('_', ' ')}: the column would be replaced without a word. Rename "
+            f"the column (e.g. reference_{clash[0]}) and the reward's parameter with it"
+        )
 
 
 def _columns(example: Example) -> dict[str, Any]:

@@ -9,7 +9,35 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from grpolab.errors import TrainingError
 from grpolab.types import Completions
+
+
+class SamplerFailed(TrainingError):
+    """Sampling cannot go on; the training loop adds the step, the model and the last good checkpoint
+    (run.guards.sampling_guard). ``remedy``: what to do, said after those."""
+
+    remedy = ""
+
+
+class NonFiniteLogits(SamplerFailed):
+    """The model gave NaN or +inf logits while sampling (NaN weights, or an fp16 overflow). The sampler
+    raises it instead of drawing from a NaN distribution (torch.multinomial's traceback on a CPU, a
+    device assert on CUDA)."""
+
+    remedy = (
+        "Check the model's weights are finite (a damaged file, a diverged run), or use model.dtype=bfloat16 / "
+        "float32 instead of float16."
+    )
+
+
+class EngineDied(SamplerFailed):
+    """The inference engine (vLLM) died: its process or its core ended (vLLM's EngineDeadError)."""
+
+    remedy = (
+        "The engine's own log above says why (out of memory is the usual cause: lower vllm.gpu_memory_utilization "
+        "or vllm.kv_cache_space_gb); then continue with grpolab train --resume."
+    )
 
 
 @runtime_checkable

@@ -35,7 +35,7 @@ from transformers.cache_utils import DynamicLayer
 
 from grpolab.models.inference import WeightCopy, attention_for, wants_eager_attention
 from grpolab.models.loading import is_peft
-from grpolab.rollout.base import check_prompts, check_sampling
+from grpolab.rollout.base import NonFiniteLogits, check_prompts, check_sampling
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.types import Completions, FinishReason
 
@@ -110,6 +110,7 @@ class HFSampler:
         was_training = self.model.training
         self.model.eval()
         self._net = self._weights.refresh() if self._weights is not None else self.model
+        self._nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set by _pick, read once below
         try:
             with torch.inference_mode(), self._autocast(device):
                 parts = [
@@ -120,6 +121,11 @@ class HFSampler:
             self.model.train(was_training)
             if self._weights is not None:
                 self._weights.release()
+        if bool(self._nonfinite):  # one host sync per call, not per token
+            raise NonFiniteLogits(
+                "the model's logits were NaN or infinite while sampling (NaN or infinite weights, or an overflow "
+                "in model.dtype float16)"
+            )
         ids, mask, logprobs = _concat_right_padded(parts, self.pad_token_id)
         return self._package(prompt_ids, num_generations, ids, mask, logprobs)
 
@@ -225,7 +231,10 @@ class HFSampler:
             logprobs = torch.log_softmax(scaled, dim=-1)
             filtered = filter_logits(scaled, top_k=self.top_k, top_p=self.top_p)
             probs = logprobs.exp() if filtered is scaled else torch.softmax(filtered, dim=-1)
-            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            # a row whose logits hold NaN or +inf (or are all -inf) is NaN throughout: drawn uniformly here
+            # (multinomial would fail, a device assert on CUDA), and sample() raises after the loop
+            token = torch.multinomial(probs.nan_to_num_(nan=1.0), 1, generator=generator).squeeze(-1)
+        self._nonfinite |= logprobs[:, 0].isnan().any()  # O(rows), no host sync
         return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
 
     def _package(self, prompt_ids, group, ids, mask, logprobs) -> Completions:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -36,8 +37,11 @@ import torch
 
 from grpolab.config.sections import EnvConfig
 from grpolab.envs.base import Environment, EnvStep, Message
+from grpolab.envs.contract import EnvLoop, checked_reset, checked_step, env_name
 from grpolab.errors import ConfigError
 from grpolab.types import Completions, Episode, Example, FinishReason
+
+log = logging.getLogger(__name__)
 
 _MARK = "q7Zx9"
 """The dummy assistant turn's text: a string no template writes by itself."""
@@ -97,7 +101,7 @@ def episode_prompt_ids(
 ) -> list[list[int]]:
     """Each example's first messages (``env.reset``) rendered with the env's tools: the training prompts."""
     delta = ChatDelta(tokenizer, make_env().tools)
-    return [delta.prompt_ids(make_env().reset(e)) for e in examples]
+    return [delta.prompt_ids(checked_reset(env, env.reset(e))) for e in examples for env in [make_env()]]
 
 
 @dataclass
@@ -154,7 +158,10 @@ class MultiTurnSampler:
         *,
         max_turns: int,
         max_episode_tokens: int,
+        step_timeout_s: float = 300.0,
     ) -> None:
+        """``step_timeout_s``: the most the rollout waits for the environments' steps (and their closing)
+        (env.step_timeout_s; envs.contract.EnvLoop)."""
         if max_turns < 1 or max_episode_tokens < 1:
             raise ValueError(
                 f"max_turns and max_episode_tokens must be >= 1, got {max_turns}, {max_episode_tokens}"
@@ -164,6 +171,7 @@ class MultiTurnSampler:
         self.make_env = make_env
         self.max_turns = max_turns
         self.max_episode_tokens = max_episode_tokens
+        self.step_timeout_s = step_timeout_s
         self.delta = ChatDelta(tokenizer, make_env().tools)
         self.pad_token_id = getattr(sampler, "pad_token_id", tokenizer.pad_token_id)
         self._device = torch.device("cpu")
@@ -192,9 +200,12 @@ class MultiTurnSampler:
         episodes = []
         for prompt, example in zip(prompt_ids, examples, strict=True):
             for _ in range(num_generations):
-                env = self.make_env()
-                episodes.append(_Running(list(prompt), env, [dict(m) for m in env.reset(example)]))
-        loop = asyncio.new_event_loop()  # one loop for the whole call: clients opened in a step stay usable
+                env = self.make_env()  # reset here, outside any event loop, as before: it may run its own
+                episodes.append(_Running(list(prompt), env, checked_reset(env, env.reset(example))))
+        envs = [e.env for e in episodes]
+        # one loop for the whole call (clients opened in a step stay usable), in its own thread, so that
+        # every wait on the environments' steps is bounded by env.step_timeout_s (envs.contract)
+        loop = EnvLoop(self.step_timeout_s)
         try:
             for turn in range(self.max_turns):
                 running = [e for e in episodes if e.finish is None]
@@ -203,7 +214,7 @@ class MultiTurnSampler:
                 self._model_turn(running, generator)
                 acting = [e for e in running if e.finish is None]
                 turns = [e.messages[-1]["content"] for e in acting]
-                steps = loop.run_until_complete(_step_all([e.env for e in acting], turns))
+                steps = loop.run(_step_all([e.env for e in acting], turns), f"step(model_turn) of {env_name(envs[0])}")
                 for e, step in zip(acting, steps, strict=True):
                     e.record(step)
                     if step.done:
@@ -211,8 +222,7 @@ class MultiTurnSampler:
                     elif turn + 1 < self.max_turns:
                         self._env_turn(e, step.messages)
         finally:
-            loop.run_until_complete(_close_all([e.env for e in episodes]))
-            loop.close()
+            loop.close(_close_all(envs))
         for e in episodes:
             e.finish = e.finish or "length"  # max_turns without the environment's done
         return self._package(episodes, num_generations)
@@ -278,19 +288,24 @@ async def _step_all(envs: Sequence[Environment], turns: Sequence[str]) -> list[E
 
     async def one(env: Environment, turn: str) -> EnvStep:
         result = env.step(turn)
-        return await result if inspect.isawaitable(result) else result
+        return checked_step(env, await result if inspect.isawaitable(result) else result)
 
     return list(await asyncio.gather(*(one(env, turn) for env, turn in zip(envs, turns, strict=True))))
 
 
 async def _close_all(envs: Sequence[Environment]) -> None:
-    """``close()`` on the environments that have one (a connection to an environment server)."""
+    """``close()`` on the environments that have one (a connection to an environment server); one that fails
+    (its server already gone) is logged, and the others are still closed."""
     for env in envs:
         close = getattr(env, "close", None)
-        if close is not None:
+        if close is None:
+            continue
+        try:
             result = close()
             if inspect.isawaitable(result):
                 await result
+        except Exception as exc:  # noqa: BLE001 (closing what is already broken: nothing to lose)
+            log.warning("closing environment %s failed (%s: %s); going on", env_name(env), type(exc).__name__, exc)
 
 
 def episode_sampler(sampler, tokenizer, make_env: Callable[[], Environment] | None, env: EnvConfig):
@@ -298,5 +313,6 @@ def episode_sampler(sampler, tokenizer, make_env: Callable[[], Environment] | No
     if make_env is None:
         return sampler
     return MultiTurnSampler(
-        sampler, tokenizer, make_env, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens
+        sampler, tokenizer, make_env, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
+        step_timeout_s=env.step_timeout_s,
     )

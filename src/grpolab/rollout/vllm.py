@@ -37,7 +37,9 @@ from typing import Any
 
 import torch
 
-from grpolab.rollout.base import check_prompts, check_sampling
+from grpolab.config import ConfigError
+from grpolab.rewards.timeouts import TimedOut, bounded_in_main
+from grpolab.rollout.base import EngineDied, check_prompts, check_sampling
 from grpolab.rollout.vllm_sync import policy_weights
 from grpolab.types import Completions, FinishReason
 
@@ -90,10 +92,12 @@ class VLLMSampler:
         weights_from: torch.nn.Module | None = None,
         device: torch.device | str = "cpu",
         sleep_mode: bool = False,
+        timeout_s: float | None = None,
     ) -> None:
         """``engine``: a vLLM ``LLM`` (``start_engine``). ``weights_from``: the policy whose weights the
         engine takes before the first ``sample`` (None: the engine's weights as they are). ``sleep_mode``:
-        put the engine to sleep after each ``sample`` (CUDA only)."""
+        put the engine to sleep after each ``sample`` (CUDA only). ``timeout_s``: the most a ``sample`` or a
+        weight sync may take (vllm.timeout_s); None = unbounded."""
         check_sampling(max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k)
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty: pass the ids that end a completion")
@@ -107,6 +111,7 @@ class VLLMSampler:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.device = torch.device(device)
         self.sleep_mode = sleep_mode
+        self.timeout_s = timeout_s
         self._pending = weights_from
         self.last_sync_s = 0.0
         """Seconds the last weight sync took (gather, merge, load, cache reset)."""
@@ -119,8 +124,11 @@ class VLLMSampler:
         t0 = time.perf_counter()
         self._wake()
         weights = policy_weights(model, _engine_dtype(self.engine))
-        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        self.engine.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+        def reload() -> None:
+            self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.engine.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+
+        self._bounded(reload, "the weight sync")
         self._pending = None
         self.last_sync_s = time.perf_counter() - t0
         log.debug("vllm: weights synced in %.3f s", self.last_sync_s)
@@ -134,6 +142,7 @@ class VLLMSampler:
     ) -> Completions:
         """G completions for each prompt, prompt-major (row p*G + g is sample g of prompt p)."""
         check_prompts(prompt_ids, num_generations)
+        self._check_fits(prompt_ids)
         if self._pending is not None:
             self.update_weights(self._pending)
         self._wake()
@@ -147,7 +156,7 @@ class VLLMSampler:
                 seed = None if base is None else (base + p * num_generations + g) % SEED_MODULUS
                 params.append(self._params(seed))
         t0 = time.perf_counter()
-        outputs = self.engine.generate(requests, params, use_tqdm=False)
+        outputs = self._bounded(lambda: self.engine.generate(requests, params, use_tqdm=False), "sampling")
         self.last_generate_s = time.perf_counter() - t0
         samples = [out.outputs[0] for out in outputs]
         if greedy:
@@ -158,6 +167,32 @@ class VLLMSampler:
 
     def close(self) -> None:
         """Nothing to release: the engine stays for the next sampler of this process (``shutdown_engines``)."""
+
+    def _bounded(self, fn, what: str):
+        """``fn()`` with a dead engine as EngineDied, and within ``timeout_s`` (EngineDied past it)."""
+        with engine_alive(what):
+            if self.timeout_s is None:
+                return fn()
+            try:
+                return bounded_in_main(fn, self.timeout_s)
+            except TimedOut:
+                raise EngineDied(
+                    f"the vLLM engine did not finish {what} within vllm.timeout_s={self.timeout_s:g} s (a hung "
+                    "engine, or raise vllm.timeout_s for very long generations)"
+                ) from None
+
+    def _check_fits(self, prompt_ids: list[list[int]]) -> None:
+        """Each prompt and a whole completion fit the engine's max_model_len: vLLM would otherwise cut the
+        completion at it without a word (finish "length", like a completion at max_completion_length), or
+        fail with a traceback for a prompt longer than it. check_vllm refuses such a config before the
+        model loads; this holds for a sampler built by hand."""
+        limit = getattr(getattr(self.engine.llm_engine, "model_config", None), "max_model_len", None)
+        longest = max(len(p) for p in prompt_ids)
+        if isinstance(limit, int) and longest + self.max_completion_length > limit:
+            raise ConfigError(
+                f"vllm.max_model_len={limit} cannot hold a prompt of {longest} tokens and max_completion_length="
+                f"{self.max_completion_length}; raise vllm.max_model_len to at least {longest + self.max_completion_length}"
+            )
 
     def _wake(self) -> None:
         """Wake the engine if any sampler on it put it to sleep (an evaluation shares the run's engine)."""
@@ -205,6 +240,18 @@ class VLLMSampler:
             finish_reasons=reasons,
             num_generations=group,
         )
+
+
+@contextlib.contextmanager
+def engine_alive(what: str):
+    """vLLM's EngineDeadError (its core died: out of memory, a crash) as one EngineDied line."""
+    try:
+        yield
+    except Exception as err:
+        if type(err).__name__ != "EngineDeadError":  # by name: vllm is imported lazily, and may not be at all
+            raise
+        said = " ".join(str(err).split())[:300]
+        raise EngineDied(f"the vLLM engine died during {what} ({type(err).__name__}: {said})") from err
 
 
 def _engine_dtype(engine) -> torch.dtype | None:

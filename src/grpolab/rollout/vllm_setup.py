@@ -10,7 +10,7 @@ import torch
 
 from grpolab.config import Config, ConfigError
 from grpolab.distributed import dist
-from grpolab.models.loading import resolve_device
+from grpolab.models.loading import is_peft, resolve_device
 from grpolab.models.sources import local_source
 from grpolab.rollout.budget import free_memory_bytes, kv_bytes_per_sequence
 from grpolab.rollout.hf import _resolve_eos
@@ -21,10 +21,16 @@ CPU_DEFAULT_KV_GB = 1.0
 
 
 def engine_kwargs(
-    cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | None, context: int | None = None
+    cfg: Config,
+    *,
+    device_type: str,
+    autocast_dtype: torch.dtype | None,
+    context: int | None = None,
+    untie_head: bool = False,
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments of a run (cfg.vllm; docs/vllm.md); ``context``: the model's
-    max_position_embeddings, which caps the default max_model_len."""
+    max_position_embeddings, which caps the default max_model_len. ``untie_head``: LoRA trains the LM head
+    of a model whose head is tied to its embedding (``lora_on_tied_head``)."""
 
     v, cpu = cfg.vllm, device_type == "cpu"
     kwargs: dict[str, Any] = {
@@ -50,7 +56,25 @@ def engine_kwargs(
         kwargs["enable_sleep_mode"] = True
     if dist.world().size > 1:
         kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per torchrun rank
+    if untie_head:
+        # vLLM ties the head to the embedding and ignores a sent lm_head.weight, so the adapter's update of
+        # the head never reached it (the engine/trainer gap grew every step). An untied engine holds both;
+        # it starts with dummy weights (the checkpoint has no lm_head.weight to load) and the sync before
+        # the first sample sends every weight, the merged head under its own name.
+        kwargs["hf_overrides"] = {"tie_word_embeddings": False}
+        kwargs["load_format"] = "dummy"
     return kwargs
+
+
+def lora_on_tied_head(policy: torch.nn.Module) -> bool:
+    """True when ``policy`` is a PEFT LoRA model whose adapters include the LM head, tied to the embedding."""
+    if not is_peft(policy):
+        return False
+    from peft.tuners.lora import LoraLayer
+
+    base = policy.get_base_model()
+    tied = bool(getattr(base.config, "tie_word_embeddings", False))
+    return tied and isinstance(base.get_output_embeddings(), LoraLayer)
 
 
 def engine_dtype(cfg: Config, autocast_dtype: torch.dtype | None) -> str:
@@ -80,8 +104,28 @@ def check_vllm(cfg: Config, *, device_type: str) -> None:
     hf = AutoConfig.from_pretrained(
         local_source(cfg.model.name_or_path), revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
     )
+    check_max_model_len(cfg)
     _check_architecture(hf, device_type)
     _check_kv_cache(cfg, hf, device_type)
+
+
+def check_max_model_len(cfg: Config) -> None:
+    """A vllm.max_model_len below the longest prompt plus a whole completion is refused, before any model
+    loads: vLLM would cut each completion there without a word (finish "length", read as ordinary
+    truncation, and trained on), or end in a traceback for a prompt longer than it."""
+    set_len = cfg.vllm.max_model_len
+    if not set_len:
+        return
+    episode = cfg.env.max_episode_tokens if cfg.env.name is not None else 0
+    need = cfg.data.max_prompt_length + episode + cfg.rollout.max_completion_length
+    if set_len < need:
+        parts = f"data.max_prompt_length={cfg.data.max_prompt_length}" + (
+            f" + env.max_episode_tokens={episode}" if episode else ""
+        ) + f" + rollout.max_completion_length={cfg.rollout.max_completion_length}"
+        raise ConfigError(
+            f"vllm.max_model_len={set_len} is below {parts} = {need}: completions would be cut at it without a "
+            f"word. Raise vllm.max_model_len to {need}, leave it null (derived), or lower data.max_prompt_length"
+        )
 
 
 def check_vllm_config(cfg: Config) -> None:
@@ -162,7 +206,8 @@ def build_vllm_sampler(
     device = next(policy.parameters()).device
     check_vllm(cfg, device_type=device.type)
     context = getattr(policy.config, "max_position_embeddings", None)
-    kwargs = engine_kwargs(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context)
+    untie = lora_on_tied_head(policy)
+    kwargs = engine_kwargs(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context, untie_head=untie)
     try:
         engine = start_engine(**kwargs)
     except ValueError as err:  # vLLM's settings checks (pydantic) and its "not enough memory" family
@@ -182,4 +227,5 @@ def build_vllm_sampler(
         weights_from=wrapped if wrapped is not None else policy,
         device=device,
         sleep_mode=cfg.vllm.sleep_mode and device.type != "cpu",
+        timeout_s=cfg.vllm.timeout_s,
     )

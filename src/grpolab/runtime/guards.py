@@ -12,13 +12,19 @@ and weights are left as they were; see step.py). A step with a skipped update is
 ``train.max_bad_steps`` bad steps in a row the run stops with a TrainingError. Weights that turn
 non-finite despite finite gradients (a huge learning rate) stop the run at once, before they could be
 checkpointed: the last checkpoint on disk is then the last good one.
+
+Non-finite sampling. A model whose logits are NaN (NaN weights loaded from a damaged file, an fp16
+overflow) stops the run when it samples, with one line naming the model and the step
+(``sampling_guard``); nothing from that step is logged or checkpointed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -27,6 +33,7 @@ import torch
 from grpolab.config.sections import GROUP_BASELINES
 from grpolab.distributed import dist
 from grpolab.errors import TrainingError
+from grpolab.rollout.base import SamplerFailed
 from grpolab.runtime.checkpoint import latest_checkpoint
 
 log = logging.getLogger(__name__)
@@ -76,6 +83,56 @@ def weights_finite(model: torch.nn.Module) -> bool:
     return not dist.any_rank(not bool(torch.stack(flags).all())) if flags else True
 
 
+def last_good(run_dir: Path) -> str:
+    last = latest_checkpoint(run_dir)
+    return f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+
+
+@contextlib.contextmanager
+def sampling_guard(model: str, step: int, run_dir: Path) -> Iterator[None]:
+    """A SamplerFailed inside (NaN logits, a dead engine) becomes one TrainingError naming ``model``,
+    ``step`` and the last good checkpoint."""
+    try:
+        yield
+    except SamplerFailed as err:
+        raise TrainingError(
+            f"step {step}: {err} in model '{model}'; nothing of this step was logged or saved, and "
+            f"{last_good(run_dir)}. {err.remedy}"
+        ) from err
+
+
+GAP_METRIC = "sampling/sampling_logp_difference/mean"
+
+
+class SamplerGap:
+    """Stops the run when the sampler's log-probs drift from the trainer's (rollout.max_logprob_gap).
+
+    A weight sync that silently misses a layer (verl #7495; LoRA on a tied LM head before grpolab sent
+    it) leaves the engine sampling from another policy: the mean |log pi_train - log pi_sampler| grows
+    step after step while everything else looks normal. Two steps in a row above the limit stop the run
+    before that step's checkpoint, so one noisy batch does not.
+    """
+
+    def __init__(self, limit: float | None, run_dir: Path, patience: int = 2) -> None:
+        self.limit, self.run_dir, self.patience = limit, Path(run_dir), patience
+        self.above: list[float] = []
+
+    def observe(self, step: int, metrics: dict[str, float]) -> None:
+        gap = metrics.get(GAP_METRIC)
+        if self.limit is None or gap is None:
+            return
+        self.above = [*self.above, gap] if gap > self.limit else []
+        if len(self.above) >= self.patience:
+            shown = ", ".join(f"{g:.3g}" for g in self.above)
+            raise TrainingError(
+                f"step {step}: the sampler's log-probs differ from the trainer's by {shown} nats per token on the "
+                f"last {len(self.above)} steps ({GAP_METRIC} > rollout.max_logprob_gap={self.limit:g}): the engine "
+                f"is not sampling from the policy being trained (a weight sync that misses a layer); "
+                f"{last_good(self.run_dir)}. Report it, try rollout.engine=hf, or raise rollout.max_logprob_gap "
+                "if the gap is expected (a low-precision engine)"
+            )
+
+
 class BadSteps:
     """Counts steps in a row whose update was skipped for a non-finite loss or gradient."""
 
@@ -113,8 +170,7 @@ class BadSteps:
             )
 
     def _last_good(self) -> str:
-        last = latest_checkpoint(self.run_dir)
-        return f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+        return last_good(self.run_dir)
 
     def state_dict(self) -> dict[str, int]:
         return {"in_a_row": self.in_a_row}

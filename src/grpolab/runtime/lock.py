@@ -35,6 +35,21 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
 
+_HELD: set[int] = set()
+"""The lock descriptors this process holds now. A forked child (a reward's worker process) shares their
+open file description, and with it the flock: it closes its copies at once (``_close_in_child``), so a
+worker that outlives its run, or survives its trainer for a moment, never keeps the run directory locked."""
+
+
+def _close_in_child() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
 
 class RunDirLocked(GrpolabError, RuntimeError):
     """Another live process holds the run directory; the message names it."""
@@ -75,6 +90,7 @@ def hold_run_dir(run_dir: Path | str) -> Iterator[dict]:
     """Hold ``run_dir`` exclusively for the block; yields the holder record written into the lock file."""
     run_dir = Path(run_dir)
     fd = _open_lock(run_dir)
+    _HELD.add(fd)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -102,7 +118,10 @@ def hold_run_dir(run_dir: Path | str) -> Iterator[dict]:
             # an empty lock file. Only a process killed outright (SIGKILL, OOM, power) leaves its record behind.
             os.ftruncate(fd, 0)
     finally:
-        os.close(fd)  # closing the descriptor releases the flock
+        _HELD.discard(fd)
+        with contextlib.suppress(OSError):  # released even if a copy of the descriptor lives on elsewhere
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 @contextlib.contextmanager

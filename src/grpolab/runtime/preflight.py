@@ -71,6 +71,12 @@ def check_model_source(cfg: ModelConfig) -> None:
         check_source(source)
         return
     path = Path(source).expanduser()
+    try:
+        path.is_dir()  # a name the OS refuses to look up (too long): one line, not an OSError
+    except OSError as err:
+        raise ModelLoadError(
+            f"model.name_or_path: {source[:80]}... cannot be looked up ({err.strerror}); give a model folder or a hub id"
+        ) from err
     if source.startswith(("/", ".", "~")) and not path.exists():
         raise ModelLoadError(
             f"model.name_or_path: {source} does not exist. Give the folder that holds config.json and the "

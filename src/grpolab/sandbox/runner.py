@@ -65,7 +65,6 @@ import selectors
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -73,6 +72,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpolab.errors import RewardError
+from grpolab.sandbox.folders import new_run_folder, record_harness, sweep_once
 from grpolab.sandbox.verdict import MAX_DEPTH, RAISED, decode
 
 HARNESS = Path(__file__).with_name("harness.py")
@@ -145,6 +145,12 @@ class RunResult:
     def clean_exit(self) -> bool:
         return self.returncode == 0 and not self.timed_out and not self.output_overflow
 
+    @property
+    def out_of_time(self) -> bool:
+        """Stopped by a time limit: the trainer's deadline, the harness's wall-clock kill (SIGKILL) or
+        RLIMIT_CPU (SIGXCPU); the harness reports a killed code as 128 + the signal."""
+        return self.timed_out or self.returncode in (128 + 9, 128 + 24)
+
 
 @functools.cache
 def interpreter_files(executable: str = sys.executable) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -190,7 +196,8 @@ def run_python(
     the code runs as ``__main__`` with ``stdin`` as its standard input; ``stdout`` is what it printed.
     """
     paths, masks = interpreter_files()
-    root = Path(tempfile.mkdtemp(prefix="grpolab-sandbox-")).resolve()
+    sweep_once(_remove)  # folders a killed trainer left behind (sandbox_folders)
+    root = new_run_folder()
     try:
         work = root / "work"  # the fallback's working folder; the namespaces give the code a tmpfs instead
         work.mkdir()
@@ -243,6 +250,7 @@ def _launch(root: Path, limits: SandboxLimits) -> RunResult:
     finally:
         os.close(status_w)
     try:
+        record_harness(root, proc.pid)
         out, status, timed_out, overflow = _collect(proc, status_r, limits)
     finally:
         _kill(proc)  # the harness's first process in the PID namespace dies, and all of it with it

@@ -164,6 +164,8 @@ def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
     reward_t, valid = rewards_tensor(scores.total, len(rows), completions.num_generations)
     seconds["sys/time_generation_s"] += t1 - t0
     seconds["sys/time_scoring_s"] += time.perf_counter() - t1
+    for key, value in scores.counts.items():  # e.g. rewards/code_tests/timed_out, over every round
+        seconds[key] = seconds.get(key, 0.0) + value
     return StepGroups(rows, completions, scores, reward_t, valid)
 
 

@@ -179,12 +179,15 @@ def test_no_folder_is_left_after_a_sandbox_timeout(sandbox_tmp):
     assert not any(sandbox_tmp.iterdir())
 
 
-def test_no_folder_is_left_after_a_reward_timeout(sandbox_tmp):
-    """The trainer stops waiting (reward.timeout_s): the harness removes its folder itself."""
+def test_no_folder_is_left_after_a_reward_timeout(sandbox_tmp, monkeypatch):
+    """The trainer stops waiting (the call overran its budget): the harness removes its folder itself. A slow
+    program alone no longer stops the call: it scores 0 (test_code_time_budget.py); a budget below one
+    program's time_s stands for a reward that hangs as a whole."""
     reward = build_reward("code_tests", kwargs={"timeout_s": 1.0, "memory_mb": 256})
+    monkeypatch.setattr(type(reward.reward), "time_budget_s", lambda self, completions, examples: 0.3)
     example = Example("task", meta={"tests": ["assert add(1, 2) == 3"]})
     with pytest.raises(RewardError, match="took longer than 0.3 s"):
-        score_batch([reward], [fenced("import time\ntime.sleep(60)")], [example], timeout_s=0.3)
+        score_batch([reward], [fenced("import time\ntime.sleep(60)")], [example], timeout_s=0.1)
     assert _gone(sandbox_tmp, within_s=5.0)
 
 
