@@ -40,7 +40,7 @@ from grpolab.models import Reference
 from grpolab.run import dist, parallel
 from grpolab.training.batch import LogprobContext, build_rollout_batch, outcome_estimator, rollout_metrics
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
-from grpolab.training.microbatch import prompt_lengths_of
+from grpolab.training.microbatch import completion_lengths_of, prompt_lengths_of
 from grpolab.training.optim import build_optimizer
 from grpolab.training.step import micro_batches, minibatch_order
 from grpolab.training.value import ValueModel, load_value_model, token_values
@@ -132,7 +132,7 @@ class Critic:
         a = self.cfg.algo
         sums: dict[str, float] = defaultdict(float)
         updates = 0
-        lengths = batch.completion_mask.sum(-1)
+        lengths = completion_lengths_of(batch.completion_mask)
         budget = {"max_tokens": self.ctx.max_tokens, "prompt_lengths": prompt_lengths_of(batch.prompt_ids)}
         self.model.train()
         for _ in range(a.mu):

@@ -29,7 +29,7 @@ from grpolab.run.host import give_back_freed_memory, giving_back_freed_memory
 from grpolab.run.parallel import clip_grad_norm
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
-from grpolab.training.microbatch import prompt_lengths_of, split_rows
+from grpolab.training.microbatch import completion_lengths_of, prompt_lengths_of, split_rows
 from grpolab.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def update_policy(
     """mu passes over the batch, num_minibatches optimizer steps each. Returns averaged metrics."""
     sums: dict[str, float] = defaultdict(float)
     counts = {"tokens": 0.0, "updates": 0, "skipped": 0}
-    lengths = batch.completion_mask.sum(-1)
+    lengths = completion_lengths_of(batch.completion_mask)
     budget = {"max_tokens": cfg.train.max_tokens_per_micro_batch, "prompt_lengths": prompt_lengths_of(batch.prompt_ids)}
     model.train()
     for _ in range(cfg.algo.mu):
