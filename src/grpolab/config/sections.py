@@ -362,6 +362,13 @@ class TrainConfig:
     """Also bound each forward by padded tokens, rows x (longest prompt + longest completion): rows are
     sorted by length and packed up to this budget (a longer row runs alone); null = micro_batch_size only.
     Activation memory follows tokens, so this keeps long completions from running out of memory."""
+    dist_timeout_s: float = 600.0
+    """Under torchrun: how long a collective waits for the other ranks before the job fails (the process
+    group's timeout). Raise it when one rank's work between collectives (a long rollout, a slow reward,
+    a checkpoint on a slow disk) can take longer."""
+    dist_bind_device: bool = True
+    """Under torchrun on CUDA: give the process group its device (``device_id`` = cuda:LOCAL_RANK), so NCCL
+    makes its communicator at start-up and each collective knows its GPU. false = let NCCL find it lazily."""
 
 
 @dataclass(frozen=True)

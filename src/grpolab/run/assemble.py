@@ -134,7 +134,7 @@ def session(cfg: Config) -> Iterator[None]:
     """The process group (one process: world size 1) and the run directory's lock, held by the rank
     that writes it, rank 0 (run/lock.py): ``assemble`` and the loop run inside it."""
     # a refused lock stops every rank with one line (run/lock.py)
-    with dist.session(resolve_device(cfg.model).type), hold_run_dir_for_job(cfg.run_dir):
+    with dist.session(resolve_device(cfg.model).type, **dist.session_options(cfg.train)), hold_run_dir_for_job(cfg.run_dir):
         yield
 
 
