@@ -68,9 +68,21 @@ def resolve_autocast(cfg: ModelConfig, device: torch.device) -> torch.dtype | No
         return None
     if cfg.autocast == "bf16":
         return torch.bfloat16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    if device.type == "cuda":  # T4 / V100 only emulate bf16 (slowly), and vLLM refuses it below sm 8.0
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else None
     return torch.bfloat16 if cpu_has_bf16_matmul() else None
+
+
+def use_tf32(cfg: ModelConfig, device: torch.device) -> bool:
+    """On CUDA, fp32 matmuls on TF32 tensor cores (what remains fp32 under autocast, and every matmul of
+    fp32 weights), in this process and in an in-process vLLM worker (which otherwise sets "highest").
+    Not on a CPU (results there stay as they were), nor with model.autocast: none, which asks for full
+    precision. Returns True when it switched TF32 on."""
+    if device.type != "cuda" or cfg.autocast == "none":
+        return False
+    torch.set_float32_matmul_precision("high")
+    os.environ.setdefault("VLLM_FLOAT32_MATMUL_PRECISION", "high")  # read by vLLM's GPU worker at start
+    return True
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -107,6 +119,7 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
     source = local_source(cfg.name_or_path)  # a GGUF source: its converted folder
     tok = load_tokenizer(cfg)
     device = resolve_device(cfg)
+    use_tf32(cfg, device)
     adapter_config = Path(source, "adapter_config.json")
     if adapter_config.exists():  # a LoRA checkpoint: its base model, then the adapter
         from peft import PeftModel
