@@ -176,7 +176,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) ->
     device = resolve_device(cfg.model)
     amp = resolve_autocast(cfg.model, device)
     reference = Reference(plain, amp) if cfg.algo.needs_reference else None
-    fsdp_compute = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
+    fsdp_compute = parallel.fsdp_param_dtype(cfg.model.dtype, amp)
     reference = parallel.wrap_reference(reference, mode, fsdp_compute)
     policy = parallel.wrap(plain, mode, device, compute_dtype=fsdp_compute)  # before the optimizer
     parallel.log_layout(mode)

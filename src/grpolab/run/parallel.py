@@ -70,6 +70,31 @@ def shard_fsdp(model: nn.Module, *, compute_dtype: torch.dtype | None = None) ->
     return model
 
 
+def fsdp_param_dtype(model_dtype: str, autocast_dtype: torch.dtype | None) -> torch.dtype | None:
+    """FSDP2's ``param_dtype``: bf16 for bf16 weights and also under bf16 autocast, where every matmul
+    rounds its weights to bf16 anyway. Then the all-gathers (each forward and backward, and the whole
+    model gathered for sampling) move bf16, half the bytes of fp32; the sharded masters stay fp32."""
+    if model_dtype == "bfloat16" or autocast_dtype == torch.bfloat16:
+        return torch.bfloat16
+    return None
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
+    """Backward passes inside add up their gradients locally under DDP (``no_sync``) unless ``sync``:
+    the all-reduce runs once per optimizer step, on the last micro-batch, not on every one. Every rank
+    has the same number of micro-batches (training/microbatch.py), so the last one is the same
+    everywhere. FSDP2 keeps reducing each micro-batch: its gradients stay sharded (unsharded ones
+    would cost the memory FSDP saves)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if sync or not isinstance(model, DistributedDataParallel):
+        yield
+        return
+    with model.no_sync():
+        yield
+
+
 def _layers(model: nn.Module) -> list[nn.Module]:
     names: set[str] = set()
     for m in model.modules():

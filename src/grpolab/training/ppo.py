@@ -139,12 +139,14 @@ class Critic:
             for rows in minibatch_order(batch.num_sequences, a.num_minibatches, self.generator):
                 total = max(dist.global_token_count(batch.loss_mask[rows]), 1.0)
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in micro_batches(rows, lengths, self.cfg.train.micro_batch_size, **budget):
+                micros = micro_batches(rows, lengths, self.cfg.train.micro_batch_size, **budget)
+                for i, micro in enumerate(micros):
                     mb = batch.select(micro)
                     values = self._values(mb.prompt_ids, mb.completion_ids, mb.completion_mask)
                     loss, clip_frac = value_loss(values, mb.old_values, mb.returns, mb.loss_mask, clip=a.value_clip)
                     weight = float(mb.loss_mask.sum()) / total
-                    backward(a.vf_coef * weight * dist.grad_scale() * loss, self.optimizer)
+                    with parallel.gradient_sync(self.model, sync=i == len(micros) - 1):  # DDP: one all-reduce per step
+                        backward(a.vf_coef * weight * dist.grad_scale() * loss, self.optimizer)
                     sums["loss"] += weight * loss.item()
                     sums["clip_frac"] += weight * float(clip_frac)
                 sums["grad_norm"] += self._step()

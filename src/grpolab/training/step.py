@@ -26,7 +26,7 @@ from grpolab.algo.losses import POLICY_LOSSES, SurrogateLoss, aggregate
 from grpolab.config import Config
 from grpolab.run import dist
 from grpolab.run.host import give_back_freed_memory, giving_back_freed_memory
-from grpolab.run.parallel import clip_grad_norm
+from grpolab.run.parallel import clip_grad_norm, gradient_sync
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
 from grpolab.training.microbatch import completion_lengths_of, prompt_lengths_of, split_rows
@@ -189,7 +189,8 @@ def update_policy(
             total_seqs = dist.all_reduce_sum(float(len(rows)))
             optimizer.zero_grad(set_to_none=True)
             finite = True
-            for micro in micro_batches(rows, lengths, cfg.train.micro_batch_size, **budget):
+            micros = micro_batches(rows, lengths, cfg.train.micro_batch_size, **budget)
+            for i, micro in enumerate(micros):
                 mb = batch.select(micro)
                 logprobs, entropy = completion_logprobs(
                     model,
@@ -213,7 +214,8 @@ def update_policy(
                     total_tokens=max(total_tokens, 1.0),
                     entropy=entropy,
                 )
-                backward(loss * dist.grad_scale(), optimizer)  # through the fp16 loss scaler when there is one
+                with gradient_sync(model, sync=i == len(micros) - 1):  # DDP: one all-reduce per optimizer step
+                    backward(loss * dist.grad_scale(), optimizer)  # through the fp16 loss scaler when there is one
                 finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
                 sums["entropy"] += _masked_sum(entropy.detach(), mb.loss_mask)
