@@ -166,7 +166,7 @@ def _kind(key: str) -> str:
     """How a metric combines over ranks, from its name: ``adv_abs_max``, ``completions/max_length``,
     ``.../max`` are maxima (TRL's names put max / min first), ``sys/time*`` too."""
     last = key.rsplit("/", 1)[-1]
-    if _extreme(last, "max") or key.startswith("sys/time") or key in ("sys/step_time_s", "sys/peak_mem_mb"):
+    if _extreme(last, "max") or key.startswith(("sys/time", "sys/peak_")) or key == "sys/step_time_s":
         return "max"
     return "min" if _extreme(last, "min") else "mean"
 

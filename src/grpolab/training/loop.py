@@ -24,7 +24,7 @@ from grpolab.rewards import WeightedReward
 from grpolab.run import dist, parallel
 from grpolab.run.assemble import Run, assemble, session
 from grpolab.run.guards import GracefulStop
-from grpolab.run.logging import peak_memory_mb
+from grpolab.run.logging import PhaseMemory
 from grpolab.run.progress import Progress
 from grpolab.training.batch import length_by_reward, step_tokens
 from grpolab.training.sampling import StepGroups, sample_step
@@ -67,18 +67,22 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
     cfg, metrics, last_step = run.cfg, {}, run.start
     title = cfg.algo.name.upper()
     progress = Progress(total=cfg.train.num_steps, start=run.start, enabled=cfg.log.progress and dist.is_main(), title=title)
+    memory = PhaseMemory(run.device)
     for step in range(run.start + 1, cfg.train.num_steps + 1):
         if dist.any_rank(stop.requested):  # SIGINT / SIGTERM: the previous step saved a checkpoint
             break
         t0 = time.perf_counter()
-        drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: train/sampling.py)
-            cfg, sampler=run.sampler, rewards=run.rewards, data=run.data, examples=run.examples,
-            prompt_ids=run.prompt_ids, generator=run.sample_gen,
-        )  # fmt: skip
+        with memory.phase("rollout"):
+            drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: train/sampling.py)
+                cfg, sampler=run.sampler, rewards=run.rewards, data=run.data, examples=run.examples,
+                prompt_ids=run.prompt_ids, generator=run.sample_gen,
+            )  # fmt: skip
         batch_examples = [run.examples[i] for i in drawn.rows]
-        t2, (batch, metrics) = _advantages(run, drawn, batch_examples)
+        with memory.phase("reference"):
+            t2, (batch, metrics) = _advantages(run, drawn, batch_examples)
         t3 = time.perf_counter()
-        metrics.update(_update(run, batch, step))  # mu passes; then the sampler takes the new weights
+        with memory.phase("train"):
+            metrics.update(_update(run, batch, step))  # mu passes; then the sampler takes the new weights
         t4 = time.perf_counter()
         metrics.update(length_by_reward(drawn.completions, drawn.rewards, drawn.valid))
         run.resumable.num_tokens += int(dist.all_reduce_sum(float(step_tokens(drawn.completions))))
@@ -89,7 +93,7 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
                 "sys/time_reference_s": t3 - t2,
                 "sys/time_training_s": t4 - t3,
                 "sys/step_time_s": t4 - t0,
-                "sys/peak_mem_mb": peak_memory_mb(run.device),
+                **memory.metrics(),  # peak allocated / reserved per phase on CUDA (run/logging.py)
                 "sys/samples_seen": run.data.drawn * cfg.rollout.num_generations,  # dynamic sampling's rounds too
             }
         )

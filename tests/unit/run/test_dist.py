@@ -59,6 +59,7 @@ def test_metric_kinds():
     assert dist._kind("reward") == "mean"
     assert dist._kind("completions/mean_length") == "mean"
     assert dist._kind("clip_ratio/high_mean") == "mean"
+    assert dist._kind("sys/peak_mem_mb") == dist._kind("sys/peak_reserved_train_mb") == "max"  # the worst rank
 
 
 def test_parallel_modes():
