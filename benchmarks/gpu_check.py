@@ -170,17 +170,19 @@ def check(a, out: Path, name: str, n_params: int, peak: float) -> dict:
     return {
         "run": name, "gen tok/s": completion / gen_s, "train tok/s": trained / train_s,
         "MFU %": 100 * 6 * n_params * trained / train_s / (peak * 1e12), "loss": rows[-1]["loss"],
+        "grad norm": rows[-1]["grad_norm"], "reward": rows[-1]["reward"],
         "peak MB": rows[-1]["sys/peak_mem_mb"], "mem": mem, "resume max |dw|": worst,
     }  # fmt: skip
 
 
 def table(rows: list[dict], device: str) -> str:
     cuda = device == "cuda"
-    head = ["run", "gen tok/s", "train tok/s", "MFU %", "loss", "resume max |dw|"]
+    head = ["run", "gen tok/s", "train tok/s", "MFU %", "loss", "grad norm", "reward", "resume max |dw|"]
     head += [f"{p} alloc/res MB" for p in PHASES] if cuda else ["peak RSS MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["run"], f"{r['gen tok/s']:,.0f}", f"{r['train tok/s']:,.0f}", f"{r['MFU %']:.1f}", f"{r['loss']:.4f}",
+        cells = [r["run"], f"{r['gen tok/s']:,.0f}", f"{r['train tok/s']:,.0f}", f"{r['MFU %']:.1f}", f"{r['loss']:.2e}",
+                 f"{r['grad norm']:.3f}", f"{r['reward']:.3f}",
                  f"{r['resume max |dw|']:.1e}"]  # fmt: skip
         if cuda:
             cells += [f"{r['mem'][p][0]:,.0f} / {r['mem'][p][1]:,.0f}" for p in PHASES]
