@@ -133,7 +133,7 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
         if cfg.lora.enabled:
             model = _wrap_lora(cfg, model)
-    if cfg.gradient_checkpointing:
+    if cfg.checkpointing_on(device.type):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False  # training forward only; the sampler passes use_cache=True itself
     return model, tok

@@ -188,7 +188,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) ->
     optimizer, scheduler = build_optimizer(policy, cfg)
     spec = PolicyLossSpec.from_config(cfg)
     t = cfg.train
-    ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, t.micro_batch_size, t.max_tokens_per_micro_batch)
+    ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, t.micro_batch_rows(device.type), t.max_tokens_per_micro_batch)
     critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
     make_batch = rollout_batch_builder(cfg, critic)
     gold = GoldMonitor.from_config(cfg, gold_rewards, plain, reference, ctx, amp)  # logged, never trained on

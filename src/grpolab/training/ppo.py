@@ -139,7 +139,7 @@ class Critic:
             for rows in minibatch_order(batch.num_sequences, a.num_minibatches, self.generator):
                 total = max(dist.global_token_count(batch.loss_mask[rows]), 1.0)
                 self.optimizer.zero_grad(set_to_none=True)
-                micros = micro_batches(rows, lengths, self.cfg.train.micro_batch_size, **budget)
+                micros = micro_batches(rows, lengths, self.ctx.micro_batch_size, **budget)  # resolved by device
                 for i, micro in enumerate(micros):
                     mb = batch.select(micro)
                     values = self._values(mb.prompt_ids, mb.completion_ids, mb.completion_mask)

@@ -189,7 +189,7 @@ def update_policy(
             total_seqs = dist.all_reduce_sum(float(len(rows)))
             optimizer.zero_grad(set_to_none=True)
             finite = True
-            micros = micro_batches(rows, lengths, cfg.train.micro_batch_size, **budget)
+            micros = micro_batches(rows, lengths, cfg.train.micro_batch_rows(batch.completion_ids.device.type), **budget)
             for i, micro in enumerate(micros):
                 mb = batch.select(micro)
                 logprobs, entropy = completion_logprobs(
