@@ -112,8 +112,13 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The trainable policy (optionally LoRA-wrapped) and its tokenizer, on the configured device."""
+def load_policy(cfg: ModelConfig, *, placement: str = "device") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The trainable policy (optionally LoRA-wrapped) and its tokenizer, on the configured device.
+
+    ``placement`` for FSDP2 (run/parallel.materialize_from_rank0): "host" loads the weights into host
+    memory (rank 0), "meta" builds the model from its config with no storage (the other ranks), so no
+    GPU ever holds the unsharded model and only one process reads the files (verl does the same).
+    """
     if not cfg.name_or_path:
         raise ModelLoadError("model.name_or_path is empty: set it to a local model folder or a hub id")
     source = local_source(cfg.name_or_path)  # a GGUF source: its converted folder
@@ -128,8 +133,11 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         model = _from_pretrained(cfg, base).to(device)
         install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
         model = PeftModel.from_pretrained(model, source, is_trainable=cfg.lora.enabled)
+    elif placement == "meta":
+        model = _on_meta(cfg, source)
+        install_chunked_head(model)
     else:
-        model = _from_pretrained(cfg, source).to(device)
+        model = _from_pretrained(cfg, source).to(device if placement == "device" else torch.device("cpu"))
         install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
         if cfg.lora.enabled:
             model = _wrap_lora(cfg, model)
@@ -137,6 +145,17 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False  # training forward only; the sampler passes use_cache=True itself
     return model, tok
+
+
+def _on_meta(cfg: ModelConfig, source: str) -> PreTrainedModel:
+    """The model of ``source``'s config on the meta device: shapes and dtypes, no storage, no file read."""
+    from transformers import AutoConfig
+
+    hub = hub_load_kwargs(source, cfg.revision, "model.name_or_path")
+    config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **hub)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[cfg.dtype], trust_remote_code=cfg.trust_remote_code)
+    return model
 
 
 def _from_pretrained(cfg: ModelConfig, source: str) -> PreTrainedModel:

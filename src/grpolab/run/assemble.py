@@ -172,13 +172,20 @@ def assemble(
 
 def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) -> Run:
     """The models, then the parts of a step, at step 0 (``_start`` restores a checkpoint into them)."""
-    plain, tok = load_model(cfg.model)
+    from_rank0 = parallel.loads_on_rank0(mode, cfg.model.lora.enabled)  # FSDP2: no GPU holds the whole model
+    plain, tok = load_model(cfg.model, placement=("host" if dist.is_main() else "meta") if from_rank0 else "device")
     device = resolve_device(cfg.model)
     amp = resolve_autocast(cfg.model, device)
     reference = Reference(plain, amp) if cfg.algo.needs_reference else None
+    full = _full_states(plain, reference) if from_rank0 and dist.is_main() else ({}, {})
     fsdp_compute = parallel.fsdp_param_dtype(cfg.model.dtype, amp)
     reference = parallel.wrap_reference(reference, mode, fsdp_compute)
     policy = parallel.wrap(plain, mode, device, compute_dtype=fsdp_compute)  # before the optimizer
+    if from_rank0:
+        parallel.materialize_from_rank0(policy, full[0], device)
+        if reference is not None and reference.frozen_model is not None:
+            parallel.materialize_from_rank0(reference.frozen_model, full[1], device)
+        del full
     parallel.log_layout(mode)
     prompt_ids = tokenize_prompts(examples, tok, cfg.data, make_env)  # with an env: its first messages and tools
     check_context(cfg, prompt_ids, plain.config)
@@ -243,10 +250,16 @@ def training_examples(cfg: Config, examples: Sequence[Example] | None = None) ->
     return split_examples(cfg, examples)[0]
 
 
-def load_model(model_cfg: ModelConfig):
-    """(policy, tokenizer) of ``model_cfg`` on its device; on a CPU no more threads than the cores this
-    process may use."""
-    model, tok = load_policy(model_cfg)
+def _full_states(plain, reference) -> tuple[dict, dict]:
+    """Rank 0's unsharded (host) weights of the policy and the frozen reference, for the broadcast."""
+    frozen = None if reference is None else reference.frozen_model
+    return plain.state_dict(), ({} if frozen is None else frozen.state_dict())
+
+
+def load_model(model_cfg: ModelConfig, *, placement: str = "device"):
+    """(policy, tokenizer) of ``model_cfg`` on its device (``placement``: models.load_policy); on a CPU no
+    more threads than the cores this process may use."""
+    model, tok = load_policy(model_cfg, placement=placement)
     if resolve_device(model_cfg).type == "cpu":
         limit_cpu_threads()
     return model, tok

@@ -70,6 +70,29 @@ def shard_fsdp(model: nn.Module, *, compute_dtype: torch.dtype | None = None) ->
     return model
 
 
+def loads_on_rank0(mode: str, lora: bool) -> bool:
+    """FSDP2, full fine-tuning: rank 0 reads the weights into host memory, the others build the model on
+    the meta device; ``materialize_from_rank0`` fills the shards after ``fully_shard``, which moves each
+    layer's shard to the GPU (and casts it to fp32 on the host first, in shard_fsdp): no GPU holds the
+    unsharded model, in bf16 or fp32. (LoRA keeps the plain load: PEFT wraps a loaded model.)"""
+    return mode == "fsdp" and not lora
+
+
+def materialize_from_rank0(model: nn.Module, full_state: dict, device: torch.device) -> None:
+    """Give a sharded model rank 0's weights: the meta ranks' storage is allocated on ``device`` (only
+    their shards), rank 0's full state dict is broadcast shard by shard (DCP's set_model_state_dict with
+    broadcast_from_rank0, as verl loads), and the buffers the state dict leaves out (rotary frequencies)
+    are broadcast as they are."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        model.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full_state if dist.is_main() else {}, options=options)
+    for buffer in model.buffers():
+        torch.distributed.broadcast(buffer, src=0)
+
+
 def fsdp_param_dtype(model_dtype: str, autocast_dtype: torch.dtype | None) -> torch.dtype | None:
     """FSDP2's ``param_dtype``: bf16 for bf16 weights and also under bf16 autocast, where every matmul
     rounds its weights to bf16 anyway. Then the all-gathers (each forward and backward, and the whole
