@@ -244,6 +244,9 @@ def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, cou
     sums["grad_norm"] += float(norm.item())
     optimizer.step()
     scheduler.step()
+    # the gradients are spent: freed now, not at the next minibatch, so they do not stay allocated through
+    # the weight sync, the next rollout and the reference forward (a colocated vLLM needs that memory)
+    optimizer.zero_grad(set_to_none=True)
     counts["updates"] += 1
 
 
