@@ -142,10 +142,10 @@ class Critic:
                 micros = micro_batches(rows, lengths, self.ctx.micro_batch_size, **budget)  # resolved by device
                 for i, micro in enumerate(micros):
                     mb = batch.select(micro)
-                    values = self._values(mb.prompt_ids, mb.completion_ids, mb.completion_mask)
-                    loss, clip_frac = value_loss(values, mb.old_values, mb.returns, mb.loss_mask, clip=a.value_clip)
-                    weight = float(mb.loss_mask.sum()) / total
                     with parallel.gradient_sync(self.model, sync=i == len(micros) - 1):  # DDP: one all-reduce per step
+                        values = self._values(mb.prompt_ids, mb.completion_ids, mb.completion_mask)  # forward inside too
+                        loss, clip_frac = value_loss(values, mb.old_values, mb.returns, mb.loss_mask, clip=a.value_clip)
+                        weight = float(mb.loss_mask.sum()) / total
                         backward(a.vf_coef * weight * dist.grad_scale() * loss, self.optimizer)
                     sums["loss"] += weight * loss.item()
                     sums["clip_frac"] += weight * float(clip_frac)

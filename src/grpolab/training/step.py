@@ -192,29 +192,11 @@ def update_policy(
             micros = micro_batches(rows, lengths, cfg.train.micro_batch_rows(batch.completion_ids.device.type), **budget)
             for i, micro in enumerate(micros):
                 mb = batch.select(micro)
-                logprobs, entropy = completion_logprobs(
-                    model,
-                    mb.prompt_ids,
-                    mb.completion_ids,
-                    mb.completion_mask,
-                    pad_id=pad_id,
-                    temperature=cfg.rollout.temperature,
-                    autocast_dtype=autocast_dtype,
-                    with_entropy=True,
-                    entropy_grad=spec.entropy_coef > 0,
-                    into_grad=True,
-                )
-                old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
-                loss, stats = policy_loss(
-                    logprobs,
-                    old,
-                    mb,
-                    spec,
-                    total_seqs=total_seqs,
-                    total_tokens=max(total_tokens, 1.0),
-                    entropy=entropy,
-                )
-                with gradient_sync(model, sync=i == len(micros) - 1):  # DDP: one all-reduce per optimizer step
+                # DDP: forward and backward inside no_sync (its forward arms the all-reduce), but the last
+                with gradient_sync(model, sync=i == len(micros) - 1):
+                    loss, entropy, stats = _micro_batch_loss(
+                        model, mb, cfg, spec, pad_id, autocast_dtype, total_seqs=total_seqs, total_tokens=total_tokens
+                    )
                     backward(loss * dist.grad_scale(), optimizer)  # through the fp16 loss scaler when there is one
                 finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
@@ -226,6 +208,28 @@ def update_policy(
             give_back_freed_memory()  # before AdamW's states and the step's temporaries (run/host.py)
             _optimizer_step(model, optimizer, scheduler, cfg.optim.max_grad_norm, sums, counts, loss_finite=finite)
     return _summarise(sums, counts, scheduler)
+
+
+def _micro_batch_loss(model, mb: RolloutBatch, cfg: Config, spec: PolicyLossSpec, pad_id: int, autocast_dtype, *,
+                      total_seqs: float, total_tokens: float):
+    """(loss, entropy [n, T], stats) of one micro-batch, its graph kept for the backward."""
+    logprobs, entropy = completion_logprobs(
+        model,
+        mb.prompt_ids,
+        mb.completion_ids,
+        mb.completion_mask,
+        pad_id=pad_id,
+        temperature=cfg.rollout.temperature,
+        autocast_dtype=autocast_dtype,
+        with_entropy=True,
+        entropy_grad=spec.entropy_coef > 0,
+        into_grad=True,
+    )
+    old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+    loss, stats = policy_loss(
+        logprobs, old, mb, spec, total_seqs=total_seqs, total_tokens=max(total_tokens, 1.0), entropy=entropy
+    )
+    return loss, entropy, stats
 
 
 def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, counts, *, loss_finite=True) -> None:
