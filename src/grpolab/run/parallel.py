@@ -4,8 +4,10 @@
   averaged by an all-reduce during backward.
 * ``fsdp``: ``torch.distributed.fsdp.fully_shard`` on each decoder layer (the model's
   ``_no_split_modules``) and on the root; parameters, gradients and optimizer state are sharded over
-  the ranks. fp32 master parameters; compute in bf16 when the model is configured for bf16
-  (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``), gradients reduced in fp32.
+  the ranks. fp32 master parameters; compute and all-gathers in bf16 when the model is configured for
+  bf16 weights or bf16 autocast (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``),
+  gradients reduced in fp32. Rank 0 alone reads the weights (into host memory), the other ranks build
+  the model on the meta device, and the shards are broadcast (``materialize_from_rank0``).
 
 Departures: sampling under FSDP all-gathers every layer once, keeps them gathered for the whole
 decode loop (ranks decode different numbers of tokens, so per-forward all-gathers would not match up),
