@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from grpolab.algo.kl import kl_k3
@@ -107,11 +106,11 @@ def test_head_gemms_run_in_the_autocast_dtype_with_fp32_softmax_and_gradients():
     head = ChunkedLMHead.sharing(torch.nn.Linear(16, 23, bias=False))
     head.weight = torch.nn.Parameter(weight.detach().clone())
     seen = []
-    with chunked_head_module.head_request(head, chunked_head_module.HeadRequest(targets[None], TEMPERATURE, chunk=4)):
-        with _recording_mm(seen):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                out = head(hidden[None])
-            (out[..., 0].sum() + 0.3 * out[..., 1].sum()).backward()
+    request = chunked_head_module.HeadRequest(targets[None], TEMPERATURE, chunk=4)
+    with chunked_head_module.head_request(head, request), _recording_mm(seen):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = head(hidden[None])
+        (out[..., 0].sum() + 0.3 * out[..., 1].sum()).backward()
     # 3 chunks: 3 logits GEMMs forward; 3 recomputed + 3 hidden-gradient + 3 weight-gradient backward
     assert out.dtype == torch.float32 and len(seen) == 12 and set(seen) == {torch.bfloat16}, seen
     # the reference: autocast's bf16 linear, fp32 log-softmax and entropy, plain autograd
