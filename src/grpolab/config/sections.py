@@ -376,6 +376,10 @@ class TrainConfig:
     """Also bound each forward by padded tokens, rows x (longest prompt + longest completion): rows are
     sorted by length and packed up to this budget (a longer row runs alone); null = micro_batch_size only.
     Activation memory follows tokens, so this keeps long completions from running out of memory."""
+    padding_free: bool = False
+    """Pack each training micro-batch's rows into one padding-free sequence (position ids restart per row;
+    transformers masks across rows; flash-attention takes it as varlen): no compute or activation memory
+    on pad tokens. The same log-probs and gradients as the padded forward (grpolab.training.packing)."""
     dist_timeout_s: float = 600.0
     """Under torchrun: how long a collective waits for the other ranks before the job fails (the process
     group's timeout). Raise it when one rank's work between collectives (a long rollout, a slow reward,

@@ -238,7 +238,9 @@ def _shared_prefix_forward(run: _Forward, prompts, index: torch.Tensor, ids: tor
     with _asking(head, None):
         first = run(p_ids, p_mask, p_pos, keep=1, cache=cache)[index]  # predicts completion token 0
     if head is not None:
-        first = torch.stack(logprobs_from_logits(first / head[1].temperature, ids[:, :1]), dim=-1)
+        # with its entropy's graph, as the head's own entropies have (the caller detaches it without an
+        # entropy bonus): else the bonus's gradient missed every completion's first token
+        first = torch.stack(logprobs_from_logits(first / head[1].temperature, ids[:, :1], entropy_grad=True), dim=-1)
     if ids.shape[1] == 1:
         return first
     cache.batch_select_indices(index)

@@ -30,6 +30,7 @@ from grpolab.run.parallel import clip_grad_norm, gradient_sync
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
 from grpolab.training.microbatch import completion_lengths_of, prompt_lengths_of, split_rows
+from grpolab.training.packing import packed_completion_logprobs
 from grpolab.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -212,8 +213,10 @@ def update_policy(
 
 def _micro_batch_loss(model, mb: RolloutBatch, cfg: Config, spec: PolicyLossSpec, pad_id: int, autocast_dtype, *,
                       total_seqs: float, total_tokens: float):
-    """(loss, entropy [n, T], stats) of one micro-batch, its graph kept for the backward."""
-    logprobs, entropy = completion_logprobs(
+    """(loss, entropy [n, T], stats) of one micro-batch, its graph kept for the backward; packed into one
+    padding-free sequence with train.padding_free (training/packing.py)."""
+    forward = packed_completion_logprobs if cfg.train.padding_free else completion_logprobs
+    logprobs, entropy = forward(
         model,
         mb.prompt_ids,
         mb.completion_ids,
