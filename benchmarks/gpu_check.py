@@ -113,7 +113,7 @@ def overrides(a, model_dir: Path, data: Path, out: Path, name: str, extra: list[
 def train_and_resume(a, args: list[str], out: Path, name: str) -> None:
     """The uninterrupted run, then a copy of its folder resumed from the step ``steps - 2`` checkpoint."""
     from grpolab.config import load_config
-    from grpolab.training.loop import train
+    from grpolab.commands.train import train
 
     train(load_config(None, args))
     resumed = out / f"{name}_resumed"
@@ -143,7 +143,7 @@ def final_weights(run_dir: Path, step: int) -> dict:
 
 def check(a, out: Path, name: str, n_params: int, peak: float) -> dict:
     """The run's table row; raises AssertionError on a non-finite metric or a resume that differs."""
-    from grpolab.run.logging import read_metrics
+    from grpolab.runtime.logging import read_metrics
 
     rows, again = read_metrics(out / name), read_metrics(out / f"{name}_resumed")
     assert [r["step"] for r in rows] == [r["step"] for r in again] == list(range(1, a.steps + 1)), name

@@ -20,8 +20,8 @@ def _free_port() -> int:
 
 
 def _build(cfg, placement: str):
-    from grpolab.models import Reference, load_policy
-    from grpolab.run import parallel
+    from grpolab.models.loading import Reference, load_policy
+    from grpolab.distributed import parallel
 
     plain, _ = load_policy(cfg, placement=placement)
     reference = Reference(plain, torch.bfloat16)  # its Linear weights stored in bf16, as under autocast
@@ -43,7 +43,7 @@ def _state(model) -> dict:
 
 def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
     from grpolab.config import ModelConfig
-    from grpolab.run import dist, parallel
+    from grpolab.distributed import dist, parallel
     from grpolab.training.logprobs import completion_logprobs
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))

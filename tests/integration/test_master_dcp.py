@@ -46,7 +46,8 @@ def _worker(rank: int, port: int, tmp: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from grpolab.config import Config, OptimConfig
-    from grpolab.run import dist, sharded
+    from grpolab.distributed import dist
+    from grpolab.runtime import sharded
     from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
     from grpolab.training.master import MasterWeightOptimizer
     from grpolab.training.optim import build_optimizer

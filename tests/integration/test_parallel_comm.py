@@ -21,7 +21,7 @@ def _ddp_grads(model, rank: int, *, defer: bool) -> tuple[dict[str, torch.Tensor
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    from grpolab.run.parallel import gradient_sync
+    from grpolab.distributed.parallel import gradient_sync
 
     ddp = DistributedDataParallel(model)
     calls = []
@@ -42,8 +42,8 @@ def _ddp_grads(model, rank: int, *, defer: bool) -> tuple[dict[str, torch.Tensor
 def _worker(rank: int, port: int, out: str) -> None:
     import copy
 
-    from grpolab.run import dist
-    from grpolab.run.parallel import fsdp_param_dtype, gathered, shard_fsdp
+    from grpolab.distributed import dist
+    from grpolab.distributed.parallel import fsdp_param_dtype, gathered, shard_fsdp
     from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
@@ -101,7 +101,7 @@ def test_ddp_reduces_once_per_step_and_fsdp_gathers_bf16(tmp_path):
     assert r["step"] == 2 * once_calls  # 2 optimizer steps of 3 micro-batches each: 6 backwards, 2 all-reduces
     dtype, stored, sampled = r["dtypes"]
     assert dtype == torch.bfloat16 and stored == {torch.float32} and sampled == {torch.bfloat16}
-    from grpolab.run.parallel import fsdp_param_dtype
+    from grpolab.distributed.parallel import fsdp_param_dtype
 
     assert fsdp_param_dtype("float32", None) is None  # full precision stays full precision
     assert fsdp_param_dtype("bfloat16", None) is torch.bfloat16

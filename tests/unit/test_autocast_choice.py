@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpolab.config import ModelConfig
-from grpolab.models import cpu_has_bf16_matmul, resolve_autocast
+from grpolab.models.loading import cpu_has_bf16_matmul, resolve_autocast
 
 CPU = torch.device("cpu")
 
@@ -47,7 +47,7 @@ def test_auto_on_cuda_takes_bf16_only_where_it_is_native(monkeypatch, native, wa
 
 
 def test_tf32_on_cuda_only_and_not_when_full_precision_is_asked(monkeypatch):
-    from grpolab.models import use_tf32
+    from grpolab.models.loading import use_tf32
 
     monkeypatch.delenv("VLLM_FLOAT32_MATMUL_PRECISION", raising=False)
     before = torch.get_float32_matmul_precision()

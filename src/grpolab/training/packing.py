@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
-from grpolab.models import autocast_context
-from grpolab.nn.chunked_head import HeadRequest, head_request
+from grpolab.models.loading import autocast_context
+from grpolab.models.chunked_head import HeadRequest, head_request
 from grpolab.training.logprobs import _chunked_head, _watched, logprobs_from_logits
 
 

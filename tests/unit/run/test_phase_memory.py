@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.run.logging import PhaseMemory
+from grpolab.runtime.logging import PhaseMemory
 
 
 class FakeAllocator:
