@@ -26,7 +26,7 @@ import torch
 
 from grpolab import jsonio
 from grpolab.config import Config, ConfigError, dump_config
-from grpolab.data import DataError, PromptSampler, check_prompt_chars, split_eval, tokenize_prompts
+from grpolab.data import DataError, PromptOrder, check_prompt_chars, split_eval, tokenize_prompts
 from grpolab.models.loading import load_tokenizer, resolve_autocast, resolve_device
 from grpolab.rollout.engines import check_engine
 from grpolab.runtime import checkpoint as ckpt
@@ -165,7 +165,7 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
     targets = tokenize_targets(examples, tok, s.completion_format)
     check = dev_checker(cfg, model, tok, dev) if dev else None
     optimizer = _optimizer(model, cfg)
-    order = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
+    order = PromptOrder(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     start, accuracy = _restore(point, model, optimizer, order) if point is not None else (0, None)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
@@ -248,7 +248,7 @@ def _resume_point(out: Path, resume: bool) -> Path | None:
     return path
 
 
-def _save_checkpoint(cfg: Config, step: int, model, tok, optimizer, order: PromptSampler, accuracy) -> None:
+def _save_checkpoint(cfg: Config, step: int, model, tok, optimizer, order: PromptOrder, accuracy) -> None:
     state = {
         "step": step,
         "optimizer": optimizer.state_dict(),
@@ -260,7 +260,7 @@ def _save_checkpoint(cfg: Config, step: int, model, tok, optimizer, order: Promp
     ckpt.save_checkpoint(cfg.sft_dir, step, model=model, tokenizer=tok, state=state, keep_last=1, files=files)
 
 
-def _restore(path: Path, model, optimizer, order: PromptSampler) -> tuple[int, float | None]:
+def _restore(path: Path, model, optimizer, order: PromptOrder) -> tuple[int, float | None]:
     """Load a stopped run's checkpoint in place; (its step, its last dev accuracy)."""
     ckpt.load_weights_into(model, path)
     state = ckpt.load_state(path)

@@ -74,8 +74,8 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
         t0 = time.perf_counter()
         with memory.phase("rollout"):
             drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: train/sampling.py)
-                cfg, sampler=run.sampler, rewards=run.rewards, data=run.data, examples=run.examples,
-                prompt_ids=run.prompt_ids, generator=run.sample_gen,
+                cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
+                prompt_ids=run.prompt_ids, generator=run.sampling_generator,
             )  # fmt: skip
         batch_examples = [run.examples[i] for i in drawn.rows]
         with memory.phase("reference"):
@@ -94,7 +94,7 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
                 "sys/time_training_s": t4 - t3,
                 "sys/step_time_s": t4 - t0,
                 **memory.metrics(),  # peak allocated / reserved per phase on CUDA (run/logging.py)
-                "sys/samples_seen": run.data.drawn * cfg.rollout.num_generations,  # dynamic sampling's rounds too
+                "sys/samples_seen": run.prompt_order.drawn * cfg.rollout.num_generations,  # dynamic sampling's rounds too
             }
         )
         metrics = dist.reduce_metrics(metrics)
@@ -124,11 +124,11 @@ def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
     supervision's step scores come first, outside the timed part."""
     completions = drawn.completions
     repeated = [e for e in batch_examples for _ in range(completions.num_generations)]
-    by_step = {} if run.process is None else {"steps": run.process.score(completions, repeated, drawn.rewards, drawn.valid)}
+    by_step = {} if run.process_supervision is None else {"steps": run.process_supervision.score(completions, repeated, drawn.rewards, drawn.valid)}
     t2 = time.perf_counter()
-    batch, metrics = run.make_batch(
+    batch, metrics = run.build_batch(
         run.cfg, completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,
-        policy=run.policy, reference=run.reference, ctx=run.ctx, **by_step,
+        policy=run.policy, reference=run.reference, ctx=run.logprob_context, **by_step,
     )  # fmt: skip
     metrics.update(run.gold.measure(completions, repeated, batch))  # logged, never trained on
     return t2, (batch, metrics)
@@ -141,8 +141,8 @@ def _update(run: Run, batch, step: int) -> dict[str, float]:
     if run.critic is None or not run.critic.warming_up(step):
         metrics.update(
             update_policy(
-                run.policy, run.optimizer, run.scheduler, batch, run.cfg, run.spec,
-                pad_id=run.tokenizer.pad_token_id, autocast_dtype=run.amp, generator=run.minibatch_gen,
+                run.policy, run.optimizer, run.scheduler, batch, run.cfg, run.policy_loss,
+                pad_id=run.tokenizer.pad_token_id, autocast_dtype=run.autocast_dtype, generator=run.minibatch_generator,
             )  # fmt: skip
         )
         t0 = time.perf_counter()

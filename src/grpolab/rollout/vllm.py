@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from grpolab.rollout.base import check_prompts, check_sampling
-from grpolab.rollout.vllm_setup import import_vllm
+from grpolab.rollout.vllm import import_vllm
 from grpolab.rollout.vllm_sync import policy_weights
 from grpolab.types import Completions, FinishReason
 

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from grpolab.config import Config, ModelConfig, config_to_dict, dump_config
-from grpolab.data import PromptSampler, check_prompt_chars, load_examples, split_eval, tokenize_prompts
+from grpolab.data import PromptOrder, check_prompt_chars, load_examples, split_eval, tokenize_prompts
 from grpolab.envs.setup import environment_from_config, episode_sampler
 from grpolab.models.inference import limit_cpu_threads
 from grpolab.models.loading import (
@@ -117,7 +117,7 @@ class Run:
     make_batch: Any
     """``(cfg, completions, prompt_ids, rewards, valid, *, policy, reference, ctx) -> (batch, metrics)``."""
     gold: GoldMonitor
-    data: PromptSampler
+    data: PromptOrder
     sample_gen: torch.Generator
     minibatch_gen: torch.Generator
     bad_steps: BadSteps
@@ -199,7 +199,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) ->
     critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
     make_batch = rollout_batch_builder(cfg, critic)
     gold = GoldMonitor.from_config(cfg, gold_rewards, plain, reference, ctx, amp)  # logged, never trained on
-    data = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
+    data = PromptOrder(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)  # each rank its own
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
     bad_steps = BadSteps(cfg.train.max_bad_steps, cfg.run_dir)

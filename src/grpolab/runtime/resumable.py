@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from grpolab.config import Config, ConfigError, dump_config
-from grpolab.data import PromptSampler
+from grpolab.data import PromptOrder
 from grpolab.models.loading import Reference
 from grpolab.runtime import checkpoint as ckpt
 from grpolab.distributed import dist, parallel
@@ -36,7 +36,7 @@ class Resumable:
     optimizer: Any
     scheduler: Any
     reference: Reference | None
-    data: PromptSampler
+    data: PromptOrder
     sample_gen: torch.Generator
     minibatch_gen: torch.Generator
     critic: Critic | None

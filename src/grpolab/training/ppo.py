@@ -82,7 +82,7 @@ def ppo_advantages(
     token_rewards = kl_shaped_token_rewards(scores, logprobs, ref, mask, beta=beta, kl_fn=KL_ESTIMATORS[kl_estimator])
     advantages, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
     if whiten:  # statistics over every rank's tokens (masked_whiten's, made global)
-        mean, var = dist.masked_mean_var(advantages, loss_mask)
+        mean, var = dist.global_masked_mean_var(advantages, loss_mask)
         advantages = (advantages - mean) * torch.rsqrt(var + 1e-8)
     advantages = torch.where(loss_mask, advantages, torch.zeros_like(advantages))
     return PPOAdvantages(advantages, returns, token_rewards)
@@ -253,7 +253,7 @@ def build_ppo_batch(
     metrics = rollout_metrics(completions, rewards, valid, seq_adv)
     metrics.update(_value_metrics(old_values, ppo.returns, loss_mask))
     if ref_logprobs is not None:
-        metrics["kl"] = dist.masked_mean(KL_ESTIMATORS[a.kl_estimator](sampled, ref_logprobs), mask)  # as in the reward
+        metrics["kl"] = dist.global_masked_mean(KL_ESTIMATORS[a.kl_estimator](sampled, ref_logprobs), mask)  # as in the reward
     metrics["sys/time_value_forward_s"] = t_values
     return batch, metrics
 
