@@ -181,8 +181,9 @@ class RolloutBatch:
         return len(self.prompt_ids)
 
     def select(self, rows: torch.Tensor) -> RolloutBatch:
-        """The sub-batch of the given row indices."""
+        """The sub-batch of the given row indices (host or device); the index moves to the batch's device once."""
         idx = rows.tolist()
+        rows = rows.to(self.completion_ids.device)
         pick = lambda x: None if x is None else x[rows]  # noqa: E731
         return RolloutBatch(
             prompt_ids=[self.prompt_ids[i] for i in idx],

@@ -55,7 +55,7 @@ def evaluate(
         raise ConfigError(f"{len(names)} labels for {len(paths)} checkpoints: give one label per checkpoint")
     out = Path(out_dir) if out_dir is not None else cfg.eval_dir
     show = cfg.log.progress if progress is None else progress
-    with dist.session(resolve_device(cfg.model).type):
+    with dist.session(resolve_device(cfg.model).type, **dist.session_options(cfg.train)):
         return _evaluate(cfg, paths, names, out, show)
 
 

@@ -185,7 +185,7 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
             [targets[i] for i in rows],
             pad_id=tok.pad_token_id,
             autocast_dtype=amp,
-            micro=cfg.train.micro_batch_size,
+            micro=cfg.train.micro_batch_rows(next(model.parameters()).device.type),
             max_grad_norm=cfg.optim.max_grad_norm,
         )
         metrics = {"sft/loss": loss, "sft/grad_norm": norm}

@@ -25,7 +25,7 @@ from grpolab.progress import Progress
 from grpolab.rewards import WeightedReward
 from grpolab.runtime.assemble import Run, assemble, session
 from grpolab.runtime.guards import GracefulStop, SamplerGap, sampling_guard
-from grpolab.runtime.logging import peak_memory_mb
+from grpolab.runtime.logging import PhaseMemory
 from grpolab.training.batch import length_by_reward, step_tokens
 from grpolab.training.sampling import StepGroups, sample_step
 from grpolab.training.step import update_policy
@@ -68,19 +68,22 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
     title = cfg.algo.name.upper()
     progress = Progress(total=cfg.train.num_steps, start=run.start, enabled=cfg.log.progress and dist.is_main(), title=title)
     gap = SamplerGap(cfg.rollout.max_logprob_gap, cfg.run_dir)
+    memory = PhaseMemory(run.device)
     for step in range(run.start + 1, cfg.train.num_steps + 1):
         if dist.any_rank(stop.requested):  # SIGINT / SIGTERM: the previous step saved a checkpoint
             break
         step_started = time.perf_counter()
-        with sampling_guard(cfg.model.name_or_path, step, cfg.run_dir):  # NaN logits: one line, this step
+        with memory.phase("rollout"), sampling_guard(cfg.model.name_or_path, step, cfg.run_dir):  # NaN logits: one line
             drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: training/sampling.py)
                 cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
                 prompt_ids=run.prompt_ids, generator=run.sampling_generator,
             )  # fmt: skip
         batch_examples = [run.examples[i] for i in drawn.rows]
-        batch_started, (batch, metrics) = _advantages(run, drawn, batch_examples)
+        with memory.phase("reference"):
+            batch_started, (batch, metrics) = _advantages(run, drawn, batch_examples)
         update_started = time.perf_counter()
-        metrics.update(_update(run, batch, step))  # mu passes; then the sampler takes the new weights
+        with memory.phase("train"):
+            metrics.update(_update(run, batch, step))  # mu passes; then the sampler takes the new weights
         update_done = time.perf_counter()
         metrics.update(length_by_reward(drawn.completions, drawn.rewards, drawn.valid))
         run.resumable.num_tokens += int(dist.all_reduce_sum(float(step_tokens(drawn.completions))))
@@ -91,7 +94,7 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
                 "sys/time_reference_s": update_started - batch_started,
                 "sys/time_training_s": update_done - update_started,
                 "sys/step_time_s": update_done - step_started,
-                "sys/peak_mem_mb": peak_memory_mb(run.device),
+                **memory.metrics(),  # peak allocated / reserved per phase on CUDA (runtime/logging.py)
                 "sys/samples_seen": run.prompt_order.drawn * cfg.rollout.num_generations,  # dynamic sampling's rounds too
             }
         )

@@ -110,7 +110,8 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         (r.num_generations < 1, "rollout.num_generations must be >= 1"),
         (t.prompts_per_step < 1, "train.prompts_per_step must be >= 1"),
         (t.num_steps < 0, "train.num_steps must be >= 0"),
-        (t.micro_batch_size < 1, "train.micro_batch_size must be >= 1"),
+        (t.micro_batch_size != "auto" and t.micro_batch_size < 1, "train.micro_batch_size must be >= 1 (or auto)"),
+        (t.dist_timeout_s <= 0, "train.dist_timeout_s must be > 0 (seconds a collective waits for the other ranks)"),
         (
             t.max_tokens_per_micro_batch is not None and t.max_tokens_per_micro_batch < 1,
             "train.max_tokens_per_micro_batch must be >= 1 (padded tokens per forward), or null for rows only",

@@ -51,10 +51,18 @@ class ModelConfig:
     """Where to run: auto picks cuda when available."""
     trust_remote_code: bool = False
     """Passed to from_pretrained."""
-    gradient_checkpointing: bool = False
-    """Trade compute for memory in the training forward (generation keeps its KV cache)."""
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    """Trade compute for memory in the training forward (generation keeps its KV cache). auto = on with
+    CUDA, where activations, not compute, bound the batch (as in TRL's and verl's GPU recipes); off on a
+    CPU, where memory is plentiful and the recomputed forward costs about a third more time."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA settings."""
+
+    def checkpointing_on(self, device_type: str) -> bool:
+        """gradient_checkpointing resolved for a model on ``device_type`` ("auto": on CUDA only)."""
+        if self.gradient_checkpointing == "auto":
+            return device_type == "cuda"
+        return bool(self.gradient_checkpointing)
 
 
 @dataclass(frozen=True)
@@ -356,14 +364,20 @@ class OptimConfig:
     min_lr_rate; 0 = decay to 0)."""
 
 
+AUTO_MICRO_BATCH = {"cpu": 64, "cuda": 8}
+"""train.micro_batch_size=auto by device type."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     num_steps: int = 100
     """Training steps; one step = one generation batch."""
     prompts_per_step: int = 8
     """P, prompts per generation batch (completions per step = P * G)."""
-    micro_batch_size: int = 64
-    """Sequences per forward/backward (gradient accumulation over a minibatch)."""
+    micro_batch_size: int | Literal["auto"] = "auto"
+    """Sequences per forward/backward (gradient accumulation over a minibatch). auto = 64 on a CPU, 8 on
+    CUDA, where 64 rows of long completions do not fit beside the model (bound the tokens too with
+    max_tokens_per_micro_batch)."""
     max_bad_steps: int = 3
     """Stop (TrainingError, last good checkpoint kept) after this many steps in a row whose update was
     skipped for a NaN or infinite loss or gradient; 0 = never stop, only skip."""
@@ -378,6 +392,23 @@ class TrainConfig:
     """Also bound each forward by padded tokens, rows x (longest prompt + longest completion): rows are
     sorted by length and packed up to this budget (a longer row runs alone); null = micro_batch_size only.
     Activation memory follows tokens, so this keeps long completions from running out of memory."""
+    padding_free: bool = False
+    """Pack each training micro-batch's rows into one padding-free sequence (position ids restart per row;
+    transformers masks across rows; flash-attention takes it as varlen): no compute or activation memory
+    on pad tokens. The same log-probs and gradients as the padded forward (grpolab.training.packing)."""
+    dist_timeout_s: float = 600.0
+    """Under torchrun: how long a collective waits for the other ranks before the job fails (the process
+    group's timeout). Raise it when one rank's work between collectives (a long rollout, a slow reward,
+    a checkpoint on a slow disk) can take longer."""
+    dist_bind_device: bool = True
+    """Under torchrun on CUDA: give the process group its device (``device_id`` = cuda:LOCAL_RANK), so NCCL
+    makes its communicator at start-up and each collective knows its GPU. false = let NCCL find it lazily."""
+
+    def micro_batch_rows(self, device_type: str) -> int:
+        """micro_batch_size resolved for ``device_type`` ("auto": 64 on a CPU, 8 on CUDA)."""
+        if self.micro_batch_size == "auto":
+            return AUTO_MICRO_BATCH.get(device_type, AUTO_MICRO_BATCH["cpu"])
+        return int(self.micro_batch_size)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The distributed world: rank, world size, device and the collectives the algorithm needs, in one room.
 
 ``torchrun`` (or Slurm's ``srun`` starting torchrun per node) sets RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR and MASTER_PORT; ``session()`` reads them and joins the process group (gloo on a CPU,
-NCCL on CUDA, one device per LOCAL_RANK). Without them the world is one process and there is no
+MASTER_ADDR and MASTER_PORT; ``session()`` reads them and joins the process group (gloo on a CPU;
+on CUDA ``cpu:gloo,cuda:nccl``, as verl does, so a host tensor's collective never reaches NCCL, which
+has none; one device per LOCAL_RANK). Without them the world is one process and there is no
 process group, but the same helpers run: each then returns its input, so a single process takes the
 very same code path (docs/design.md, "Distribution in one room"). The algorithm calls the named helpers below and never asks
 which rank it is; logging, checkpoints and progress decide that themselves with ``is_main()``.
@@ -51,22 +52,42 @@ def _active() -> bool:
     return _WORLD.size > 1 and tdist.is_initialized()
 
 
+def backend_for(device_type: str) -> str:
+    """The process group's backend: gloo on a CPU; on CUDA NCCL for device tensors and gloo for host
+    ones (object collectives, a CPU tensor someone passes)."""
+    return "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+
+
+def init_kwargs(device_type: str, *, timeout_s: float, bind_device: bool) -> dict[str, Any]:
+    """``init_process_group``'s arguments. ``bind_device`` passes ``device_id`` (cuda:LOCAL_RANK): NCCL
+    makes its communicator at once and knows each rank's device (train.dist_bind_device)."""
+    kwargs: dict[str, Any] = {"backend": backend_for(device_type), "timeout": datetime.timedelta(seconds=timeout_s)}
+    if device_type == "cuda" and bind_device:
+        kwargs["device_id"] = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return kwargs
+
+
+def session_options(train) -> dict[str, Any]:
+    """``session``'s keyword arguments from the config's ``train`` section."""
+    return {"timeout_s": float(train.dist_timeout_s), "bind_device": bool(train.dist_bind_device)}
+
+
 @contextlib.contextmanager
-def session(device_type: str, *, timeout_s: float = 600.0) -> Iterator[World]:
+def session(device_type: str, *, timeout_s: float = 600.0, bind_device: bool = True) -> Iterator[World]:
     """Join the process group torchrun's environment describes (if any), and leave it on exit.
 
     A process group someone else started (a test, a caller) is used as it is and left open.
-    ``timeout_s`` bounds every collective, so a rank that never arrives cannot hang the others forever.
+    ``timeout_s`` bounds every collective, so a rank that never arrives cannot hang the others forever
+    (train.dist_timeout_s).
     """
     global _WORLD
     size = int(os.environ.get("WORLD_SIZE", "1"))
     launched = size > 1 or "TORCHELASTIC_RUN_ID" in os.environ  # torchrun, even with one process (FSDP)
     started = False
     if launched and not tdist.is_initialized():
-        backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        tdist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        tdist.init_process_group(**init_kwargs(device_type, timeout_s=timeout_s, bind_device=bind_device))
         started = True
     previous = _WORLD
     if tdist.is_initialized():
@@ -80,7 +101,8 @@ def session(device_type: str, *, timeout_s: float = 600.0) -> Iterator[World]:
 
 
 def _device() -> torch.device:
-    if _active() and tdist.get_backend() == "nccl":
+    """Where the collectives' tensors go: the CUDA device when NCCL is in the group, else the host."""
+    if _active() and "nccl" in str(tdist.get_backend()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -144,7 +166,7 @@ def _kind(key: str) -> str:
     """How a metric combines over ranks, from its name: ``adv_abs_max``, ``completions/max_length``,
     ``.../max`` are maxima (TRL's names put max / min first), ``sys/time*`` too."""
     last = key.rsplit("/", 1)[-1]
-    if _extreme(last, "max") or key.startswith("sys/time") or key in ("sys/step_time_s", "sys/peak_mem_mb"):
+    if _extreme(last, "max") or key.startswith(("sys/time", "sys/peak_")) or key == "sys/step_time_s":
         return "max"
     return "min" if _extreme(last, "min") else "mean"
 
@@ -184,10 +206,12 @@ def gather_rows(t: torch.Tensor) -> torch.Tensor:
     """Every rank's ``t`` (same shape everywhere) concatenated along dim 0, in rank order."""
     if not _active():
         return t
-    sent = t.to(torch.uint8) if t.dtype == torch.bool else t  # gloo has no bool collectives
+    # on the backend's device (rewards and valid flags are host tensors; NCCL takes only CUDA ones), and
+    # as uint8: gloo has no bool collectives
+    sent = t.to(device=_device(), dtype=torch.uint8 if t.dtype == torch.bool else t.dtype)
     parts = [torch.empty_like(sent) for _ in range(_WORLD.size)]
     tdist.all_gather(parts, sent.contiguous())
-    return torch.cat(parts).to(t.dtype)
+    return torch.cat(parts).to(device=t.device, dtype=t.dtype)
 
 
 def local_rows(t: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ by the next micro-batch). The same memory comes back (2,905 MiB at 1,024 tokens 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import functools
 import sys
@@ -64,11 +65,17 @@ def _free_heap_bytes(libc: ctypes.CDLL) -> float:
     return float(info().fordblks)
 
 
+_ON_HOST = contextvars.ContextVar("grpolab_step_on_host", default=True)
+"""False inside a step whose model lives on an accelerator: its tensors are not glibc's, and a trim
+there is only host work (and a walk of the heap) in the loop."""
+
+
 def give_back_freed_memory(min_free: int = TRIM_MIN_FREE_BYTES) -> bool:
     """Hand glibc's free heap pages back to the system (``malloc_trim(0)``) when at least ``min_free``
-    bytes are free; True when it did. Small models free too little for the re-faults to pay."""
+    bytes are free; True when it did. Small models free too little for the re-faults to pay. Nothing
+    inside a step on CUDA (``giving_back_freed_memory``)."""
     libc = _glibc()
-    if libc is None or _free_heap_bytes(libc) < min_free:
+    if libc is None or not _ON_HOST.get() or _free_heap_bytes(libc) < min_free:
         return False
     libc.malloc_trim(0)
     return True
@@ -97,6 +104,12 @@ def _give_back_then_pass(grad: torch.Tensor) -> None:
     give_back_freed_memory()  # the hook returns None: the gradient passes unchanged
 
 
+def on_host(model: torch.nn.Module) -> bool:
+    """True when ``model``'s parameters are in host memory (a CPU model, or one without parameters)."""
+    param = next(model.parameters(), None)
+    return param is None or param.device.type == "cpu"
+
+
 def giving_back_freed_memory(step: Callable[..., T]) -> Callable[..., T]:
     """Decorator for a training step whose first argument is the model (DDP-wrapped or not): inside it,
     freed memory goes back before the input embeddings' gradient; the step calls
@@ -105,6 +118,12 @@ def giving_back_freed_memory(step: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(step)
     def wrapped(model: torch.nn.Module, *args, **kwargs) -> T:
         inner = unwrap(model)
+        if not on_host(inner):  # activations and states live in the device's allocator: no hooks, no trims
+            token = _ON_HOST.set(False)
+            try:
+                return step(model, *args, **kwargs)
+            finally:
+                _ON_HOST.reset(token)
         get = getattr(inner, "get_input_embeddings", None)
         with freed_memory_given_back_before(get() if callable(get) else None):
             return step(model, *args, **kwargs)

@@ -4,8 +4,10 @@
   averaged by an all-reduce during backward.
 * ``fsdp``: ``torch.distributed.fsdp.fully_shard`` on each decoder layer (the model's
   ``_no_split_modules``) and on the root; parameters, gradients and optimizer state are sharded over
-  the ranks. fp32 master parameters; compute in bf16 when the model is configured for bf16
-  (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``), gradients reduced in fp32.
+  the ranks. fp32 master parameters; compute and all-gathers in bf16 when the model is configured for
+  bf16 weights or bf16 autocast (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``),
+  gradients reduced in fp32. Rank 0 alone reads the weights (into host memory), the other ranks build
+  the model on the meta device, and the shards are broadcast (``materialize_from_rank0``).
 
 Departures: sampling under FSDP all-gathers every layer once, keeps them gathered for the whole
 decode loop (ranks decode different numbers of tokens, so per-forward all-gathers would not match up),
@@ -68,6 +70,54 @@ def shard_fsdp(model: nn.Module, *, compute_dtype: torch.dtype | None = None) ->
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model
+
+
+def loads_on_rank0(mode: str, lora: bool) -> bool:
+    """FSDP2, full fine-tuning: rank 0 reads the weights into host memory, the others build the model on
+    the meta device; ``materialize_from_rank0`` fills the shards after ``fully_shard``, which moves each
+    layer's shard to the GPU (and casts it to fp32 on the host first, in shard_fsdp): no GPU holds the
+    unsharded model, in bf16 or fp32. (LoRA keeps the plain load: PEFT wraps a loaded model.)"""
+    return mode == "fsdp" and not lora
+
+
+def materialize_from_rank0(model: nn.Module, full_state: dict, device: torch.device) -> None:
+    """Give a sharded model rank 0's weights: the meta ranks' storage is allocated on ``device`` (only
+    their shards), rank 0's full state dict is broadcast shard by shard (DCP's set_model_state_dict with
+    broadcast_from_rank0, as verl loads), and the buffers the state dict leaves out (rotary frequencies)
+    are broadcast as they are."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        model.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full_state if dist.is_main() else {}, options=options)
+    for buffer in model.buffers():
+        torch.distributed.broadcast(buffer, src=0)
+
+
+def fsdp_param_dtype(model_dtype: str, autocast_dtype: torch.dtype | None) -> torch.dtype | None:
+    """FSDP2's ``param_dtype``: bf16 for bf16 weights and also under bf16 autocast, where every matmul
+    rounds its weights to bf16 anyway. Then the all-gathers (each forward and backward, and the whole
+    model gathered for sampling) move bf16, half the bytes of fp32; the sharded masters stay fp32."""
+    if model_dtype == "bfloat16" or autocast_dtype == torch.bfloat16:
+        return torch.bfloat16
+    return None
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
+    """Backward passes inside add up their gradients locally under DDP (``no_sync``) unless ``sync``:
+    the all-reduce runs once per optimizer step, on the last micro-batch, not on every one. Every rank
+    has the same number of micro-batches (training/microbatch.py), so the last one is the same
+    everywhere. FSDP2 keeps reducing each micro-batch: its gradients stay sharded (unsharded ones
+    would cost the memory FSDP saves)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if sync or not isinstance(model, DistributedDataParallel):
+        yield
+        return
+    with model.no_sync():
+        yield
 
 
 def _layers(model: nn.Module) -> list[nn.Module]:

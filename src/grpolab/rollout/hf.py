@@ -39,6 +39,10 @@ from grpolab.rollout.base import NonFiniteLogits, check_prompts, check_sampling
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.types import Completions, FinishReason
 
+FINISHED_CHECK_EVERY_CUDA = 16
+"""Decode steps between two host syncs that ask whether every row has stopped, on CUDA (1 on a CPU,
+where a sync costs nothing and an extra step would cost a forward)."""
+
 
 class HFSampler:
     """Implements ``grpolab.rollout.Sampler`` for a transformers (or PEFT-wrapped) causal LM.
@@ -204,6 +208,7 @@ class HFSampler:
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         finished = torch.zeros(n, dtype=torch.bool, device=device)
         kv_len = prompt_width + steps
+        check_every = finished_check_every(device)
         with attention_for(self._net, device, self.autocast_dtype, rows=n, q_len=1, kv_len=kv_len):
             for t in range(steps):
                 token, token_logprob = self._pick(logits, generator)
@@ -212,13 +217,16 @@ class HFSampler:
                 logprobs[:, t] = torch.where(active, token_logprob, 0.0)
                 mask[:, t] = active
                 finished = finished | torch.isin(token, eos)
-                if t + 1 == steps or bool(finished.all()):
+                # "has every row stopped?" is a host sync: on CUDA asked every few tokens, so the launch
+                # queue stays full (the extra steps' tokens are masked out and trimmed below)
+                if t + 1 == steps or ((t + 1) % check_every == 0 and bool(finished.all())):
                     break
                 out = self._forward(
                     ids[:, t : t + 1], attention[:, : prompt_width + t + 1], next_position + t, cache
                 )
                 logits = out.logits[:, -1]
-        return ids[:, : t + 1], mask[:, : t + 1], logprobs[:, : t + 1]
+        width = t + 1 if check_every == 1 else int(mask.any(0).nonzero().max()) + 1  # nonzero: row 0 always samples
+        return ids[:, :width], mask[:, :width], logprobs[:, :width]
 
     def _pick(self, logits: torch.Tensor, generator):
         """[n, V] logits -> sampled token [n] and its log-prob [n] under softmax(logits / T)."""
@@ -378,3 +386,7 @@ def _concat_right_padded(parts, pad_token_id: int):
     mask = torch.cat([pad(p[1], False) for p in parts])
     logprobs = torch.cat([pad(p[2], 0.0) for p in parts])
     return ids, mask, logprobs
+
+
+def finished_check_every(device: torch.device) -> int:
+    return FINISHED_CHECK_EVERY_CUDA if device.type == "cuda" else 1

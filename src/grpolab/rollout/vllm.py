@@ -120,15 +120,23 @@ class VLLMSampler:
 
     def update_weights(self, model: torch.nn.Module) -> None:
         """Load ``model``'s current weights (plain, DDP, FSDP2 or PEFT) into the engine; under torchrun every
-        rank calls it (FSDP2 gathers are collectives)."""
+        rank calls it (FSDP2 gathers are collectives).
+
+        With sleep mode the order is TRL's and verl's: free the trainer's cached blocks, wake the weights
+        only, load them, and leave the KV cache asleep until ``sample`` needs it, so the weights never
+        share the GPU with both the KV cache and the trainer's leftovers."""
         t0 = time.perf_counter()
-        self._wake()
+        if self.sleep_mode and self.engine.llm_engine.is_sleeping():
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the trainer's freed blocks go back before vLLM allocates
+            self.engine.wake_up(tags=["weights"])
         weights = policy_weights(model, _engine_dtype(self.engine))
         def reload() -> None:
             self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
             self.engine.reset_prefix_cache()  # cached prompt KV was computed with the old weights
 
         self._bounded(reload, "the weight sync")
+        _ENGINE_STATE[id(self.engine)] = {"source": model, "discarded": False}
         self._pending = None
         self.last_sync_s = time.perf_counter() - t0
         log.debug("vllm: weights synced in %.3f s", self.last_sync_s)
@@ -143,9 +151,12 @@ class VLLMSampler:
         """G completions for each prompt, prompt-major (row p*G + g is sample g of prompt p)."""
         check_prompts(prompt_ids, num_generations)
         self._check_fits(prompt_ids)
+        state = _ENGINE_STATE.get(id(self.engine), {})
         if self._pending is not None:
             self.update_weights(self._pending)
-        self._wake()
+        elif state.get("discarded"):  # slept at level 2 with no sync since: never sample discarded weights
+            self.update_weights(state["source"])
+        self._wake()  # the KV cache (and, before any sync, the weights)
         greedy = self.temperature == 0
         base = None if generator is None or greedy else _draw_seed(generator)
         per_prompt = 1 if greedy else num_generations
@@ -162,7 +173,7 @@ class VLLMSampler:
         if greedy:
             samples = [s for s in samples for _ in range(num_generations)]
         if self.sleep_mode:
-            self.engine.sleep(level=1)  # weights to host memory, KV cache freed, while the trainer runs
+            self._sleep()
         return self._package(prompt_ids, num_generations, samples)
 
     def close(self) -> None:
@@ -193,6 +204,16 @@ class VLLMSampler:
                 f"vllm.max_model_len={limit} cannot hold a prompt of {longest} tokens and max_completion_length="
                 f"{self.max_completion_length}; raise vllm.max_model_len to at least {longest + self.max_completion_length}"
             )
+
+    def _sleep(self) -> None:
+        """While the trainer runs: the KV cache freed and, at level 2, the weights discarded too (the next
+        sync overwrites them; level 1 would copy them to host memory every step for nothing). Level 2
+        only when a source to reload from is known; the flag makes the next ``sample`` sync first."""
+        state = _ENGINE_STATE.get(id(self.engine))
+        level = 2 if state is not None else 1
+        self.engine.sleep(level=level)
+        if state is not None:
+            state["discarded"] = True
 
     def _wake(self) -> None:
         """Wake the engine if any sampler on it put it to sleep (an evaluation shares the run's engine)."""
@@ -268,6 +289,9 @@ def _draw_seed(generator: torch.Generator) -> int:
 
 _ENGINES: dict[str, Any] = {}
 """The engines this process started, by their settings (``engine_kwargs``)."""
+_ENGINE_STATE: dict[int, dict[str, Any]] = {}
+"""By engine (id): the model its weights were last synced from, and whether a level-2 sleep discarded
+them since. Per engine, not per sampler: an evaluation's sampler shares the run's engine."""
 
 
 def start_engine(**kwargs):
@@ -294,6 +318,7 @@ def shutdown_engines() -> None:
 
     while _ENGINES:
         _, engine = _ENGINES.popitem()
+        _ENGINE_STATE.pop(id(engine), None)
         with contextlib.suppress(AttributeError):
             engine.llm_engine.engine_core.shutdown()
         del engine

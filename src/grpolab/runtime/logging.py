@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import resource
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,49 @@ from grpolab.runtime.trackers import open_trackers, tracker_key
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak process RSS on CPU; peak allocated memory on a GPU."""
+    """Peak process RSS on CPU; peak allocated memory on a GPU (since the last reset: PhaseMemory)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class PhaseMemory:
+    """Peak memory of each phase of a step (rollout, reference, train), for the step's metrics.
+
+    On CUDA each phase starts from a reset of the allocator's peak statistics, so a figure is that
+    phase's own, not the run's lifetime maximum, and the reserved memory (what the caching allocator
+    holds from the driver; what an out-of-memory error is about) is logged beside the allocated:
+    ``sys/peak_mem_<phase>_mb``, ``sys/peak_reserved_<phase>_mb``, and over the step ``sys/peak_mem_mb``
+    and ``sys/peak_reserved_mb``. A colocated vLLM engine's KV cache counts in the phases it is awake.
+    On a CPU ``sys/peak_mem_mb`` stays the process's peak RSS, as before (the kernel's high-water mark).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peaks: dict[str, tuple[float, float]] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        try:
+            yield
+        finally:
+            if cuda:
+                mb = 2**20
+                self.peaks[name] = (torch.cuda.max_memory_allocated(self.device) / mb, torch.cuda.max_memory_reserved(self.device) / mb)
+
+    def metrics(self) -> dict[str, float]:
+        """The step's figures; the phases are forgotten for the next step."""
+        peaks, self.peaks = self.peaks, {}
+        if not peaks:
+            return {"sys/peak_mem_mb": peak_memory_mb(self.device)}
+        out = {"sys/peak_mem_mb": max(a for a, _ in peaks.values()), "sys/peak_reserved_mb": max(r for _, r in peaks.values())}
+        for name, (allocated, reserved) in peaks.items():
+            out[f"sys/peak_mem_{name}_mb"] = allocated
+            out[f"sys/peak_reserved_{name}_mb"] = reserved
+        return out
 
 
 def _jsonable(v: Any) -> Any:

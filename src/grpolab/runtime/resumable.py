@@ -93,7 +93,7 @@ class Resumable:
         ckpt.save_checkpoint(
             cfg.run_dir,
             step,
-            model=self.model,
+            model=parallel.unwrap(self.model),  # DDP over one process (torchrun --nproc_per_node 1) writes its module
             tokenizer=self.tokenizer,
             keep_last=cfg.log.keep_last,
             extra_models=extra,
@@ -111,7 +111,7 @@ class Resumable:
         else:
             if sharded.is_sharded_checkpoint(path):  # an FSDP run's: its weights are DCP shards
                 raise ConfigError(f"{path} is a sharded checkpoint; resume it as it was run (torchrun / train.parallel), or export it (grpolab export)")
-            ckpt.load_weights_into(self.model, path)
+            ckpt.load_weights_into(parallel.unwrap(self.model), path)
             if self.reference is not None and self.reference.frozen_model is not None:
                 ckpt.load_extra(self.reference.frozen_model, path, "reference")
             state = ckpt.load_state(path)

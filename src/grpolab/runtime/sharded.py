@@ -64,7 +64,9 @@ def _state(models: dict[str, nn.Module], optimizers: dict[str, tuple[nn.Module, 
 
     out: dict[str, Any] = {name: get_model_state_dict(m) for name, m in models.items()}
     for name, (m, opt) in optimizers.items():
-        out[name] = get_optimizer_state_dict(m, opt)
+        # fp32 masters beside bf16 weights (training/master.py) are no parameters of the model: DCP's
+        # helper cannot name them, so that optimizer names its state itself
+        out[name] = opt.dcp_state_dict(unwrap(m)) if hasattr(opt, "dcp_state_dict") else get_optimizer_state_dict(m, opt)
     return out
 
 
@@ -131,7 +133,10 @@ def load(
     for name, m in models.items():
         set_model_state_dict(m, state[name])
     for name, (m, opt) in optimizers.items():
-        set_optimizer_state_dict(m, opt, state[name])
+        if hasattr(opt, "load_dcp_state_dict"):
+            opt.load_dcp_state_dict(unwrap(m), state[name])
+        else:
+            set_optimizer_state_dict(m, opt, state[name])
     return ckpt.safe_load(path / f"trainer_state_rank{dist.world().rank}.pt")
 
 

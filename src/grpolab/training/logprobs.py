@@ -55,16 +55,24 @@ def build_inputs(
     """
     n, _ = completion_ids.shape
     width = max(len(p) for p in prompt_ids)
-    device = completion_ids.device
-    prompts = torch.full((n, width), pad_id, dtype=torch.long, device=device)
-    prompt_mask = torch.zeros((n, width), dtype=torch.long, device=device)
+    # filled on the host and moved in one copy (row by row into a CUDA tensor is one blocking copy each)
+    prompts = torch.full((n, width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, width), dtype=torch.long)
     for i, ids in enumerate(prompt_ids):
         prompts[i, width - len(ids) :] = torch.as_tensor(ids, dtype=torch.long)
         prompt_mask[i, width - len(ids) :] = 1
+    prompts, prompt_mask = _to_device(prompts, completion_ids.device), _to_device(prompt_mask, completion_ids.device)
     input_ids = torch.cat([prompts, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids, attention_mask, position_ids
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``: one copy, from pinned memory (asynchronous) on CUDA."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def completion_logprobs(
@@ -230,7 +238,9 @@ def _shared_prefix_forward(run: _Forward, prompts, index: torch.Tensor, ids: tor
     with _asking(head, None):
         first = run(p_ids, p_mask, p_pos, keep=1, cache=cache)[index]  # predicts completion token 0
     if head is not None:
-        first = torch.stack(logprobs_from_logits(first / head[1].temperature, ids[:, :1]), dim=-1)
+        # with its entropy's graph, as the head's own entropies have (the caller detaches it without an
+        # entropy bonus): else the bonus's gradient missed every completion's first token
+        first = torch.stack(logprobs_from_logits(first / head[1].temperature, ids[:, :1], entropy_grad=True), dim=-1)
     if ids.shape[1] == 1:
         return first
     cache.batch_select_indices(index)

@@ -108,6 +108,59 @@ class MasterWeightOptimizer:
             self.scaler.load_state_dict(state["scaler"])
 
 
+    # torch.distributed.checkpoint (run/sharded.py): DCP's get/set_optimizer_state_dict map an optimizer's
+    # parameters to the model's names, and this one steps fp32 copies the model does not hold. Under DDP
+    # the masters and states are the same on every rank: DCP writes each once and every rank reads it.
+    def dcp_state_dict(self, model: torch.nn.Module) -> dict:
+        """The state keyed by the model's parameter names: the fp32 masters, AdamW's per-parameter
+        states, the param groups' settings and the loss scaler. Tensors are the live ones (DCP loads in
+        place), so call ``load_dcp_state_dict`` after ``dcp.load`` to finish the job."""
+        names = self._names(model)
+        if not self.optimizer.state:
+            self._init_state()  # a template for DCP to load into: every state tensor exists, of its shape
+        state = {names[i]: dict(self.optimizer.state[m]) for i, m in enumerate(self.masters)}
+        masters = {names[i]: m for i, (p, m) in enumerate(zip(self.params, self.masters, strict=True)) if m is not p}
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        return {"state": state, "masters": masters, "param_groups": groups,
+                "scaler": None if self.scaler is None else self.scaler.state_dict()}  # fmt: skip
+
+    @torch.no_grad()
+    def load_dcp_state_dict(self, model: torch.nn.Module, state: dict) -> None:
+        """The loaded ``dcp_state_dict(model)``: states and settings in place, masters into the model."""
+        names = self._names(model)
+        for i, m in enumerate(self.masters):
+            self.optimizer.state[m].update(state["state"][names[i]])
+        for group, saved in zip(self.optimizer.param_groups, state["param_groups"], strict=True):
+            group.update(saved)
+        for i, (p, m) in enumerate(zip(self.params, self.masters, strict=True)):
+            if m is not p:
+                m.copy_(state["masters"][names[i]])
+                p.copy_(m)  # the model's bf16 weights are the masters rounded, as after a step
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
+    def _names(self, model: torch.nn.Module) -> list[str]:
+        by_id = {id(p): name for name, p in model.named_parameters()}
+        missing = [i for i, p in enumerate(self.params) if id(p) not in by_id]
+        if missing:
+            raise ValueError(f"{len(missing)} optimized parameters are not parameters of the model given")
+        return [by_id[id(p)] for p in self.params]
+
+    def _init_state(self) -> None:
+        """One AdamW step at lr 0 on zero gradients makes every state tensor (torch's own
+        ``_init_optim_state`` does the same); the weights do not move."""
+        lrs = [g["lr"] for g in self.optimizer.param_groups]
+        for m in self.masters:
+            if m.grad is None:
+                m.grad = torch.zeros_like(m)
+        for g in self.optimizer.param_groups:
+            g["lr"] = 0.0
+        self.optimizer.step()
+        for g, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            g["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+
+
 def backward(loss: torch.Tensor, optimizer) -> None:
     """``loss.backward()``, through the optimizer's loss scaler when it has one."""
     if isinstance(optimizer, MasterWeightOptimizer):

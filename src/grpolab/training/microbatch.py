@@ -27,7 +27,14 @@ def split_rows(
     prompt_lengths: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """``rows`` (indices into the length tensors) in micro-batches of at most ``size`` rows and, with
-    ``max_tokens``, at most that many padded tokens; rows of similar length go together."""
+    ``max_tokens``, at most that many padded tokens; rows of similar length go together.
+
+    The plan is made on the host, where ``rows`` live (a CPU generator's shuffle): lengths computed on
+    the accelerator are brought over once here (a CPU tensor indexed with CUDA indices raises).
+    """
+    completion_lengths = completion_lengths.to(rows.device)
+    if prompt_lengths is not None:
+        prompt_lengths = prompt_lengths.to(rows.device)
     if max_tokens is None:
         order = rows[torch.argsort(completion_lengths[rows], descending=True, stable=True)]
         return _same_count_on_every_rank(list(order.split(size)))
@@ -58,6 +65,11 @@ def _same_count_on_every_rank(parts: list[torch.Tensor]) -> list[torch.Tensor]:
             )
         parts[i : i + 1] = list(parts[i].tensor_split(2))
     return parts
+
+
+def completion_lengths_of(completion_mask: torch.Tensor) -> torch.Tensor:
+    """[N] completion lengths on the host: one device-to-host copy per update, not one per micro-batch."""
+    return completion_mask.sum(-1).cpu()
 
 
 def prompt_lengths_of(prompt_ids: Sequence[Sequence[int]]) -> torch.Tensor:

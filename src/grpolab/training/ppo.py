@@ -49,7 +49,7 @@ from grpolab.training.batch import (
     rollout_metrics,
 )
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
-from grpolab.training.microbatch import prompt_lengths_of
+from grpolab.training.microbatch import completion_lengths_of, prompt_lengths_of
 from grpolab.training.optim import build_optimizer
 from grpolab.training.step import micro_batches, minibatch_order
 from grpolab.training.value import ValueModel, load_value_model, token_values
@@ -141,19 +141,21 @@ class Critic:
         a = self.cfg.algo
         sums: dict[str, float] = defaultdict(float)
         updates = 0
-        lengths = batch.completion_mask.sum(-1)
+        lengths = completion_lengths_of(batch.completion_mask)
         budget = {"max_tokens": self.ctx.max_tokens, "prompt_lengths": prompt_lengths_of(batch.prompt_ids)}
         self.model.train()
         for _ in range(a.mu):
             for rows in minibatch_order(batch.num_sequences, a.num_minibatches, self.generator):
                 total = max(dist.global_token_count(batch.loss_mask[rows]), 1.0)
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in micro_batches(rows, lengths, self.cfg.train.micro_batch_size, **budget):
+                micros = micro_batches(rows, lengths, self.ctx.micro_batch_size, **budget)  # resolved by device
+                for i, micro in enumerate(micros):
                     mb = batch.select(micro)
-                    values = self._values(mb.prompt_ids, mb.completion_ids, mb.completion_mask)
-                    loss, clip_frac = value_loss(values, mb.old_values, mb.returns, mb.loss_mask, clip=a.value_clip)
-                    weight = float(mb.loss_mask.sum()) / total
-                    backward(a.vf_coef * weight * dist.grad_scale() * loss, self.optimizer)
+                    with parallel.gradient_sync(self.model, sync=i == len(micros) - 1):  # DDP: one all-reduce per step
+                        values = self._values(mb.prompt_ids, mb.completion_ids, mb.completion_mask)  # forward inside too
+                        loss, clip_frac = value_loss(values, mb.old_values, mb.returns, mb.loss_mask, clip=a.value_clip)
+                        weight = float(mb.loss_mask.sum()) / total
+                        backward(a.vf_coef * weight * dist.grad_scale() * loss, self.optimizer)
                     sums["loss"] += weight * loss.item()
                     sums["clip_frac"] += weight * float(clip_frac)
                 sums["grad_norm"] += self._step()

@@ -26,10 +26,11 @@ from grpolab.algo.losses import POLICY_LOSSES, SurrogateLoss, aggregate
 from grpolab.config import Config
 from grpolab.distributed import dist
 from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
-from grpolab.distributed.parallel import clip_grad_norm
+from grpolab.distributed.parallel import clip_grad_norm, gradient_sync
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
-from grpolab.training.microbatch import prompt_lengths_of, split_rows
+from grpolab.training.microbatch import completion_lengths_of, prompt_lengths_of, split_rows
+from grpolab.training.packing import packed_completion_logprobs
 from grpolab.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ def update_policy(
     """mu passes over the batch, num_minibatches optimizer steps each. Returns averaged metrics."""
     sums: dict[str, float] = defaultdict(float)
     counts = {"tokens": 0.0, "updates": 0, "skipped": 0}
-    lengths = batch.completion_mask.sum(-1)
+    lengths = completion_lengths_of(batch.completion_mask)
     budget = {"max_tokens": cfg.train.max_tokens_per_micro_batch, "prompt_lengths": prompt_lengths_of(batch.prompt_ids)}
     model.train()
     for _ in range(cfg.algo.mu):
@@ -189,31 +190,15 @@ def update_policy(
             total_seqs = dist.all_reduce_sum(float(len(rows)))
             optimizer.zero_grad(set_to_none=True)
             finite = True
-            for micro in micro_batches(rows, lengths, cfg.train.micro_batch_size, **budget):
+            micros = micro_batches(rows, lengths, cfg.train.micro_batch_rows(batch.completion_ids.device.type), **budget)
+            for i, micro in enumerate(micros):
                 mb = batch.select(micro)
-                logprobs, entropy = completion_logprobs(
-                    model,
-                    mb.prompt_ids,
-                    mb.completion_ids,
-                    mb.completion_mask,
-                    pad_id=pad_id,
-                    temperature=cfg.rollout.temperature,
-                    autocast_dtype=autocast_dtype,
-                    with_entropy=True,
-                    entropy_grad=spec.entropy_coef > 0,
-                    into_grad=True,
-                )
-                old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
-                loss, stats = policy_loss(
-                    logprobs,
-                    old,
-                    mb,
-                    spec,
-                    total_seqs=total_seqs,
-                    total_tokens=max(total_tokens, 1.0),
-                    entropy=entropy,
-                )
-                backward(loss * dist.grad_scale(), optimizer)  # through the fp16 loss scaler when there is one
+                # DDP: forward and backward inside no_sync (its forward arms the all-reduce), but the last
+                with gradient_sync(model, sync=i == len(micros) - 1):
+                    loss, entropy, stats = _micro_batch_loss(
+                        model, mb, cfg, spec, pad_id, autocast_dtype, total_seqs=total_seqs, total_tokens=total_tokens
+                    )
+                    backward(loss * dist.grad_scale(), optimizer)  # through the fp16 loss scaler when there is one
                 finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
                 sums["entropy"] += _masked_sum(entropy.detach(), mb.loss_mask)
@@ -224,6 +209,30 @@ def update_policy(
             give_back_freed_memory()  # before AdamW's states and the step's temporaries (distributed/host.py)
             _optimizer_step(model, optimizer, scheduler, cfg.optim.max_grad_norm, sums, counts, loss_finite=finite)
     return _summarise(sums, counts, scheduler)
+
+
+def _micro_batch_loss(model, mb: RolloutBatch, cfg: Config, spec: PolicyLossSpec, pad_id: int, autocast_dtype, *,
+                      total_seqs: float, total_tokens: float):
+    """(loss, entropy [n, T], stats) of one micro-batch, its graph kept for the backward; packed into one
+    padding-free sequence with train.padding_free (training/packing.py)."""
+    forward = packed_completion_logprobs if cfg.train.padding_free else completion_logprobs
+    logprobs, entropy = forward(
+        model,
+        mb.prompt_ids,
+        mb.completion_ids,
+        mb.completion_mask,
+        pad_id=pad_id,
+        temperature=cfg.rollout.temperature,
+        autocast_dtype=autocast_dtype,
+        with_entropy=True,
+        entropy_grad=spec.entropy_coef > 0,
+        into_grad=True,
+    )
+    old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+    loss, stats = policy_loss(
+        logprobs, old, mb, spec, total_seqs=total_seqs, total_tokens=max(total_tokens, 1.0), entropy=entropy
+    )
+    return loss, entropy, stats
 
 
 def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, counts, *, loss_finite=True) -> None:
@@ -242,6 +251,9 @@ def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, cou
     sums["grad_norm"] += float(norm.item())
     optimizer.step()
     scheduler.step()
+    # the gradients are spent: freed now, not at the next minibatch, so they do not stay allocated through
+    # the weight sync, the next rollout and the reference forward (a colocated vLLM needs that memory)
+    optimizer.zero_grad(set_to_none=True)
     counts["updates"] += 1
 
 

@@ -81,7 +81,7 @@ def load_value_model(cfg: Config, device: torch.device) -> ValueModel:
         model = _from_reward_model(a.value_init_path, kwargs)
     else:
         model = _from_policy_checkpoint(_base_checkpoint(m.name_or_path), kwargs)
-    if m.gradient_checkpointing:
+    if m.checkpointing_on(device.type):
         model.body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device).train()
 

@@ -58,3 +58,52 @@ def test_metric_kinds():
     assert dist._kind("reward") == "mean"
     assert dist._kind("completions/mean_length") == "mean"
     assert dist._kind("clip_ratio/high_mean") == "mean"
+    assert dist._kind("sys/peak_mem_mb") == dist._kind("sys/peak_reserved_train_mb") == "max"  # the worst rank
+
+
+def test_cuda_process_group_has_gloo_for_host_tensors_and_a_configurable_timeout_and_device():
+    import datetime
+
+    import torch
+
+    cuda = dist.init_kwargs("cuda", timeout_s=42.0, bind_device=True)
+    assert cuda["backend"] == "cpu:gloo,cuda:nccl"  # a host tensor's collective must not reach NCCL
+    assert cuda["timeout"] == datetime.timedelta(seconds=42)
+    assert cuda["device_id"] == torch.device("cuda", 0)
+    assert "device_id" not in dist.init_kwargs("cuda", timeout_s=1.0, bind_device=False)
+    assert dist.init_kwargs("cpu", timeout_s=1.0, bind_device=True) == {"backend": "gloo", "timeout": datetime.timedelta(seconds=1)}
+    from grpolab.config import load_config
+
+    cfg = load_config(None, ["train.dist_timeout_s=1800", "train.dist_bind_device=false"])
+    assert dist.session_options(cfg.train) == {"timeout_s": 1800.0, "bind_device": False}
+    with pytest.raises(ConfigError, match="train.dist_timeout_s must be > 0"):
+        load_config(None, ["train.dist_timeout_s=0"])
+
+
+def _gather_worker(rank: int, port: int, out: str) -> None:
+    import os
+
+    import torch
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    with dist.session("cpu", timeout_s=60.0):
+        flags = dist.gather_rows(torch.tensor([rank == 0, True]))
+        rewards = dist.gather_rows(torch.tensor([0.5 + rank, -1.0]))
+        if rank == 0:
+            torch.save({"flags": flags, "rewards": rewards}, out)
+
+
+def test_gather_rows_over_two_gloo_ranks_keeps_dtype_and_device(tmp_path):
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "gathered.pt")
+    mp.start_processes(_gather_worker, args=(port, out), nprocs=2, join=True, start_method="spawn")
+    got = torch.load(out)
+    assert got["flags"].dtype == torch.bool and got["flags"].tolist() == [True, True, False, True]
+    assert got["rewards"].device.type == "cpu" and got["rewards"].tolist() == [0.5, -1.0, 1.5, -1.0]

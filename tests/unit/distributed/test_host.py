@@ -84,3 +84,22 @@ def _null():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim: Linux only")
 def test_too_little_free_heap_is_not_trimmed():
     assert host.give_back_freed_memory(min_free=1 << 50) is False  # the next micro-batch would fault it back
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim: Linux only")
+def test_a_step_on_an_accelerator_installs_no_hooks_and_trims_nothing(monkeypatch):
+    """The meta device stands in for CUDA: the step's tensors are not glibc's there."""
+    seen, trims = [], []
+    monkeypatch.setattr(host, "freed_memory_given_back_before", lambda m: seen.append(m) or _null())
+
+    def step(model):
+        trims.append(host.give_back_freed_memory(min_free=0))
+        return "done"
+
+    for device, want_hooks, want_trim in (("meta", [], False), ("cpu", ["embeddings"], True)):
+        seen.clear(), trims.clear()
+        model = torch.nn.Linear(2, 2, device=device)
+        model.get_input_embeddings = lambda: "embeddings"
+        assert host.giving_back_freed_memory(step)(model) == "done"
+        assert seen == want_hooks and trims == [want_trim], device
+    assert host.give_back_freed_memory(min_free=0)  # outside a step: as before

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from grpolab.algo.kl import kl_k3
 from grpolab.algo.losses import AGGREGATIONS
@@ -39,7 +40,8 @@ def _reference_logprobs(model, rows, completion, mask, amp=None):
     shape = {"rows": len(rows), "q_len": input_ids.shape[1], "kv_len": input_ids.shape[1]}
     with torch.autocast("cpu", dtype=amp, enabled=amp is not None), attention_for(model, input_ids.device, amp, **shape):
         hidden = model.model(input_ids=input_ids, attention_mask=attn, position_ids=pos).last_hidden_state[:, -t:]
-    logits = torch.nn.functional.linear(hidden.float(), model.lm_head.weight.float()) / TEMPERATURE
+    dtype = amp or torch.float32  # under autocast the head's GEMM is bf16, as every other matmul; then fp32
+    logits = torch.nn.functional.linear(hidden.to(dtype), model.lm_head.weight.to(dtype)).float() / TEMPERATURE
     logz = torch.logsumexp(logits, -1)
     lp = logits.gather(-1, ids[..., None]).squeeze(-1) - logz
     entropy = (logz - (torch.softmax(logits, -1) * logits).sum(-1)).detach()
@@ -90,8 +92,62 @@ def test_chunked_head_under_bf16_autocast_matches_the_fp32_head(monkeypatch):
     got, _ = completion_logprobs(
         model, rows, completion, mask, pad_id=0, temperature=TEMPERATURE, autocast_dtype=torch.bfloat16, chunk=5
     )
-    # same bf16 body; the head runs in fp32 on both sides (only summation order differs)
+    # same bf16 body and bf16 head GEMM, softmax in fp32 on both sides (only summation order differs)
     torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+
+
+def test_head_gemms_run_in_the_autocast_dtype_with_fp32_softmax_and_gradients():
+    """Under bf16 autocast the logits and both gradient GEMMs take bf16 operands (what autocast's own
+    linear does); log-softmax, entropy and the returned gradients' accumulation stay fp32."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(9, 16, generator=g, requires_grad=True)
+    weight = torch.randn(23, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, 23, (9,), generator=g)
+    head = ChunkedLMHead.sharing(torch.nn.Linear(16, 23, bias=False))
+    head.weight = torch.nn.Parameter(weight.detach().clone())
+    seen = []
+    request = chunked_head_module.HeadRequest(targets[None], TEMPERATURE, chunk=4)
+    with chunked_head_module.head_request(head, request), _recording_mm(seen):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = head(hidden[None])
+        (out[..., 0].sum() + 0.3 * out[..., 1].sum()).backward()
+    # 3 chunks: 3 logits GEMMs forward; 3 recomputed + 3 hidden-gradient + 3 weight-gradient backward
+    assert out.dtype == torch.float32 and len(seen) == 12 and set(seen) == {torch.bfloat16}, seen
+    # the reference: autocast's bf16 linear, fp32 log-softmax and entropy, plain autograd
+    h2, w2 = hidden.detach().clone().requires_grad_(True), weight.detach().clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = torch.nn.functional.linear(h2, w2)
+    z = z.float() / TEMPERATURE
+    logp = torch.log_softmax(z, -1)
+    lp, ent = logp.gather(-1, targets[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+    (lp.sum() + 0.3 * ent.sum()).backward()
+    torch.testing.assert_close(out[0, :, 0], lp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[0, :, 1], ent, atol=1e-5, rtol=1e-5)
+    assert head.weight.grad.dtype == torch.float32
+    torch.testing.assert_close(hidden.grad, h2.grad, atol=2e-2, rtol=2e-2)  # bf16 operands on both sides
+    torch.testing.assert_close(head.weight.grad, w2.grad, atol=2e-2, rtol=2e-2)
+    # and it is not the fp32 head: that one's log-probs differ by bf16 rounding of the logits
+    fp32 = torch.log_softmax(torch.nn.functional.linear(hidden, weight) / TEMPERATURE, -1).gather(-1, targets[:, None])
+    assert (fp32.squeeze(-1) - out[0, :, 0]).abs().max() > 1e-4
+
+
+class _recording_mm(TorchDispatchMode):
+    """Records the operand dtype of each matrix product (forward and backward)."""
+
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            self.seen.append(args[-1].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def test_chunks_are_sized_by_device():
+    assert chunked_head_module.chunk_tokens(151_936) == 110  # 64 MiB of fp32 logits on a CPU
+    assert chunked_head_module.chunk_tokens(151_936, "cuda") == 1766  # 1 GiB on CUDA
+    assert chunked_head_module.chunk_tokens(10**9) == 16
 
 
 def test_install_shares_the_tied_weight_and_keeps_keys_and_generation():

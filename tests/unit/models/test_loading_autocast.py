@@ -30,3 +30,35 @@ def test_without_the_override_auto_reads_the_cpu_flags(monkeypatch):
     except OSError:
         pytest.skip("no /proc/cpuinfo on this system")
     assert cpu_has_bf16_matmul() is ("avx512_bf16" in flags or "amx_bf16" in flags)
+
+
+@pytest.mark.parametrize("native, want", [(False, None), (True, torch.bfloat16)])
+def test_auto_on_cuda_takes_bf16_only_where_it_is_native(monkeypatch, native, want):
+    """A T4 / V100 reports bf16 "supported" by emulation; auto must not pick it there (vLLM refuses it)."""
+    calls = []
+
+    def supported(including_emulation=True):
+        calls.append(including_emulation)
+        return native or including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", supported)
+    assert resolve_autocast(ModelConfig(name_or_path="m", autocast="auto"), torch.device("cuda")) is want
+    assert calls == [False]
+
+
+def test_tf32_on_cuda_only_and_not_when_full_precision_is_asked(monkeypatch):
+    from grpolab.models.loading import use_tf32
+
+    monkeypatch.delenv("VLLM_FLOAT32_MATMUL_PRECISION", raising=False)
+    before = torch.get_float32_matmul_precision()
+    try:
+        assert not use_tf32(ModelConfig(name_or_path="m"), CPU)
+        assert not use_tf32(ModelConfig(name_or_path="m", autocast="none"), torch.device("cuda"))
+        assert torch.get_float32_matmul_precision() == before == "highest"
+        assert use_tf32(ModelConfig(name_or_path="m"), torch.device("cuda"))
+        assert torch.get_float32_matmul_precision() == "high"
+        import os
+
+        assert os.environ["VLLM_FLOAT32_MATMUL_PRECISION"] == "high"  # vLLM's worker would set "highest"
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -231,3 +231,22 @@ def test_bad_prompts_are_rejected(model, tok):
         sampler.sample([[5], []], num_generations=2)
     with pytest.raises(ValueError, match="num_generations"):
         sampler.sample([[5]], num_generations=0)
+
+
+@pytest.mark.parametrize("every", [3, 16])
+def test_asking_whether_all_stopped_every_few_tokens_gives_the_same_completions(model, tok, prompts, monkeypatch, every):
+    """On CUDA the "every row stopped?" host sync runs every few tokens (rollout/hf.py); the steps it
+    runs past the last stop are masked and trimmed, so the completions equal the every-token check's."""
+    import grpolab.rollout.hf as hf
+
+    free = HFSampler(model, tok, max_completion_length=9, temperature=0).sample(prompts, num_generations=1)
+    stop_id = int(free.completion_ids[0, 1])  # rows stop at different steps
+    make = lambda: HFSampler(model, tok, max_completion_length=9, temperature=0, eos_token_ids=[stop_id])  # noqa: E731
+    want = make().sample(prompts, num_generations=2)
+    assert hf.finished_check_every(torch.device("cpu")) == 1 and hf.finished_check_every(torch.device("cuda")) == 16
+    monkeypatch.setattr(hf, "finished_check_every", lambda device: every)
+    got = make().sample(prompts, num_generations=2)
+    assert got.completion_ids.tolist() == want.completion_ids.tolist()
+    assert got.completion_mask.tolist() == want.completion_mask.tolist()
+    assert got.finish_reasons == want.finish_reasons and got.texts == want.texts
+    torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-6, rtol=1e-6)

@@ -71,3 +71,32 @@ def test_reference_logprobs_in_token_budget_micro_batches_keep_row_order():
     want = LogprobContext(0, 1.0, None, 64).logprobs(*args)
     got = LogprobContext(0, 1.0, None, 64, max_tokens=20).logprobs(*args)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _on(batch: RolloutBatch, device: str) -> RolloutBatch:
+    return RolloutBatch(
+        batch.prompt_ids, *(t.to(device) for t in (batch.completion_ids, batch.completion_mask, batch.loss_mask, batch.advantages)),
+        old_logprobs=batch.old_logprobs.to(device), ref_logprobs=batch.ref_logprobs.to(device),
+    )  # fmt: skip
+
+
+def test_the_plan_is_made_on_the_host_and_the_rows_taken_on_the_batch_device():
+    """The meta device stands in for CUDA: the minibatch shuffle is a CPU generator's, the batch lives on
+    the accelerator. Indexing the CPU rows with device indices raised IndexError on CUDA; the plan is
+    now made from host lengths (one copy) and each micro-batch's index moves to the batch's device once."""
+    from grpolab.training.microbatch import completion_lengths_of, prompt_lengths_of
+    from grpolab.training.step import minibatch_order
+
+    _, host = _batch()
+    device = _on(host, "meta")
+    rows = minibatch_order(6, 1, torch.Generator().manual_seed(0))[0]
+    lengths = completion_lengths_of(host.completion_mask)  # on CUDA: the one device-to-host copy
+    assert lengths.device.type == "cpu" and lengths.tolist() == [9, 2, 6, 4, 7, 1]
+    for budget in ({}, {"max_tokens": 30, "prompt_lengths": prompt_lengths_of(host.prompt_ids)}):
+        parts = split_rows(rows, lengths, 2, **budget)
+        assert all(p.device.type == "cpu" for p in parts)
+        assert sorted(torch.cat(parts).tolist()) == list(range(6))
+        for part in parts:
+            mb = device.select(part)
+            assert mb.completion_ids.device.type == "meta" and mb.advantages.shape == (len(part), 9)
+            assert mb.prompt_ids == [host.prompt_ids[i] for i in part.tolist()]

@@ -1,0 +1,77 @@
+"""FSDP2 loading without the unsharded model on every rank (gloo, 2 ranks): rank 0 reads the weights into
+host memory, rank 1 builds the model on the meta device (no storage, no file read), both shard, and the
+shards are filled from rank 0's broadcast. The policy's and the frozen reference's shards, the buffers
+(rotary frequencies, not in the state dict) and the log-probs equal those of the plain load, where every
+rank reads the whole model onto its device first."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _build(cfg, placement: str):
+    from grpolab.distributed import parallel
+    from grpolab.models.loading import Reference, load_policy
+
+    plain, _ = load_policy(cfg, placement=placement)
+    reference = Reference(plain, torch.bfloat16)  # its Linear weights stored in bf16, as under autocast
+    full = (plain.state_dict(), reference.frozen_model.state_dict()) if placement == "host" else ({}, {})
+    meta = [p.is_meta for p in plain.parameters()]
+    reference = parallel.wrap_reference(reference, "fsdp", torch.bfloat16)
+    policy = parallel.wrap(plain, "fsdp", torch.device("cpu"), compute_dtype=torch.bfloat16)
+    if placement != "device":
+        parallel.materialize_from_rank0(policy, full[0], torch.device("cpu"))
+        parallel.materialize_from_rank0(reference.frozen_model, full[1], torch.device("cpu"))
+    return policy, reference.frozen_model, all(meta)
+
+
+def _state(model) -> dict:
+    out = {f"param:{n}": p.to_local().clone() for n, p in model.named_parameters()}
+    out.update({f"buffer:{n}": b.clone() for n, b in model.named_buffers()})
+    return out
+
+
+def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
+    from grpolab.config import ModelConfig
+    from grpolab.distributed import dist, parallel
+    from grpolab.training.logprobs import completion_logprobs
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    cfg = ModelConfig(name_or_path=model_dir, device="cpu", dtype="bfloat16")
+    with dist.session("cpu", timeout_s=120.0):
+        assert parallel.loads_on_rank0("fsdp", lora=False) and not parallel.loads_on_rank0("ddp", lora=False)
+        assert not parallel.loads_on_rank0("fsdp", lora=True)
+        plain_policy, plain_ref, _ = _build(cfg, "device")
+        policy, ref, was_meta = _build(cfg, "host" if rank == 0 else "meta")
+        states = {"want": (_state(plain_policy), _state(plain_ref)), "got": (_state(policy), _state(ref))}
+        prompts, ids = [[5, 6, 7], [8, 9]], torch.tensor([[10, 11, 12], [13, 14, 15]])
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        with torch.no_grad():
+            lp = [completion_logprobs(m, prompts, ids, mask, pad_id=0)[0] for m in (plain_policy, policy, plain_ref, ref)]
+        torch.save({**states, "meta": was_meta, "logprobs": lp}, f"{out}.{rank}")
+
+
+def test_rank0_broadcast_load_equals_every_rank_loading(tiny_model_dir, tmp_path):
+    out = str(tmp_path / "state")
+    mp.start_processes(_worker, args=(_free_port(), tiny_model_dir, out), nprocs=2, join=True, start_method="spawn")
+    for rank in (0, 1):
+        r = torch.load(f"{out}.{rank}", weights_only=False)
+        assert r["meta"] is (rank == 1)  # rank 1 never held a weight before its shards
+        for want, got in zip(r["want"], r["got"], strict=True):
+            assert want.keys() == got.keys()
+            for k, v in want.items():
+                assert got[k].dtype == v.dtype and torch.equal(got[k], v), (rank, k)
+        plain, sharded, plain_ref, ref = r["logprobs"]
+        torch.testing.assert_close(sharded, plain, atol=0, rtol=0)
+        torch.testing.assert_close(ref, plain_ref, atol=0, rtol=0)

@@ -1,0 +1,87 @@
+"""Colocated vLLM's memory order (rollout/vllm.py), against a recording stand-in for the engine: after each
+rollout the engine sleeps at level 2 (weights discarded, not copied to host); a sync wakes the weights
+alone, loads them, and the KV cache wakes only for the next rollout; a rollout after a level-2 sleep with
+no sync in between (DAPO's extra rounds, an evaluation on the same engine) syncs first, so no sample ever
+comes from discarded weights. An engine that never had weights synced keeps them: level 1."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="SamplingParams comes from vLLM (pip install 'grpolab[vllm]')")
+
+from grpolab.rollout import vllm as vllm_module  # noqa: E402
+from grpolab.rollout.vllm import VLLMSampler  # noqa: E402
+from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
+
+
+class RecordingEngine:
+    """Sleep / wake / reload / generate as vLLM's LLM does them, recorded; weights are "valid" only after a
+    reload since the last level-2 sleep."""
+
+    def __init__(self):
+        self.calls, self.asleep, self.weights_valid = [], set(), True
+        self.llm_engine = SimpleNamespace(is_sleeping=lambda: bool(self.asleep), model_config=SimpleNamespace(dtype=torch.float32))
+
+    def sleep(self, level=1):
+        self.calls.append(f"sleep{level}")
+        self.asleep = {"weights", "kv_cache"}
+        self.weights_valid = self.weights_valid and level == 1
+
+    def wake_up(self, tags=None):
+        self.calls.append("wake:" + ",".join(tags or ["all"]))
+        self.asleep -= set(tags or self.asleep)
+
+    def collective_rpc(self, name, kwargs):
+        assert "weights" not in self.asleep, "weights loaded into sleeping memory"
+        assert "kv_cache" in self.asleep or not self.calls or self.calls[-1] == "init", "KV cache awake during the sync"
+        list(kwargs["weights_iterator"])
+        self.weights_valid = True
+        self.calls.append("reload")
+
+    def reset_prefix_cache(self):
+        pass
+
+    def generate(self, requests, params, use_tqdm=False):
+        assert not self.asleep and self.weights_valid, "sampled from a sleeping engine or discarded weights"
+        self.calls.append("generate")
+        out = SimpleNamespace(token_ids=[5, 2], logprobs=[{5: SimpleNamespace(logprob=-1.0)}, {2: SimpleNamespace(logprob=-0.5)}])
+        return [SimpleNamespace(outputs=[out]) for _ in requests]
+
+
+def _sampler(engine, weights_from=None):
+    tok = build_char_tokenizer()
+    return VLLMSampler(engine, tok, max_completion_length=4, eos_token_ids=[2], weights_from=weights_from, sleep_mode=True), tok
+
+
+def test_level_2_sleep_and_the_wake_order_of_a_training_loop():
+    engine = RecordingEngine()
+    engine.calls.append("init")
+    policy = build_tiny_model(build_char_tokenizer(), hidden_size=16, num_layers=1, num_heads=2)
+    sampler, _ = _sampler(engine, weights_from=policy)
+    try:
+        sampler.sample([[5, 6]], num_generations=2)  # step 1: the pending sync, then the rollout
+        sampler.update_weights(policy)  # after the update
+        sampler.sample([[5, 6]], num_generations=2)  # step 2
+        sampler.sample([[7]], num_generations=2)  # another round with no update in between
+        second, _ = _sampler(engine)  # an evaluation's sampler on the same engine
+        second.sample([[8]], num_generations=1)
+    finally:
+        vllm_module._ENGINE_STATE.pop(id(engine), None)
+    assert engine.calls == [
+        "init", "reload", "generate", "sleep2",
+        "wake:weights", "reload", "wake:all", "generate", "sleep2",
+        "wake:weights", "reload", "wake:all", "generate", "sleep2",  # synced again: the weights were discarded
+        "wake:weights", "reload", "wake:all", "generate", "sleep2",
+    ]  # fmt: skip
+
+
+def test_an_engine_never_synced_keeps_its_weights_at_level_1():
+    engine = RecordingEngine()
+    sampler, _ = _sampler(engine)
+    sampler.sample([[5]], num_generations=1)
+    sampler.sample([[5]], num_generations=1)
+    assert engine.calls == ["generate", "sleep1", "wake:all", "generate", "sleep1"]
