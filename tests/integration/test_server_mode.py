@@ -1,0 +1,174 @@
+"""rollout.mode=server: vLLM's OpenAI server beside the trainer, weights sent by version, bounded staleness.
+
+One server for the whole module (a start costs ~25 s of CPU): the runs point rollout.server_url at it, and
+each run sends its own weights as version 0 first. The last test kills it and checks that nothing of it
+is left. The proof of a sync is the logged sampler/trainer mismatch, as in test_vllm_train.py: fp32 on
+both sides agrees to ~1e-6 nats, weights one update old (lr 1e-2) are off by ~1e-2 or more.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpolab[vllm]'; make test installs it)")
+
+from grpolab.config import load_config  # noqa: E402
+from grpolab.rollout.server_setup import start_server  # noqa: E402
+from grpolab.rollout.vllm_client import ServerClient, ServerSampler  # noqa: E402
+from grpolab.rollout.vllm_server import RolloutServerError  # noqa: E402
+from grpolab.run.logging import read_metrics  # noqa: E402
+from grpolab.training.logprobs import completion_logprobs  # noqa: E402
+from grpolab.training.loop import train  # noqa: E402
+
+MISMATCH_KEY = "sampling/sampling_logp_difference/mean"
+IS_RATIO_KEY = "sampling/importance_sampling_ratio/mean"
+SYNCED = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from grpolab.tasks.tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("server_tiny"), hidden_size=64, num_layers=2, num_heads=2)
+
+
+def overrides(model_dir, data, out, name: str, steps: int, *extra: str) -> list[str]:
+    return [
+        f"model.name_or_path={model_dir}", "model.autocast=none", f"data.path={data}", "data.max_prompt_length=16",
+        "reward.functions=[{name: 'toy_rewards:digit_fraction'}]", "rollout.engine=vllm",
+        "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=2",
+        f"train.num_steps={steps}", "optim.lr=1e-2", "vllm.dtype=float32", "vllm.kv_cache_space_gb=0.0625",
+        f"log.output_dir={out}", f"log.run_name={name}", "log.progress=false", "log.checkpoint_every=1",
+        "algo.rollout_correction=tis", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    cfg = load_config(None, [*overrides(model_dir, "unused", tmp_path_factory.mktemp("srv"), "s", 1), "rollout.mode=server"])
+    srv = start_server(cfg, device_type="cpu", autocast_dtype=None, context=None)
+    yield srv
+    srv.stop()
+    assert srv.group_pids() == []
+
+
+def server_run(model_dir, data, out, name, steps, server, *extra):
+    return [*overrides(model_dir, data, out, name, steps), "rollout.mode=server", f"rollout.server_url={server.url}", *extra]
+
+
+def non_loopback_address() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+            addr = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if addr.startswith("127.") else addr
+
+
+def test_started_server_answers_loopback_and_refuses_other_addresses(server):
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    addr = non_loopback_address()
+    if addr is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((addr, port), timeout=5).close()
+
+
+def test_samples_carry_the_engine_logprobs_and_the_version(server, model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    client = ServerClient(server.url, timeout_s=60)
+    sampler = ServerSampler(client, tok, max_completion_length=6, eos_token_ids=[tok.eos_token_id], weights_from=policy)
+    prompts = [tok.encode("1+2="), tok.encode("a")]
+    for version in (0, 1):
+        if version:
+            with torch.no_grad():
+                for p in policy.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+            sampler.update_weights(policy)
+        out = sampler.sample(prompts, num_generations=4, generator=torch.Generator().manual_seed(0))
+        assert out.weight_versions == [version] * 8 and client.version() == str(version)
+        assert out.prompt_ids == [p for p in prompts for _ in range(4)]
+        with torch.no_grad():
+            lp, _ = completion_logprobs(
+                policy, out.prompt_ids, out.completion_ids, out.completion_mask, pad_id=tok.pad_token_id, temperature=1.0
+            )
+        torch.testing.assert_close(out.logprobs[out.completion_mask], lp[out.completion_mask], atol=1e-4, rtol=0)
+    assert sampler.last_sync_bytes == sum(p.numel() * 4 for p in policy.parameters()) + policy.lm_head.weight.numel() * 4 * (
+        policy.config.tie_word_embeddings
+    )
+    sampler.close()
+    assert server.alive()  # a sampler that did not start the server leaves it running
+
+
+def test_staleness_0_gives_colocated_samples_and_metrics(server, model_dir, addition_jsonl, tmp_path):
+    data = addition_jsonl(16)
+    colocated = read_metrics(train(load_config(None, overrides(model_dir, data, tmp_path, "c", 3))).run_dir)
+    served = read_metrics(train(load_config(None, server_run(model_dir, data, tmp_path, "s", 3, server))).run_dir)
+    assert [r["step"] for r in served] == [1, 2, 3]
+    for c, s in zip(colocated, served, strict=True):
+        for key in ("reward", "loss", "completions/mean_length", "num_tokens"):
+            assert s[key] == pytest.approx(c[key], abs=1e-5), (s["step"], key)
+        assert s[MISMATCH_KEY] < SYNCED
+        assert s["rollout/staleness_max"] == 0 and s["rollout/weight_version_max"] == s["step"] - 1
+        assert s["sys/weight_sync_bytes"] > 0
+
+
+def test_staleness_1_lags_one_update_and_tis_weights_it(server, model_dir, addition_jsonl, tmp_path):
+    data = addition_jsonl(16)
+    rows = read_metrics(
+        train(load_config(None, server_run(model_dir, data, tmp_path, "k1", 4, server, "rollout.max_staleness=1"))).run_dir
+    )
+    assert [r["rollout/staleness_max"] for r in rows] == [0, 1, 1, 1]
+    assert [r["rollout/weight_version_max"] for r in rows] == [0, 0, 1, 2]
+    assert rows[0][MISMATCH_KEY] < SYNCED
+    for row in rows[1:]:  # sampled one update behind: the engine's log-probs are the old policy's
+        assert row[MISMATCH_KEY] > 10 * SYNCED
+        assert abs(row[IS_RATIO_KEY] - 1.0) > 1e-4  # the TIS weights come from the engine's log-probs
+        assert row["sys/time_trainer_wait_s"] >= 0 and row["sys/time_generator_idle_s"] >= 0
+
+
+def test_staleness_1_resume_regenerates_in_flight_batches_reproducibly(server, model_dir, addition_jsonl, tmp_path):
+    data = addition_jsonl(16)
+    results = []
+    for name in ("r1", "r2"):
+        train(load_config(None, server_run(model_dir, data, tmp_path, name, 2, server, "rollout.max_staleness=1")))
+        cfg = load_config(None, server_run(model_dir, data, tmp_path, name, 3, server, "rollout.max_staleness=1"))
+        results.append(read_metrics(train(cfg, resume=True).run_dir)[-1])
+    a, b = results
+    assert a["step"] == b["step"] == 3
+    assert a["rollout/staleness_max"] == 0  # the in-flight batch was sampled again from the resumed weights
+    for key in ("reward", "loss", "num_tokens"):
+        assert a[key] == pytest.approx(b[key], abs=1e-5), key
+
+
+def test_a_killed_server_is_one_error_within_the_timeout_and_leaves_nothing(server, model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    timeout = 5.0
+    sampler = ServerSampler(
+        ServerClient(server.url, timeout_s=timeout, server=server), tok, max_completion_length=6,
+        eos_token_ids=[tok.eos_token_id], weights_from=policy,
+    )  # fmt: skip
+    sampler.sample([tok.encode("1+")], num_generations=2)
+    os.killpg(server.proc.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(RolloutServerError) as err:
+        sampler.update_weights(policy)
+    assert time.monotonic() - t0 < timeout + 10
+    assert "\n" not in str(err.value) and server.url in str(err.value)
+    sampler.close()
+    assert server.group_pids() == []
