@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,6 +156,54 @@ def test_staleness_1_resume_regenerates_in_flight_batches_reproducibly(server, m
         assert a[key] == pytest.approx(b[key], abs=1e-5), key
 
 
+def test_a_forced_lag_of_1_changes_the_loss_as_the_hand_computed_correction(server, model_dir):
+    """Sample from version 0, move the trainer one update on without syncing (a lag of 1), and check the
+    loss against ``-(1/N) sum_i (1/|o_i|) sum_t min(pi_1 / pi_engine, 2) A_i`` (GRPO, mu=1: ratio 1; TIS cap 2)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpolab.config import config_from_dict
+    from grpolab.training.step import PolicyLossSpec, policy_loss
+    from grpolab.types import RolloutBatch
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    sampler = ServerSampler(
+        ServerClient(server.url, timeout_s=60), tok, max_completion_length=6, eos_token_ids=[tok.eos_token_id],
+        weights_from=policy,
+    )  # fmt: skip
+    out = sampler.sample([tok.encode("1+2="), tok.encode("7")], num_generations=2, generator=torch.Generator().manual_seed(3))
+    sampler.close()
+    mask = out.completion_mask
+
+    def trainer_lp(model):
+        with torch.no_grad():
+            lp, _ = completion_logprobs(model, out.prompt_ids, out.completion_ids, mask, pad_id=tok.pad_token_id, temperature=1.0)
+        return lp
+
+    torch.testing.assert_close(out.logprobs[mask], trainer_lp(policy)[mask], atol=1e-4, rtol=0)  # engine = pi_0
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    lp1 = trainer_lp(policy)  # pi_1: one update on, never sent to the server
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    cfg = config_from_dict(
+        {"model": {"name_or_path": "unused"}, "algo": {"rollout_correction": "tis", "rollout_correction_cap": 2.0}}
+    )
+    spec = PolicyLossSpec.from_config(cfg)
+    mb = RolloutBatch(
+        prompt_ids=out.prompt_ids, completion_ids=out.completion_ids, completion_mask=mask, loss_mask=mask,
+        advantages=adv[:, None].expand_as(lp1).clone(), sampler_logprobs=out.logprobs,
+    )  # fmt: skip
+    loss, stats = policy_loss(lp1, lp1, mb, spec, total_seqs=4.0, total_tokens=float(mask.sum()))
+    w = torch.exp(lp1 - out.logprobs).clamp(max=2.0) * mask
+    want = -sum(float((w[i] * adv[i]).sum() / mask[i].sum()) for i in range(4)) / 4
+    assert cfg.algo.resolved_loss_agg == "seq-mean-token-mean"
+    assert float(loss) == pytest.approx(want, abs=1e-5)
+    unweighted = -sum(float(adv[i] * mask[i].sum() / mask[i].sum()) for i in range(4)) / 4
+    assert abs(want - unweighted) > 1e-3  # the lag moved the weights off 1: the check can fail
+    assert stats["rollout_weight"] == pytest.approx(float(w.sum()), abs=1e-4)
+
+
 def test_a_killed_server_is_one_error_within_the_timeout_and_leaves_nothing(server, model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -172,3 +223,64 @@ def test_a_killed_server_is_one_error_within_the_timeout_and_leaves_nothing(serv
     assert "\n" not in str(err.value) and server.url in str(err.value)
     sampler.close()
     assert server.group_pids() == []
+
+
+def server_children(trainer_pid: int) -> list[int]:
+    """The vLLM API server processes whose parent is ``trainer_pid``."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+                cmd = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == trainer_pid and b"vllm.entrypoints.openai.api_server" in cmd:
+                out.append(int(proc.name))
+    return out
+
+
+def group_alive(pgid: int) -> list[int]:
+    alive = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                alive.append(int(proc.name))
+    return alive
+
+
+def test_cli_run_with_its_own_server_killed_mid_run_is_one_line(model_dir, addition_jsonl, tmp_path):
+    timeout = 5
+    cmd = [
+        sys.executable, "-m", "grpolab", "train",
+        *overrides(model_dir, addition_jsonl(16), tmp_path, "killed", 200), "rollout.mode=server",
+        f"rollout.sync_timeout_s={timeout}",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        run_dir = tmp_path / "killed"
+        deadline = time.monotonic() + 300
+        while len(read_metrics(run_dir)) < 2:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run never logged two steps"
+            time.sleep(0.2)
+        (server_pid,) = server_children(proc.pid)
+        assert group_alive(server_pid)  # the API server and its engine core
+        os.killpg(server_pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=timeout + 60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith("grpolab: error: the vLLM server"), err[-2000:]
+    assert took < timeout + 10, took
+    assert group_alive(server_pid) == []
+    assert any((run_dir / "checkpoints").iterdir())  # the last checkpoint is kept

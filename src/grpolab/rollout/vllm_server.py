@@ -158,6 +158,9 @@ class VLLMServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
+        deadline = time.monotonic() + 10  # a killed process takes a moment to go (its memory is freed first)
+        while self.group_pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
         atexit.unregister(self.stop)
 
     def group_pids(self) -> list[int]:
