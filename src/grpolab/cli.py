@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="with --resume: let this config key (or section) differ from the saved run (repeatable)",
     )
+    p = _verb(sub, "serve", help="a vLLM server for rollout.mode=server trainers (rollout.server_url), until Ctrl-C")
+    _config_args(p)
     p = _verb(sub, "compare", help="GRPO vs PPO side by side: models, parameters, peak memory, time, reward")
     _config_args(p)
     p.add_argument("--algos", default="grpo,ppo", help="comma-separated algo.name values, run in this order")
@@ -221,6 +223,12 @@ def _run(args: argparse.Namespace) -> int:
             return 128 + result.stopped_by
         print(f"grpolab: trained to step {result.final_step}; run written to {result.run_dir}")
         return 0
+    if args.verb == "serve":
+        from grpolab.rollout.server_setup import serve
+        from grpolab.run.preflight import check_model_source
+
+        check_model_source(cfg.model)  # a missing model is one line, before vLLM starts
+        return serve(cfg)
     if args.verb in ("compare", "recipe"):
         return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg)
     if args.verb == "sft":

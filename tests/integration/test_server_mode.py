@@ -22,7 +22,6 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpolab[vllm]'; make test installs it)")
 
 from grpolab.config import load_config  # noqa: E402
-from grpolab.rollout.server_setup import start_server  # noqa: E402
 from grpolab.rollout.vllm_client import ServerClient, ServerSampler  # noqa: E402
 from grpolab.rollout.vllm_server import RolloutServerError  # noqa: E402
 from grpolab.run.logging import read_metrics  # noqa: E402
@@ -52,13 +51,34 @@ def overrides(model_dir, data, out, name: str, steps: int, *extra: str) -> list[
     ]  # fmt: skip
 
 
+class Served:
+    """The module's server, started by ``grpolab serve`` (the verb under test) in a child process."""
+
+    def __init__(self, proc: subprocess.Popen, url: str):
+        self.proc, self.url = proc, url
+        (self.pid,) = server_children(proc.pid)
+        """The vLLM API server: the leader of its process group (with its engine core)."""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    cfg = load_config(None, [*overrides(model_dir, "unused", tmp_path_factory.mktemp("srv"), "s", 1), "rollout.mode=server"])
-    srv = start_server(cfg, device_type="cpu", autocast_dtype=None, context=None)
-    yield srv
-    srv.stop()
-    assert srv.group_pids() == []
+    out = tmp_path_factory.mktemp("srv")
+    cmd = [sys.executable, "-m", "grpolab", "serve", *overrides(model_dir, "unused", out, "s", 1), "rollout.mode=server"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # blocks until the server is healthy (or the verb failed)
+        assert "vLLM server ready at " in line, proc.communicate(timeout=60)[1][-3000:]
+        served = Served(proc, line.split(" ready at ")[1].split()[0])
+        yield served
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    assert rc == 0, proc.stderr.read()[-2000:]
+    assert group_alive(served.pid) == []
 
 
 def server_run(model_dir, data, out, name, steps, server, *extra):
@@ -187,7 +207,7 @@ def test_a_forced_lag_of_1_changes_the_loss_as_the_hand_computed_correction(serv
     lp1 = trainer_lp(policy)  # pi_1: one update on, never sent to the server
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
     cfg = config_from_dict(
-        {"model": {"name_or_path": "unused"}, "algo": {"rollout_correction": "tis", "rollout_correction_cap": 2.0}}
+        {"model": {"name_or_path": "unused"}, "algo": {"beta": 0.0, "rollout_correction": "tis", "rollout_correction_cap": 2.0}}
     )
     spec = PolicyLossSpec.from_config(cfg)
     mb = RolloutBatch(
@@ -204,25 +224,27 @@ def test_a_forced_lag_of_1_changes_the_loss_as_the_hand_computed_correction(serv
     assert stats["rollout_weight"] == pytest.approx(float(w.sum()), abs=1e-4)
 
 
-def test_a_killed_server_is_one_error_within_the_timeout_and_leaves_nothing(server, model_dir):
+def test_a_server_gone_mid_run_is_one_error_within_the_timeout_and_serve_leaves_nothing(server, model_dir):
+    """The last test of the module: ``grpolab serve`` is stopped (SIGTERM) under a connected sampler."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     timeout = 5.0
     sampler = ServerSampler(
-        ServerClient(server.url, timeout_s=timeout, server=server), tok, max_completion_length=6,
+        ServerClient(server.url, timeout_s=timeout), tok, max_completion_length=6,
         eos_token_ids=[tok.eos_token_id], weights_from=policy,
     )  # fmt: skip
     sampler.sample([tok.encode("1+")], num_generations=2)
-    os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=30) == 0  # serve stopped its server's whole group, then exited
+    assert group_alive(server.pid) == []
     t0 = time.monotonic()
-    with pytest.raises(RolloutServerError) as err:
+    with pytest.raises(RolloutServerError, match="cannot be reached") as err:
         sampler.update_weights(policy)
     assert time.monotonic() - t0 < timeout + 10
     assert "\n" not in str(err.value) and server.url in str(err.value)
     sampler.close()
-    assert server.group_pids() == []
 
 
 def server_children(trainer_pid: int) -> list[int]:

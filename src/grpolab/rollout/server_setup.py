@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
 from urllib.parse import urlsplit
 
 import torch
 
-from grpolab.config import Config
+from grpolab.config import Config, ConfigError
+from grpolab.models import resolve_autocast, resolve_device
 from grpolab.rollout import vllm_shm
 from grpolab.rollout.vllm_client import MODEL_NAME, ServerClient, ServerSampler
-from grpolab.rollout.vllm_server import VLLMServer
+from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
 from grpolab.rollout.vllm_setup import check_vllm, engine_kwargs
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -112,3 +115,25 @@ def build_server_sampler(
         bucket_bytes=int(r.sync_bucket_mb * 2**20),
         dtype=getattr(torch, dtype),
     )
+
+
+def serve(cfg: Config, *, announce=lambda line: print(line, flush=True)) -> int:
+    """``grpolab serve``: the run's server on rollout.server_host:server_port until SIGINT / SIGTERM, then stopped
+    with everything it started. A trainer reaches it with rollout.mode=server rollout.server_url=<the URL>."""
+    if cfg.rollout.mode != "server":
+        raise ConfigError("grpolab serve starts the server of rollout.mode=server: set rollout.mode=server (and rollout.engine=vllm)")
+    device = resolve_device(cfg.model)
+    server = start_server(cfg, device_type=device.type, autocast_dtype=resolve_autocast(cfg.model, device))
+    done = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: done.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        announce(f"grpolab: vLLM server ready at {server.url} (log: {server.log_path}); train with "
+                 f"rollout.mode=server rollout.server_url={server.url}; Ctrl-C stops it")  # fmt: skip
+        while not done.wait(1.0):
+            if not server.alive():
+                raise RolloutServerError(f"the vLLM server exited with status {server.proc.returncode}: {server.log_tail()}")
+        return 0
+    finally:
+        server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
