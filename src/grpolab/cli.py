@@ -201,8 +201,18 @@ def _run_without_config(args: argparse.Namespace) -> int | None:
     return None
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """``grpolab serve``: the config's vLLM server until Ctrl-C (docs/server_mode.md)."""
+    from grpolab.rollout.server_setup import serve
+    from grpolab.run.preflight import check_model_source
+
+    cfg = load_config(args.config, _overrides(args))
+    check_model_source(cfg.model)  # a missing model is one line, before vLLM starts
+    return serve(cfg)
+
+
 def _run(args: argparse.Namespace) -> int:
-    early = _run_without_config(args)
+    early = _serve(args) if args.verb == "serve" else _run_without_config(args)
     if early is not None:
         return early
     cfg = load_config(args.config, _overrides(args))
@@ -223,12 +233,6 @@ def _run(args: argparse.Namespace) -> int:
             return 128 + result.stopped_by
         print(f"grpolab: trained to step {result.final_step}; run written to {result.run_dir}")
         return 0
-    if args.verb == "serve":
-        from grpolab.rollout.server_setup import serve
-        from grpolab.run.preflight import check_model_source
-
-        check_model_source(cfg.model)  # a missing model is one line, before vLLM starts
-        return serve(cfg)
     if args.verb in ("compare", "recipe"):
         return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg)
     if args.verb == "sft":

@@ -23,6 +23,7 @@ from grpolab.rollout import vllm_shm
 from grpolab.rollout.vllm_client import MODEL_NAME, ServerClient, ServerSampler
 from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
 from grpolab.rollout.vllm_setup import check_vllm, engine_kwargs
+from grpolab.run import dist
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -93,6 +94,11 @@ def build_server_sampler(
     The server takes ``wrapped`` (or ``policy``)'s weights, as version 0, before the first sample."""
     from grpolab.rollout.hf import _resolve_eos
 
+    if dist.world().size > 1:
+        raise ConfigError(
+            "rollout.mode=server runs one trainer process for now (torchrun ranks sharing one server are not done): "
+            "use rollout.mode=colocated under torchrun"
+        )
     device = next(policy.parameters()).device
     context = getattr(policy.config, "max_position_embeddings", None)
     r = cfg.rollout

@@ -123,10 +123,9 @@ class VLLMServer:
                 raise RolloutServerError(
                     f"the vLLM server exited with status {self.proc.returncode} while starting: {self.log_tail()}"
                 )
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
+            with contextlib.suppress(OSError, urllib.error.URLError), urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
             time.sleep(0.5)
         self.stop()
         raise RolloutServerError(
@@ -149,10 +148,8 @@ class VLLMServer:
         """SIGTERM to the server's process group, SIGKILL after ``grace_s``; idempotent."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
         # the engine core may outlive the API process: the group is killed whatever the API process did
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
