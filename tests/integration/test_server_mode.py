@@ -224,6 +224,26 @@ def test_a_forced_lag_of_1_changes_the_loss_as_the_hand_computed_correction(serv
     assert stats["rollout_weight"] == pytest.approx(float(w.sum()), abs=1e-4)
 
 
+def test_torchrun_two_ranks_share_one_server_and_send_once(server, model_dir, addition_jsonl, tmp_path):
+    from test_torchrun import free_port
+
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        "--master_port", str(free_port()), "-m", "grpolab", "train",
+        *server_run(model_dir, addition_jsonl(16), tmp_path, "ranks", 2, server), "train.parallel=fsdp",
+    ]  # fmt: skip
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(tmp_path / "ranks")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:  # both ranks sampled the version rank 0 sent (FSDP2 gathered on both)
+        assert row[MISMATCH_KEY] < SYNCED
+        assert row["rollout/weight_version_max"] == row["step"] - 1 and row["rollout/staleness_max"] == 0
+    assert ServerClient(server.url, timeout_s=10).version() == "1"  # one sync per update, not one per rank
+
+
 def test_a_server_gone_mid_run_is_one_error_within_the_timeout_and_serve_leaves_nothing(server, model_dir):
     """The last test of the module: ``grpolab serve`` is stopped (SIGTERM) under a connected sampler."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -91,21 +91,20 @@ def build_server_sampler(
     temperature: float | None = None,
 ) -> ServerSampler:
     """rollout.mode=server: the client of rollout.server_url, or of a server started here (stopped by ``close``).
-    The server takes ``wrapped`` (or ``policy``)'s weights, as version 0, before the first sample."""
+    The server takes ``wrapped`` (or ``policy``)'s weights, as version 0, before the first sample. Under
+    torchrun the ranks share one server: rank 0 starts it (or every rank uses rollout.server_url) and
+    sends the weights, gathered once; each rank samples its own groups."""
     from grpolab.rollout.hf import _resolve_eos
 
-    if dist.world().size > 1:
-        raise ConfigError(
-            "rollout.mode=server runs one trainer process for now (torchrun ranks sharing one server are not done): "
-            "use rollout.mode=colocated under torchrun"
-        )
     device = next(policy.parameters()).device
     context = getattr(policy.config, "max_position_embeddings", None)
     r = cfg.rollout
-    server = None
-    if not r.server_url:
-        server = start_server(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context)
-    client = ServerClient(r.server_url or server.url, timeout_s=r.sync_timeout_s, api_key=api_key(cfg), server=server)
+    server, url = None, r.server_url
+    if not url:  # under torchrun rank 0 starts the one server every rank samples from
+        if dist.is_main():
+            server = start_server(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context)
+        url = dist.broadcast_object(server.url if server is not None else None)
+    client = ServerClient(url, timeout_s=r.sync_timeout_s, api_key=api_key(cfg), server=server)
     dtype = engine_kwargs(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context)["dtype"]
     return ServerSampler(
         client,

@@ -16,6 +16,10 @@ checked too: a server that restarted (with its own weights) stops the run instea
 Transports: ``shm`` (rollout/vllm_shm.py: files in shared memory; any device, same machine) and ``nccl``
 (vLLM's NCCL engine; GPUs; written, not tested here). Every call has a timeout (rollout.sync_timeout_s),
 and any failure is one RolloutServerError line.
+
+Under torchrun the ranks share one server: every rank takes part in the gathers (FSDP2 collectives),
+rank 0 alone sends, and a barrier keeps every rank from sampling before the new version is served;
+each rank then samples its own groups with its own seeds.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from grpolab.rollout.base import check_prompts, check_sampling
 from grpolab.rollout.vllm import SEED_MODULUS, _draw_seed
 from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
 from grpolab.rollout.vllm_sync import policy_weights
+from grpolab.run import dist
 from grpolab.types import Completions, FinishReason
 
 log = logging.getLogger(__name__)
@@ -246,30 +251,37 @@ class ServerSampler:
         with self.lock:
             t0 = time.perf_counter()
             version = 0 if self.version is None else self.version + 1
-            c = self.client
-            c.call("POST", "/pause?mode=wait")
-            try:
-                weights = policy_weights(model, self.dtype)
-                if self.transport == "nccl":  # its engine drives start / update / finish itself
-                    sent = self._send_nccl(weights)
-                    c.call("POST", "/update_weight_version", {"new_version": str(version)})
-                else:
-                    c.call("POST", "/start_weight_update")
-                    sent = self._send(weights)
-                    c.call("POST", "/finish_weight_update", {"weight_version": str(version)})
-                c.call("POST", "/reset_prefix_cache")  # cached prompt KV was computed with the old weights
-                served = c.version()
-                if served != str(version):
-                    raise RolloutServerError(
-                        f"the vLLM server at {c.url} reports weight version {served!r} after the trainer sent {version}"
-                    )
-            finally:
-                c.call("POST", "/resume")
+            sent = self._sync(model, version) if dist.is_main() else _consume(policy_weights(model, self.dtype))
+            if dist.world().size > 1:
+                dist.barrier()  # no rank samples before rank 0's sync is done
             self.version = version
             self._pending = None
             self.last_sync_s = time.perf_counter() - t0
             self.last_sync_bytes = sent
             log.debug("vllm server: version %d sent (%d bytes) in %.3f s", version, sent, self.last_sync_s)
+
+    def _sync(self, model: torch.nn.Module, version: int) -> int:
+        """The sender's half of ``update_weights``: the bytes sent."""
+        c = self.client
+        c.call("POST", "/pause?mode=wait")
+        try:
+            weights = policy_weights(model, self.dtype)
+            if self.transport == "nccl":  # its engine drives start / update / finish itself
+                sent = self._send_nccl(weights)
+                c.call("POST", "/update_weight_version", {"new_version": str(version)})
+            else:
+                c.call("POST", "/start_weight_update")
+                sent = self._send(weights)
+                c.call("POST", "/finish_weight_update", {"weight_version": str(version)})
+            c.call("POST", "/reset_prefix_cache")  # cached prompt KV was computed with the old weights
+            served = c.version()
+            if served != str(version):
+                raise RolloutServerError(
+                    f"the vLLM server at {c.url} reports weight version {served!r} after the trainer sent {version}"
+                )
+        finally:
+            c.call("POST", "/resume")
+        return sent
 
     def _send(self, weights) -> int:
         """shm: every bucket written to a file, posted, and deleted; returns the bytes sent."""
@@ -285,7 +297,7 @@ class ServerSampler:
                 self.client.call("POST", "/update_weights", {"update_info": info})
             finally:
                 path.unlink(missing_ok=True)
-            sent += info["nbytes"]
+            sent += sum(t.numel() * t.element_size() for _, t in bucket)  # the tensors', not the alignment's
         return sent
 
     def _send_nccl(self, weights) -> int:
@@ -318,6 +330,12 @@ class ServerSampler:
             shutil.rmtree(self._shm_dir, ignore_errors=True)
         if self.client.server is not None:
             self.client.server.stop()
+
+
+def _consume(weights) -> int:
+    """A rank other than 0: take part in the gathers (FSDP2 collectives, in the sender's order), send nothing;
+    returns the bytes rank 0 sent (the same tensors)."""
+    return sum(t.numel() * t.element_size() for _, t in weights)
 
 
 def buckets(weights, limit_bytes: int):
