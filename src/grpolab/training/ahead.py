@@ -45,8 +45,6 @@ class AheadSampling:
             raise ConfigError(
                 "rollout.max_staleness > 0 runs one trainer process for now: set rollout.max_staleness=0 under torchrun"
             )
-        if not hasattr(run.sampler, "lock"):
-            raise ConfigError("rollout.max_staleness > 0 needs rollout.mode=server (a sampler with weight versions)")
         self.run = run
         self.first, self.last, self.k = first_step, last_step, max_staleness
         self.synced = 0
