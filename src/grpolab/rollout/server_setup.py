@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import torch
 
 from grpolab.config import Config, ConfigError
+from grpolab.model_sources import local_source
 from grpolab.models import resolve_autocast, resolve_device
 from grpolab.rollout import vllm_shm
 from grpolab.rollout.vllm_client import MODEL_NAME, ServerClient, ServerSampler
@@ -69,9 +70,20 @@ def api_key(cfg: Config) -> str | None:
     return os.environ.get(cfg.rollout.api_key_env) or None
 
 
+def model_context(cfg: Config) -> int | None:
+    """max_position_embeddings of the model's config.json."""
+    from transformers import AutoConfig
+
+    m = cfg.model
+    hf = AutoConfig.from_pretrained(local_source(m.name_or_path), revision=m.revision, trust_remote_code=m.trust_remote_code)
+    return getattr(hf, "max_position_embeddings", None)
+
+
 def start_server(cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | None, context: int | None = None):
     """A healthy server for the run (bound to rollout.server_host:server_port), or one RolloutServerError line."""
     check_vllm(cfg, device_type=device_type)
+    if context is None:  # grpolab serve: the model's context caps the default max_model_len, as in a run
+        context = model_context(cfg)
     args, env = server_args(cfg, device_type=device_type, autocast_dtype=autocast_dtype, context=context)
     r = cfg.rollout
     server = VLLMServer.start(
