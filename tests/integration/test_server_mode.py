@@ -131,6 +131,9 @@ def test_samples_carry_the_engine_logprobs_and_the_version(server, model_dir):
     assert sampler.last_sync_bytes == sum(p.numel() * 4 for p in policy.parameters()) + policy.lm_head.weight.numel() * 4 * (
         policy.config.tie_word_embeddings
     )
+    client.call("POST", "/update_weight_version", {"new_version": "other"})  # as a restart or another trainer would
+    with pytest.raises(RolloutServerError, match="serves weight version 'other', the trainer sent 1"):
+        sampler.sample(prompts, num_generations=4)
     sampler.close()
     assert server.alive()  # a sampler that did not start the server leaves it running
 

@@ -133,8 +133,8 @@ class RolloutConfig:
     come from weights up to k updates old (0 = synchronous: colocated mode's samples). The engine's
     log-probs are the old log-probs; set algo.rollout_correction=tis (or mis) to correct for the lag."""
     sync_timeout_s: float = 120.0
-    """server mode: the longest wait for any one server call (a request, a weight update, a health check)
-    before the run stops with one error line."""
+    """server mode: the longest wait for any one server call (a completion request, a weight update, a
+    health check) before the run stops with one error line; raise it for long completions on a slow engine."""
     server_start_timeout_s: float = 600.0
     """server mode: how long a server grpolab starts may take to answer /health."""
     weight_transport: Literal["auto", "shm", "nccl"] = "auto"
