@@ -66,7 +66,10 @@ class Served:
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("srv")
-    cmd = [sys.executable, "-m", "grpolab", "serve", *overrides(model_dir, "unused", out, "s", 1), "rollout.mode=server"]
+    cmd = [
+        sys.executable, "-m", "grpolab", "serve", *overrides(model_dir, "unused", out, "s", 1), "rollout.mode=server",
+        "model.lora.enabled=true", "model.lora.r=4",  # LoRA on: the LoRA runs need it; the base model serves the others
+    ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # blocks until the server is healthy (or the verb failed)
@@ -136,6 +139,44 @@ def test_samples_carry_the_engine_logprobs_and_the_version(server, model_dir):
         sampler.sample(prompts, num_generations=4)
     sampler.close()
     assert server.alive()  # a sampler that did not start the server leaves it running
+
+
+def test_lora_sends_the_adapter_itself_per_version(server, model_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    policy = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    sampler = ServerSampler(
+        ServerClient(server.url, timeout_s=60), tok, max_completion_length=6, eos_token_ids=[tok.eos_token_id],
+        weights_from=policy, lora=True,
+    )  # fmt: skip
+    prompts = [tok.encode("1+2="), tok.encode("a")]
+    for version in (0, 1):
+        with torch.no_grad():  # a new adapter far from zero: its log-probs are not the base model's
+            for name, p in policy.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.5)
+        if version:
+            sampler.update_weights(policy)
+        out = sampler.sample(prompts, num_generations=2, generator=torch.Generator().manual_seed(version))
+        assert sampler.model_name == f"grpolab-v{version}" and out.weight_versions == [version] * 4
+        mask = out.completion_mask
+        with torch.no_grad():
+            lp, _ = completion_logprobs(policy, out.prompt_ids, out.completion_ids, mask, pad_id=tok.pad_token_id, temperature=1.0)
+            with policy.disable_adapter():
+                lp_base, _ = completion_logprobs(policy, out.prompt_ids, out.completion_ids, mask, pad_id=tok.pad_token_id, temperature=1.0)
+        torch.testing.assert_close(out.logprobs[mask], lp[mask], atol=1e-4, rtol=0)  # the trainer's, new adapter
+        assert (out.logprobs[mask] - lp_base[mask]).abs().max() > 1e-2  # not the base model's
+    assert sampler.last_sync_bytes == sum(p.numel() * 4 for n, p in policy.named_parameters() if "lora_" in n)
+    sampler.close()
+
+
+def test_lora_run_in_server_mode_keeps_the_engine_on_the_trainer(server, model_dir, addition_jsonl, tmp_path):
+    lora = ["model.lora.enabled=true", "model.lora.r=4"]
+    rows = read_metrics(train(load_config(None, server_run(model_dir, addition_jsonl(16), tmp_path, "lora", 2, server, *lora))).run_dir)
+    assert [r["step"] for r in rows] == [1, 2] and all(r[MISMATCH_KEY] < SYNCED for r in rows)
 
 
 def test_staleness_0_gives_colocated_samples_and_metrics(server, model_dir, addition_jsonl, tmp_path):

@@ -209,6 +209,10 @@ def _check_server(cfg: Config) -> None:
         (r.server_start_timeout_s <= 0, "rollout.server_start_timeout_s must be > 0"),
         (r.sync_bucket_mb <= 0, "rollout.sync_bucket_mb must be > 0 (MB per weight bucket)"),
         (not 0 <= r.server_port < 65536, "rollout.server_port must be in 0..65535 (0 = a free port)"),
+        (
+            cfg.model.lora.enabled and cfg.model.lora.r > 512,
+            "rollout.mode=server loads LoRA adapters of rank <= 512 (vLLM's largest max_lora_rank): lower model.lora.r",
+        ),
     ]
     for bad, message in checks:
         if bad:

@@ -58,6 +58,10 @@ def server_args(cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | 
     if "max_num_seqs" in kw:
         args += ["--max-num-seqs", str(kw["max_num_seqs"])]
     env = {}
+    if cfg.model.lora.enabled:  # the adapter goes to the server per version (rollout/vllm_client.py)
+        rank = next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= cfg.model.lora.r)  # vLLM's allowed ranks
+        args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2"]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if "kv_cache_memory_bytes" in kw:
         args += ["--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"])]
         if device_type == "cpu":  # the CPU backend sizes its cache from this variable (whole GiB)
@@ -131,6 +135,7 @@ def build_server_sampler(
         transport=transport(cfg),
         bucket_bytes=int(r.sync_bucket_mb * 2**20),
         dtype=getattr(torch, dtype),
+        lora=cfg.model.lora.enabled,
     )
 
 

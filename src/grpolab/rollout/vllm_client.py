@@ -17,6 +17,12 @@ Transports: ``shm`` (rollout/vllm_shm.py: files in shared memory; any device, sa
 (vLLM's NCCL engine; GPUs; written, not tested here). Every call has a timeout (rollout.sync_timeout_s),
 and any failure is one RolloutServerError line.
 
+LoRA (``lora=True``): the adapter itself goes, not a merge. Each version's adapter (PEFT's own state dict,
+FSDP2 shards gathered) is written as a PEFT folder in shared memory and loaded with vLLM's
+/v1/load_lora_adapter as ``grpolab-v<N>`` (the previous one unloaded), the server's version label set
+with /update_weight_version, and every request names that adapter; the server keeps the base weights it
+loaded from the checkpoint, which is the PEFT model's base.
+
 Under torchrun the ranks share one server: every rank takes part in the gathers (FSDP2 collectives),
 rank 0 alone sends, and a barrier keeps every rank from sampling before the new version is served;
 each rank then samples its own groups with its own seeds.
@@ -45,7 +51,7 @@ from grpolab.rollout.base import check_prompts, check_sampling
 from grpolab.rollout.vllm import SEED_MODULUS, _draw_seed
 from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
 from grpolab.rollout.vllm_sync import policy_weights
-from grpolab.run import dist
+from grpolab.run import dist, parallel
 from grpolab.types import Completions, FinishReason
 
 log = logging.getLogger(__name__)
@@ -93,7 +99,10 @@ class ServerClient:
                 f"the vLLM server at {self.url} cannot be reached ({reason}) at {path}{self._dead()}: "
                 "the last checkpoint is kept; restart the server and resume the run (grpolab train --resume)"
             ) from err
-        return json.loads(text) if text else None
+        try:
+            return json.loads(text) if text else None
+        except json.JSONDecodeError:  # a few endpoints (LoRA loading) answer in plain text
+            return text.decode(errors="replace")
 
     def _dead(self) -> str:
         if self.server is not None and not self.server.alive():
@@ -125,6 +134,7 @@ class ServerSampler:
         bucket_bytes: int = 256 * 2**20,
         dtype: torch.dtype | None = None,
         max_concurrency: int = 64,
+        lora: bool = False,
     ) -> None:
         check_sampling(max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k)
         if not eos_token_ids:
@@ -152,6 +162,9 @@ class ServerSampler:
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="grpolab-vllm-request")
         self._shm_dir: Path | None = None
         self._nccl = None
+        self.lora = lora
+        self.model_name = MODEL_NAME
+        """What requests name: the base model, or (LoRA) the adapter of the current version."""
 
     # ------------------------------------------------------------------ sampling
 
@@ -188,7 +201,7 @@ class ServerSampler:
 
     def _body(self, ids: Sequence[int], seed: int | None) -> dict[str, Any]:
         body = {
-            "model": MODEL_NAME,
+            "model": self.model_name,
             "prompt": [int(t) for t in ids],
             "max_tokens": self.max_completion_length,
             "temperature": self.temperature,
@@ -251,7 +264,12 @@ class ServerSampler:
         with self.lock:
             t0 = time.perf_counter()
             version = 0 if self.version is None else self.version + 1
-            sent = self._sync(model, version) if dist.is_main() else _consume(policy_weights(model, self.dtype))
+            if self.lora:
+                sent = self._sync_adapter(model, version)
+            elif dist.is_main():
+                sent = self._sync(model, version)
+            else:
+                sent = _consume(policy_weights(model, self.dtype))
             if dist.world().size > 1:
                 dist.barrier()  # no rank samples before rank 0's sync is done
             self.version = version
@@ -283,12 +301,42 @@ class ServerSampler:
             c.call("POST", "/resume")
         return sent
 
-    def _send(self, weights) -> int:
-        """shm: every bucket written to a file, posted, and deleted; returns the bytes sent."""
+    def _sync_adapter(self, model: torch.nn.Module, version: int) -> int:
+        """LoRA: this version's adapter as a PEFT folder, loaded as ``grpolab-v<N>`` (module docstring)."""
+        state = adapter_state(model)  # every rank: FSDP2 gathers
+        sent = sum(t.numel() * t.element_size() for t in state.values())
+        if not dist.is_main():
+            self.model_name = f"grpolab-v{version}"
+            return sent
+        from safetensors.torch import save_file
+
+        folder = self._transfer_dir() / f"adapter-v{version}"
+        folder.mkdir()
+        peft_model = parallel.unwrap(model)
+        peft_model.peft_config[peft_model.active_adapter].save_pretrained(str(folder))
+        save_file(state, str(folder / "adapter_model.safetensors"))
+        c, name, previous = self.client, f"grpolab-v{version}", self.model_name
+        c.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
+        c.call("POST", "/update_weight_version", {"new_version": str(version)})
+        if previous != MODEL_NAME:
+            c.call("POST", "/v1/unload_lora_adapter", {"lora_name": previous})
+            shutil.rmtree(self._transfer_dir() / f"adapter-v{previous.rsplit('-v', 1)[1]}", ignore_errors=True)
+        self.model_name = name
+        served = c.version()
+        if served != str(version):
+            raise RolloutServerError(f"the vLLM server at {c.url} reports weight version {served!r} after the trainer sent {version}")
+        return sent
+
+    def _transfer_dir(self) -> Path:
         if self._shm_dir is None:
             self._shm_dir = vllm_shm.SHM_ROOT / f"grpolab-{uuid.uuid4().hex}"
             self._shm_dir.mkdir(mode=0o700)
-            self.client.call("POST", "/init_weight_transfer_engine", {"init_info": {"folder": self._shm_dir.name}})
+        return self._shm_dir
+
+    def _send(self, weights) -> int:
+        """shm: every bucket written to a file, posted, and deleted; returns the bytes sent."""
+        if self._shm_dir is None:
+            self.client.call("POST", "/init_weight_transfer_engine", {"init_info": {"folder": self._transfer_dir().name}})
         sent = 0
         for i, bucket in enumerate(buckets(weights, self.bucket_bytes)):
             path = self._shm_dir / f"bucket-{i}"
@@ -330,6 +378,20 @@ class ServerSampler:
             shutil.rmtree(self._shm_dir, ignore_errors=True)
         if self.client.server is not None:
             self.client.server.stop()
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The active LoRA adapter's tensors under PEFT's saved names (what ``save_pretrained`` writes), each
+    whole (an FSDP2 shard is gathered: every rank calls this) on the host."""
+    from peft import get_peft_model_state_dict
+
+    peft_model = parallel.unwrap(model)
+    state = get_peft_model_state_dict(peft_model, adapter_name=peft_model.active_adapter)
+    return {k: _full(v.detach()).to("cpu").contiguous() for k, v in state.items()}
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _consume(weights) -> int:
