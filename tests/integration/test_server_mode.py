@@ -192,6 +192,16 @@ def test_staleness_0_gives_colocated_samples_and_metrics(server, model_dir, addi
         assert s["sys/weight_sync_bytes"] > 0
 
 
+def test_staleness_0_resume_is_exact(server, model_dir, addition_jsonl, tmp_path):
+    data = addition_jsonl(16)
+    straight = read_metrics(train(load_config(None, server_run(model_dir, data, tmp_path, "a", 3, server))).run_dir)
+    train(load_config(None, server_run(model_dir, data, tmp_path, "b", 2, server)))
+    resumed = read_metrics(train(load_config(None, server_run(model_dir, data, tmp_path, "b", 3, server)), resume=True).run_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3] and resumed[-1][MISMATCH_KEY] < SYNCED
+    for key in ("reward", "loss", "num_tokens"):
+        assert resumed[-1][key] == pytest.approx(straight[-1][key], abs=1e-5), key
+
+
 def test_staleness_1_lags_one_update_and_tis_weights_it(server, model_dir, addition_jsonl, tmp_path):
     data = addition_jsonl(16)
     rows = read_metrics(
