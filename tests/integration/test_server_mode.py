@@ -161,7 +161,7 @@ def test_lora_sends_the_adapter_itself_per_version(server, model_dir):
         if version:
             sampler.update_weights(policy)
         out = sampler.sample(prompts, num_generations=2, generator=torch.Generator().manual_seed(version))
-        assert sampler.model_name == f"grpolab-v{version}" and out.weight_versions == [version] * 4
+        assert sampler.model_name.endswith(f"-v{version}") and out.weight_versions == [version] * 4
         mask = out.completion_mask
         with torch.no_grad():
             lp, _ = completion_logprobs(policy, out.prompt_ids, out.completion_ids, mask, pad_id=tok.pad_token_id, temperature=1.0)

@@ -17,11 +17,11 @@ Transports: ``shm`` (rollout/vllm_shm.py: files in shared memory; any device, sa
 (vLLM's NCCL engine; GPUs; written, not tested here). Every call has a timeout (rollout.sync_timeout_s),
 and any failure is one RolloutServerError line.
 
-LoRA (``lora=True``): the adapter itself goes, not a merge. Each version's adapter (PEFT's own state dict,
+LoRA (``lora=True``): the adapter itself goes, not a merge; the base weights go once, at the first sync
+(a server keeps what an earlier trainer sent). Each version's adapter (PEFT's own state dict,
 FSDP2 shards gathered) is written as a PEFT folder in shared memory and loaded with vLLM's
-/v1/load_lora_adapter as ``grpolab-v<N>`` (the previous one unloaded), the server's version label set
-with /update_weight_version, and every request names that adapter; the server keeps the base weights it
-loaded from the checkpoint, which is the PEFT model's base.
+/v1/load_lora_adapter as ``grpolab-<tag>-v<N>`` (the previous one unloaded), the server's version label set
+with /update_weight_version, and every request names that adapter.
 
 Under torchrun the ranks share one server: every rank takes part in the gathers (FSDP2 collectives),
 rank 0 alone sends, and a barrier keeps every rank from sampling before the new version is served;
@@ -30,6 +30,7 @@ each rank then samples its own groups with its own seeds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -163,6 +164,7 @@ class ServerSampler:
         self._shm_dir: Path | None = None
         self._nccl = None
         self.lora = lora
+        self._tag = uuid.uuid4().hex[:8]  # this sampler's adapters never take another trainer's names
         self.model_name = MODEL_NAME
         """What requests name: the base model, or (LoRA) the adapter of the current version."""
 
@@ -266,10 +268,8 @@ class ServerSampler:
             version = 0 if self.version is None else self.version + 1
             if self.lora:
                 sent = self._sync_adapter(model, version)
-            elif dist.is_main():
-                sent = self._sync(model, version)
             else:
-                sent = _consume(policy_weights(model, self.dtype))
+                sent = self._sync_or_consume(policy_weights(model, self.dtype), version)
             if dist.world().size > 1:
                 dist.barrier()  # no rank samples before rank 0's sync is done
             self.version = version
@@ -278,12 +278,15 @@ class ServerSampler:
             self.last_sync_bytes = sent
             log.debug("vllm server: version %d sent (%d bytes) in %.3f s", version, sent, self.last_sync_s)
 
-    def _sync(self, model: torch.nn.Module, version: int) -> int:
+    def _sync_or_consume(self, weights, version: int) -> int:
+        """Rank 0 sends ``weights`` as ``version``; the other ranks take part in the gathers. The bytes sent."""
+        return self._sync(weights, version) if dist.is_main() else _consume(weights)
+
+    def _sync(self, weights, version: int) -> int:
         """The sender's half of ``update_weights``: the bytes sent."""
         c = self.client
         c.call("POST", "/pause?mode=wait")
         try:
-            weights = policy_weights(model, self.dtype)
             if self.transport == "nccl":  # its engine drives start / update / finish itself
                 sent = self._send_nccl(weights)
                 c.call("POST", "/update_weight_version", {"new_version": str(version)})
@@ -302,11 +305,16 @@ class ServerSampler:
         return sent
 
     def _sync_adapter(self, model: torch.nn.Module, version: int) -> int:
-        """LoRA: this version's adapter as a PEFT folder, loaded as ``grpolab-v<N>`` (module docstring)."""
+        """LoRA: this version's adapter as a PEFT folder, loaded as ``grpolab-<tag>-v<N>`` (module docstring);
+        the first time, the base weights too (whatever an earlier trainer left in the server)."""
+        base = 0
+        if self.model_name == MODEL_NAME:
+            base = self._sync_or_consume(policy_weights(model, self.dtype, merge_lora=False), version)
         state = adapter_state(model)  # every rank: FSDP2 gathers
-        sent = sum(t.numel() * t.element_size() for t in state.values())
+        sent = base + sum(t.numel() * t.element_size() for t in state.values())
+        name = f"grpolab-{dist.broadcast_object(self._tag)}-v{version}"
         if not dist.is_main():
-            self.model_name = f"grpolab-v{version}"
+            self.model_name = name
             return sent
         from safetensors.torch import save_file
 
@@ -315,7 +323,7 @@ class ServerSampler:
         peft_model = parallel.unwrap(model)
         peft_model.peft_config[peft_model.active_adapter].save_pretrained(str(folder))
         save_file(state, str(folder / "adapter_model.safetensors"))
-        c, name, previous = self.client, f"grpolab-v{version}", self.model_name
+        c, previous = self.client, self.model_name
         c.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
         c.call("POST", "/update_weight_version", {"new_version": str(version)})
         if previous != MODEL_NAME:
@@ -372,8 +380,12 @@ class ServerSampler:
         return sum(t.numel() * t.element_size() for _, t in tensors)
 
     def close(self) -> None:
-        """Stop the request threads, remove the transfer folder, and stop the server if this run started it."""
+        """Stop the request threads, unload this sampler's adapter, remove the transfer folder, and stop the
+        server if this run started it."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.model_name != MODEL_NAME and dist.is_main():
+            with contextlib.suppress(RolloutServerError):
+                self.client.call("POST", "/v1/unload_lora_adapter", {"lora_name": self.model_name})
         if self._shm_dir is not None:
             shutil.rmtree(self._shm_dir, ignore_errors=True)
         if self.client.server is not None:
