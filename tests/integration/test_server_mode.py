@@ -379,6 +379,13 @@ def test_cli_run_with_its_own_server_killed_mid_run_is_one_line(model_dir, addit
             time.sleep(0.2)
         (server_pid,) = server_children(proc.pid)
         assert group_alive(server_pid)  # the API server and its engine core
+        queues = {
+            line.split()[-1]
+            for pid in group_alive(server_pid)
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if "/dev/shm/psm_" in line
+        }
+        assert queues  # vLLM's shared-memory message queues, which a SIGKILLed server cannot unlink
         os.killpg(server_pid, signal.SIGKILL)
         t0 = time.monotonic()
         _, err = proc.communicate(timeout=timeout + 60)
@@ -390,4 +397,5 @@ def test_cli_run_with_its_own_server_killed_mid_run_is_one_line(model_dir, addit
     assert proc.returncode == 2 and last.startswith("grpolab: error: the vLLM server"), err[-2000:]
     assert took < timeout + 10, took
     assert group_alive(server_pid) == []
+    assert [q for q in queues if Path(q).exists()] == []  # grpolab removed them
     assert any((run_dir / "checkpoints").iterdir())  # the last checkpoint is kept

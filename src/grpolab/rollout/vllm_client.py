@@ -40,6 +40,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -339,6 +340,7 @@ class ServerSampler:
         if self._shm_dir is None:
             self._shm_dir = vllm_shm.SHM_ROOT / f"grpolab-{uuid.uuid4().hex}"
             self._shm_dir.mkdir(mode=0o700)
+            weakref.finalize(self, shutil.rmtree, self._shm_dir, ignore_errors=True)  # also when close is never called
         return self._shm_dir
 
     def _send(self, weights) -> int:

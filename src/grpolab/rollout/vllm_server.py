@@ -79,6 +79,8 @@ class VLLMServer:
         self.url = url
         self.log_path = log_path
         self._scratch = scratch
+        self.shm_files: list[Path] = []
+        """Shared-memory files of the server's processes, removed by ``stop`` if the server could not."""
         atexit.register(self.stop)
 
     @classmethod
@@ -125,6 +127,7 @@ class VLLMServer:
                 )
             with contextlib.suppress(OSError, urllib.error.URLError), urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
                 if r.status == 200:
+                    self.shm_files = self._mapped_shm()
                     return
             time.sleep(0.5)
         self.stop()
@@ -158,7 +161,22 @@ class VLLMServer:
         deadline = time.monotonic() + 10  # a killed process takes a moment to go (its memory is freed first)
         while self.group_pids() and time.monotonic() < deadline:
             time.sleep(0.1)
+        if not self.group_pids():
+            # a server killed (SIGKILL) never unlinks its shared-memory queues (~400 MB in /dev/shm)
+            for path in self.shm_files:
+                path.unlink(missing_ok=True)
         atexit.unregister(self.stop)
+
+    def _mapped_shm(self) -> list[Path]:
+        """The /dev/shm files the server's processes map (vLLM's message queues between its processes)."""
+        found = set()
+        for pid in self.group_pids():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                    path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+                    if path.startswith("/dev/shm/psm_"):
+                        found.add(Path(path))
+        return sorted(found)
 
     def group_pids(self) -> list[int]:
         """The live processes of the server's group (for checks that nothing is left behind)."""
