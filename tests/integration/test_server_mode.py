@@ -383,7 +383,7 @@ def test_cli_run_with_its_own_server_killed_mid_run_is_one_line(model_dir, addit
             line.split()[-1]
             for pid in group_alive(server_pid)
             for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
-            if "/dev/shm/psm_" in line
+            if "/dev/shm/psm_" in line or "/dev/shm/sem.mp-" in line
         }
         assert queues  # vLLM's shared-memory message queues, which a SIGKILLed server cannot unlink
         os.killpg(server_pid, signal.SIGKILL)

@@ -174,7 +174,7 @@ class VLLMServer:
             with contextlib.suppress(OSError):
                 for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
                     path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-                    if path.startswith("/dev/shm/psm_"):
+                    if path.startswith(("/dev/shm/psm_", "/dev/shm/sem.mp-")):  # queues, and their semaphores
                         found.add(Path(path))
         return sorted(found)
 
