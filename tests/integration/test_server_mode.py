@@ -22,7 +22,8 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpolab[vllm]'; make test installs it)")
 
 from grpolab.config import load_config  # noqa: E402
-from grpolab.rollout.vllm_client import ServerClient, ServerSampler  # noqa: E402
+from grpolab.rollout.server_client import ServerClient  # noqa: E402
+from grpolab.rollout.vllm_client import ServerSampler  # noqa: E402
 from grpolab.rollout.vllm_server import RolloutServerError  # noqa: E402
 from grpolab.run.logging import read_metrics  # noqa: E402
 from grpolab.training.logprobs import completion_logprobs  # noqa: E402

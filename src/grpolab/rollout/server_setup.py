@@ -21,7 +21,8 @@ from grpolab.config import Config, ConfigError
 from grpolab.model_sources import local_source
 from grpolab.models import resolve_autocast, resolve_device
 from grpolab.rollout import vllm_shm
-from grpolab.rollout.vllm_client import MODEL_NAME, ServerClient, ServerSampler
+from grpolab.rollout.server_client import ServerClient
+from grpolab.rollout.vllm_client import MODEL_NAME, ServerSampler
 from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
 from grpolab.rollout.vllm_setup import check_vllm, engine_kwargs
 from grpolab.run import dist

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpolab.rollout import vllm_shm
-from grpolab.rollout.vllm_client import ServerClient, buckets
+from grpolab.rollout.server_client import ServerClient, buckets
 from grpolab.rollout.vllm_server import RolloutServerError, check_bind, plugin_path
 
 
