@@ -70,7 +70,7 @@ def bench_dtype() -> torch.dtype:
     """The dtype grpolab computes in on this CPU with ``model.autocast: auto``: bf16 where the CPU has
     native bf16 matrix instructions (AVX512-BF16 / AMX; GRPOLAB_CPU_BF16 overrides), else fp32.
     Every speed figure and every peer runs in this dtype, so the comparison is like with like."""
-    from grpolab.models import cpu_has_bf16_matmul
+    from grpolab.models.loading import cpu_has_bf16_matmul
 
     return torch.bfloat16 if cpu_has_bf16_matmul() else torch.float32
 

@@ -52,7 +52,7 @@ def main() -> None:
 
     from grpolab.config import load_config
     from grpolab.tasks.arithmetic import arithmetic_examples
-    from grpolab.training.loop import train
+    from grpolab.commands.train import train
 
     assert torch.cuda.is_available(), "this smoke run needs a CUDA GPU"
     with tempfile.TemporaryDirectory() as tmp:

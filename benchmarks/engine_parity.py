@@ -2,7 +2,7 @@
 
 For each seed:
 
-1. the demo's SFT stage (``grpolab.demo``: the tiny model built in code, SFT to the demo's target
+1. the demo's SFT stage (``grpolab.commands.demo``: the tiny model built in code, SFT to the demo's target
    accuracy), or the SFT folder already in ``<out>/seed<N>/sft`` (a previous run of this script);
 2. the demo's GRPO stage from that one folder twice, ``rollout.engine=hf`` then ``rollout.engine=vllm``,
    every other key the demo's (``demo_config``: steps, seed, batch, lr, beta, mu);
@@ -34,7 +34,7 @@ from pathlib import Path  # noqa: E402
 
 from common import auto_threads, bench_dtype, dtype_name, set_threads  # noqa: E402
 
-from grpolab.demo import SIZES, demo_config  # noqa: E402
+from grpolab.commands.demo import SIZES, demo_config  # noqa: E402
 
 ENGINES = ("hf", "vllm")
 LOGP_DIFF = "sampling/sampling_logp_difference/mean"
@@ -55,9 +55,9 @@ def cpu_model() -> str:
 
 def sft_stage(out: Path, seed: int, size: str) -> tuple[str, str]:
     """(SFT model folder, how it was obtained): the demo's SFT stage, or its output of a previous run."""
-    from grpolab.demo import _with_model
+    from grpolab.commands.demo import _with_model
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.training.sft import sft
+    from grpolab.commands.sft import sft
 
     base = demo_config(out / f"seed{seed}", size, [f"seed={seed}"])
     if (base.sft_dir / "config.json").exists() and not any(base.sft_dir.glob("checkpoints/*")):
@@ -74,8 +74,8 @@ def sft_stage(out: Path, seed: int, size: str) -> tuple[str, str]:
 
 def grpo_stage(out: Path, seed: int, size: str, sft_dir: str, engine: str, steps: int | None):
     """(config, final checkpoint, wall seconds, metrics rows) of the demo's GRPO stage on ``engine``."""
-    from grpolab.run.logging import read_metrics
-    from grpolab.training.loop import train
+    from grpolab.runtime.logging import read_metrics
+    from grpolab.commands.train import train
 
     overrides = [f"seed={seed}", f"model.name_or_path={sft_dir}", f"rollout.engine={engine}", "log.progress=false"]
     overrides += [f"train.num_steps={steps}"] if steps else []  # fmt: skip

@@ -1,4 +1,4 @@
-"""One grpolab GRPO run on the bench work, through the library (grpolab.training.loop.train with a
+"""One grpolab GRPO run on the bench work, through the library (grpolab.commands.train.train with a
 Config), timed from its own per-step metrics; prints one JSON line. Started by vs_trl.py."""
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def main() -> None:
     a = p.parse_args()
     threads = set_threads(a.threads)
     warnings.filterwarnings("ignore")
-    from grpolab.run.logging import read_metrics
-    from grpolab.training.loop import train
+    from grpolab.runtime.logging import read_metrics
+    from grpolab.commands.train import train
 
     out = Path(tempfile.mkdtemp())
     data = out / "prompts.jsonl"

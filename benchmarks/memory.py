@@ -10,7 +10,7 @@ the prediction passes --limit-gb (the machine is shared) or its arithmetic passe
     peak ~ runtime + max(backward: weights + grads + activations + full-logits copies,
                          optimizer step: weights + grads + AdamW states (+ foreach temporaries))
 
-grpolab's training step hands glibc's freed heap back before its biggest allocations (grpolab.run.host);
+grpolab's training step hands glibc's freed heap back before its biggest allocations (grpolab.distributed.host);
 --trl-malloc adds TRL runs with glibc's mmap threshold at 1 MiB for the whole process (through the
 MALLOC_MMAP_THRESHOLD_ environment variable), which gives TRL's freed activations back too, so the share
 of the ratio that comes from malloc shows.
@@ -100,7 +100,7 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=4096 + PROMPT, help="train.max_tokens_per_micro_batch (after)")
     p.add_argument(
         "--trl-malloc", action="store_true",
-        help="also run TRL with glibc's mmap threshold at 1 MiB, the setting grpolab makes (grpolab.run.host)",
+        help="also run TRL with glibc's mmap threshold at 1 MiB, the setting grpolab makes (grpolab.distributed.host)",
     )
     a = p.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]

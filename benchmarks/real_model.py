@@ -57,7 +57,7 @@ def run_child(args: list[str]) -> dict:
 
 
 def run_seed(cfg, folder: str, seed: int, a: argparse.Namespace, threads: int) -> dict[str, dict]:
-    from grpolab.models import cpu_has_bf16_matmul
+    from grpolab.models.loading import cpu_has_bf16_matmul
 
     out = Path(a.out) / f"seed{seed}"
     out.mkdir(parents=True, exist_ok=True)
@@ -146,7 +146,7 @@ def main() -> None:
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # eval progress lines
     from grpolab.config import load_config
-    from grpolab.model_sources import local_source
+    from grpolab.models.sources import local_source
 
     cfg = load_config(RECIPE)
     a.steps = a.steps or cfg.train.num_steps

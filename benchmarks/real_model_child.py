@@ -19,8 +19,8 @@ from common import peak_rss_mb, set_threads
 
 def run_grpolab(a: argparse.Namespace) -> dict:
     from grpolab.config import load_config
-    from grpolab.run.logging import read_metrics
-    from grpolab.training.loop import train
+    from grpolab.runtime.logging import read_metrics
+    from grpolab.commands.train import train
 
     cfg = load_config(a.config, json.loads(a.overrides))
     result = train(cfg)

@@ -28,8 +28,8 @@ CHILD = """
 import json, sys, torch
 torch.set_num_threads(int(sys.argv[2]))
 from grpolab.config import load_config
-from grpolab.training.loop import train
-from grpolab.run.logging import read_metrics
+from grpolab.commands.train import train
+from grpolab.runtime.logging import read_metrics
 result = train(load_config(None, json.loads(sys.argv[1])))
 rows = read_metrics(result.run_dir)
 print(json.dumps([[r["step"], r["reward"], r["sys/samples_seen"], r["sys/step_time_s"]] for r in rows]))
@@ -63,9 +63,9 @@ def grpo_overrides(model: str, out: Path, name: str, a: argparse.Namespace) -> l
 
 
 def sft_model(out: Path, accuracy: float) -> str:
-    from grpolab.demo import demo_config
+    from grpolab.commands.demo import demo_config
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.training.sft import sft
+    from grpolab.commands.sft import sft
 
     init = save_tiny(out / "init", hidden_size=128, num_layers=2, num_heads=4)
     cfg = demo_config(

@@ -77,7 +77,7 @@ def run_config(model: str, engine: str, a, out: str):
 def child_sample(a) -> dict:
     import torch
 
-    from grpolab.models import load_policy, resolve_autocast, resolve_device
+    from grpolab.models.loading import load_policy, resolve_autocast, resolve_device
     from grpolab.rollout.engines import build_sampler
     from grpolab.tasks.arithmetic import arithmetic_examples
 
@@ -98,8 +98,8 @@ def child_sample(a) -> dict:
 
 
 def child_step(a) -> dict:
-    from grpolab.run.logging import read_metrics
-    from grpolab.training.loop import train
+    from grpolab.runtime.logging import read_metrics
+    from grpolab.commands.train import train
 
     out = tempfile.mkdtemp()
     rows = read_metrics(train(run_config(a.model, a.engine, a, out)).run_dir)

@@ -50,7 +50,7 @@ def _rank(rank: int, world: int, port: int, overrides: list[str], result: str) -
     from torch.profiler import ProfilerActivity, profile
 
     from grpolab.config import load_config
-    from grpolab.training.loop import train
+    from grpolab.commands.train import train
 
     cfg = load_config(None, overrides)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

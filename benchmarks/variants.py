@@ -28,9 +28,9 @@ G = 16
 
 
 def sft_start(out: Path, accuracy: float) -> str:
-    from grpolab.demo import demo_config
+    from grpolab.commands.demo import demo_config
     from grpolab.tasks.tiny import save_tiny
-    from grpolab.training.sft import sft
+    from grpolab.commands.sft import sft
 
     init = save_tiny(out / "init", hidden_size=128, num_layers=2, num_heads=4)
     cfg = demo_config(out / "sft_run", "full", [f"model.name_or_path={init}", f"sft.target_accuracy={accuracy}"])
@@ -40,7 +40,7 @@ def sft_start(out: Path, accuracy: float) -> str:
 
 
 def grpo_config(model: str, out: Path, preset: str, a: argparse.Namespace, steps: int):
-    from grpolab.demo import demo_config
+    from grpolab.commands.demo import demo_config
 
     # num_minibatches must split the step's groups: DAPO's and CISPO's 16 need prompts % 16 == 0
     return demo_config(
@@ -68,8 +68,8 @@ def grpo_config(model: str, out: Path, preset: str, a: argparse.Namespace, steps
 
 def run_preset(model: str, out: Path, preset: str, a: argparse.Namespace):
     """(metrics rows within the sample budget, the checkpoint at the budget, seconds)."""
-    from grpolab.run.logging import read_metrics
-    from grpolab.training.loop import train
+    from grpolab.runtime.logging import read_metrics
+    from grpolab.commands.train import train
 
     budget = a.steps * a.prompts * G
     t0 = time.perf_counter()

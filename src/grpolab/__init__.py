@@ -16,7 +16,7 @@ def __getattr__(name: str) -> Any:
         from grpolab.config import load_config
 
         return load_config
-    if name == "train":  # the Python API (api.py); grpolab.training.loop.train is the loop it runs
+    if name == "train":  # the Python API (api.py); grpolab.commands.train.train is the loop it runs
         from grpolab.api import train
 
         return train
@@ -25,7 +25,7 @@ def __getattr__(name: str) -> Any:
 
         return GRPOTrainer
     if name == "sft":
-        from grpolab.training.sft import sft
+        from grpolab.commands.sft import sft
 
         return sft
     if name == "evaluate":
@@ -33,7 +33,7 @@ def __getattr__(name: str) -> Any:
 
         return evaluate
     if name == "run_demo":
-        from grpolab.demo import run_demo
+        from grpolab.commands.demo import run_demo
 
         return run_demo
     raise AttributeError(f"module 'grpolab' has no attribute {name!r}")

@@ -7,7 +7,7 @@
 or in one call, ``grpolab.train(config, reward_funcs=[...], train_dataset=dataset)``. Both build a
 ``Config`` (a grpolab Config, a dict of its sections, dotted keys such as ``{"algo.beta": 0.0}``, or a
 YAML path), turn the reward functions and the dataset into what ``reward.functions`` and ``data`` would
-build, and run the loop ``grpolab train`` runs (``grpolab.training.loop.train``).
+build, and run the loop ``grpolab train`` runs (``grpolab.commands.train.train``).
 
 Reward functions are TRL's (``fn(completions, **kwargs) -> list[float | None]``, rewards.trl_style),
 grpolab reward objects, per-sample functions ``fn(completion, example)``, or names: a built-in
@@ -42,7 +42,7 @@ from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, re
 from grpolab.types import Example
 
 if TYPE_CHECKING:
-    from grpolab.training.loop import TrainResult
+    from grpolab.commands.train import TrainResult
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def train(
 
 
 def _run(cfg: Config, rewards, examples, *, resume: bool) -> TrainResult:
-    from grpolab.training.loop import train as train_loop
+    from grpolab.commands.train import train as train_loop
 
     show_progress_logs()
     return train_loop(cfg, resume=resume, rewards=rewards, examples=examples)

@@ -167,34 +167,34 @@ def _run_without_config(args: argparse.Namespace) -> int | None:
         # default spin-wait made each backward pass 20-40x slower; idle, the cost is small.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if args.agent:
-            from grpolab.agent_demo import agent_config, print_agent_summary, run_agent_demo
+            from grpolab.commands.agent_demo import agent_config, print_agent_summary, run_agent_demo
 
             out = args.out or "runs/demo-agent"
             agent_config(out, args.size, args.overrides)  # a bad override fails before any work
             print_agent_summary(*run_agent_demo(out, args.size, args.overrides))
             return 0
-        from grpolab.demo import demo_config, print_summary, run_demo
+        from grpolab.commands.demo import demo_config, print_summary, run_demo
 
         out = args.out or "runs/demo"
         demo_config(out, args.size, args.overrides)  # a bad override fails before any work
         print_summary(run_demo(out, args.size, args.overrides))
         return 0
     if args.verb == "hacking":
-        from grpolab.hacking.cli import run_hacking
+        from grpolab.commands.hacking_cli import run_hacking
 
         return run_hacking(args)
     if args.verb == "export":
-        from grpolab.run.sharded import export
+        from grpolab.runtime.sharded import export
 
         print(f"grpolab: exported {export(args.checkpoint, args.out, dtype=args.dtype)}")
         return 0
     if args.verb == "import-gguf":
-        from grpolab.model_sources import check_source, import_gguf
+        from grpolab.models.sources import check_source, import_gguf
 
         print(f"grpolab: wrote {import_gguf(check_source(args.gguf), args.out)}")
         return 0
     if args.verb == "convert-trl":
-        from grpolab.config.from_trl import write_trl_conversion
+        from grpolab.trl.convert import write_trl_conversion
 
         write_trl_conversion(args.trl_args, args.out, num_processes=args.num_processes, dataset_rows=args.dataset_rows)
         return 0
@@ -204,7 +204,7 @@ def _run_without_config(args: argparse.Namespace) -> int | None:
 def _serve(args: argparse.Namespace) -> int:
     """``grpolab serve``: the config's vLLM server until Ctrl-C (docs/server_mode.md)."""
     from grpolab.rollout.server_setup import serve
-    from grpolab.run.preflight import check_model_source
+    from grpolab.runtime.preflight import check_model_source
 
     cfg = load_config(args.config, _overrides(args))
     check_model_source(cfg.model)  # a missing model is one line, before vLLM starts
@@ -225,7 +225,7 @@ def _run(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(config_view(cfg, args.for_verb), sort_keys=False), end="")
         return 0
     if args.verb == "train":
-        from grpolab.training.loop import train
+        from grpolab.commands.train import train
 
         result = train(cfg, resume=args.resume)
         if result.stopped_by is not None:
@@ -236,7 +236,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.verb in ("compare", "recipe"):
         return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg)
     if args.verb == "sft":
-        from grpolab.training.sft import sft
+        from grpolab.commands.sft import sft
 
         done = sft(cfg, resume=args.resume)
         if done.stopped_by is not None:
@@ -256,14 +256,14 @@ def _run(args: argparse.Namespace) -> int:
         print(f"grpolab: eval written to {cfg.eval_dir}")
         return 0
     if args.verb == "train-rm":
-        from grpolab.training.reward_model import train_reward_model
+        from grpolab.commands.train_rm import train_reward_model
 
         rm = train_reward_model(cfg)
         accuracy = rm.metrics.get("eval/pair_accuracy")
         print(f"grpolab: reward model saved to {rm.output_dir}; held-out pair accuracy {accuracy}")
         return 0
     if args.verb == "train-iterative":
-        from grpolab.training.iterative import iterative_rl
+        from grpolab.commands.iterative import iterative_rl
 
         done = iterative_rl(cfg)
         print(f"grpolab: {len(done.iterations)} iterations; policy {done.policy_path}")
@@ -293,7 +293,7 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 
 def _stopped_message(result) -> str:
     """What a signal left behind: the checkpoint to resume from, or that none was written."""
-    from grpolab.run.checkpoint import latest_checkpoint
+    from grpolab.runtime.checkpoint import latest_checkpoint
 
     name = signal.Signals(result.stopped_by).name
     last = latest_checkpoint(result.run_dir)
@@ -307,21 +307,21 @@ def _stopped_message(result) -> str:
 
 def _recipe(cfg) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see _run_without_config)
-    from grpolab.recipe import print_summary, run_recipe
+    from grpolab.commands.recipe import print_summary, run_recipe
 
     print_summary(run_recipe(cfg))
     return 0
 
 
 def _compare(cfg, algos_arg: str) -> int:
-    from grpolab.compare import CompareStopped, compare, validate_algos
+    from grpolab.commands.compare import CompareStopped, compare, validate_algos
 
     algos = [a.strip() for a in algos_arg.split(",") if a.strip()]
     validate_algos(cfg, algos)  # a ConfigError: the one-line path, before anything runs
     try:
         result = compare(cfg, algos)
     except CompareStopped as stopped:
-        from grpolab.run.checkpoint import latest_checkpoint
+        from grpolab.runtime.checkpoint import latest_checkpoint
 
         last = latest_checkpoint(stopped.run_dir)
         saved = f"its checkpoint: {last}" if last else "it had written no checkpoint yet"

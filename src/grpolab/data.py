@@ -32,7 +32,7 @@ def load_examples(cfg: DataConfig, *, seed: int) -> list[Example]:
     if cfg.source == "hf":
         return _rows_to_examples(_read_hf(cfg), cfg, origin=cfg.path)
     if cfg.source == "reasoning_gym":
-        from grpolab.tasks.gym import gym_examples
+        from grpolab.tasks.reasoning_gym import gym_examples
 
         if not cfg.name:
             raise DataError(
@@ -202,7 +202,7 @@ def examples_from_rows(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, *, or
 
 
 def _rows_to_examples(rows: Sequence[Mapping[str, Any]], cfg: DataConfig, origin: str) -> list[Example]:
-    from grpolab.tasks.templates import apply_template
+    from grpolab.config.templates import apply_template
 
     examples = []
     for i, row in enumerate(rows):

@@ -72,7 +72,7 @@ def global_batch(episodes: bool = False):
 
 def local_share(prompts, comps, rewards):
     """This rank's prompts, their completions and rewards."""
-    from grpolab.run import dist
+    from grpolab.distributed import dist
 
     rows = dist.shard(list(range(P)))
     local = comps.select([p * G + g for p in rows for g in range(G)])
@@ -93,8 +93,8 @@ def _full_weights(model) -> dict[str, torch.Tensor]:
 
 def run_case(model_dir: str, algo: str, agg: str, extra: tuple[str, ...], mode: str) -> dict:
     """One step; returns {"policy": weights, "value": weights or None, "metrics": {...}}."""
-    from grpolab.models import Reference, load_policy
-    from grpolab.run import dist, parallel
+    from grpolab.models.loading import Reference, load_policy
+    from grpolab.distributed import dist, parallel
     from grpolab.training.batch import LogprobContext
     from grpolab.training.ppo import Critic, rollout_batch_builder
     from grpolab.training.step import PolicyLossSpec, update_policy
@@ -155,7 +155,7 @@ def worker(rank: int, world: int, port: int, model_dir: str, out: str, modes: tu
          "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)}
     )
     torch.set_num_threads(1)
-    from grpolab.run import dist
+    from grpolab.distributed import dist
 
     results = {}
     with dist.session("cpu"):

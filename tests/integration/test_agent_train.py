@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from grpolab.config import load_config
 from grpolab.config.presets import ALGO_PRESETS
-from grpolab.run.logging import read_metrics
-from grpolab.training.loop import train
+from grpolab.runtime.logging import read_metrics
+from grpolab.commands.train import train
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def tool_model_dir(chat_model_dir, tmp_path_factory) -> str:
     a call): it writes calls, so its episodes have environment tokens between two model turns."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpolab.agent_demo import sft_traces
+    from grpolab.commands.agent_demo import sft_traces
     from grpolab.envs import ToolLimits, build_environment
     from grpolab.tasks.arithmetic import multiplication_examples
     from grpolab.training.logprobs import completion_logprobs

@@ -19,9 +19,9 @@ from grpolab.envs import EnvStep  # noqa: E402
 from grpolab.rollout.multiturn import MultiTurnSampler, episode_prompt_ids  # noqa: E402
 from grpolab.rollout.vllm import VLLMSampler, shutdown_engines, start_engine  # noqa: E402
 from grpolab.rollout.vllm_setup import engine_kwargs  # noqa: E402
-from grpolab.run.logging import read_metrics  # noqa: E402
+from grpolab.runtime.logging import read_metrics  # noqa: E402
 from grpolab.training.logprobs import completion_logprobs  # noqa: E402
-from grpolab.training.loop import train  # noqa: E402
+from grpolab.commands.train import train  # noqa: E402
 from grpolab.types import Example  # noqa: E402
 
 MAX_NEW = 8

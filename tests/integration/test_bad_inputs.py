@@ -18,14 +18,14 @@ import pytest
 import torch
 
 import grpolab.eval.runner as runner
-import grpolab.run.assemble as assemble_mod
-import grpolab.training.loop as loop
-import grpolab.training.sft as sft_mod
+import grpolab.runtime.assemble as assemble_mod
+import grpolab.commands.train as loop
+import grpolab.commands.sft as sft_mod
 from grpolab.cli import main
 from grpolab.config import ConfigError, load_config
 from grpolab.data import DataError
 from grpolab.errors import GrpolabError, TrainingError
-from grpolab.models import ModelLoadError, load_tokenizer
+from grpolab.models.loading import ModelLoadError, load_tokenizer
 from grpolab.rewards import REWARDS, RewardError, build_reward, score_batch
 from grpolab.tasks.arithmetic import arithmetic_examples
 from grpolab.tasks.tiny import build_char_tokenizer

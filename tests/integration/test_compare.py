@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from grpolab.cli import main
-from grpolab.compare import validate_algos
+from grpolab.commands.compare import validate_algos
 from grpolab.config import load_config
 
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from grpolab.cli import main
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.logging import read_metrics
 
 trl = pytest.importorskip("trl")
 

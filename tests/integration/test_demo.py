@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from grpolab.config import ConfigError
-from grpolab.demo import demo_config
+from grpolab.commands.demo import demo_config
 
 
 def test_demo_config_is_package_data_and_a_normal_config(tmp_path):

@@ -9,9 +9,9 @@ import pytest
 from tracker_records import trackio_logs
 
 from grpolab.config import load_config
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.logging import read_metrics
 from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer, build_tiny_model
-from grpolab.training.loop import train
+from grpolab.commands.train import train
 
 REWARDS = ["conversational_format_reward", "conversational_accuracy_reward", "length_penalty"]
 

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from grpolab.config import ConfigError, load_config
-from grpolab.run.checkpoint import latest_checkpoint
-from grpolab.run.logging import read_metrics
-from grpolab.training.loop import train
+from grpolab.runtime.checkpoint import latest_checkpoint
+from grpolab.runtime.logging import read_metrics
+from grpolab.commands.train import train
 
 GOLD = "reward.gold=[{name: exact_match}, {name: 'toy_rewards:digit_fraction', weight: 0.5}]"
 

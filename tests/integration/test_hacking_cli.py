@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.logging import read_metrics
 
 
 def _cli(*args, cwd):

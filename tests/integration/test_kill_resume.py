@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from grpolab.run.checkpoint import checkpoint_root
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.checkpoint import checkpoint_root
+from grpolab.runtime.logging import read_metrics
 
 STEPS = 8
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch.multiprocessing as mp
 
-from grpolab.run.lock import hold_run_dir
+from grpolab.runtime.lock import hold_run_dir
 
 
 def free_port() -> int:
@@ -24,8 +24,8 @@ def free_port() -> int:
 def worker(rank: int, world: int, port: int, run_dir: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
-    from grpolab.run import dist
-    from grpolab.run.lock import RunDirLocked, hold_run_dir_for_job
+    from grpolab.distributed import dist
+    from grpolab.runtime.lock import RunDirLocked, hold_run_dir_for_job
 
     try:
         with dist.session("cpu", timeout_s=60), hold_run_dir_for_job(run_dir):

@@ -6,11 +6,11 @@ import torch
 from safetensors.torch import load_file
 
 from grpolab.config import LoraConfig, ModelConfig, load_config
-from grpolab.models import Reference, load_policy
-from grpolab.run.checkpoint import latest_checkpoint
-from grpolab.run.logging import read_metrics
+from grpolab.models.loading import Reference, load_policy
+from grpolab.runtime.checkpoint import latest_checkpoint
+from grpolab.runtime.logging import read_metrics
 from grpolab.training.logprobs import completion_logprobs
-from grpolab.training.loop import train
+from grpolab.commands.train import train
 
 
 def test_reference_under_lora_is_the_base_model(tiny_model_dir):

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 import grpolab.eval.runner as runner
-import grpolab.run.assemble as assemble
-import grpolab.training.loop as loop
-import grpolab.training.sft as sft_mod
+import grpolab.runtime.assemble as assemble
+import grpolab.commands.train as loop
+import grpolab.commands.sft as sft_mod
 from grpolab.cli import main
 from grpolab.config import ConfigError, load_config
 from grpolab.eval.results import load_evals
-from grpolab.models import ModelLoadError
-from grpolab.run import checkpoint as ckpt
-from grpolab.run import sharded
+from grpolab.models.loading import ModelLoadError
+from grpolab.runtime import checkpoint as ckpt
+from grpolab.runtime import sharded
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -158,7 +158,7 @@ def test_export_refuses_bad_targets_and_damaged_checkpoints_in_one_line(sharded_
 def test_an_exported_model_with_a_shard_missing_fails_before_the_model_loads(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from grpolab.run.preflight import check_model_source
+    from grpolab.runtime.preflight import check_model_source
 
     folder = tmp_path / "exported"
     AutoModelForCausalLM.from_pretrained(tiny_model_dir).save_pretrained(folder, max_shard_size="100KB")
@@ -238,7 +238,7 @@ def test_sigint_during_sft_saves_a_checkpoint_that_resumes_exactly(tiny_model_di
 
 
 def test_hacking_betas_that_print_alike_get_their_own_folders():
-    from grpolab.hacking.run import run_name
+    from grpolab.commands.hacking import run_name
 
     assert run_name(0.04, 0) == "beta0.04_seed0" and run_name(0.0, 1) == "beta0_seed1"
     assert run_name(0.040000001, 0) == "beta0.040000001_seed0"

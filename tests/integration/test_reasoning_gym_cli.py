@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.logging import read_metrics
 
 
 def test_chain_sum_trains_through_the_cli(tiny_model_dir, tmp_path):

@@ -15,12 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import grpolab.training.loop as loop
+import grpolab.commands.train as loop
 import grpolab.training.step as step_mod
 from grpolab.config import load_config
 from grpolab.errors import TrainingError
-from grpolab.run import checkpoint as ckpt
-from grpolab.run.logging import RunLogger, read_metrics
+from grpolab.runtime import checkpoint as ckpt
+from grpolab.runtime.logging import RunLogger, read_metrics
 
 STEPS = 5
 

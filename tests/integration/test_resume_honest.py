@@ -15,14 +15,14 @@ import pytest
 import torch
 import yaml
 
-import grpolab.run.assemble as assemble_mod
-import grpolab.training.loop as loop
+import grpolab.runtime.assemble as assemble_mod
+import grpolab.commands.train as loop
 from grpolab.cli import main
-from grpolab.compare import CompareStopped, compare
+from grpolab.commands.compare import CompareStopped, compare
 from grpolab.config import load_config
-from grpolab.run import checkpoint as ckpt
-from grpolab.run.lock import RunDirLocked, hold_run_dir
-from grpolab.run.logging import read_metrics
+from grpolab.runtime import checkpoint as ckpt
+from grpolab.runtime.lock import RunDirLocked, hold_run_dir
+from grpolab.runtime.logging import read_metrics
 
 
 @pytest.fixture(scope="module", autouse=True)

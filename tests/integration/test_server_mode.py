@@ -25,9 +25,9 @@ from grpolab.config import load_config  # noqa: E402
 from grpolab.rollout.server_client import ServerClient  # noqa: E402
 from grpolab.rollout.vllm_client import ServerSampler  # noqa: E402
 from grpolab.rollout.vllm_server import RolloutServerError  # noqa: E402
-from grpolab.run.logging import read_metrics  # noqa: E402
+from grpolab.runtime.logging import read_metrics  # noqa: E402
 from grpolab.training.logprobs import completion_logprobs  # noqa: E402
-from grpolab.training.loop import train  # noqa: E402
+from grpolab.commands.train import train  # noqa: E402
 
 MISMATCH_KEY = "sampling/sampling_logp_difference/mean"
 IS_RATIO_KEY = "sampling/importance_sampling_ratio/mean"

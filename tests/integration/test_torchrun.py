@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.logging import read_metrics
 
 STEPS = 4
 

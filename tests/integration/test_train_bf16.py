@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file
 
 from grpolab.config import load_config
-from grpolab.run.checkpoint import latest_checkpoint
-from grpolab.training.loop import train
+from grpolab.runtime.checkpoint import latest_checkpoint
+from grpolab.commands.train import train
 
 
 def _overrides(model_dir, data, out, name, steps) -> list[str]:

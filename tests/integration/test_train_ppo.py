@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from grpolab.config import load_config
-from grpolab.run.checkpoint import latest_checkpoint
-from grpolab.run.logging import read_metrics
-from grpolab.training.loop import train
+from grpolab.runtime.checkpoint import latest_checkpoint
+from grpolab.runtime.logging import read_metrics
+from grpolab.commands.train import train
 
 sys.path.insert(0, str(Path(__file__).parent))  # toy_rewards
 

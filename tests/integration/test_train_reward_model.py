@@ -18,12 +18,12 @@ import pytest
 
 from grpolab.config import load_config
 from grpolab.rewards import build_reward, score_batch
-from grpolab.run.checkpoint import latest_checkpoint
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.checkpoint import latest_checkpoint
+from grpolab.runtime.logging import read_metrics
 from grpolab.tasks.preferences import max_digit_examples, max_digit_preference_pairs, prompt_blind_accuracy
-from grpolab.training.iterative import iterative_rl
-from grpolab.training.loop import train
-from grpolab.training.reward_model import read_pairs, split_pairs
+from grpolab.commands.iterative import iterative_rl
+from grpolab.commands.train import train
+from grpolab.commands.train_rm import read_pairs, split_pairs
 from grpolab.types import Completion
 
 HERE = Path(__file__).parent

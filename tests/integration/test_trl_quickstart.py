@@ -10,7 +10,7 @@ import pytest
 
 from grpolab.api import GRPOTrainer
 from grpolab.api import train as api_train
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.logging import read_metrics
 
 datasets = pytest.importorskip("datasets")
 

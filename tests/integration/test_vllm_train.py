@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpolab[vllm]'; make test installs it)")
 
 from grpolab.config import load_config  # noqa: E402
-from grpolab.run.logging import read_metrics  # noqa: E402
-from grpolab.training.loop import train  # noqa: E402
+from grpolab.runtime.logging import read_metrics  # noqa: E402
+from grpolab.commands.train import train  # noqa: E402
 
 MISMATCH_KEY = "sampling/sampling_logp_difference/mean"  # TRL's name: mean |log pi_train - log pi_vllm| per token
 IS_RATIO_KEY = "sampling/importance_sampling_ratio/mean"  # TRL's name: the TIS weight's mean

@@ -142,7 +142,7 @@ def test_progress_reaches_a_script_off_a_terminal_without_logging_set_up(tmp_pat
     script = textwrap.dedent(
         """
         from grpolab.api import show_progress_logs
-        from grpolab.run.progress import Progress
+        from grpolab.progress import Progress
         show_progress_logs()
         p = Progress(total=2, title="GRPO")  # stdout is a pipe: log lines, no bar
         p.update(1, reward=0.5)
@@ -152,10 +152,10 @@ def test_progress_reaches_a_script_off_a_terminal_without_logging_set_up(tmp_pat
     )
     env = {**os.environ, "PYTHONPATH": SRC}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120, check=True)
-    lines = [line for line in out.stderr.splitlines() if "grpolab.run.progress" in line]
+    lines = [line for line in out.stderr.splitlines() if "grpolab.progress" in line]
     assert [line.split("  ")[0:2] for line in lines] == [
-        ["INFO grpolab.run.progress: GRPO step 1/2", "reward 0.5"],
-        ["INFO grpolab.run.progress: GRPO step 2/2", "reward 0.75"],
+        ["INFO grpolab.progress: GRPO step 1/2", "reward 0.5"],
+        ["INFO grpolab.progress: GRPO step 2/2", "reward 0.75"],
     ]
 
 

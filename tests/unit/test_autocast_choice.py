@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpolab.config import ModelConfig
-from grpolab.models import cpu_has_bf16_matmul, resolve_autocast
+from grpolab.models.loading import cpu_has_bf16_matmul, resolve_autocast
 
 CPU = torch.device("cpu")
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpolab.config import ConfigError, config_from_dict
-from grpolab.config.from_trl import SCRIPT_FIELDS, TRL_FIELDS, convert_trl, markdown_table, trl_defaults
+from grpolab.trl.convert import SCRIPT_FIELDS, TRL_FIELDS, convert_trl, markdown_table, trl_defaults
 
 trl = pytest.importorskip("trl")
 DOC = Path(__file__).parents[2] / "docs" / "coming_from_trl.md"

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-import grpolab.hub as hub
-from grpolab.hub import HubUnavailable, hub_load_kwargs
+import grpolab.models.hub as hub
+from grpolab.models.hub import HubUnavailable, hub_load_kwargs
 
 
 @pytest.fixture

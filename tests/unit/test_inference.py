@@ -1,11 +1,11 @@
-"""Low-precision inference copies and the attention choice (grpolab.inference)."""
+"""Low-precision inference copies and the attention choice (grpolab.models.inference)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from grpolab.inference import (
+from grpolab.models.inference import (
     WeightCopy,
     attention_for,
     attention_implementation,
@@ -107,7 +107,7 @@ def test_eager_and_sdpa_agree(model):
 def test_cpu_threads_are_capped_at_the_available_cores(monkeypatch):
     import os
 
-    import grpolab.inference as inference
+    import grpolab.models.inference as inference
 
     assert 1 <= inference.available_cpus() <= (os.cpu_count() or 1)
     before = torch.get_num_threads()

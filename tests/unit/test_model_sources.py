@@ -15,11 +15,11 @@ pytest.importorskip("gguf", reason="the GGUF path needs the gguf package: pip in
 from gguf_files import write_tiny_gguf  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
-from grpolab import model_sources  # noqa: E402
+from grpolab.models import sources as model_sources  # noqa: E402
 from grpolab.config import ModelConfig  # noqa: E402
-from grpolab.model_sources import ModelSourceError, import_gguf, local_source  # noqa: E402
-from grpolab.models import load_policy  # noqa: E402
-from grpolab.run.preflight import check_model_source  # noqa: E402
+from grpolab.models.sources import ModelSourceError, import_gguf, local_source  # noqa: E402
+from grpolab.models.loading import load_policy  # noqa: E402
+from grpolab.runtime.preflight import check_model_source  # noqa: E402
 
 
 @pytest.fixture(scope="module")

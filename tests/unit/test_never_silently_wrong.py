@@ -12,7 +12,7 @@ from grpolab import jsonio
 from grpolab.config import ConfigError, load_config
 from grpolab.eval.results import ModelEval, load_evals, save_evals
 from grpolab.rewards import RewardError, WeightedReward, per_sample, score_batch
-from grpolab.run.logging import RunLogger
+from grpolab.runtime.logging import RunLogger
 from grpolab.types import Completion, Example
 
 

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from grpolab.run import progress as progress_module
-from grpolab.run.progress import Progress
+from grpolab import progress as progress_module
+from grpolab.progress import Progress
 
 
 class Clock:
@@ -26,11 +26,11 @@ def clock(monkeypatch):
 
 
 def _lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "grpolab.run.progress"]
+    return [r.getMessage() for r in caplog.records if r.name == "grpolab.progress"]
 
 
 def test_a_line_every_interval_and_at_the_end(clock, caplog):
-    caplog.set_level(logging.INFO, logger="grpolab.run.progress")
+    caplog.set_level(logging.INFO, logger="grpolab.progress")
     bar = Progress(total=60, title="GRPO", tty=False, interval_s=10.0, every=100)
     for step in range(1, 61):
         clock.now += 2.0  # 2 s per step: a line every 5 steps (10 s)
@@ -44,7 +44,7 @@ def test_a_line_every_interval_and_at_the_end(clock, caplog):
 
 
 def test_every_n_units_on_a_fast_loop_and_a_last_line_when_stopped_early(clock, caplog):
-    caplog.set_level(logging.INFO, logger="grpolab.run.progress")
+    caplog.set_level(logging.INFO, logger="grpolab.progress")
     bar = Progress(total=100, start=40, title="SFT", tty=False, may_stop_early=True)  # every: a tenth
     for step in range(41, 76):
         clock.now += 0.5
@@ -57,7 +57,7 @@ def test_every_n_units_on_a_fast_loop_and_a_last_line_when_stopped_early(clock, 
 
 
 def test_disabled_progress_is_silent(clock, caplog):
-    caplog.set_level(logging.INFO, logger="grpolab.run.progress")
+    caplog.set_level(logging.INFO, logger="grpolab.progress")
     bar = Progress(total=3, enabled=False, tty=False)
     bar.update(3, reward=1.0)
     bar.close()

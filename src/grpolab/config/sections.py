@@ -72,7 +72,7 @@ class DataConfig:
     """Row field holding the reference answer. A row without it is fine unless a reward needs the answer
     (exact_match, math_accuracy, sft): that reward then stops naming itself and this field."""
     template: str = "none"
-    """Prompt template: a key of grpolab.tasks.templates.TEMPLATES ("none", "r1", "r1_think") or a string containing {prompt}."""
+    """Prompt template: a key of grpolab.config.templates.TEMPLATES ("none", "r1", "r1_think") or a string containing {prompt}."""
     system_prompt: str | None = None
     """System prompt, used with the chat template or prepended to the template."""
     chat_template: bool = False
@@ -331,7 +331,7 @@ class ProcessRewardSpec:
     """A process reward (algo.supervision=process): one value per reasoning step of a completion."""
 
     name: str = ""
-    """A key of grpolab.rewards.process.PROCESS_REWARDS ("reward_model": a neural model scoring each step
+    """A key of grpolab.rewards.step_rewards.PROCESS_REWARDS ("reward_model": a neural model scoring each step
     prefix), or "package.module:function" for a rule fn(steps: list[str], example) -> list[float]."""
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Arguments for the process reward factory (or bound into the rule function)."""
@@ -391,7 +391,7 @@ class TrainConfig:
     parallel: Literal["auto", "none", "ddp", "fsdp"] = "auto"
     """Under torchrun: "ddp" (each rank holds the model; gradients all-reduced), "fsdp" (FSDP2: parameters,
     gradients and optimizer state sharded; DCP checkpoints), "auto" (ddp when WORLD_SIZE > 1, else none).
-    "none" is the single process; grpolab.run.parallel."""
+    "none" is the single process; grpolab.distributed.parallel."""
     max_tokens_per_micro_batch: int | None = None
     """Also bound each forward by padded tokens, rows x (longest prompt + longest completion): rows are
     sorted by length and packed up to this budget (a longer row runs alone); null = micro_batch_size only.
@@ -437,7 +437,7 @@ class LogConfig:
     tensorboard: bool = True
     """Also write TensorBoard events."""
     progress: bool = True
-    """Show progress: a bar on a terminal, else a log line every ~10 s or tenth of the work (grpolab.run.progress)."""
+    """Show progress: a bar on a terminal, else a log line every ~10 s or tenth of the work (grpolab.progress)."""
     overwrite: bool = False
     """Let a fresh run (no --resume) start in a run directory that holds checkpoints, deleting them;
     without it that is an error, so that no saved run is lost by mistake."""

@@ -97,7 +97,7 @@ def check_numbers(cfg: Any) -> None:
             f"identical and algo '{a.name}' gets zero advantage everywhere: nothing would be learned. "
             "Use a temperature > 0 (1.0 is usual)"
         )
-    from grpolab.tasks.templates import resolve_template  # imports nothing of grpolab's
+    from grpolab.config.templates import resolve_template  # imports nothing of grpolab's
 
     try:
         resolve_template(cfg.data.template)

@@ -49,7 +49,7 @@ def _python(
 
 
 def _gym_retry(limits: ToolLimits, retries: int = 1, retry_discount: float = 1.0) -> MakeEnv:
-    from grpolab.envs.gym import GymRetryEnv
+    from grpolab.envs.retry import GymRetryEnv
 
     return partial(GymRetryEnv, retries=retries, retry_discount=retry_discount)
 

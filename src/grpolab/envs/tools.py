@@ -166,7 +166,7 @@ def _evaluate(node: ast.AST) -> int | float:
 def python_tool(timeout_s: float = 5.0, memory_mb: int = 512) -> Tool:
     """A tool that runs a Python program in grpolab's sandbox (rewards/sandbox.py) and returns what it
     printed, with the exit status when it failed."""
-    from grpolab.rewards.sandbox import SandboxLimits, run_python
+    from grpolab.sandbox.runner import SandboxLimits, run_python
 
     limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb)
 

@@ -29,13 +29,13 @@ from grpolab.config import Config, ConfigError
 from grpolab.data import DataError, check_prompt_chars, tokenize_prompts
 from grpolab.eval.metrics import pass_maj_curves
 from grpolab.eval.results import ModelEval, save_evals
-from grpolab.models import load_tokenizer, resolve_autocast, resolve_device
+from grpolab.models.loading import load_tokenizer, resolve_autocast, resolve_device
 from grpolab.rewards import WeightedReward, score_batch
 from grpolab.rewards.math_answer import prediction_text
 from grpolab.rollout.engines import check_engine
-from grpolab.run import dist
-from grpolab.run.assemble import build_gold_rewards, build_rewards, build_sampler, load_model, split_examples
-from grpolab.run.progress import Progress
+from grpolab.distributed import dist
+from grpolab.runtime.assemble import build_gold_rewards, build_rewards, build_sampler, load_model, split_examples
+from grpolab.progress import Progress
 from grpolab.types import Completions, Example
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,7 @@ def evaluate(
 def _model_configs(cfg: Config, paths: list, examples: list[Example]) -> list:
     """One model config per path, every path checked (and the prompts against its tokenizer) before any
     model loads: a mistyped third path must not cost the first two evaluations."""
-    from grpolab.run.preflight import check_model_source
+    from grpolab.runtime.preflight import check_model_source
 
     configs = []
     for path in paths:

@@ -42,7 +42,7 @@ from grpolab.rewards.worker import start_workers
 
 
 def _make_gym_score() -> PerSample:
-    from grpolab.tasks.gym import make_gym_score  # tasks.gym imports this package
+    from grpolab.tasks.reasoning_gym import make_gym_score  # tasks.gym imports this package
 
     return make_gym_score()
 

@@ -12,12 +12,12 @@ The tests are ``example.meta["tests"]`` (a JSONL row's fields are under ``meta["
 ``"tests"`` field of the row works too), in one of two formats:
 
 * a list of strings, each one or more ``assert`` statements, e.g. ``["assert add(1, 2) == 3"]``
-  or ``["assert abs(area(2) - 12.566) < 1e-3"]``: each is split (grpolab.rewards.code_checks) into
+  or ``["assert abs(area(2) - 12.566) < 1e-3"]``: each is split (grpolab.sandbox.checks) into
   the calls under test (``add(1, 2)``, ``area(2)``) and the rest of the assert. The code is executed
   once as module ``solution`` (its ``if __name__ == "__main__":`` block does not run; ``exit()`` or
   ``sys.exit(0)`` ends it as its last line would), then every call under test in its namespace; the
   sandbox sends back their values as plain data and this process evaluates the rest of each assert
-  on them (grpolab.rewards.code_verdict). Expected values, ``abs``, ``math.isclose`` and the
+  on them (grpolab.sandbox.verdict). Expected values, ``abs``, ``math.isclose`` and the
   comparisons never enter the sandbox; a value that is not plain data fails its test.
 * a list of ``{"input": str, "output": str}``: the code runs as a program (``__main__``) once per
   case, with ``input`` as stdin; it passes if it exits with status 0 and its stdout equals
@@ -25,7 +25,7 @@ The tests are ``example.meta["tests"]`` (a JSONL row's fields are under ``meta["
 
 A missing or malformed ``tests`` field, or an assert that cannot be split that way, is an error
 naming the example (found by the dry run before training starts). The sandbox and what it enforces
-are described in grpolab.rewards.sandbox.
+are described in grpolab.sandbox.runner.
 
 Runs are independent processes, so ``workers`` > 1 runs several at once; each has its own PID
 namespace, so none can signal another (without namespaces, in the fallback, ``os.kill(-1, 9)`` from
@@ -45,9 +45,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from grpolab.rewards.base import RewardError, SampleError
-from grpolab.rewards.code_checks import RAISED, AssertTest, split_test
+from grpolab.sandbox.checks import RAISED, AssertTest, split_test
 from grpolab.rewards.rules import extract_answer_tag, final_region
-from grpolab.rewards.sandbox import SandboxError, SandboxLimits, run_python
+from grpolab.sandbox.runner import SandboxError, SandboxLimits, run_python
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ def make_code_tests(
         log.warning(
             "code_tests: no namespaces here (not root, and user namespaces are refused), so the sandbox runs "
             "code as this user (%s): it cannot stop that code from reading this user's files or signalling "
-            "this user's processes (scores are still decided outside it); see grpolab.rewards.sandbox",
+            "this user's processes (scores are still decided outside it); see grpolab.sandbox.runner",
             isolation,
         )
     return reward

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
 
 from grpolab.config import ConfigError, ModelConfig
-from grpolab.models import (
+from grpolab.models.loading import (
     ModelLoadError,
     autocast_context,
     count_parameters,

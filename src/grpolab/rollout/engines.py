@@ -42,7 +42,7 @@ def build_hf_sampler(
     so it needs no weight sync. Under FSDP every ``sample`` runs with the layers gathered (run/parallel.py)
     and samples from the sharded fp32 weights themselves (no low-precision copy)."""
     from grpolab.rollout.hf import sampler_from_config
-    from grpolab.run import parallel
+    from grpolab.distributed import parallel
 
     sharded = wrapped is not None and parallel.is_sharded(wrapped)
     sampler = sampler_from_config(

@@ -14,7 +14,7 @@ Departures from ``model.generate`` (and why):
   KV-cache budget allows (grpolab.rollout.budget); greedy results are identical to one batch, but a
   seeded sampling run draws a different random stream when the rows are split.
 
-Speed on a CPU under bf16 autocast (grpolab.inference; measured in benchmarks/README.md): the
+Speed on a CPU under bf16 autocast (grpolab.models.inference; measured in benchmarks/README.md): the
 sampler decodes from a copy of the model whose Linear weights are stored in bf16, refreshed at every
 ``sample`` call (autocast would re-cast every weight at every token), with the plain attention
 (SDPA's bf16 CPU kernels are slow), and after the prefill each layer's cache moves into buffers
@@ -33,8 +33,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from grpolab.inference import WeightCopy, attention_for, wants_eager_attention
-from grpolab.models import is_peft
+from grpolab.models.inference import WeightCopy, attention_for, wants_eager_attention
+from grpolab.models.loading import is_peft
 from grpolab.rollout.base import check_prompts, check_sampling
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.types import Completions, FinishReason

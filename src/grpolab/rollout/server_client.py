@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
-from grpolab.run import parallel
+from grpolab.distributed import parallel
 
 
 class ServerClient:

@@ -18,14 +18,14 @@ from urllib.parse import urlsplit
 import torch
 
 from grpolab.config import Config, ConfigError
-from grpolab.model_sources import local_source
-from grpolab.models import resolve_autocast, resolve_device
+from grpolab.models.sources import local_source
+from grpolab.models.loading import resolve_autocast, resolve_device
 from grpolab.rollout import vllm_shm
 from grpolab.rollout.server_client import ServerClient
 from grpolab.rollout.vllm_client import MODEL_NAME, ServerSampler
 from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
 from grpolab.rollout.vllm_setup import check_vllm, engine_kwargs
-from grpolab.run import dist
+from grpolab.distributed import dist
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

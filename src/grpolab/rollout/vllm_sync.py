@@ -23,8 +23,8 @@ from collections.abc import Iterator
 
 import torch
 
-from grpolab.models import is_peft
-from grpolab.run import parallel
+from grpolab.models.loading import is_peft
+from grpolab.distributed import parallel
 
 Weights = Iterator[tuple[str, torch.Tensor]]
 

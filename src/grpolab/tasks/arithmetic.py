@@ -84,7 +84,7 @@ def _operand(rng: random.Random, digits: int) -> int:
 
 def multiplication_examples(*, size: int, seed: int, digits: int = 3, digits_b: int = 2) -> list[Example]:
     """``size`` problems ``a*b=`` (a of ``digits`` digits, b of ``digits_b``), answer the product: too
-    hard for a tiny model's head, easy with a calculator (the agent demo, grpolab.agent_demo)."""
+    hard for a tiny model's head, easy with a calculator (the agent demo, grpolab.commands.agent_demo)."""
     rng = random.Random(seed)
     lo_a, lo_b = 10 ** (digits - 1), 10 ** (digits_b - 1)
     out = []

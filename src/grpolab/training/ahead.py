@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import torch
 
 from grpolab.config import ConfigError
-from grpolab.run import dist
+from grpolab.distributed import dist
 from grpolab.training.sampling import StepGroups, sample_step
 
 

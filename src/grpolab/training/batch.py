@@ -14,11 +14,11 @@ from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.masked import masked_mean
 from grpolab.algo.reinforce import TOKEN_ESTIMATORS
 from grpolab.config import Config
-from grpolab.models import Reference
-from grpolab.run import dist
+from grpolab.models.loading import Reference
+from grpolab.distributed import dist
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.microbatch import prompt_lengths_of, split_rows
-from grpolab.training.process import StepRewards
+from grpolab.training.step_advantages import StepRewards
 from grpolab.types import Completions, RolloutBatch
 
 AdvantageFn = Callable[..., torch.Tensor]

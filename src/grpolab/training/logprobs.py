@@ -7,10 +7,10 @@ at column Sp and only the last T positions need logits (``logits_to_keep``). Pos
 attention mask, so padding never shifts positions. The last completion token predicts nothing that is
 scored, so it is not fed (causal attention: no other position depends on it).
 
-On a CPU in bf16 the plain attention replaces SDPA where its scores are small (grpolab.inference).
+On a CPU in bf16 the plain attention replaces SDPA where its scores are small (grpolab.models.inference).
 
 The log-probs and entropies come out of the LM head itself, chunk by chunk in fp32, without the full
-[n, T, V] logits (grpolab.nn.chunked_head): the model's forward is called as a whole, so a DDP- or
+[n, T, V] logits (grpolab.models.chunked_head): the model's forward is called as a whole, so a DDP- or
 FSDP2-wrapped model works unchanged. Under bf16 autocast the transformer body runs in bf16 but the head
 and the log-softmax run in fp32: bf16 logits have a resolution of ~0.06 at magnitude 10, too coarse for
 ratios and KL. Models that post-process logits (soft-capping, logit scales) take the plain path: the
@@ -26,16 +26,16 @@ from collections.abc import Sequence
 
 import torch
 
-from grpolab.inference import attention_for
-from grpolab.models import autocast_context, is_peft
-from grpolab.nn.chunked_head import (
+from grpolab.models.inference import attention_for
+from grpolab.models.loading import autocast_context, is_peft
+from grpolab.models.chunked_head import (
     ChunkedLMHead,
     HeadRequest,
     head_request,
     install_chunked_head,
     output_head,
 )
-from grpolab.run import parallel
+from grpolab.distributed import parallel
 
 _LOGIT_POSTPROCESSING = (
     "final_logit_softcapping",
@@ -86,7 +86,7 @@ def completion_logprobs(
     Gradients flow when called outside no_grad; through the entropy only with ``entropy_grad`` (an
     entropy bonus, algo.entropy_coef). Columns past the longest counted completion are not computed (no
     padding waste), and come back as zeros. ``chunk``: tokens per chunk of the LM head (None = about
-    64 MiB of fp32 logits; grpolab.nn.chunked_head). ``into_grad``: the caller calls ``backward()`` on
+    64 MiB of fp32 logits; grpolab.models.chunked_head). ``into_grad``: the caller calls ``backward()`` on
     what it computes from these (a training step): the head may then add its weight's gradient straight
     into ``.grad`` (HeadRequest.into_grad; ignored on a DDP- or FSDP2-wrapped model).
     """

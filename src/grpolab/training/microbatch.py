@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from grpolab.errors import ConfigError
-from grpolab.run import dist
+from grpolab.distributed import dist
 
 
 def split_rows(

@@ -36,8 +36,8 @@ from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import value_loss
 from grpolab.algo.masked import masked_mean, masked_var
 from grpolab.config import Config
-from grpolab.models import Reference
-from grpolab.run import dist, parallel
+from grpolab.models.loading import Reference
+from grpolab.distributed import dist, parallel
 from grpolab.training.batch import LogprobContext, build_rollout_batch, outcome_estimator, rollout_metrics
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
 from grpolab.training.microbatch import prompt_lengths_of

@@ -35,7 +35,7 @@ from grpolab.config import Config
 from grpolab.data import PromptSampler
 from grpolab.rewards import score_batch
 from grpolab.rewards.base import ScoreResult
-from grpolab.run import dist
+from grpolab.distributed import dist
 from grpolab.training.batch import rewards_tensor
 from grpolab.types import Completions, Example
 

@@ -24,9 +24,9 @@ from grpolab.algo.correction import mismatch_sums, rollout_correction_weights
 from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import POLICY_LOSSES, SurrogateLoss, aggregate
 from grpolab.config import Config
-from grpolab.run import dist
-from grpolab.run.host import give_back_freed_memory, giving_back_freed_memory
-from grpolab.run.parallel import clip_grad_norm
+from grpolab.distributed import dist
+from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
+from grpolab.distributed.parallel import clip_grad_norm
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
 from grpolab.training.microbatch import prompt_lengths_of, split_rows

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from grpolab.config import Config
-from grpolab.models import ModelLoadError, autocast_context
+from grpolab.models.loading import ModelLoadError, autocast_context
 from grpolab.training.logprobs import build_inputs
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("reasoning_gym")
 
 from grpolab.envs import ToolLimits, build_environment  # noqa: E402
-from grpolab.envs.gym import FEEDBACK  # noqa: E402
-from grpolab.tasks.gym import gym_examples  # noqa: E402
+from grpolab.envs.retry import FEEDBACK  # noqa: E402
+from grpolab.tasks.reasoning_gym import gym_examples  # noqa: E402
 
 
 @pytest.fixture(scope="module")

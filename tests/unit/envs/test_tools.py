@@ -148,7 +148,7 @@ def test_an_episode_budget_sets_the_length_limits():
     from grpolab.config import load_config
     from grpolab.data import DataError
     from grpolab.rollout.vllm_setup import max_model_len
-    from grpolab.run.preflight import check_context
+    from grpolab.runtime.preflight import check_context
     from grpolab.training.step import PolicyLossSpec
 
     base = ["algo.name=dr_grpo", "rollout.max_completion_length=8", "data.max_prompt_length=16"]

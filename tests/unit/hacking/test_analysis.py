@@ -8,9 +8,9 @@ import math
 import pytest
 
 from grpolab.config import dump_config, load_config
-from grpolab.hacking.analysis import analyse, pick_samples, sentence, smooth
-from grpolab.hacking.report import write_report
-from grpolab.run.logging import read_metrics
+from grpolab.commands.hacking_analysis import analyse, pick_samples, sentence, smooth
+from grpolab.commands.hacking_report import write_report
+from grpolab.runtime.logging import read_metrics
 
 GOLD = [0.2, 0.3, 0.4, 0.5, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0]  # peaks at step 5, then falls
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grpolab.config import ConfigError, dump_config, load_config
-from grpolab.hacking.run import finished, grid_configs
+from grpolab.commands.hacking import finished, grid_configs
 
 
 def _cfg(tmp_path, *extra):

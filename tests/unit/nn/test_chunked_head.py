@@ -7,9 +7,9 @@ import torch
 
 from grpolab.algo.kl import kl_k3
 from grpolab.algo.losses import AGGREGATIONS
-from grpolab.inference import attention_for
-from grpolab.nn import chunked_head as chunked_head_module
-from grpolab.nn.chunked_head import ChunkedLMHead, ChunkedLogprobs, install_chunked_head
+from grpolab.models.inference import attention_for
+from grpolab.models import chunked_head as chunked_head_module
+from grpolab.models.chunked_head import ChunkedLMHead, ChunkedLogprobs, install_chunked_head
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.training import logprobs as logprobs_module
 from grpolab.training.logprobs import build_inputs, completion_logprobs

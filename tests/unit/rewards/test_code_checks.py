@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from grpolab.rewards.code_checks import RAISED, split_test
-from grpolab.rewards.code_verdict import MAX_DEPTH, decode
+from grpolab.sandbox.checks import RAISED, split_test
+from grpolab.sandbox.verdict import MAX_DEPTH, decode
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,8 @@ import pytest
 
 from grpolab.rewards import RewardError, build_reward, score_batch
 from grpolab.rewards.code import CodeTests
-from grpolab.rewards.code_verdict import RAISED
-from grpolab.rewards.sandbox import read_status, run_python
+from grpolab.sandbox.verdict import RAISED
+from grpolab.sandbox.runner import read_status, run_python
 from grpolab.types import Completion, Example
 
 ISSUE_TESTS = [  # the expected value (3) inside the expression, as the issue lists them

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.models import ModelLoadError
+from grpolab.models.loading import ModelLoadError
 from grpolab.rewards import build_reward, score_batch
 from grpolab.rewards.neural import RewardModelSteps, load_classifier
 from grpolab.types import Completion, Example

@@ -6,7 +6,7 @@ import pytest
 
 from grpolab.config import ConfigError
 from grpolab.rewards import RewardError
-from grpolab.rewards.process import build_process_reward, per_step, score_steps
+from grpolab.rewards.step_rewards import build_process_reward, per_step, score_steps
 from grpolab.types import Example
 
 EXAMPLES = [Example("first question", "1"), Example("second question", "2")]

@@ -183,7 +183,7 @@ def test_dry_run_names_example_for_bad_value():
 
 def test_rule_rewards_do_not_import_heavy_packages():
     code = (
-        "import sys, grpolab.rewards, grpolab.rewards.rules, grpolab.tasks.gym, grpolab.tasks.templates\n"
+        "import sys, grpolab.rewards, grpolab.rewards.rules, grpolab.tasks.reasoning_gym, grpolab.config.templates\n"
         "heavy = [m for m in ('transformers', 'math_verify', 'reasoning_gym') if m in sys.modules]\n"
         "assert not heavy, heavy"
     )

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from grpolab.rewards import build_reward
-from grpolab.rewards.sandbox import HARNESS, NOBODY
+from grpolab.sandbox.runner import HARNESS, NOBODY
 from grpolab.types import Completion, Example
 
 TOKEN = secrets.token_hex(6)
@@ -224,7 +224,7 @@ def test_hostile_code_scores_zero(reward, scores, name):
 # Run the reward as an unprivileged user. Expected scores there, per mode; None: not run in that mode.
 # userns: the same namespaces as root, in a user namespace. fallback (user namespaces refused): only
 # the rlimits, the clean environment and the socket guard, so what the trainer's user can read, it
-# reads (the known limits listed in grpolab.rewards.sandbox); scores are still decided outside it.
+# reads (the known limits listed in grpolab.sandbox.runner); scores are still decided outside it.
 UNPRIVILEGED = {
     "correct": (ADD, 1.0, 1.0),
     "correct, dataclass": ("from dataclasses import dataclass\n@dataclass\nclass P:\n    a: int\n"

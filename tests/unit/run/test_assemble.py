@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-import grpolab.run.assemble as assemble_mod
+import grpolab.runtime.assemble as assemble_mod
 from grpolab.config import ConfigError, load_config
 from grpolab.rewards import build_reward
 from grpolab.rollout.engines import ENGINES, EXTRAS, build_hf_sampler
 from grpolab.rollout.hf import HFSampler
-from grpolab.run.assemble import assemble, session
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.assemble import assemble, session
+from grpolab.runtime.logging import read_metrics
 from grpolab.tasks.arithmetic import arithmetic_examples
-from grpolab.training.loop import train
+from grpolab.commands.train import train
 
 
 def overrides(model_dir, data, out, *extra) -> list[str]:

@@ -1,4 +1,4 @@
-"""The rank arithmetic of grpolab.run.dist and the launch checks of grpolab.run.parallel (no process group:
+"""The rank arithmetic of grpolab.distributed.dist and the launch checks of grpolab.distributed.parallel (no process group:
 the helpers that only split work are checked by setting the world they see)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from grpolab.config import ConfigError
-from grpolab.run import dist
-from grpolab.run.parallel import resolve_parallel
+from grpolab.distributed import dist
+from grpolab.distributed.parallel import resolve_parallel
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""grpolab.run.host: a training step hands glibc's freed heap back before its biggest allocations."""
+"""grpolab.distributed.host: a training step hands glibc's freed heap back before its biggest allocations."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from grpolab.run import host
+from grpolab.distributed import host
 
 # With glibc's thresholds where its dynamic rule settles in a torch process (set in the environment, so
 # that the run does not depend on what was freed before), 2 MiB tensors come from the heap; free 96 MiB
@@ -17,7 +17,7 @@ from grpolab.run import host
 # free alone and then by give_back_freed_memory.
 CODE = """
 import torch
-from grpolab.run.host import give_back_freed_memory
+from grpolab.distributed.host import give_back_freed_memory
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 blocks, keep = [], []

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from grpolab.run.lock import LOCK_NAME, RunDirLocked, hold_run_dir
+from grpolab.runtime.lock import LOCK_NAME, RunDirLocked, hold_run_dir
 
 
 def _take(run_dir, caplog):
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="grpolab.run.lock"), hold_run_dir(run_dir):
+    with caplog.at_level(logging.INFO, logger="grpolab.runtime.lock"), hold_run_dir(run_dir):
         pass
     return caplog.text
 
@@ -35,7 +35,7 @@ def test_an_error_inside_the_run_also_releases_it(tmp_path, caplog):
 
 def test_a_killed_run_leaves_its_record_and_the_next_start_says_so(tmp_path, caplog):
     code = (
-        "import os, signal, sys; from grpolab.run.lock import hold_run_dir\n"
+        "import os, signal, sys; from grpolab.runtime.lock import hold_run_dir\n"
         "with hold_run_dir(sys.argv[1]):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -12,9 +12,9 @@ from grpolab.config import Config, ConfigError, OptimConfig, RewardConfig, Rewar
 from grpolab.config.validate import numeric_fields
 from grpolab.errors import TrainingError
 from grpolab.rewards import build_reward, score_batch
-from grpolab.run import checkpoint as ckpt
-from grpolab.run.guards import NoSignal
-from grpolab.run.resume import check_changes, config_changes
+from grpolab.runtime import checkpoint as ckpt
+from grpolab.runtime.guards import NoSignal
+from grpolab.runtime.resume import check_changes, config_changes
 from grpolab.training.optim import apply_optim_config, build_optimizer
 from grpolab.types import Completion, Example
 

@@ -8,8 +8,8 @@ from tracker_records import trackio_logs
 
 from grpolab.config import load_config
 from grpolab.errors import ConfigError
-from grpolab.run.logging import RunLogger, read_metrics
-from grpolab.run.trackers import check_trackers
+from grpolab.runtime.logging import RunLogger, read_metrics
+from grpolab.runtime.trackers import check_trackers
 
 CONFIG = {"algo": {"name": "grpo", "beta": 0.04}, "log": {"run_name": "r"}}
 ROWS = [

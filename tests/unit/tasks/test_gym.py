@@ -1,7 +1,7 @@
 import pytest
 
 from grpolab.rewards import RewardError, build_reward, score_batch
-from grpolab.tasks import gym
+from grpolab.tasks import reasoning_gym as gym
 from grpolab.types import Completion, Example
 
 

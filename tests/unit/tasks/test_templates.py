@@ -1,6 +1,6 @@
 import pytest
 
-from grpolab.tasks.templates import R1_TEMPLATE, TEMPLATES, apply_template, resolve_template
+from grpolab.config.templates import R1_TEMPLATE, TEMPLATES, apply_template, resolve_template
 
 
 def test_r1_template_is_table_1():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from grpolab.algo.kl import kl_k3
-from grpolab.models import Reference
+from grpolab.models.loading import Reference
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.step import PolicyLossSpec, policy_loss

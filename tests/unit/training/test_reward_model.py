@@ -9,7 +9,7 @@ import torch
 
 from grpolab.data import DataError
 from grpolab.tasks.preferences import max_digit_preference_pairs, prompt_blind_accuracy
-from grpolab.training.reward_model import (
+from grpolab.commands.train_rm import (
     PreferencePair,
     bradley_terry_loss,
     read_pairs,

@@ -110,7 +110,7 @@ def _rank_steps(rank: int, world: int, port: int, out: str) -> None:
 
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world)})
     torch.set_num_threads(1)
-    from grpolab.run import dist
+    from grpolab.distributed import dist
 
     with dist.session("cpu"):
         results = {}

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from grpolab.config import load_config
-from grpolab.run.logging import read_metrics
+from grpolab.runtime.logging import read_metrics
 from grpolab.tasks.tiny import build_char_tokenizer
-from grpolab.training import sft as sft_module
+from grpolab.commands import sft as sft_module
 from grpolab.types import Example
 
 

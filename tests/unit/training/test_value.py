@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from grpolab.config import load_config
-from grpolab.models import ModelLoadError
+from grpolab.models.loading import ModelLoadError
 from grpolab.training.value import load_value_model, token_values
 
 PROMPTS = [[5, 6, 7], [8, 9]]

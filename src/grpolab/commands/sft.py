@@ -1,0 +1,271 @@
+"""Supervised fine-tuning on (prompt, answer) examples: the warm start RL begins from (``grpolab sft``).
+
+DeepSeekMath starts RL from its Instruct (SFT) model. The loss is the mean cross-entropy over the target
+tokens of a batch (``sft.completion_format`` filled with the answer, then EOS); the prompt is context
+only. Log-probs come from the ``completion_logprobs`` the GRPO trainer uses, so SFT and RL see the same
+inputs (left-padded prompt, right-padded target, positions from the attention mask, fp32 head).
+
+Early stop (ALGORITHMS.md 6.0): every ``sft.check_every`` steps, greedy accuracy on a dev set carved
+from the training examples; training stops once it reaches ``sft.target_accuracy``. RL needs a policy
+that sometimes succeeds, and the SFT learning curve is sharp, so a step count is a poor stopping rule.
+The result is a model folder (``save_pretrained`` + tokenizer) that ``grpolab train`` loads by path.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from grpolab import jsonio
+from grpolab.config import Config, ConfigError, dump_config
+from grpolab.data import DataError, PromptSampler, check_prompt_chars, split_eval, tokenize_prompts
+from grpolab.models.loading import load_tokenizer, resolve_autocast, resolve_device
+from grpolab.rollout.engines import check_engine
+from grpolab.runtime import checkpoint as ckpt
+from grpolab.runtime.assemble import load_model, training_examples
+from grpolab.runtime.guards import GracefulStop
+from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
+from grpolab.runtime.logging import RunLogger
+from grpolab.progress import Progress
+from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.master import MasterWeightOptimizer, backward, grads_to_clip, wants_master_weights
+from grpolab.types import Example
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTResult:
+    output_dir: Path
+    """The saved model folder."""
+    steps: int
+    """Optimizer steps taken."""
+    dev_accuracy: float | None
+    """Greedy dev accuracy at the end (None without a target)."""
+    reached_target: bool
+    seconds: float
+    stopped_by: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped it after a checkpoint; ``grpolab sft --resume`` continues."""
+
+
+def tokenize_targets(examples: Sequence[Example], tokenizer, completion_format: str) -> list[list[int]]:
+    """Token ids of each target: the formatted answer, then EOS."""
+    missing = [i for i, e in enumerate(examples) if e.answer is None]
+    if missing:
+        raise DataError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
+    texts = [completion_format.replace("{answer}", str(e.answer)) for e in examples]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [[*ids, tokenizer.eos_token_id] for ids in encoded]
+
+
+def pad_targets(targets: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(completion_ids [n, T] right-padded, completion_mask [n, T] bool, True = a target token)."""
+    width = max(len(t) for t in targets)
+    ids = torch.full((len(targets), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(targets), width), dtype=torch.bool)
+    for i, t in enumerate(targets):
+        ids[i, : len(t)] = torch.as_tensor(t, dtype=torch.long)
+        mask[i, : len(t)] = True
+    return ids, mask
+
+
+@giving_back_freed_memory  # grpolab.distributed.host
+def sft_loss_step(
+    model, optimizer, prompts, targets, *, pad_id: int, autocast_dtype, micro: int, max_grad_norm: float
+):
+    """One optimizer step of mean token cross-entropy over the batch; returns (loss, grad norm)."""
+    device = next(model.parameters()).device
+    ids, mask = pad_targets(targets, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    total_tokens = float(mask.sum())
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for rows in torch.arange(len(prompts)).split(micro):
+        logprobs, _ = completion_logprobs(
+            model,
+            [prompts[i] for i in rows.tolist()],
+            ids[rows],
+            mask[rows],
+            pad_id=pad_id,
+            autocast_dtype=autocast_dtype,
+            into_grad=True,
+        )
+        loss = -(logprobs * mask[rows]).sum() / total_tokens
+        backward(loss, optimizer)
+        loss_sum += float(loss.detach())
+    params = grads_to_clip(model, optimizer)  # the fp32 master weights of a bf16 / fp16 model
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
+    give_back_freed_memory()
+    optimizer.step()
+    return loss_sum, float(norm)
+
+
+def dev_checker(cfg: Config, model, tok, dev: Sequence[Example]) -> Callable[[], float]:
+    """A function returning the greedy accuracy on ``dev`` graded with the configured rewards, decoded by
+    the engine of ``rollout.engine``. Each check builds its sampler and closes it after: between checks
+    the training steps get back the memory it holds (hf: a low-precision copy of the weights)."""
+    from grpolab.eval.runner import Grader, greedy_decode, greedy_sampler
+
+    grader = Grader.from_config(cfg)
+    prompt_ids = tokenize_prompts(dev, tok, cfg.data)
+
+    def check() -> float:
+        sampler = greedy_sampler(cfg, model, tok)
+        try:
+            correct, _ = greedy_decode(sampler, prompt_ids, dev, grader)
+        finally:
+            sampler.close()
+        return sum(correct) / len(correct)
+
+    return check
+
+
+def sft(cfg: Config, *, progress: bool | None = None, resume: bool = False) -> SFTResult:
+    """Fine-tune cfg.model on the training examples of cfg.data; save to cfg.sft_dir.
+
+    SIGINT / SIGTERM: the current step finishes, a checkpoint is written to ``<sft_dir>/checkpoints``
+    and the result has ``stopped_by`` set; ``resume=True`` (``grpolab sft --resume``) continues it exactly.
+    """
+    with GracefulStop() as stop:
+        return _sft(cfg, progress=progress, resume=resume, stop=stop)
+
+
+def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop) -> SFTResult:
+    s, t0 = cfg.sft, time.perf_counter()
+    if cfg.data.answer_field is None and cfg.data.source in ("jsonl", "hf"):
+        raise ConfigError(
+            "grpolab sft trains on the reference answers, but data.answer_field is null: set it to the row "
+            "field that holds the answer (e.g. data.answer_field=answer)"
+        )
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    examples = training_examples(cfg)
+    if missing := [i for i, e in enumerate(examples) if e.answer is None]:  # before any model loads
+        raise DataError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
+    if s.target_accuracy is not None:
+        check_engine(cfg.rollout.engine, cfg)  # the dev checks decode with it
+    check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)
+    out = cfg.sft_dir
+    point = _resume_point(out, resume)  # before any model loads
+    model, tok = load_model(cfg.model)
+    amp = resolve_autocast(cfg.model, resolve_device(cfg.model))
+    dev: list[Example] = []
+    if s.target_accuracy is not None:
+        examples, dev = split_eval(examples, s.dev_size)
+    prompts = tokenize_prompts(examples, tok, cfg.data)
+    targets = tokenize_targets(examples, tok, s.completion_format)
+    check = dev_checker(cfg, model, tok, dev) if dev else None
+    optimizer = _optimizer(model, cfg)
+    order = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
+    start, accuracy = _restore(point, model, optimizer, order) if point is not None else (0, None)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(dump_config(cfg))
+    logger = RunLogger(out, tensorboard=False, resume_step=start if point is not None else None)
+    show = cfg.log.progress if progress is None else progress
+    bar = Progress(total=s.steps, start=start, enabled=show, title="SFT", may_stop_early=check is not None)
+    step = start
+    for step in range(start + 1, s.steps + 1):
+        rows = order.next(s.batch_size)
+        loss, norm = sft_loss_step(
+            model,
+            optimizer,
+            [prompts[i] for i in rows],
+            [targets[i] for i in rows],
+            pad_id=tok.pad_token_id,
+            autocast_dtype=amp,
+            micro=cfg.train.micro_batch_size,
+            max_grad_norm=cfg.optim.max_grad_norm,
+        )
+        metrics = {"sft/loss": loss, "sft/grad_norm": norm}
+        if check is not None and (step % s.check_every == 0 or step == s.steps):
+            accuracy = metrics["sft/dev_greedy_accuracy"] = check()
+        logger.log(step, metrics)
+        bar.update(step, loss=loss, **({} if accuracy is None else {"dev_greedy": accuracy}))
+        if accuracy is not None and accuracy >= s.target_accuracy:
+            break
+        if stop.requested and step < s.steps:  # SIGINT / SIGTERM: a checkpoint, then stop
+            _save_checkpoint(cfg, step, model, tok, optimizer, order, accuracy)
+            bar.close()
+            logger.close()
+            return SFTResult(out, step, accuracy, False, time.perf_counter() - t0, stopped_by=stop.signum)
+    bar.close()
+    logger.close()
+    reached = accuracy is not None and accuracy >= s.target_accuracy
+    if check is not None and not reached:
+        log.warning("sft: dev accuracy %.3f after %d steps, below sft.target_accuracy", accuracy or 0.0, step)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    shutil.rmtree(ckpt.checkpoint_root(out), ignore_errors=True)  # the model is saved: a stop's checkpoint is done
+    result = SFTResult(out, step, accuracy, reached, time.perf_counter() - t0)
+    summary = {
+        "steps": step,
+        "dev_greedy_accuracy": accuracy,
+        "reached_target": reached,
+        "seconds": result.seconds,
+    }
+    (out / "sft_result.json").write_text(jsonio.dumps(summary, indent=1) + "\n")
+    return result
+
+
+def _optimizer(model, cfg: Config):
+    """AdamW over the trainable weights; through fp32 master weights when they are bf16 / fp16."""
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def adamw(tensors):
+        return torch.optim.AdamW(tensors, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay, betas=cfg.optim.betas)
+
+    if not wants_master_weights(params):
+        return adamw(params)
+    return MasterWeightOptimizer(params, adamw, loss_scaling=any(p.dtype == torch.float16 for p in params))
+
+
+def _resume_point(out: Path, resume: bool) -> Path | None:
+    """The checkpoint a stopped SFT run left in ``out`` when resuming; a fresh run over one is refused."""
+    found = ckpt.list_checkpoints(out)
+    if found and not resume:
+        raise ConfigError(
+            f"{out} holds the checkpoint of a stopped SFT run ({found[-1][1].name}): continue it with grpolab sft "
+            f"--resume, or delete {ckpt.checkpoint_root(out)} to start over"
+        )
+    if not resume:
+        return None
+    if not found:
+        log.info("sft --resume: no checkpoint in %s, starting from step 0", out)
+        return None
+    path, damaged = ckpt.latest_intact(out)
+    if path is None:
+        why = "; ".join(f"{p.name}: {problem}" for p, problem in damaged)
+        raise ConfigError(f"sft --resume: no intact checkpoint in {ckpt.checkpoint_root(out)} ({why})")
+    return path
+
+
+def _save_checkpoint(cfg: Config, step: int, model, tok, optimizer, order: PromptSampler, accuracy) -> None:
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "data": order.state_dict(),
+        "rng": ckpt.rng_state(),
+        "accuracy": accuracy,
+    }
+    files = {"config.yaml": dump_config(cfg)}
+    ckpt.save_checkpoint(cfg.sft_dir, step, model=model, tokenizer=tok, state=state, keep_last=1, files=files)
+
+
+def _restore(path: Path, model, optimizer, order: PromptSampler) -> tuple[int, float | None]:
+    """Load a stopped run's checkpoint in place; (its step, its last dev accuracy)."""
+    ckpt.load_weights_into(model, path)
+    state = ckpt.load_state(path)
+    optimizer.load_state_dict(state["optimizer"])
+    order.load_state_dict(state["data"])
+    ckpt.set_rng_state(state["rng"])
+    log.info("sft: resumed from %s at step %d", path, state["step"])
+    return int(state["step"]), state.get("accuracy")

@@ -1,0 +1,203 @@
+"""The GRPO training loop, DeepSeekMath Algorithm 1 (arXiv 2402.03300), one outer iteration.
+
+``assemble`` (run/assemble.py) reads the config into a run: models, reference, rewards, data, sampler,
+optimizer, resume point. Each step then follows the paper: sample G outputs per question with pi_old
+(the sampler holds pi_theta's weights: pi_old <- pi_theta); compute their rewards; group-relative
+advantages (or PPO's GAE with the critic); mu updates of pi_theta; the sampler takes the new weights;
+log; checkpoint. The reference is reset to pi_theta every ``algo.ref_reset_every`` steps (the paper's
+outer loop; DeepSeek-R1 resets every 400).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpolab.config import Config
+from grpolab.rewards import WeightedReward
+from grpolab.distributed import dist, parallel
+from grpolab.runtime.assemble import Run, assemble, session
+from grpolab.runtime.guards import GracefulStop
+from grpolab.runtime.logging import peak_memory_mb
+from grpolab.progress import Progress
+from grpolab.training.ahead import AheadSampling, staleness_metrics
+from grpolab.training.batch import length_by_reward, step_tokens
+from grpolab.training.sampling import StepGroups, sample_step
+from grpolab.training.step import update_policy
+from grpolab.types import Example
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    final_step: int
+    last_metrics: dict[str, float]
+    stopped_by: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped the run before train.num_steps, after a checkpoint."""
+
+
+def train(
+    cfg: Config,
+    *,
+    resume: bool = False,
+    rewards: Sequence[WeightedReward] | None = None,
+    examples: Sequence[Example] | None = None,
+) -> TrainResult:
+    """Run GRPO (or a variant chosen by cfg.algo) and return where the run was written.
+
+    ``rewards`` / ``examples``: already built, in place of what ``cfg.reward.functions`` / ``cfg.data``
+    would build (run/assemble.py). SIGINT / SIGTERM while it runs: the current step finishes, a
+    checkpoint is saved, and the result has ``stopped_by`` set (guards.py). Bad input fails before the
+    model loads where it can.
+    """
+    with GracefulStop() as stop, session(cfg):
+        run = assemble(cfg, resume=resume, rewards=rewards, examples=examples)
+        try:
+            return _loop(run, stop)
+        finally:
+            run.sampler.close()
+
+
+def _loop(run: Run, stop: GracefulStop) -> TrainResult:
+    cfg = run.cfg
+    ahead = None
+    if cfg.rollout.mode == "server" and cfg.rollout.max_staleness > 0 and run.start < cfg.train.num_steps:
+        # the next k steps' groups are sampled while this one trains (training/ahead.py)
+        ahead = AheadSampling(
+            run, first_step=run.start + 1, last_step=cfg.train.num_steps, max_staleness=cfg.rollout.max_staleness
+        )
+    try:
+        return _steps(run, stop, ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None) -> TrainResult:
+    cfg, metrics, last_step = run.cfg, {}, run.start
+    title = cfg.algo.name.upper()
+    progress = Progress(total=cfg.train.num_steps, start=run.start, enabled=cfg.log.progress and dist.is_main(), title=title)
+    for step in range(run.start + 1, cfg.train.num_steps + 1):
+        if dist.any_rank(stop.requested):  # SIGINT / SIGTERM: the previous step saved a checkpoint
+            break
+        t0 = time.perf_counter()
+        waits: dict[str, float] = {}
+        if ahead is not None:
+            drawn, waits = ahead.take(step)
+        else:
+            drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: train/sampling.py)
+                cfg, sampler=run.sampler, rewards=run.rewards, data=run.data, examples=run.examples,
+                prompt_ids=run.prompt_ids, generator=run.sample_gen,
+            )  # fmt: skip
+        lag = staleness_metrics(drawn, run.sampler)  # before this step's sync moves the trainer's version
+        batch_examples = [run.examples[i] for i in drawn.rows]
+        t2, (batch, metrics) = _advantages(run, drawn, batch_examples)
+        t3 = time.perf_counter()
+        metrics.update(_update(run, batch, step, ahead))  # mu passes; then the sampler takes the new weights
+        t4 = time.perf_counter()
+        metrics.update(length_by_reward(drawn.completions, drawn.rewards, drawn.valid))
+        run.resumable.num_tokens += int(dist.all_reduce_sum(float(step_tokens(drawn.completions))))
+        metrics.update(_component_means(drawn.scores.components))
+        metrics.update(drawn.metrics)
+        metrics.update(lag)
+        metrics.update(waits)
+        metrics.update(
+            {
+                "sys/time_reference_s": t3 - t2,
+                "sys/time_training_s": t4 - t3,
+                "sys/step_time_s": t4 - t0,
+                "sys/peak_mem_mb": peak_memory_mb(run.device),
+                "sys/samples_seen": run.data.drawn * cfg.rollout.num_generations,  # dynamic sampling's rounds too
+            }
+        )
+        metrics = dist.reduce_metrics(metrics)
+        metrics["num_tokens"] = float(run.resumable.num_tokens)  # already summed over the ranks
+        run.logger.log(step, metrics)
+        if cfg.log.samples_every and step % cfg.log.samples_every == 0:
+            rows_out = _sample_rows(batch_examples, drawn.completions, drawn.scores, batch.advantages)
+            run.logger.samples(step, run.gold.annotate(rows_out))
+        run.bad_steps.observe(step, metrics.get("train/skipped_updates", 0.0), run.policy)  # raises to stop the run
+        run.no_signal.observe(step, metrics)  # raises after train.max_no_signal_steps steps without signal
+        if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0 and run.reference is not None:
+            run.reference.reset_to(parallel.unwrap(run.policy))  # pi_ref <- pi_theta
+        every = cfg.log.checkpoint_every
+        if step == cfg.train.num_steps or (every and step % every == 0) or dist.any_rank(stop.requested):
+            with ahead.checkpoint_state(step + 1) if ahead is not None else contextlib.nullcontext():
+                run.resumable.save(cfg, step)  # with k > 0: the draw state before the batches in flight
+        last_step = step
+        progress.update(step, reward=metrics["reward"], kl=metrics.get("kl"), step_time=t4 - t0)
+    progress.close()
+    run.logger.close()
+    stopped_by = stop.signum if last_step < cfg.train.num_steps else None
+    return TrainResult(run_dir=cfg.run_dir, final_step=last_step, last_metrics=metrics, stopped_by=stopped_by)
+
+
+def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
+    """(start time of the batch, (RolloutBatch, metrics)): the advantages of the sampled groups (group-relative,
+    or PPO's GAE), the reference's log-probs, and the gold rewards and KL measured on them. Process
+    supervision's step scores come first, outside the timed part."""
+    completions = drawn.completions
+    repeated = [e for e in batch_examples for _ in range(completions.num_generations)]
+    by_step = {} if run.process is None else {"steps": run.process.score(completions, repeated, drawn.rewards, drawn.valid)}
+    t2 = time.perf_counter()
+    batch, metrics = run.make_batch(
+        run.cfg, completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,
+        policy=run.policy, reference=run.reference, ctx=run.ctx, **by_step,
+    )  # fmt: skip
+    metrics.update(run.gold.measure(completions, repeated, batch))  # logged, never trained on
+    return t2, (batch, metrics)
+
+
+def _update(run: Run, batch, step: int, ahead: AheadSampling | None = None) -> dict[str, float]:
+    """mu passes of the policy update (none while PPO's critic warms up), then the sampler takes the new
+    weights (with k > 0: once step + k's groups are drawn); PPO's critic update after the policy's."""
+    metrics: dict[str, float] = {}
+    if run.critic is None or not run.critic.warming_up(step):
+        metrics.update(
+            update_policy(
+                run.policy, run.optimizer, run.scheduler, batch, run.cfg, run.spec,
+                pad_id=run.tokenizer.pad_token_id, autocast_dtype=run.amp, generator=run.minibatch_gen,
+            )  # fmt: skip
+        )
+        if ahead is not None:
+            metrics["sys/time_sync_wait_s"] = ahead.before_sync(step)
+        t0 = time.perf_counter()
+        run.sampler.update_weights(run.policy)
+        metrics["sys/time_weight_sync_s"] = time.perf_counter() - t0  # vllm: gather, merge, load; hf: nothing
+    if ahead is not None:
+        ahead.synced_once()  # a step done (while PPO's critic warms up, with the same weights)
+    if run.critic is not None:
+        metrics.update(run.critic.update(batch))
+    return metrics
+
+
+def _component_means(components: dict[str, list[float | None]]) -> dict[str, float]:
+    out = {}
+    for name, values in components.items():
+        vals = torch.tensor([v for v in values if v is not None], dtype=torch.float64)
+        out[f"rewards/{name}/mean"] = float(vals.mean()) if len(vals) else math.nan  # TRL's names
+        out[f"rewards/{name}/std"] = float(vals.std()) if len(vals) > 1 else 0.0
+    return out
+
+
+def _sample_rows(examples, completions, scores, advantages) -> list[dict[str, Any]]:
+    g = completions.num_generations
+    return [
+        {
+            "prompt": examples[i // g].prompt,
+            "completion": completions.texts[i],
+            "reward": scores.total[i],
+            **{f"reward/{name}": values[i] for name, values in scores.components.items()},
+            "advantage": float(advantages[i, 0]) if advantages.shape[1] else 0.0,
+            "finish_reason": completions.finish_reasons[i],
+            "num_tokens": int(completions.lengths[i]),
+        }
+        for i in range(completions.num_sequences)
+    ]

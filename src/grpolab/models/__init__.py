@@ -1,0 +1,1 @@
+"""Policy, reference and critic loading (loading), model sources (GGUF, package:), hub checks, fast inference settings, the chunked LM head."""

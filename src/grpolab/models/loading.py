@@ -1,0 +1,202 @@
+"""Loading the policy and building the reference model.
+
+Any Hugging Face causal LM, by local path or hub id, or a GGUF file (``.gguf`` or
+``package:<module>/<file>``), read through the plain folder it is converted to once
+(grpolab.models.sources). With LoRA (PEFT) the reference model is the base
+model with the adapter disabled, so no second copy is held. With beta = 0 there is no reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from grpolab.config import ModelConfig
+from grpolab.errors import ConfigError, GrpolabError
+from grpolab.models.hub import hub_load_kwargs
+from grpolab.models.inference import inference_copy
+from grpolab.models.sources import local_source
+from grpolab.models.chunked_head import install_chunked_head
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(GrpolabError, RuntimeError):
+    """A model or tokenizer could not be loaded; the message says which and how to fix it."""
+
+
+def resolve_device(cfg: ModelConfig) -> torch.device:
+    """The device of model.device; cuda without a CUDA device is a ConfigError (before any model loads)."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"model.device=cuda but torch sees no CUDA device (torch {torch.__version__}, CUDA build "
+            f"{torch.version.cuda}); use model.device=auto or cpu, or run where a GPU is visible"
+        )
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """True on CPUs whose bf16 matrix work is native (AVX512-BF16 or AMX): there bf16 is ~2x+ faster.
+
+    The environment variable GRPOLAB_CPU_BF16=0 (or 1) overrides the detection: ``GRPOLAB_CPU_BF16=0``
+    runs what a CPU without bf16 instructions runs (fp32 everywhere ``autocast: auto``), e.g. to test
+    that path on a machine that has them."""
+    forced = os.environ.get("GRPOLAB_CPU_BF16", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_autocast(cfg: ModelConfig, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for forward passes, or None for full precision."""
+    if cfg.autocast == "none":
+        return None
+    if cfg.autocast == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if cpu_has_bf16_matmul() else None
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    source = local_source(cfg.tokenizer or cfg.name_or_path)  # a GGUF source: its converted folder
+    hub = hub_load_kwargs(source, cfg.revision, "model.tokenizer" if cfg.tokenizer else "model.name_or_path")
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **hub
+        )
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(
+            f"could not load the tokenizer from '{source}' (model.tokenizer / model.name_or_path): {err}. "
+            "Give a local folder with tokenizer files or a hub id reachable from this machine."
+        ) from err
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise ModelLoadError(f"tokenizer '{source}' has neither a pad nor an EOS token; add one to it")
+        log.warning("tokenizer '%s' has no pad token: using its EOS token for padding", source)
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_policy(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The trainable policy (optionally LoRA-wrapped) and its tokenizer, on the configured device."""
+    if not cfg.name_or_path:
+        raise ModelLoadError("model.name_or_path is empty: set it to a local model folder or a hub id")
+    source = local_source(cfg.name_or_path)  # a GGUF source: its converted folder
+    tok = load_tokenizer(cfg)
+    device = resolve_device(cfg)
+    adapter_config = Path(source, "adapter_config.json")
+    if adapter_config.exists():  # a LoRA checkpoint: its base model, then the adapter
+        from peft import PeftModel
+
+        base = json.loads(adapter_config.read_text())["base_model_name_or_path"]
+        model = _from_pretrained(cfg, base).to(device)
+        install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
+        model = PeftModel.from_pretrained(model, source, is_trainable=cfg.lora.enabled)
+    else:
+        model = _from_pretrained(cfg, source).to(device)
+        install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
+        if cfg.lora.enabled:
+            model = _wrap_lora(cfg, model)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False  # training forward only; the sampler passes use_cache=True itself
+    return model, tok
+
+
+def _from_pretrained(cfg: ModelConfig, source: str) -> PreTrainedModel:
+    hub = hub_load_kwargs(source, cfg.revision, "model.name_or_path")
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            source,
+            revision=cfg.revision,
+            dtype=_DTYPES[cfg.dtype],
+            trust_remote_code=cfg.trust_remote_code,
+            **hub,
+        )
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(
+            f"could not load a causal LM from '{source}' (model.name_or_path): {err}. "
+            "Check the path exists and holds config.json and weights, or that the hub id is reachable."
+        ) from err
+
+
+def _wrap_lora(cfg: ModelConfig, model: PreTrainedModel) -> PreTrainedModel:
+    from peft import LoraConfig, get_peft_model
+
+    target = cfg.lora.target_modules
+    lora = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=target if isinstance(target, str) else list(target),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora)
+
+
+def is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+class Reference:
+    """The frozen reference policy pi_ref, as a context that yields a model to run forward with.
+
+    Full fine-tuning: a frozen deep copy of the policy at the start (or last reset). With
+    ``compute_dtype`` (the autocast dtype) its Linear weights are stored in that dtype: under autocast
+    it computes the same log-probs as the full-precision copy (autocast rounds each weight the same
+    way), in half the memory and without re-casting the weights at every forward.
+    LoRA: the policy itself with the adapter disabled; no second copy.
+    """
+
+    def __init__(self, policy: PreTrainedModel, compute_dtype: torch.dtype | None = None):
+        self._policy = policy
+        self.frozen_model: PreTrainedModel | None = (
+            None if is_peft(policy) else inference_copy(policy, compute_dtype)
+        )
+        """The frozen copy (full fine-tuning), or None under LoRA."""
+
+    @contextlib.contextmanager
+    def model(self) -> Iterator[PreTrainedModel]:
+        if self.frozen_model is not None:
+            yield self.frozen_model
+        else:
+            with self._policy.disable_adapter():
+                yield self._policy
+
+    def reset_to(self, policy: PreTrainedModel) -> None:
+        """pi_ref <- pi_theta (DeepSeekMath Algorithm 1; DeepSeek-R1 every 400 steps)."""
+        if is_peft(policy):
+            raise NotImplementedError(
+                "resetting the reference under LoRA needs merging the adapter; use algo.ref_reset_every=0 with LoRA"
+            )
+        self.frozen_model.load_state_dict(policy.state_dict())
+
+
+def count_parameters(model: torch.nn.Module, *, trainable_only: bool = False) -> int:
+    ps: Callable[[torch.nn.Parameter], bool] = (
+        (lambda p: p.requires_grad) if trainable_only else (lambda p: True)
+    )
+    return sum(p.numel() for p in model.parameters() if ps(p))

@@ -1,0 +1,1 @@
+"""The run around the algorithm: assembly, preflight checks, checkpoints, resume, the run-dir lock, guards, logging, trackers, progress."""

@@ -1,0 +1,293 @@
+"""Reading a config into a working run: one step with one home (STYLE.md, "A run is assembled in one place").
+
+``assemble(cfg)`` returns a ``Run``, everything the training loop (train/loop.py) needs, built in this
+order so that bad input fails before the model loads and nothing is deleted before every check passed:
+
+1. checks that need no model: the parallel mode, the run directory (resume point and config changes,
+   rank 0), the model path, the rewards, the trackers, the generation engine, the data, and each reward
+   tried on a few examples;
+2. the models: policy and tokenizer, the reference, the DDP / FSDP2 wrapping, the prompts tokenized and
+   checked against the context length;
+3. the parts of a step: process supervision, the sampler (``rollout.engine``: one line, rollout/engines.py),
+   the optimizer and schedule, the loss, the critic (PPO), the batch builder, the gold monitor, the data
+   order, the random generators and the guards;
+4. the start point: the checkpoint restored (and the sampler given its weights) or a previous run cleared,
+   then config.yaml, run_info.json and the logger.
+
+``sft`` and ``eval`` (and so ``compare`` and the demo, which run train, sft and eval) use the same pieces:
+``training_examples`` / ``split_examples``, ``load_model``, ``build_rewards``, ``build_gold_rewards`` and
+``build_sampler``.
+
+For the Python API, ``rewards`` (a list like ``build_rewards`` returns) and ``examples`` (``Example``
+objects, in place of what ``cfg.data`` loads; ``data.eval_size`` still holds out the last ones) may be
+given already built. They pass the same checks (the dry run), but config.yaml cannot describe them: a
+resume must be given them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpolab.config import Config, ModelConfig, config_to_dict, dump_config
+from grpolab.data import PromptSampler, check_prompt_chars, load_examples, split_eval, tokenize_prompts
+from grpolab.envs.setup import environment_from_config, episode_sampler
+from grpolab.models.inference import limit_cpu_threads
+from grpolab.models.loading import (
+    Reference,
+    count_parameters,
+    load_policy,
+    load_tokenizer,
+    resolve_autocast,
+    resolve_device,
+)
+from grpolab.rewards import WeightedReward, dry_run, start_workers
+from grpolab.training.gold import GoldMonitor, build_gold_rewards
+from grpolab.rollout.base import Sampler
+from grpolab.rollout.engines import build_sampler, check_engine
+from grpolab.distributed import dist, parallel
+from grpolab.runtime.guards import BadSteps, NoSignal
+from grpolab.runtime.lock import hold_run_dir_for_job
+from grpolab.runtime.logging import RunLogger, peak_memory_mb
+from grpolab.runtime.preflight import (
+    build_rewards,
+    check_context,
+    check_model_source,
+    clear_previous_run,
+    prepare_run_dir,
+)
+from grpolab.runtime.resumable import Resumable
+from grpolab.runtime.resume import ResumePoint, record_resume
+from grpolab.runtime.run_info import write_run_info
+from grpolab.runtime.trackers import check_trackers
+from grpolab.training.batch import LogprobContext
+from grpolab.training.optim import build_optimizer
+from grpolab.training.ppo import Critic, rollout_batch_builder
+from grpolab.training.step_advantages import build_process_supervision
+from grpolab.training.step import PolicyLossSpec
+from grpolab.types import Completion, Example
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Run",
+    "assemble",
+    "build_gold_rewards",
+    "build_rewards",
+    "build_sampler",
+    "load_model",
+    "session",
+    "split_examples",
+    "training_examples",
+]
+
+
+@dataclass
+class Run:
+    """A run assembled from its config: what the loop reads, and nothing it has to build."""
+
+    cfg: Config
+    rewards: list[WeightedReward]
+    examples: list[Example]
+    """The training examples (held-out ones excluded); ``prompt_ids`` are theirs, in the same order."""
+    prompt_ids: list[list[int]]
+    policy: torch.nn.Module
+    """The policy as the trainer holds it: DDP- or FSDP2-wrapped under torchrun, else ``plain``."""
+    plain: torch.nn.Module
+    tokenizer: Any
+    device: torch.device
+    amp: torch.dtype | None
+    """The autocast dtype of forward passes, None for full precision."""
+    reference: Reference | None
+    critic: Critic | None
+    process: Any
+    """Process supervision (algo.supervision=process; train/process.py), else None."""
+    sampler: Sampler
+    optimizer: Any
+    scheduler: Any
+    spec: PolicyLossSpec
+    ctx: LogprobContext
+    make_batch: Any
+    """``(cfg, completions, prompt_ids, rewards, valid, *, policy, reference, ctx) -> (batch, metrics)``."""
+    gold: GoldMonitor
+    data: PromptSampler
+    sample_gen: torch.Generator
+    minibatch_gen: torch.Generator
+    bad_steps: BadSteps
+    no_signal: NoSignal
+    resumable: Resumable
+    start: int = 0
+    """The last step already done: the resumed checkpoint's, 0 for a fresh run."""
+    logger: RunLogger | None = None
+    """Open from the end of ``assemble`` until the loop closes it."""
+
+
+@contextlib.contextmanager
+def session(cfg: Config) -> Iterator[None]:
+    """The process group (one process: world size 1) and the run directory's lock, held by the rank
+    that writes it, rank 0 (run/lock.py): ``assemble`` and the loop run inside it."""
+    # a refused lock stops every rank with one line (run/lock.py)
+    with dist.session(resolve_device(cfg.model).type), hold_run_dir_for_job(cfg.run_dir):
+        yield
+
+
+def assemble(
+    cfg: Config,
+    *,
+    resume: bool = False,
+    rewards: Sequence[WeightedReward] | None = None,
+    examples: Sequence[Example] | None = None,
+) -> Run:
+    """The run of ``cfg`` (see the module docstring), inside ``session(cfg)``; ``rewards`` / ``examples``
+    replace what ``cfg.reward.functions`` / ``cfg.data`` would build."""
+    mode, point, rewards, gold_rewards, examples, make_env = _check_inputs(cfg, resume, rewards, examples)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    baseline_mem_mb = peak_memory_mb(resolve_device(cfg.model))  # before any model loads
+    start_workers([*rewards, *gold_rewards], cfg.reward.timeout_s)  # forked while the process is small
+    run = _build(cfg, mode, rewards, gold_rewards, examples, make_env)
+    try:
+        run.start = _start(cfg, point, run.resumable, run.sampler)
+        write_run_info(
+            cfg, policy=run.policy, reference=run.reference, critic=run.critic, rewards=rewards,
+            baseline_mem_mb=baseline_mem_mb, device=run.device,
+        )  # fmt: skip
+        run.logger = RunLogger(
+            cfg.run_dir, resume_step=run.start if point is not None else None, report_to=cfg.log.trackers,
+            project=cfg.log.project, run_name=cfg.log.run_name, config=config_to_dict(cfg),
+        )  # fmt: skip
+    except BaseException:
+        run.sampler.close()  # an engine's memory and processes are not left behind (the loop closes it otherwise)
+        raise
+    _announce(cfg, run.policy, run.reference, run.gold, run.start)
+    return run
+
+
+def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) -> Run:
+    """The models, then the parts of a step, at step 0 (``_start`` restores a checkpoint into them)."""
+    plain, tok = load_model(cfg.model)
+    device = resolve_device(cfg.model)
+    amp = resolve_autocast(cfg.model, device)
+    reference = Reference(plain, amp) if cfg.algo.needs_reference else None
+    fsdp_compute = torch.bfloat16 if cfg.model.dtype == "bfloat16" else None
+    reference = parallel.wrap_reference(reference, mode, fsdp_compute)
+    policy = parallel.wrap(plain, mode, device, compute_dtype=fsdp_compute)  # before the optimizer
+    parallel.log_layout(mode)
+    prompt_ids = tokenize_prompts(examples, tok, cfg.data, make_env)  # with an env: its first messages and tools
+    check_context(cfg, prompt_ids, plain.config)
+    process = build_process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
+    sampler = build_sampler(cfg, policy=plain, tokenizer=tok, autocast_dtype=amp, wrapped=policy)
+    sampler = episode_sampler(sampler, tok, make_env, cfg.env)  # env.name set: multi-turn episodes over it
+    optimizer, scheduler = build_optimizer(policy, cfg)
+    spec = PolicyLossSpec.from_config(cfg)
+    t = cfg.train
+    ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, t.micro_batch_size, t.max_tokens_per_micro_batch)
+    critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
+    make_batch = rollout_batch_builder(cfg, critic)
+    gold = GoldMonitor.from_config(cfg, gold_rewards, plain, reference, ctx, amp)  # logged, never trained on
+    data = PromptSampler(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
+    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)  # each rank its own
+    minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    bad_steps = BadSteps(cfg.train.max_bad_steps, cfg.run_dir)
+    no_signal = NoSignal.from_config(cfg)  # zero-std / no-valid-reward steps in a row (run/guards.py)
+    resumable = Resumable(
+        policy, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps, no_signal
+    )
+    return Run(
+        cfg=cfg, rewards=list(rewards), examples=examples, prompt_ids=prompt_ids, policy=policy, plain=plain,
+        tokenizer=tok, device=device, amp=amp, reference=reference, critic=critic, process=process,
+        sampler=sampler, optimizer=optimizer, scheduler=scheduler, spec=spec, ctx=ctx, make_batch=make_batch,
+        gold=gold, data=data, sample_gen=sample_gen, minibatch_gen=minibatch_gen, bad_steps=bad_steps,
+        no_signal=no_signal, resumable=resumable,
+    )  # fmt: skip
+
+
+def _check_inputs(cfg: Config, resume: bool, rewards, examples):
+    """(parallel mode, resume point, rewards, gold rewards, training examples, make_env or None): every check that needs no
+    model, in the order a user meets them. Nothing is deleted here."""
+    mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
+    dist.check_divisible(cfg.train.prompts_per_step)
+    # rank 0 checks the run dir (checkpoint verified, config changes checked) and tells the others
+    point = dist.broadcast_object(prepare_run_dir(cfg, resume=resume) if dist.is_main() else None)
+    check_model_source(cfg.model)
+    rewards = build_rewards(cfg) if rewards is None else list(rewards)
+    check_trackers(cfg.log.trackers)
+    check_engine(cfg.rollout.engine, cfg)  # vllm: installed, the architecture, the KV cache's size
+    make_env = environment_from_config(cfg.env)  # None: one completion per prompt (docs/multiturn.md)
+    gold_rewards = build_gold_rewards(cfg)  # logged, never in the advantages (rewards/gold.py)
+    examples = training_examples(cfg, examples)
+    _dry_run(cfg, rewards, examples)
+    _dry_run(cfg, gold_rewards, examples)
+    check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)  # a 30 MB prompt: an error, before the model
+    return mode, point, rewards, gold_rewards, examples, make_env
+
+
+def split_examples(
+    cfg: Config, examples: Sequence[Example] | None = None
+) -> tuple[list[Example], list[Example]]:
+    """(training, held out): the examples of ``cfg.data`` (or ``examples``), the last ``data.eval_size``
+    held out for evaluation and never drawn for training."""
+    loaded = load_examples(cfg.data, seed=cfg.seed) if examples is None else list(examples)
+    return split_eval(loaded, cfg.data.eval_size)
+
+
+def training_examples(cfg: Config, examples: Sequence[Example] | None = None) -> list[Example]:
+    """The examples of ``cfg.data`` (or ``examples``) less the ``data.eval_size`` held out at the end."""
+    return split_examples(cfg, examples)[0]
+
+
+def load_model(model_cfg: ModelConfig):
+    """(policy, tokenizer) of ``model_cfg`` on its device; on a CPU no more threads than the cores this
+    process may use."""
+    model, tok = load_policy(model_cfg)
+    if resolve_device(model_cfg).type == "cpu":
+        limit_cpu_threads()
+    return model, tok
+
+
+def _start(cfg: Config, point: ResumePoint | None, resumable: Resumable, sampler: Sampler) -> int:
+    """Restore the checkpoint (the sampler then takes the resumed weights), or clear a previous run's
+    checkpoints (log.overwrite: only now, every check passed); write config.yaml. Returns the last step done."""
+    start = 0
+    if point is not None:
+        start = resumable.restore(point.path, cfg)
+        sampler.update_weights(resumable.model)
+    if dist.is_main() and point is not None:
+        record_resume(cfg, point, start)
+    elif dist.is_main():
+        clear_previous_run(cfg)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    if dist.is_main():
+        (cfg.run_dir / "config.yaml").write_text(dump_config(cfg))
+    return start
+
+
+def _dry_run(cfg: Config, rewards, examples) -> None:
+    """Check every reward on a few examples (reference answers and an empty completion) before training."""
+    k = min(cfg.reward.dry_run_examples, len(examples))
+    if k == 0:
+        return
+    picked = examples[:k]
+    comps = [Completion(text=e.answer or "", num_tokens=max(len(e.answer or ""), 1)) for e in picked]
+    comps.append(Completion(text="", num_tokens=1))
+    dry_run(rewards, comps, [*picked, picked[0]], timeout_s=cfg.reward.timeout_s)
+
+
+def _announce(cfg: Config, model, reference, gold: GoldMonitor, start: int) -> None:
+    kind = "frozen copy or adapter-disabled base"  # with beta=0, loaded only to measure train/kl_seq (gold.py)
+    described = kind if reference is not None else f"{kind}, measuring the KL only (beta=0)" if gold.active else "none (beta=0)"
+    info = {
+        **cfg.derived(),
+        "policy_parameters": count_parameters(model),
+        "trainable_parameters": count_parameters(model, trainable_only=True),
+        "reference": described,
+        "start_step": start,
+    }
+    log.info("grpolab train: %s", json.dumps(info))

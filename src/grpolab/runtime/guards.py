@@ -1,0 +1,193 @@
+"""What stops a training run cleanly: SIGINT / SIGTERM, and steps whose loss or gradient is not finite.
+
+Signals. While ``train()`` runs (and only then, and only in the main thread), SIGINT and SIGTERM set a
+flag instead of killing the process: the current step finishes, a checkpoint is written, and
+``train()`` returns with ``stopped_by`` set; the command line then exits with 128 + the signal number
+(130 for SIGINT, 143 for SIGTERM), the shell convention. A second signal acts at once, as it would
+have without grpolab (KeyboardInterrupt for SIGINT, termination for SIGTERM); the last checkpoint
+written is intact either way, since checkpoints are written atomically.
+
+Non-finite steps. An update whose loss or gradient norm is NaN or infinite is skipped (the optimizer
+and weights are left as they were; see step.py). A step with a skipped update is "bad"; after
+``train.max_bad_steps`` bad steps in a row the run stops with a TrainingError. Weights that turn
+non-finite despite finite gradients (a huge learning rate) stop the run at once, before they could be
+checkpointed: the last checkpoint on disk is then the last good one.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import torch
+
+from grpolab.errors import TrainingError
+
+log = logging.getLogger(__name__)
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class GracefulStop:
+    """Context manager: SIGINT / SIGTERM request a stop at the end of the current step."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        """The signal that asked for the stop, or None."""
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:  # the second signal: behave as if grpolab had not caught the first
+            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))  # type: ignore[arg-type]
+            signal.raise_signal(signum)
+            return
+        self.signum = signum
+        log.warning(
+            "%s received: finishing the current step, saving a checkpoint, then stopping "
+            "(send it again to stop at once)",
+            signal.Signals(signum).name,
+        )
+
+
+def weights_finite(model: torch.nn.Module) -> bool:
+    """True when every trainable parameter is finite on every rank (one device sync, one collective)."""
+    from grpolab.distributed import dist
+
+    flags = [torch.isfinite(getattr(p, "_local_tensor", p)).all() for p in model.parameters() if p.requires_grad]
+    return not dist.any_rank(not bool(torch.stack(flags).all())) if flags else True
+
+
+class BadSteps:
+    """Counts steps in a row whose update was skipped for a non-finite loss or gradient."""
+
+    def __init__(self, limit: int, run_dir: Path) -> None:
+        self.limit = limit
+        """train.max_bad_steps; 0 = never stop."""
+        self.run_dir = Path(run_dir)
+        self.in_a_row = 0
+
+    def observe(self, step: int, skipped_updates: float, model: torch.nn.Module) -> None:
+        """Update the count after ``step``; raise TrainingError when the run must stop."""
+        if not weights_finite(model):
+            raise TrainingError(
+                f"the policy weights became NaN or infinite at step {step} although the loss and gradients "
+                f"were finite; {self._last_good()}. Resume with a lower learning rate or a gradient clip, e.g. "
+                "grpolab train --resume optim.lr=<lower> optim.max_grad_norm=1.0 (both take effect on resume)."
+            )
+        if skipped_updates <= 0:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        log.warning(
+            "step %d: non-finite loss or gradient, update skipped (%d bad step(s) in a row; the run stops at "
+            "train.max_bad_steps=%d)",
+            step,
+            self.in_a_row,
+            self.limit,
+        )
+        if self.limit and self.in_a_row >= self.limit:
+            raise TrainingError(
+                f"steps {step - self.in_a_row + 1}-{step}: {self.in_a_row} steps in a row had a NaN or infinite "
+                f"loss or gradient (train.max_bad_steps={self.limit}), so their updates were skipped; "
+                f"{self._last_good()}. Resume with a lower optim.lr (grpolab train --resume optim.lr=<lower>: it "
+                "takes effect), check the rewards and model.dtype (float16 overflows), or raise train.max_bad_steps."
+            )
+
+    def _last_good(self) -> str:
+        from grpolab.runtime.checkpoint import latest_checkpoint
+
+        last = latest_checkpoint(self.run_dir)
+        return f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+
+    def state_dict(self) -> dict[str, int]:
+        return {"in_a_row": self.in_a_row}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.in_a_row = int(state.get("in_a_row", 0))
+
+
+class NoSignal:
+    """Counts steps in a row that carry no learning signal, from the step's metrics alone.
+
+    A step has no signal when no completion got a valid reward (``train/reward_valid_frac`` = 0), or,
+    for group baselines, when every group's rewards are equal (``frac_reward_zero_std`` = 1: zero
+    advantage everywhere); for a learned baseline (PPO) when all rewards of the step are equal
+    (``reward_std`` = 0). A constant reward, a reward that is None for everything, or a task too
+    hard for the model all look like this. Warns after ``warn_after`` such steps in a row, raises
+    TrainingError after ``limit`` (train.max_no_signal_steps; 0 = never). Dynamic sampling that drops
+    zero-std groups reports what it kept, so it composes: only steps with nothing kept count.
+    """
+
+    def __init__(self, limit: int, *, group_baseline: bool, warn_after: int = 3, enabled: bool = True) -> None:
+        self.limit, self.group_baseline, self.warn_after = limit, group_baseline, warn_after
+        self.enabled = enabled
+        self.in_a_row = 0
+
+    @classmethod
+    def from_config(cls, cfg) -> NoSignal:
+        """Group baselines read frac_reward_zero_std; process supervision is not judged (its signal is in the step
+        rewards, which these outcome metrics do not see)."""
+        from grpolab.config.validate import GROUP_ADVANTAGES
+
+        return cls(
+            cfg.train.max_no_signal_steps,
+            group_baseline=cfg.algo.resolved_advantage in GROUP_ADVANTAGES,
+            enabled=cfg.algo.supervision != "process",
+        )
+
+    def has_signal(self, metrics: dict[str, float]) -> bool:
+        if metrics.get("train/reward_valid_frac", 1.0) <= 0:
+            return False
+        if self.group_baseline:
+            return metrics.get("frac_reward_zero_std", 0.0) < 1.0
+        return metrics.get("reward_std", 1.0) > 0
+
+    def observe(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled or self.has_signal(metrics):
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        valid = metrics.get("train/reward_valid_frac", 1.0)
+        why = (
+            "no completion got a valid reward (every reward returned None)"
+            if valid <= 0
+            else "every completion of every group got the same reward, so all advantages are zero"
+        )
+        advice = (
+            "Check the rewards on a few samples (samples.jsonl): a constant reward, a reward that never "
+            "applies, rollout.temperature too low, or a task the model never (or always) solves"
+        )
+        if self.limit and self.in_a_row >= self.limit:
+            raise TrainingError(
+                f"steps {step - self.in_a_row + 1}-{step}: {self.in_a_row} steps in a row carried no learning "
+                f"signal: {why} (train.max_no_signal_steps={self.limit}). {advice}; or raise "
+                "train.max_no_signal_steps (0 = never stop)."
+            )
+        if self.in_a_row == self.warn_after:
+            log.warning("steps %d-%d: no learning signal, %s. %s. The run stops after %s such steps in a row "
+                        "(train.max_no_signal_steps).", step - self.in_a_row + 1, step, why, advice,
+                        self.limit or "never")
+
+    def state_dict(self) -> dict[str, int]:
+        return {"in_a_row": self.in_a_row}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.in_a_row = int(state.get("in_a_row", 0))

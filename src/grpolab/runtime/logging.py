@@ -1,0 +1,130 @@
+"""Run outputs: metrics.jsonl (one object per step), samples.jsonl, and the trackers of log.report_to."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpolab import jsonio
+from grpolab.distributed import dist
+from grpolab.runtime.trackers import open_trackers, tracker_key
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak process RSS on CPU; peak allocated memory on a GPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class RunLogger:
+    """Appends metrics and samples to the run directory; on resume, drops rows past the resumed step.
+
+    Under torchrun only rank 0 writes; on the other ranks every method does nothing."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        tensorboard: bool = False,
+        resume_step: int | None = None,
+        report_to: Sequence[str] | None = None,
+        project: str = "grpolab",
+        run_name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ):
+        """``report_to`` names the trackers (run.trackers.TRACKERS); None means TensorBoard when ``tensorboard``."""
+        self.run_dir = Path(run_dir)
+        self.enabled = dist.is_main()
+        self.trackers: dict = {}
+        if not self.enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.samples_path = self.run_dir / "samples.jsonl"
+        if resume_step is not None:
+            for path in (self.metrics_path, self.samples_path):
+                _truncate_after(path, resume_step)
+        else:
+            for path in (self.metrics_path, self.samples_path):
+                path.unlink(missing_ok=True)
+        names = (("tensorboard",) if tensorboard else ()) if report_to is None else tuple(report_to)
+        self.trackers = open_trackers(
+            names,
+            run_dir=self.run_dir,
+            project=project,
+            run_name=run_name or self.run_dir.name,
+            config=dict(config or {}),
+            resume_step=resume_step,
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, **metrics}
+        with self.metrics_path.open("a") as fh:
+            fh.write(jsonio.dumps_row(row) + "\n")  # non-finite values as null, counted
+        charted = {tracker_key(k): v for k, v in metrics.items()} if self.trackers else {}
+        for tracker in self.trackers.values():
+            tracker.log(step, charted)
+
+    def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Rows to samples.jsonl, and to every tracker as one table."""
+        if not self.enabled:
+            return
+        with self.samples_path.open("a") as fh:
+            for row in rows:
+                fh.write(jsonio.dumps_row({"step": step, **row}) + "\n")
+        if self.trackers and rows:
+            columns, table = completions_table(rows)
+            for tracker in self.trackers.values():
+                tracker.table(step, columns, table)
+
+    def close(self) -> None:
+        for tracker in self.trackers.values():
+            tracker.close()
+        self.trackers = {}
+
+
+def completions_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """Columns (every key of any row, in first-seen order) and rows for a tracker table."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    return columns, [[_jsonable(row.get(c)) for c in columns] for row in rows]
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep the rows up to ``step``. A kill mid-write leaves a torn last line: it is dropped too.
+
+    Rewritten through a temporary file and os.replace, so a kill here loses no row.
+    """
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("step", 0) <= step:
+            keep.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    os.replace(tmp, path)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []

@@ -1,0 +1,1 @@
+"""``grpolab convert-trl``: TRL configs into grpolab configs, over the one TRL name table (``grpolab.config.trl_names``)."""

@@ -1,0 +1,358 @@
+"""``grpolab convert-trl``: a TRL GRPOConfig (object, dict, TRL YAML or TRL command-line arguments) to a
+grpolab config.
+
+Every GRPOConfig field goes through ``TRL_FIELDS`` (grpolab.trl.fields): mapped to the grpolab keys
+that reproduce TRL's behaviour, refused with the reason, or listed as not applicable. The fields of TRL's
+``trl grpo`` script (model, dataset, LoRA, reward functions) go through ``SCRIPT_FIELDS``. A key that is
+neither is an error, so a field a newer TRL adds is never dropped in silence. Where TRL counts optimizer
+steps (max_steps, save_steps, logging_steps, ref_model_sync_steps) grpolab counts generation batches:
+they are divided by the optimizer steps per generation batch (notes say where that rounds).
+
+Needs TRL installed (for GRPOConfig's fields and defaults): pip install 'grpolab[trl]'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpolab.trl.fields import TRL_FIELDS
+from grpolab.trl.input import read_trl, typed
+from grpolab.trl.rules import Refused, TrlField
+from grpolab.errors import ConfigError
+
+__all__ = [
+    "SCRIPT_FIELDS", "TRL_FIELDS", "TrlConversion", "convert_trl", "markdown_table", "trl_defaults",
+    "write_trl_conversion",
+]
+
+
+def trl_defaults() -> dict[str, Any]:
+    """GRPOConfig's fields and defaults, read from the installed TRL."""
+    try:
+        from trl import GRPOConfig
+    except ImportError as err:
+        raise ConfigError("grpolab convert-trl reads TRL's GRPOConfig: pip install 'grpolab[trl]'") from err
+    return {f.name: _default(f) for f in dataclasses.fields(GRPOConfig) if f.init}
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+
+
+# ----------------------------------------------------------------------------- the trl grpo script's fields
+
+
+def _model_dtype(v: Any, t: TrlView) -> dict[str, Any]:
+    if v in (None, "float32", "bfloat16", "float16"):
+        return {"model.dtype": v or "float32"}
+    raise Refused(f"dtype={v}: grpolab's model.dtype is float32, bfloat16 or float16 (no 'auto')")
+
+
+def _dataset(v: Any, t: TrlView) -> dict[str, Any]:
+    if not v:
+        return {}
+    local = Path(str(v))
+    return {"data.source": "jsonl" if local.suffix == ".jsonl" else "hf", "data.path": str(v)}
+
+
+_TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
+
+
+def _reward_funcs(v: Any, t: TrlView) -> dict[str, Any]:
+    """TRL's named rewards run unchanged (grpolab calls TRL-style functions as TRL does); a dotted path
+    ``pkg.mod.fn`` becomes ``pkg.mod:fn``."""
+    names = [v] if isinstance(v, str) else list(v or [])
+    specs = []
+    for name in names:
+        if name == "get_soft_overlong_punishment":
+            raise Refused("get_soft_overlong_punishment is a factory: use grpolab's soft_overlong reward")
+        target = f"trl.rewards:{name}" if name in _TRL_REWARDS else ":".join(name.rsplit(".", 1))
+        if ":" not in target:
+            raise Refused(f"reward_funcs entry {name!r} is neither a TRL reward nor a dotted path pkg.module.fn")
+        specs.append({"name": target, "kind": "trl"})
+    if t["reward_model_name_or_path"]:
+        specs.append({"name": "reward_model", "kwargs": {"path": t["reward_model_name_or_path"]}})
+    t.rewards = specs
+    return {"reward.functions": specs} if specs else {}
+
+
+def _lora(v: Any, t: TrlView) -> dict[str, Any]:
+    if not v:
+        return {}
+    out = {"model.lora.enabled": True, "model.lora.r": t["lora_r"], "model.lora.alpha": t["lora_alpha"]}
+    out["model.lora.dropout"] = t["lora_dropout"]
+    if t["lora_target_modules"]:
+        out["model.lora.target_modules"] = t["lora_target_modules"]
+    return out
+
+
+def _script_key(key: str, skip: Any = None):
+    return lambda v, t: {} if v == skip else {key: v}
+
+
+SCRIPT_FIELDS: dict[str, TrlField] = {
+    "model_name_or_path": TrlField("mapped", "model.name_or_path", _script_key("model.name_or_path")),
+    "model_revision": TrlField("mapped", "model.revision", _script_key("model.revision", "main")),
+    "dtype": TrlField("mapped", "model.dtype", _model_dtype),
+    "attn_implementation": TrlField("not_applicable", "grpolab uses the model's default attention"),
+    "use_peft": TrlField("mapped", "model.lora.*", _lora),
+    "lora_r": TrlField("mapped", "read with use_peft", lambda v, t: {}),
+    "lora_alpha": TrlField("mapped", "read with use_peft", lambda v, t: {}),
+    "lora_dropout": TrlField("mapped", "read with use_peft", lambda v, t: {}),
+    "lora_target_modules": TrlField("mapped", "read with use_peft", lambda v, t: {}),
+    "dataset_name": TrlField("mapped", "data.source=hf (jsonl for a .jsonl file), data.path", _dataset),
+    "dataset_config": TrlField("mapped", "data.name", _script_key("data.name")),
+    "dataset_train_split": TrlField("mapped", "data.split", _script_key("data.split", "train")),
+    "reward_funcs": TrlField("mapped", "reward.functions (TRL's own functions, kind trl)", _reward_funcs),
+    "reward_model_name_or_path": TrlField("mapped", "read with reward_funcs", lambda v, t: {}),
+}
+_SCRIPT_DEFAULTS = {
+    "model_name_or_path": None, "model_revision": "main", "dtype": None, "attn_implementation": None,
+    "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
+    "dataset_name": None, "dataset_config": None, "dataset_train_split": "train", "reward_funcs": None,
+    "reward_model_name_or_path": None,
+}  # trl.ModelConfig, trl.ScriptArguments and GRPOScriptArguments of TRL 1.16
+
+
+# ----------------------------------------------------------------------------- the conversion
+
+
+@dataclass(frozen=True)
+class Geometry:
+    prompts_per_step: int
+    num_minibatches: int
+    optimizer_steps_per_generation: int
+    num_steps: int | None
+
+
+def _geometry(v: Mapping[str, Any], num_processes: int, dataset_rows: int | None) -> Geometry:
+    """TRL's GRPOConfig.__post_init__ arithmetic: generation_batch_size = per-device batch x processes x
+    steps_per_generation (default: gradient_accumulation_steps)."""
+    per_device, accumulation = v["per_device_train_batch_size"], v["gradient_accumulation_steps"]
+    global_batch = per_device * num_processes
+    spg, gbs = v["steps_per_generation"], v["generation_batch_size"]
+    if spg is None:
+        if gbs is not None and gbs % global_batch:
+            raise Refused(f"generation_batch_size {gbs} is not a multiple of the global batch {global_batch}")
+        spg = accumulation if gbs is None else gbs // global_batch
+    gbs = global_batch * spg
+    if gbs % v["num_generations"]:
+        raise Refused(f"generation_batch_size {gbs} is not a multiple of num_generations {v['num_generations']}")
+    if spg % accumulation:
+        raise Refused(
+            f"steps_per_generation={spg} is not a multiple of gradient_accumulation_steps={accumulation}: an "
+            "optimizer step would span two generation batches, which grpolab's steps never do"
+        )
+    prompts, minibatches = gbs // v["num_generations"], spg // accumulation
+    per_generation = minibatches * v["num_iterations"]
+    steps = None
+    if v["max_steps"] > 0:
+        steps = math.ceil(v["max_steps"] / per_generation)
+    elif dataset_rows:
+        steps = max(1, math.ceil(v["num_train_epochs"] * dataset_rows / prompts))
+    return Geometry(prompts, minibatches, per_generation, steps)
+
+
+class TrlView:
+    """What a rule reads: every TRL value (``trl["beta"]``), the batch geometry, and where to leave notes."""
+
+    def __init__(self, values: Mapping[str, Any], *, num_processes: int, dataset_rows: int | None) -> None:
+        self.values = dict(values)
+        self.notes: list[str] = []
+        self.todos: list[str] = []
+        self.rewards: list[dict[str, Any]] = []
+        self.geometry = _geometry(self.values, num_processes, dataset_rows)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def todo(self, text: str) -> None:
+        self.todos.append(text)
+
+    @property
+    def ratio_is_one(self) -> bool:
+        return self.geometry.optimizer_steps_per_generation == 1
+
+    def reward_weights(self, weights: Sequence[float] | None) -> dict[str, Any]:
+        if weights is None:
+            return {}
+        if not self.rewards:
+            self.todo(f"reward.functions: give the entries weights {list(weights)} (reward_weights), in order")
+            return {}
+        if len(weights) != len(self.rewards):
+            raise Refused(f"reward_weights has {len(weights)} values for {len(self.rewards)} reward functions")
+        specs = [{**spec, "weight": w} for spec, w in zip(self.rewards, weights, strict=True)]
+        return {"reward.functions": specs}
+
+
+@dataclass
+class TrlConversion:
+    keys: dict[str, Any]
+    """grpolab dotted key -> value."""
+    notes: list[str] = field(default_factory=list)
+    """Where grpolab's behaviour is close to TRL's but not identical."""
+    todo: list[str] = field(default_factory=list)
+    """What the TRL config does not say and the grpolab config needs (model, data, rewards, run length)."""
+    ignored: list[str] = field(default_factory=list)
+    """Not-applicable fields set to a non-default value: 'name=value: why'."""
+
+    def config_dict(self) -> dict[str, Any]:
+        from grpolab.config.loading import _set_dotted
+
+        nested: dict[str, Any] = {}
+        for key in sorted(self.keys, key=_config_order):
+            _set_dotted(nested, key, self.keys[key])
+        return nested
+
+    def to_yaml(self, source: str = "a TRL GRPOConfig") -> str:
+        lines = [f"# grpolab config converted from {source} by grpolab convert-trl"]
+        for title, items in (("to fill in", self.todo), ("differences from TRL", self.notes),
+                             ("ignored (not applicable)", self.ignored)):
+            if items:
+                lines.append(f"# {title}:")
+                lines.extend(f"#   - {item}" for item in items)
+        return "\n".join(lines) + "\n" + yaml.safe_dump(self.config_dict(), sort_keys=False)
+
+
+def _config_order(key: str) -> tuple[int, ...]:
+    """Sort dotted keys as the Config dataclasses declare them (model, data, rollout, algo, ...)."""
+    from grpolab.config.root import Config
+
+    node: Any = Config
+    rank = []
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(node):
+            break
+        hints = typing.get_type_hints(node)
+        names = list(hints)
+        rank.append(names.index(part) if part in names else len(names))
+        node = hints.get(part)
+    return tuple(rank)
+
+
+def convert_trl(
+    source: Any, *, num_processes: int = 1, dataset_rows: int | None = None
+) -> TrlConversion:
+    """A TRL GRPOConfig (object), a dict of its fields, a TRL YAML path, or TRL CLI args (a list of
+    strings such as ``["--learning_rate", "1e-6"]``) -> the grpolab keys; ConfigError names every
+    refused field with the reason. ``num_processes``: TRL's world size (its batch sizes are per device);
+    ``dataset_rows``: for num_train_epochs, the number of training rows."""
+    given = read_trl(source)
+    defaults = trl_defaults()
+    unknown = sorted(k for k in given if k not in defaults and k not in SCRIPT_FIELDS)
+    if unknown:
+        raise ConfigError(
+            f"{', '.join(unknown)}: not fields of TRL's GRPOConfig nor of the trl grpo script (this converter "
+            "knows TRL 1.16); remove them or update grpolab"
+        )
+    values = {**defaults, **_SCRIPT_DEFAULTS, **{k: typed(k, v, defaults) for k, v in given.items()}}
+    untabled = sorted(set(defaults) - set(TRL_FIELDS))
+    if untabled:
+        raise ConfigError(f"TRL's GRPOConfig has fields this converter does not know: {', '.join(untabled)}")
+    try:
+        view = TrlView(values, num_processes=num_processes, dataset_rows=dataset_rows)
+    except Refused as err:
+        raise ConfigError(f"convert-trl: per_device_train_batch_size / steps_per_generation: {err}") from err
+    out = TrlConversion({})
+    refused = []
+    table = {**SCRIPT_FIELDS, **TRL_FIELDS}  # script first: reward_funcs before reward_weights
+    for name, rule in table.items():
+        default = defaults.get(name, _SCRIPT_DEFAULTS.get(name))
+        try:
+            out.keys.update(_apply(name, rule, values[name], default, view, out))
+        except Refused as err:
+            refused.append(f"{name}={values[name]!r}: {err}")
+    if refused:
+        raise ConfigError("convert-trl: grpolab cannot reproduce " + "; ".join(refused))
+    out.notes = view.notes
+    out.todo = [text for key, text in _TRAINER_ARGUMENTS.items() if key not in out.keys] + view.todos
+    _validate(out)
+    return out
+
+
+_TRAINER_ARGUMENTS = {
+    "model.name_or_path": "model.name_or_path: the model TRL's GRPOTrainer was given",
+    "data.path": "data.source / data.path: the train_dataset (hf id, folder, or a .jsonl/.parquet/.csv file)",
+    "reward.functions": "reward.functions: the reward_funcs ('module:function', kind trl, runs TRL's functions)",
+}
+"""What GRPOTrainer takes as arguments rather than in its GRPOConfig: the converted config names them as to fill."""
+
+
+def write_trl_conversion(
+    source: Any, out: str | Path, *, num_processes: int = 1, dataset_rows: int | None = None
+) -> TrlConversion:
+    """``grpolab convert-trl``: convert, then print the YAML (``out="-"``) or write it to ``out``."""
+    conversion = convert_trl(source, num_processes=num_processes, dataset_rows=dataset_rows)
+    text = conversion.to_yaml(_describe(source))
+    if str(out) == "-":
+        print(text, end="")
+        return conversion
+    Path(out).write_text(text, encoding="utf-8")
+    todo = f"; fill in: {', '.join(t.split(':')[0] for t in conversion.todo)}" if conversion.todo else ""
+    print(f"grpolab: wrote {out} ({len(conversion.keys)} keys){todo}", file=sys.stderr)
+    return conversion
+
+
+def _describe(source: Any) -> str:
+    if isinstance(source, str | Path):
+        return str(source)
+    if isinstance(source, list | tuple):
+        return "trl " + " ".join(map(str, source)) if source else "TRL's defaults"
+    return f"a TRL {type(source).__name__}"
+
+
+def _apply(name: str, rule: TrlField, value: Any, default: Any, view: TrlView, out: TrlConversion) -> dict:
+    if rule.status == "mapped":
+        return rule.convert(value, view)
+    if _same(value, default):
+        return {}
+    if rule.status == "refused":
+        raise Refused(rule.why)
+    out.ignored.append(f"{name}={value!r}: {rule.why}")
+    return {}
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Is a field left at its default? Also after GRPOConfig.__post_init__, which turns None / "" into
+    False / [] / a default AcceleratorConfig and "auto" padding into None (off Neuron)."""
+    value, default = getattr(value, "value", value), getattr(default, "value", default)
+    if value == default or (not value and not default) or (default == "auto" and value is None):
+        return True
+    if dataclasses.is_dataclass(value) and not default:
+        try:
+            return value == type(value)()
+        except TypeError:
+            return False
+    return False
+
+
+def _validate(out: TrlConversion) -> None:
+    from grpolab.config.loading import config_from_dict
+
+    try:
+        config_from_dict(out.config_dict())
+    except ConfigError as err:
+        raise ConfigError(f"convert-trl: the converted config is not valid for grpolab: {err}") from err
+
+
+
+def markdown_table() -> str:
+    """docs/coming_from_trl.md's table: every GRPOConfig field, its status, and grpolab's key or the reason."""
+    lines = ["| TRL GRPOConfig field | status | grpolab / reason |", "|---|---|---|"]
+    for name, rule in {**TRL_FIELDS, **SCRIPT_FIELDS}.items():
+        lines.append(f"| `{name}` | {rule.status.replace('_', ' ')} | {rule.why} |")
+    return "\n".join(lines) + "\n"

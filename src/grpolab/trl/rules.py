@@ -1,0 +1,391 @@
+"""The rules that turn TRL GRPOConfig values into grpolab config keys; grpolab.trl.fields lists
+which rule each TRL field gets.
+
+Each entry of ``TRL_FIELDS`` is:
+
+* mapped: ``convert(value, trl)`` returns the grpolab dotted keys that reproduce TRL's behaviour, or
+  raises ``Refused`` for a value grpolab cannot reproduce. Fields read by another field's converter
+  (``gradient_accumulation_steps`` by ``per_device_train_batch_size``) say so in ``why`` and return {};
+* refused: grpolab lacks the feature; any value but TRL's default is refused, with ``why``;
+* not_applicable: infrastructure (DeepSpeed, the Hub, dataloader workers, vLLM server ports) that does
+  not change what is trained; a non-default value is listed in the output, never converted.
+
+The semantics were read from trl/trainer/grpo_trainer.py of TRL 1.16 (``_generate_and_score_completions``
+for the advantages, ``_compute_loss`` for the loss); each mapping has a test in tests/unit/test_from_trl.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from grpolab.trl.convert import TrlView
+
+
+class Refused(ValueError):
+    """A TRL value grpolab cannot reproduce; the message says why and what to set instead."""
+
+
+Convert = Callable[[Any, "TrlView"], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class TrlField:
+    status: Literal["mapped", "refused", "not_applicable"]
+    why: str
+    """mapped: the grpolab keys and how; refused / not_applicable: the reason."""
+    convert: Convert | None = None
+
+
+def mapped(why: str, convert: Convert) -> TrlField:
+    return TrlField("mapped", why, convert)
+
+
+def read_by(other: str) -> TrlField:
+    return TrlField("mapped", f"read with {other}", lambda v, t: {})
+
+
+def refused(why: str) -> TrlField:
+    return TrlField("refused", why)
+
+
+def not_applicable(why: str) -> TrlField:
+    return TrlField("not_applicable", why)
+
+
+def to_key(key: str) -> Convert:
+    return lambda v, t: {key: v}
+
+
+# ----------------------------------------------------------------------------- batch geometry and steps
+
+
+def batch_geometry(v: Any, t: TrlView) -> dict[str, Any]:
+    """TRL counts completions per device and micro-steps; grpolab counts prompts per generation batch
+    (P x G completions, global), mu passes over it, each split into num_minibatches optimizer steps."""
+    g = t.geometry
+    return {
+        "train.prompts_per_step": g.prompts_per_step,
+        "rollout.num_generations": t["num_generations"],
+        "algo.mu": t["num_iterations"],
+        "algo.num_minibatches": g.num_minibatches,
+        "train.micro_batch_size": t["per_device_train_batch_size"],
+    }
+
+
+def num_steps(v: Any, t: TrlView) -> dict[str, Any]:
+    g = t.geometry
+    if g.num_steps is None:
+        t.todo(
+            f"train.num_steps: TRL trains num_train_epochs={t['num_train_epochs']:g} over the dataset; set "
+            f"train.num_steps = epochs x dataset rows / train.prompts_per_step ({g.prompts_per_step}), or "
+            "pass --dataset-rows"
+        )
+        return {}
+    if t["max_steps"] > 0 and t["max_steps"] % g.optimizer_steps_per_generation:
+        t.note(
+            f"max_steps={t['max_steps']} optimizer steps is not a whole number of generation batches "
+            f"({g.optimizer_steps_per_generation} optimizer steps each): rounded up to {g.num_steps}"
+        )
+    return {"train.num_steps": g.num_steps}
+
+
+def _to_generation_steps(t: TrlView, optimizer_steps: float, what: str) -> int:
+    per = t.geometry.optimizer_steps_per_generation
+    steps = max(1, round(optimizer_steps / per))
+    if optimizer_steps % per:
+        t.note(f"{what}={optimizer_steps:g} optimizer steps rounded to {steps} grpolab steps of {per} each")
+    return steps
+
+
+# ----------------------------------------------------------------------------- the algorithm
+
+_LOSS_AGG = {
+    "grpo": "seq-mean-token-mean",  # (per_token_loss * mask).sum(-1) / mask.sum(-1), mean over rows
+    "dr_grpo": "seq-mean-token-sum-norm",  # sum / (rows * max_completion_length)
+    "dapo": "token-mean",  # sum / active tokens of the accumulated batch
+    "cispo": "token-mean",  # the dapo normaliser
+}
+
+
+def loss_type(v: str, t: TrlView) -> dict[str, Any]:
+    """loss_type picks TRL's normaliser (and cispo's weight); the advantage is scale_rewards' business."""
+    if v == "bnpo":
+        if t["per_device_train_batch_size"] != 1:
+            raise Refused(
+                "bnpo divides by the active tokens of each local micro-batch, so a token's weight depends on "
+                "how rows fall into micro-batches; grpolab normalises over the whole minibatch: use loss_type="
+                "dapo (token-mean) or per_device_train_batch_size=1 (where bnpo equals grpo)"
+            )
+        v = "grpo"
+    if v not in _LOSS_AGG:
+        raise Refused(f"grpolab has no '{v}' loss (it has grpo, dr_grpo, dapo, cispo; bnpo at batch size 1)")
+    if v == "dapo" and t.geometry.num_minibatches > 1:
+        t.note(
+            "loss_type=dapo: TRL divides each optimizer step by the generation batch's active tokens / "
+            "steps_per_generation x gradient_accumulation_steps (an average); grpolab by the minibatch's own "
+            "active tokens: the same when steps_per_generation = gradient_accumulation_steps"
+        )
+    return {
+        "algo.name": "cispo" if v == "cispo" else "grpo",
+        "algo.loss_agg": _LOSS_AGG[v],
+        "algo.policy_loss": "cispo" if v == "cispo" else "clip",
+        "algo.dynamic_sampling": False,
+    }
+
+
+def scale_rewards(v: Any, t: TrlView) -> dict[str, Any]:
+    v = {True: "group", False: "none"}.get(v, v)
+    if t["multi_objective_aggregation"] != "sum_then_normalize":
+        raise Refused(
+            "multi_objective_aggregation=normalize_then_sum (GDPO) normalises each reward per group before "
+            "summing; grpolab sums the weighted rewards first (sum_then_normalize)"
+        )
+    if v == "batch":
+        raise Refused(
+            "scale_rewards=batch divides the group-centred rewards by the std of the batch's raw rewards; "
+            "grpolab has no such estimator (algo.advantage=batch_std divides by the std of the group-centred "
+            "rewards, the same only when every group has the same mean)"
+        )
+    # TRL: (r - group mean) / (group std + 1e-4) with Bessel's std (nanstd); "none": r - group mean
+    advantage = {"group": "grpo", "none": "dr_grpo"}[v]
+    return {"algo.advantage": advantage, "algo.std": "unbiased", "algo.eps": 1e-4}
+
+
+def beta(v: float, t: TrlView) -> dict[str, Any]:
+    if v > 0 and t["use_bias_correction_kl"] and not t.ratio_is_one:
+        t.note(
+            "use_bias_correction_kl=True: TRL multiplies the k3 KL term by the importance ratio; grpolab does "
+            "not (the same value and gradient while the ratio is 1, i.e. one optimizer step per generation)"
+        )
+    return {"algo.beta": v, "algo.kl_estimator": "k3", "algo.kl_in": "loss"}
+
+
+def clip(v: float, t: TrlView) -> dict[str, Any]:
+    high = t["epsilon_high"] if t["epsilon_high"] is not None else v
+    if t["loss_type"] == "cispo":
+        # TRL: clamp(ratio, max=epsilon_high).detach(); grpolab: clamp(ratio, 1 - clip_low, 1 + clip_high)
+        if high <= 1:
+            raise Refused(
+                f"loss_type=cispo caps the IS weight at epsilon_high={high:g} itself (not 1 + epsilon_high): "
+                "set epsilon_high > 1 (ScaleRL: 5.0)"
+            )
+        return {"algo.clip_low": 1.0, "algo.clip_high": high - 1.0, "algo.dual_clip": None}
+    out = {"algo.clip_low": v, "algo.clip_high": high, "algo.dual_clip": None}
+    delta = t["delta"]
+    if delta is not None:
+        if delta <= 1 + high:
+            raise Refused(
+                f"delta={delta:g} <= 1 + epsilon_high also caps positive advantages' ratio; grpolab's "
+                "algo.dual_clip caps only negative ones, the same bound for delta > 1 + epsilon_high"
+            )
+        out["algo.dual_clip"] = delta
+    return out
+
+
+def sync_ref(v: bool, t: TrlView) -> dict[str, Any]:
+    if not v:
+        return {"algo.ref_reset_every": 0}
+    if t["ref_model_mixup_alpha"] != 1.0:
+        raise Refused(
+            f"ref_model_mixup_alpha={t['ref_model_mixup_alpha']:g} mixes policy and reference (TR-DPO); grpolab "
+            "replaces the reference by the policy (alpha = 1): set ref_model_mixup_alpha=1.0"
+        )
+    every = _to_generation_steps(t, t["ref_model_sync_steps"], "ref_model_sync_steps")
+    return {"algo.ref_reset_every": every}
+
+
+def entropy(v: float, t: TrlView) -> dict[str, Any]:
+    if v and t["loss_type"] not in ("dapo", "cispo"):
+        t.note(
+            "entropy_coef: TRL adds the mean per-token entropy whatever the loss_type; grpolab aggregates the "
+            f"bonus like the policy loss ({_LOSS_AGG.get(t['loss_type'], '?')}), the same for token-mean losses"
+        )
+    return {"algo.entropy_coef": v}
+
+
+_IS_MODES = {
+    "token_truncate": ("tis", "token"),
+    "token_mask": ("mis", "token"),
+    "sequence_truncate": ("tis", "sequence"),
+    "sequence_mask": ("mis", "sequence"),
+}
+
+
+def rollout_correction(v: bool, t: TrlView) -> dict[str, Any]:
+    """TRL corrects only vLLM's samples: w = exp(old_logps - sampling_logps), per token or summed per sequence."""
+    if not (v and t["use_vllm"]):
+        return {"algo.rollout_correction": "none"}
+    cap = t["vllm_importance_sampling_cap"] or t["vllm_importance_sampling_clip_max"]
+    if t["vllm_importance_sampling_clip_min"] is not None or cap is None:
+        raise Refused(
+            "grpolab's rollout correction bounds the weight from above only (algo.rollout_correction_cap): set "
+            "vllm_importance_sampling_clip_min=None and vllm_importance_sampling_clip_max"
+        )
+    mode, level = _IS_MODES[t["vllm_importance_sampling_mode"]]
+    return {
+        "algo.rollout_correction": mode,
+        "algo.rollout_correction_level": level,
+        "algo.rollout_correction_cap": cap,
+    }
+
+
+# ----------------------------------------------------------------------------- optimizer, precision, model
+
+
+def schedule(v: Any, t: TrlView) -> dict[str, Any]:
+    name = getattr(v, "value", v)
+    names = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+    if name not in names:
+        raise Refused(f"grpolab's schedules are constant, linear and cosine (after a linear warm-up); not {name}")
+    if t["lr_scheduler_kwargs"]:
+        raise Refused(f"lr_scheduler_kwargs={t['lr_scheduler_kwargs']} has no grpolab equivalent")
+    warmup = t["warmup_steps"]
+    if name == "constant":
+        warmup = 0  # transformers' "constant" ignores warmup_steps
+    elif 0 < warmup < 1:  # a fraction of the optimizer steps
+        total = t.geometry.num_steps and t.geometry.num_steps * t.geometry.optimizer_steps_per_generation
+        if not total:
+            t.todo(f"optim.warmup_steps: warmup_steps={warmup:g} is a fraction of the run's optimizer steps")
+            return {"optim.schedule": names[name]}
+        warmup = math.ceil(total * warmup)
+    if warmup:
+        t.note("warm-up: transformers starts at lr 0 (step/warmup); grpolab at lr/warmup ((step+1)/warmup)")
+    return {"optim.schedule": names[name], "optim.warmup_steps": int(warmup)}
+
+
+def betas(v: float, t: TrlView) -> dict[str, Any]:
+    return {"optim.betas": [v, t["adam_beta2"]]}
+
+
+def optim(v: Any, t: TrlView) -> dict[str, Any]:
+    name = getattr(v, "value", v)
+    if name not in ("adamw_torch", "adamw_torch_fused"):
+        raise Refused(f"grpolab's optimizer is torch's AdamW (adamw_torch / adamw_torch_fused), not {name}")
+    return {}
+
+
+def weight_decay(v: float, t: TrlView) -> dict[str, Any]:
+    if v:
+        t.note("weight_decay: transformers exempts biases and norm weights; grpolab decays every trainable weight")
+    return {"optim.weight_decay": v}
+
+
+def precision(v: Any, t: TrlView) -> dict[str, Any]:
+    if t["fp16"]:
+        raise Refused("grpolab has no fp16 autocast (loss scaling); use bf16=True or bf16=False")
+    bf16 = (not t["fp16"]) if v is None else v  # TRL: None = True unless fp16
+    return {"model.autocast": "bf16" if bf16 else "none"}
+
+
+_INIT_KWARGS_NA = {"attn_implementation", "use_cache", "low_cpu_mem_usage", "trust_remote_code"}
+
+
+def init_kwargs(v: Any, t: TrlView) -> dict[str, Any]:
+    kwargs = dict(v or {})
+    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", "float32"))  # TRL: float32 when not given
+    dtype = str(dtype).removeprefix("torch.")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise Refused(f"model_init_kwargs dtype={dtype}: grpolab's model.dtype is float32, bfloat16 or float16")
+    out: dict[str, Any] = {"model.dtype": dtype}
+    if "revision" in kwargs:
+        out["model.revision"] = kwargs.pop("revision")
+    other = sorted(k for k in kwargs if k not in _INIT_KWARGS_NA)
+    if other:
+        raise Refused(f"model_init_kwargs {other} have no grpolab equivalent (device_map, quantization, ...)")
+    return out
+
+
+# ----------------------------------------------------------------------------- logging and checkpoints
+
+
+def output_dir(v: Any, t: TrlView) -> dict[str, Any]:
+    if not v:
+        return {}
+    parent, _, name = str(v).rstrip("/").rpartition("/")
+    out = {"log.output_dir": parent or ".", "log.run_name": name}
+    if t["run_name"] not in (None, name):
+        t.note(f"run_name={t['run_name']!r}: grpolab names the tracker run after the run folder, {name!r}")
+    return out
+
+
+_TRACKERS = ("tensorboard", "wandb", "trackio")
+
+
+def report_to(v: Any, t: TrlView) -> dict[str, Any]:
+    names = [v] if isinstance(v, str) else list(v or [])
+    if names in (["none"], []):
+        return {"log.report_to": []}
+    other = [n for n in names if n not in _TRACKERS]
+    if other:
+        raise Refused(f"report_to {other}: grpolab reports to {', '.join(_TRACKERS)}; list those by name")
+    return {"log.report_to": names}
+
+
+def save(v: Any, t: TrlView) -> dict[str, Any]:
+    strategy = getattr(t["save_strategy"], "value", t["save_strategy"])
+    if strategy == "no":
+        t.note("save_strategy=no: grpolab still saves one checkpoint at the end")
+        return {"log.checkpoint_every": 0}
+    if strategy != "steps":
+        raise Refused(f"save_strategy={strategy}: grpolab saves every log.checkpoint_every steps (save_strategy=steps)")
+    if 0 < v < 1:
+        raise Refused("save_steps < 1 (a fraction of the run): give save_steps in optimizer steps")
+    return {"log.checkpoint_every": _to_generation_steps(t, v, "save_steps")}
+
+
+def keep(v: Any, t: TrlView) -> dict[str, Any]:
+    if v is None:  # TRL keeps every checkpoint
+        g = t.geometry
+        if g.num_steps is None:
+            t.todo("log.keep_last: TRL keeps every checkpoint (save_total_limit=None); grpolab keeps 2 by default")
+            return {}
+        return {"log.keep_last": max(1, g.num_steps)}
+    return {"log.keep_last": max(1, v)}
+
+
+def samples(v: bool, t: TrlView) -> dict[str, Any]:
+    if not v:
+        return {"log.samples_every": 0}
+    every = t["logging_steps"]
+    if 0 < every < 1:
+        raise Refused("logging_steps < 1 (a fraction of the run): give logging_steps in optimizer steps")
+    return {"log.samples_every": _to_generation_steps(t, every, "logging_steps")}
+
+
+def evaluation(v: Any, t: TrlView) -> dict[str, Any]:
+    strategy = getattr(v, "value", v)
+    if strategy == "no":
+        return {"eval.every": 0}
+    every = t["eval_steps"] or t["logging_steps"]  # transformers: eval_steps defaults to logging_steps
+    if strategy != "steps" or every < 1:
+        raise Refused(f"eval_strategy={strategy}: grpolab evaluates every eval.every steps (eval_strategy=steps)")
+    t.todo("data.eval_size: grpolab evaluates Pass@K / Maj@K on held-out rows of the training data")
+    return {
+        "eval.every": _to_generation_steps(t, every, "eval_steps"),
+        "eval.num_samples": t["num_generations_eval"] or t["num_generations"],
+    }
+
+
+def max_length(v: Any, t: TrlView) -> dict[str, Any]:
+    if v is None:
+        raise Refused("max_completion_length=None: grpolab needs a bound (rollout.max_completion_length)")
+    return {"rollout.max_completion_length": v}
+
+
+def fsdp(v: Any, t: TrlView) -> dict[str, Any]:
+    return {"train.parallel": "fsdp"} if v else {}
+
+
+def dropout(v: bool, t: TrlView) -> dict[str, Any]:
+    if not v:
+        t.note("disable_dropout=False: grpolab keeps the model in eval mode (no dropout), as disable_dropout=True")
+    return {}
+
+
+def cpu(v: bool, t: TrlView) -> dict[str, Any]:
+    return {"model.device": "cpu"} if v else {}
+
