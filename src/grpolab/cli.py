@@ -249,7 +249,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"grpolab: SFT {done.steps} steps, dev accuracy {done.dev_accuracy}; saved {done.output_dir}")
         return 0
     if args.verb == "eval":
-        from grpolab.eval.runner import evaluate
+        from grpolab.commands.eval import evaluate
 
         for e in evaluate(cfg):
             _print_eval(e)

@@ -93,8 +93,8 @@ def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None) -> TrainRe
             drawn, waits = ahead.take(step)
         else:
             drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: train/sampling.py)
-                cfg, sampler=run.sampler, rewards=run.rewards, data=run.data, examples=run.examples,
-                prompt_ids=run.prompt_ids, generator=run.sample_gen,
+                cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
+                prompt_ids=run.prompt_ids, generator=run.sampling_generator,
             )  # fmt: skip
         lag = staleness_metrics(drawn, run.sampler)  # before this step's sync moves the trainer's version
         batch_examples = [run.examples[i] for i in drawn.rows]
@@ -114,7 +114,7 @@ def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None) -> TrainRe
                 "sys/time_training_s": t4 - t3,
                 "sys/step_time_s": t4 - t0,
                 "sys/peak_mem_mb": peak_memory_mb(run.device),
-                "sys/samples_seen": run.data.drawn * cfg.rollout.num_generations,  # dynamic sampling's rounds too
+                "sys/samples_seen": run.prompt_order.drawn * cfg.rollout.num_generations,  # dynamic sampling's rounds too
             }
         )
         metrics = dist.reduce_metrics(metrics)
@@ -145,11 +145,11 @@ def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
     supervision's step scores come first, outside the timed part."""
     completions = drawn.completions
     repeated = [e for e in batch_examples for _ in range(completions.num_generations)]
-    by_step = {} if run.process is None else {"steps": run.process.score(completions, repeated, drawn.rewards, drawn.valid)}
+    by_step = {} if run.process_supervision is None else {"steps": run.process_supervision.score(completions, repeated, drawn.rewards, drawn.valid)}
     t2 = time.perf_counter()
-    batch, metrics = run.make_batch(
+    batch, metrics = run.build_batch(
         run.cfg, completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,
-        policy=run.policy, reference=run.reference, ctx=run.ctx, **by_step,
+        policy=run.policy, reference=run.reference, ctx=run.logprob_context, **by_step,
     )  # fmt: skip
     metrics.update(run.gold.measure(completions, repeated, batch))  # logged, never trained on
     return t2, (batch, metrics)
@@ -162,8 +162,8 @@ def _update(run: Run, batch, step: int, ahead: AheadSampling | None = None) -> d
     if run.critic is None or not run.critic.warming_up(step):
         metrics.update(
             update_policy(
-                run.policy, run.optimizer, run.scheduler, batch, run.cfg, run.spec,
-                pad_id=run.tokenizer.pad_token_id, autocast_dtype=run.amp, generator=run.minibatch_gen,
+                run.policy, run.optimizer, run.scheduler, batch, run.cfg, run.policy_loss,
+                pad_id=run.tokenizer.pad_token_id, autocast_dtype=run.autocast_dtype, generator=run.minibatch_generator,
             )  # fmt: skip
         )
         if ahead is not None:

@@ -53,7 +53,7 @@ def build_hf_sampler(
         temperature=temperature,
         cast_weights=False if sharded else None,
     )
-    return parallel.sampler_for(sampler, wrapped) if wrapped is not None else sampler
+    return UnshardedSampler_for_REVIEW(sampler, wrapped) if wrapped is not None else sampler
 
 
 ENGINES: dict[str, SamplerBuilder] = {"hf": build_hf_sampler, "vllm": build_vllm_sampler}

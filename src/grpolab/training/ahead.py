@@ -73,10 +73,10 @@ class AheadSampling:
                 if self.stop.is_set():
                     return
                 with self.draw_lock:
-                    self.before[step] = (run.data.state_dict(), run.sample_gen.get_state())
+                    self.before[step] = (run.prompt_order.state_dict(), run.sampling_generator.get_state())
                     drawn = sample_step(
-                        run.cfg, sampler=run.sampler, rewards=run.rewards, data=run.data, examples=run.examples,
-                        prompt_ids=run.prompt_ids, generator=run.sample_gen,
+                        run.cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
+                        prompt_ids=run.prompt_ids, generator=run.sampling_generator,
                     )  # fmt: skip
                 self.out.put((step, drawn, idle))
                 with self.cond:
@@ -127,15 +127,15 @@ class AheadSampling:
         with self.draw_lock:
             run = self.run
             saved = self.before.get(next_step)
-            now = (run.data.state_dict(), run.sample_gen.get_state())
+            now = (run.prompt_order.state_dict(), run.sampling_generator.get_state())
             if saved is not None:
-                run.data.load_state_dict(saved[0])
-                run.sample_gen.set_state(saved[1])
+                run.prompt_order.load_state_dict(saved[0])
+                run.sampling_generator.set_state(saved[1])
             try:
                 yield
             finally:
-                run.data.load_state_dict(now[0])
-                run.sample_gen.set_state(now[1])
+                run.prompt_order.load_state_dict(now[0])
+                run.sampling_generator.set_state(now[1])
 
     def close(self) -> None:
         self.stop.set()

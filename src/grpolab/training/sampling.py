@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpolab.config import Config
-from grpolab.data import PromptSampler
+from grpolab.data import PromptOrder
 from grpolab.rewards import score_batch
 from grpolab.rewards.base import ScoreResult
 from grpolab.distributed import dist
@@ -96,7 +96,7 @@ def sample_step(
     *,
     sampler,
     rewards,
-    data: PromptSampler,
+    data: PromptOrder,
     examples: Sequence[Example],
     prompt_ids: Sequence[Sequence[int]],
     generator: torch.Generator,
