@@ -41,6 +41,8 @@ VERB_MODULES = {
     "import-gguf": "grpolab.models.sources",
     "convert-trl": "grpolab.trl.convert",
     "checkpoint": "grpolab.runtime.checkpoint",
+    "serve": "grpolab.rollout.server_setup",
+    "preflight": "grpolab.runtime.preflight",
 }
 """What each verb runs: the module, imported when the verb runs (``_module``), so that ``grpolab --help``
 and a bad config cost no import of torch. The one lazy import of the command line."""
@@ -92,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY",
         help="with --resume: let this config key (or section) differ from the saved run (repeatable)",
     )
+    p = _verb(sub, "serve", help="a vLLM server for rollout.mode=server trainers (rollout.server_url), until Ctrl-C")
+    _config_args(p)
     p = _verb(sub, "compare", help="GRPO vs PPO side by side: models, parameters, peak memory, time, reward")
     _config_args(p)
     p.add_argument("--algos", default="grpo,ppo", help="comma-separated algo.name values, run in this order")
@@ -232,8 +236,15 @@ def _dispatch_without_config(args: argparse.Namespace) -> int | None:
     return None
 
 
+def _serve(args: argparse.Namespace) -> int:
+    """``grpolab serve``: the config's vLLM server until Ctrl-C (docs/server_mode.md)."""
+    cfg = load_config(args.config, _overrides(args))
+    _module("preflight").check_model_source(cfg.model)  # a missing model is one line, before vLLM starts
+    return _module("serve").serve(cfg)
+
+
 def _dispatch(args: argparse.Namespace) -> int:
-    early = _dispatch_without_config(args)
+    early = _serve(args) if args.verb == "serve" else _dispatch_without_config(args)
     if early is not None:
         return early
     cfg = load_config(args.config, _overrides(args))

@@ -103,6 +103,9 @@ class Completions:
     only: no loss, no KL) and padding. None = every counted token was sampled (a single turn)."""
     episodes: list[Episode] | None = None
     """[N] the environment episodes, when the rows are multi-turn episodes."""
+    weight_versions: list[int] | None = None
+    """[N] the weight version each row was sampled with (rollout.mode=server: 0 = the first sync, +1 per
+    update); None = the current weights (a colocated engine)."""
 
     @property
     def model_mask(self) -> torch.Tensor:
@@ -148,6 +151,7 @@ class Completions:
             num_generations=self.num_generations,
             sampled_mask=None if self.sampled_mask is None else self.sampled_mask[index],
             episodes=None if self.episodes is None else [self.episodes[i] for i in seqs],
+            weight_versions=None if self.weight_versions is None else [self.weight_versions[i] for i in seqs],
         )
 
 

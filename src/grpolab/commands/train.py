@@ -10,6 +10,7 @@ outer loop; DeepSeek-R1 resets every 400).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from grpolab.rewards import WeightedReward
 from grpolab.runtime.assemble import Run, assemble, session
 from grpolab.runtime.guards import GracefulStop, SamplerGap, sampling_guard
 from grpolab.runtime.logging import PhaseMemory
+from grpolab.training.ahead import AheadSampling, staleness_metrics
 from grpolab.training.batch import length_by_reward, step_tokens
 from grpolab.training.sampling import StepGroups, sample_step
 from grpolab.training.step import update_policy
@@ -64,6 +66,21 @@ def train(
 
 
 def _loop(run: Run, stop: GracefulStop) -> TrainResult:
+    cfg = run.cfg
+    ahead = None
+    if cfg.rollout.mode == "server" and cfg.rollout.max_staleness > 0 and run.start < cfg.train.num_steps:
+        # the next k steps' groups are sampled while this one trains (training/ahead.py)
+        ahead = AheadSampling(
+            run, first_step=run.start + 1, last_step=cfg.train.num_steps, max_staleness=cfg.rollout.max_staleness
+        )
+    try:
+        return _steps(run, stop, ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None) -> TrainResult:
     cfg, metrics, last_step = run.cfg, {}, run.start
     title = cfg.algo.name.upper()
     progress = Progress(total=cfg.train.num_steps, start=run.start, enabled=cfg.log.progress and dist.is_main(), title=title)
@@ -73,22 +90,29 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
         if dist.any_rank(stop.requested):  # SIGINT / SIGTERM: the previous step saved a checkpoint
             break
         step_started = time.perf_counter()
+        waits: dict[str, float] = {}
         with memory.phase("rollout"), sampling_guard(cfg.model.name_or_path, step, cfg.run_dir):  # NaN logits: one line
-            drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: training/sampling.py)
-                cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
-                prompt_ids=run.prompt_ids, generator=run.sampling_generator,
-            )  # fmt: skip
+            if ahead is not None:
+                drawn, waits = ahead.take(step)
+            else:
+                drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: training/sampling.py)
+                    cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
+                    prompt_ids=run.prompt_ids, generator=run.sampling_generator,
+                )  # fmt: skip
+        lag = staleness_metrics(drawn, run.sampler)  # before this step's sync moves the trainer's version
         batch_examples = [run.examples[i] for i in drawn.rows]
         with memory.phase("reference"):
             batch_started, (batch, metrics) = _advantages(run, drawn, batch_examples)
         update_started = time.perf_counter()
         with memory.phase("train"):
-            metrics.update(_update(run, batch, step))  # mu passes; then the sampler takes the new weights
+            metrics.update(_update(run, batch, step, ahead))  # mu passes; then the sampler takes the new weights
         update_done = time.perf_counter()
         metrics.update(length_by_reward(drawn.completions, drawn.rewards, drawn.valid))
         run.resumable.num_tokens += int(dist.all_reduce_sum(float(step_tokens(drawn.completions))))
         metrics.update(_component_means(drawn.scores.components))
         metrics.update(drawn.metrics)
+        metrics.update(lag)
+        metrics.update(waits)
         metrics.update(
             {
                 "sys/time_reference_s": update_started - batch_started,
@@ -111,7 +135,8 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
             run.reference.reset_to(parallel.unwrap(run.policy))  # pi_ref <- pi_theta
         every = cfg.log.checkpoint_every
         if step == cfg.train.num_steps or (every and step % every == 0) or dist.any_rank(stop.requested):
-            run.resumable.save(cfg, step)
+            with ahead.checkpoint_state(step + 1) if ahead is not None else contextlib.nullcontext():
+                run.resumable.save(cfg, step)  # with k > 0: the draw state before the batches in flight
         last_step = step
         progress.update(step, reward=metrics["reward"], kl=metrics.get("kl"), step_time=update_done - step_started)
     progress.close()
@@ -136,9 +161,9 @@ def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
     return batch_started, (batch, metrics)
 
 
-def _update(run: Run, batch, step: int) -> dict[str, float]:
+def _update(run: Run, batch, step: int, ahead: AheadSampling | None = None) -> dict[str, float]:
     """mu passes of the policy update (none while PPO's critic warms up), then the sampler takes the new
-    weights; PPO's critic update after the policy's."""
+    weights (with k > 0: once step + k's groups are drawn); PPO's critic update after the policy's."""
     metrics: dict[str, float] = {}
     if run.critic is None or not run.critic.warming_up(step):
         metrics.update(
@@ -147,9 +172,13 @@ def _update(run: Run, batch, step: int) -> dict[str, float]:
                 pad_id=run.tokenizer.pad_token_id, autocast_dtype=run.autocast_dtype, generator=run.minibatch_generator,
             )  # fmt: skip
         )
+        if ahead is not None:
+            metrics["sys/time_sync_wait_s"] = ahead.before_sync(step)
         sync_started = time.perf_counter()
         run.sampler.update_weights(run.policy)
         metrics["sys/time_weight_sync_s"] = time.perf_counter() - sync_started  # vllm: gather, merge, load; hf: nothing
+    if ahead is not None:
+        ahead.synced_once()  # a step done (while PPO's critic warms up, with the same weights)
     if run.critic is not None:
         metrics.update(run.critic.update(batch))
     return metrics

@@ -127,6 +127,40 @@ class RolloutConfig:
     (sampling/sampling_logp_difference/mean) is above this on 2 steps in a row: the engine is then not
     sampling from the policy being trained (a weight sync that misses a layer). Measured in healthy runs:
     ~0.003 (hf), ~0.01-0.02 (vllm in bf16). null = never stop."""
+    mode: Literal["colocated", "server"] = "colocated"
+    """colocated = the engine runs in the training process (rollout.engine); server = a vLLM OpenAI server in
+    its own process (docs/server_mode.md), the trainer its client, the weights sent by version after every
+    update. Server mode needs rollout.engine=vllm (its vllm.* settings start the server)."""
+    server_url: str = ""
+    """server mode: the URL of a running server (``grpolab serve``), e.g. http://127.0.0.1:8000; empty =
+    grpolab starts one itself, bound to 127.0.0.1, and stops it at the end of the run."""
+    server_port: int = 0
+    """The port of a server grpolab starts (train or serve); 0 = a free port chosen at start."""
+    server_host: str = "127.0.0.1"
+    """The address ``grpolab serve`` binds. Anything but loopback needs rollout.allow_remote=true and an API
+    key in the variable rollout.api_key_env: the RL endpoints of vLLM's dev mode let whoever reaches them
+    run engine methods (/collective_rpc)."""
+    allow_remote: bool = False
+    """Allow a server on, or a server_url to, a non-loopback address (with an API key, rollout.api_key_env)."""
+    api_key_env: str = "GRPOLAB_VLLM_API_KEY"
+    """The environment variable that holds the server's API key (never the config file, which is saved with
+    the run); required with rollout.allow_remote, optional on loopback."""
+    max_staleness: int = 0
+    """server mode: the generation for the next k steps runs while the current step trains, so a sample may
+    come from weights up to k updates old (0 = synchronous: colocated mode's samples). The engine's
+    log-probs are the old log-probs; set algo.rollout_correction=tis (or mis) to correct for the lag."""
+    sync_timeout_s: float = 120.0
+    """server mode: the longest wait for any one server call (a completion request, a weight update, a
+    health check) before the run stops with one error line; raise it for long completions on a slow engine."""
+    server_start_timeout_s: float = 600.0
+    """server mode: how long a server grpolab starts may take to answer /health."""
+    weight_transport: Literal["auto", "shm", "nccl"] = "auto"
+    """server mode: how weights reach the server. shm = buckets in shared memory files (/dev/shm), for a
+    server on the same machine (CPU or GPU); nccl = vLLM's NCCL engine (GPUs; untested here); auto = shm
+    for a server on this machine (a loopback URL), nccl for one elsewhere."""
+    sync_bucket_mb: float = 256.0
+    """server mode: the weights are sent in buckets of at most this many MB (one tensor larger than it is
+    a bucket of its own)."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "sft": ("model", "data", "train", "sft", "log", "seed"),
     "eval": ("model", "data", "rollout", "reward", "eval", "log", "seed"),
     "train-rm": ("reward_model", "log", "seed"),
+    "serve": ("model", "data", "rollout", "vllm", "seed"),
 }
 """Verb -> the top-level config keys it reads."""
 

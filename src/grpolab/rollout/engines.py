@@ -24,6 +24,7 @@ from grpolab.config import Config, ConfigError
 from grpolab.distributed import parallel
 from grpolab.rollout.base import Sampler
 from grpolab.rollout.hf import sampler_from_config
+from grpolab.rollout.server_setup import build_server_sampler
 from grpolab.rollout.vllm_setup import build_vllm_sampler, check_vllm_config
 
 SamplerBuilder = Callable[..., Sampler]
@@ -109,9 +110,13 @@ def build_sampler(
     wrapped: torch.nn.Module | None = None,
     temperature: float | None = None,
 ) -> Sampler:
-    """The sampler of ``cfg.rollout.engine`` (see the module docstring for the arguments)."""
+    """The sampler of ``cfg.rollout.engine`` (see the module docstring for the arguments). rollout.mode=server
+    and a training policy (``wrapped``): the client of a vLLM server (rollout/server_setup.py); an evaluation
+    (no ``wrapped``) runs the colocated engine, so it never changes the weights a server serves."""
     check_engine(cfg.rollout.engine)
-    return ENGINES[cfg.rollout.engine](
+    server = cfg.rollout.mode == "server" and wrapped is not None
+    builder = build_server_sampler if server else ENGINES[cfg.rollout.engine]
+    return builder(
         cfg,
         policy=policy,
         tokenizer=tokenizer,

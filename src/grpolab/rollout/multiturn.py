@@ -177,6 +177,15 @@ class MultiTurnSampler:
         self._device = torch.device("cpu")
         """Where the inner sampler's tensors live; the episode's tensors go there too."""
 
+    @property
+    def version(self) -> int | None:
+        """The inner server sampler's weight version (rollout.mode=server), else None."""
+        return getattr(self.sampler, "version", None)
+
+    @property
+    def last_sync_bytes(self) -> int:
+        return getattr(self.sampler, "last_sync_bytes", 0)
+
     def update_weights(self, model) -> None:
         """The inner engine takes the policy's weights (rollout.base.Sampler)."""
         self.sampler.update_weights(model)
@@ -280,7 +289,14 @@ class MultiTurnSampler:
                 )  # fmt: skip
                 for e in episodes
             ],
+            weight_versions=_versions(self.version, len(episodes)),
         )
+
+
+def _versions(version: int | None, n: int) -> list[int] | None:
+    """A server sampler's weight version (rollout/vllm_client.py) for every episode: a sync never falls
+    inside a step's episodes (training/ahead.py), so all their turns share it; None for other engines."""
+    return None if version is None else [int(version)] * n
 
 
 async def _step_all(envs: Sequence[Environment], turns: Sequence[str]) -> list[EnvStep]:

@@ -29,11 +29,12 @@ from grpolab.models.loading import is_peft
 Weights = Iterator[tuple[str, torch.Tensor]]
 
 
-def policy_weights(model: torch.nn.Module, dtype: torch.dtype | None = None) -> Weights:
+def policy_weights(model: torch.nn.Module, dtype: torch.dtype | None = None, *, merge_lora: bool = True) -> Weights:
     """``(checkpoint name, full tensor)`` of every weight the engine needs (module docstring), cast to
-    ``dtype`` (the engine's: vLLM warns on every tensor of another dtype, then casts it itself)."""
+    ``dtype`` (the engine's: vLLM warns on every tensor of another dtype, then casts it itself).
+    ``merge_lora=False``: a PEFT model's base weights alone (a server that takes the adapter itself)."""
     model = parallel.unwrap(model)
-    weights = _merged_lora(model) if is_peft(model) else _plain(model)
+    weights = _merged_lora(model, merge=merge_lora) if is_peft(model) else _plain(model)
     return weights if dtype is None else ((name, t.to(dtype)) for name, t in weights)
 
 
@@ -49,8 +50,8 @@ def _plain(model: torch.nn.Module) -> Weights:
 
 
 @torch.no_grad()
-def _merged_lora(model: torch.nn.Module) -> Weights:
-    """Base weights + the active adapters' deltas, under the base model's names."""
+def _merged_lora(model: torch.nn.Module, *, merge: bool = True) -> Weights:
+    """Base weights + the active adapters' deltas (``merge=False``: without them), under the base model's names."""
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
@@ -62,7 +63,7 @@ def _merged_lora(model: torch.nn.Module) -> Weights:
         owner = module_name.removesuffix(".base_layer")
         tensor = _full(param.detach())
         layer = lora_layers.get(owner) if module_name.endswith(".base_layer") else None
-        if layer is not None and leaf == "weight":
+        if merge and layer is not None and leaf == "weight":
             tensor = tensor + _delta(layer, tensor)
         yield f"{owner}.{leaf}" if owner != module_name else name, tensor
 

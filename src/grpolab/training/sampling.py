@@ -190,6 +190,7 @@ def _concat(parts: list[StepGroups]) -> StepGroups:
         num_generations=cs[0].num_generations,
         sampled_mask=None if cs[0].sampled_mask is None else torch.cat([pad(c.sampled_mask, False) for c in cs]),
         episodes=None if cs[0].episodes is None else [e for c in cs for e in c.episodes],
+        weight_versions=None if cs[0].weight_versions is None else [v for c in cs for v in c.weight_versions],
     )
     scores = ScoreResult(
         total=[t for p in parts for t in p.scores.total],

@@ -1,0 +1,137 @@
+"""The HTTP side of server mode: one vLLM server's JSON calls, each bounded by a timeout, and the pieces of a
+weight sync that do not depend on the sampler (buckets, a LoRA adapter's tensors, vLLM's NCCL control
+protocol over HTTP). rollout/vllm_client.py is the sampler built on them."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import torch
+
+from grpolab.distributed import parallel
+from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
+
+
+class ServerClient:
+    """JSON over HTTP to one vLLM server, every call bounded by ``timeout_s``."""
+
+    def __init__(self, url: str, *, timeout_s: float, api_key: str | None = None, server: VLLMServer | None = None):
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.api_key = api_key
+        self.server = server
+        """The server process when this run started it (its death is then named in errors)."""
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None, timeout_s: float | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+        timeout = timeout_s or self.timeout_s
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                text = r.read()
+        except urllib.error.HTTPError as err:
+            said = " ".join(err.read().decode(errors="replace").split())[:300]
+            raise RolloutServerError(f"the vLLM server at {self.url} answered {path} with {err.code}: {said}") from err
+        except TimeoutError as err:
+            raise RolloutServerError(
+                f"the vLLM server at {self.url} did not answer {path} within {timeout:g} s (rollout.sync_timeout_s)"
+                f"{self._dead()}"
+            ) from err
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            if isinstance(reason, TimeoutError):
+                raise RolloutServerError(
+                    f"the vLLM server at {self.url} did not answer {path} within {timeout:g} s "
+                    f"(rollout.sync_timeout_s){self._dead()}"
+                ) from err
+            raise RolloutServerError(
+                f"the vLLM server at {self.url} cannot be reached ({reason}) at {path}{self._dead()}: "
+                "the last checkpoint is kept; restart the server and resume the run (grpolab train --resume)"
+            ) from err
+        try:
+            return json.loads(text) if text else None
+        except json.JSONDecodeError:  # a few endpoints (LoRA loading) answer in plain text
+            return text.decode(errors="replace")
+
+    def _dead(self) -> str:
+        if self.server is not None and not self.server.alive():
+            return f"; the server grpolab started exited with status {self.server.proc.returncode}"
+        return ""
+
+    def version(self) -> str | None:
+        return self.call("GET", "/weight_info")["weight_version"]
+
+
+def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The active LoRA adapter's tensors under PEFT's saved names (what ``save_pretrained`` writes), each
+    whole (an FSDP2 shard is gathered: every rank calls this) on the host."""
+    from peft import get_peft_model_state_dict
+
+    peft_model = parallel.unwrap(model)
+    state = get_peft_model_state_dict(peft_model, adapter_name=peft_model.active_adapter)
+    return {k: _full(v.detach()).to("cpu").contiguous() for k, v in state.items()}
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def consume(weights) -> int:
+    """A rank other than 0: take part in the gathers (FSDP2 collectives, in the sender's order), send nothing;
+    returns the bytes rank 0 sent (the same tensors)."""
+    return sum(t.numel() * t.element_size() for _, t in weights)
+
+
+def buckets(weights, limit_bytes: int):
+    """Groups of ``(name, tensor)`` of at most ``limit_bytes`` each (a larger tensor is a bucket of its own),
+    taken from the iterator one tensor at a time (so an FSDP2 gather holds one bucket, not the model)."""
+    bucket, size = [], 0
+    for name, t in weights:
+        n = t.numel() * t.element_size()
+        if bucket and size + n > limit_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += n
+    if bucket:
+        yield bucket
+
+
+class NcclControl:
+    """vLLM's ``VLLMWeightSyncClient`` protocol over our HTTP client (its NCCL engine drives it)."""
+
+    def __init__(self, client: ServerClient):
+        self.client = client
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.client.call("POST", "/init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.client.call("POST", "/start_weight_update")
+
+    def update_weights(self, update_info) -> None:
+        self.client.call("POST", "/update_weights", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.client.call("POST", "/finish_weight_update", {"weight_version": weight_version})
+
+
+class ListSource:
+    """A ``WeightSource`` of tensors already gathered (vLLM's NCCL trainer engine iterates it)."""
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+    def metadata(self):
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.tensors]
+
+    def __iter__(self):
+        return iter(self.tensors)

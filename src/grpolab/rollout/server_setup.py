@@ -1,0 +1,161 @@
+"""From a config to a vLLM server and its client sampler (rollout.mode=server; docs/server_mode.md).
+
+``server_args`` turns the run's engine settings (rollout/vllm_setup.py ``engine_kwargs``, the colocated
+engine's own) into the server's command line, so both modes run the same engine; ``start_server``
+starts one (``grpolab train`` with no rollout.server_url, and ``grpolab serve``); ``build_server_sampler``
+is what rollout/engines.py builds in server mode.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+from urllib.parse import urlsplit
+
+import torch
+
+from grpolab.config import Config, ConfigError
+from grpolab.distributed import dist
+from grpolab.models.loading import resolve_autocast, resolve_device
+from grpolab.models.sources import local_source
+from grpolab.rollout import vllm_shm
+from grpolab.rollout.hf import _resolve_eos
+from grpolab.rollout.server_client import ServerClient
+from grpolab.rollout.vllm_client import MODEL_NAME, ServerSampler
+from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
+from grpolab.rollout.vllm_setup import check_vllm, engine_kwargs
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def transport(cfg: Config) -> str:
+    """rollout.weight_transport, auto resolved: shm for a server on this machine, nccl for one elsewhere."""
+    t = cfg.rollout.weight_transport
+    if t != "auto":
+        return t
+    host = urlsplit(cfg.rollout.server_url).hostname if cfg.rollout.server_url else cfg.rollout.server_host
+    return "shm" if host in LOOPBACK else "nccl"
+
+
+def server_args(cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | None, context: int | None = None):
+    """(vLLM server arguments, environment) for the run's engine settings."""
+    kw = engine_kwargs(cfg, device_type=device_type, autocast_dtype=autocast_dtype, context=context)
+    args = [
+        "--model", kw["model"], "--tokenizer", kw["tokenizer"], "--served-model-name", MODEL_NAME,
+        "--dtype", kw["dtype"], "--max-model-len", str(kw["max_model_len"]),
+        "--gpu-memory-utilization", str(kw["gpu_memory_utilization"]),
+        "--logprobs-mode", kw["logprobs_mode"], "--seed", str(kw["seed"]),
+        "--enable-prefix-caching" if kw["enable_prefix_caching"] else "--no-enable-prefix-caching",
+        "--weight-transfer-config", json.dumps({"backend": vllm_shm.BACKEND if transport(cfg) == "shm" else "nccl"}),
+    ]  # fmt: skip
+    if kw.get("revision"):
+        args += ["--revision", kw["revision"]]
+    if kw["trust_remote_code"]:
+        args.append("--trust-remote-code")
+    if kw["enforce_eager"]:
+        args.append("--enforce-eager")
+    if "max_num_seqs" in kw:
+        args += ["--max-num-seqs", str(kw["max_num_seqs"])]
+    env = {}
+    if cfg.model.lora.enabled:  # the adapter goes to the server per version (rollout/vllm_client.py)
+        rank = next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= cfg.model.lora.r)  # vLLM's allowed ranks
+        args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2"]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if "kv_cache_memory_bytes" in kw:
+        args += ["--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"])]
+        if device_type == "cpu":  # the CPU backend sizes its cache from this variable (whole GiB)
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kw["kv_cache_memory_bytes"] / 2**30)))
+    env.setdefault("VLLM_LOGGING_LEVEL", os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"))
+    return args, env
+
+
+def api_key(cfg: Config) -> str | None:
+    return os.environ.get(cfg.rollout.api_key_env) or None
+
+
+def model_context(cfg: Config) -> int | None:
+    """max_position_embeddings of the model's config.json."""
+    from transformers import AutoConfig
+
+    m = cfg.model
+    hf = AutoConfig.from_pretrained(local_source(m.name_or_path), revision=m.revision, trust_remote_code=m.trust_remote_code)
+    return getattr(hf, "max_position_embeddings", None)
+
+
+def start_server(cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | None, context: int | None = None):
+    """A healthy server for the run (bound to rollout.server_host:server_port), or one RolloutServerError line."""
+    check_vllm(cfg, device_type=device_type)
+    if context is None:  # grpolab serve: the model's context caps the default max_model_len, as in a run
+        context = model_context(cfg)
+    args, env = server_args(cfg, device_type=device_type, autocast_dtype=autocast_dtype, context=context)
+    r = cfg.rollout
+    server = VLLMServer.start(
+        args, host=r.server_host, port=r.server_port, api_key=api_key(cfg), allow_remote=r.allow_remote, env=env
+    )
+    server.wait_healthy(r.server_start_timeout_s)
+    return server
+
+
+def build_server_sampler(
+    cfg: Config,
+    *,
+    policy: torch.nn.Module,
+    tokenizer,
+    autocast_dtype: torch.dtype | None,
+    wrapped: torch.nn.Module | None = None,
+    temperature: float | None = None,
+) -> ServerSampler:
+    """rollout.mode=server: the client of rollout.server_url, or of a server started here (stopped by ``close``).
+    The server takes ``wrapped`` (or ``policy``)'s weights, as version 0, before the first sample. Under
+    torchrun the ranks share one server: rank 0 starts it (or every rank uses rollout.server_url) and
+    sends the weights, gathered once; each rank samples its own groups."""
+    device = next(policy.parameters()).device
+    context = getattr(policy.config, "max_position_embeddings", None)
+    r = cfg.rollout
+    server, url = None, r.server_url
+    if not url:  # under torchrun rank 0 starts the one server every rank samples from
+        if dist.is_main():
+            server = start_server(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context)
+        url = dist.broadcast_object(server.url if server is not None else None)
+    client = ServerClient(url, timeout_s=r.sync_timeout_s, api_key=api_key(cfg), server=server)
+    dtype = engine_kwargs(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context)["dtype"]
+    return ServerSampler(
+        client,
+        tokenizer,
+        max_completion_length=r.max_completion_length,
+        temperature=r.temperature if temperature is None else temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        eos_token_ids=_resolve_eos(policy, tokenizer, None),
+        weights_from=wrapped if wrapped is not None else policy,
+        device=device,
+        transport=transport(cfg),
+        bucket_bytes=int(r.sync_bucket_mb * 2**20),
+        dtype=getattr(torch, dtype),
+        lora=cfg.model.lora.enabled,
+    )
+
+
+def serve(cfg: Config, *, announce=lambda line: print(line, flush=True)) -> int:
+    """``grpolab serve``: the run's server on rollout.server_host:server_port until SIGINT / SIGTERM, then stopped
+    with everything it started. A trainer reaches it with rollout.mode=server rollout.server_url=<the URL>."""
+    if cfg.rollout.mode != "server":
+        raise ConfigError("grpolab serve starts the server of rollout.mode=server: set rollout.mode=server (and rollout.engine=vllm)")
+    device = resolve_device(cfg.model)
+    server = start_server(cfg, device_type=device.type, autocast_dtype=resolve_autocast(cfg.model, device))
+    done = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: done.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        announce(f"grpolab: vLLM server ready at {server.url} (log: {server.log_path}); train with "
+                 f"rollout.mode=server rollout.server_url={server.url}; Ctrl-C stops it")  # fmt: skip
+        while not done.wait(1.0):
+            if not server.alive():
+                raise RolloutServerError(f"the vLLM server exited with status {server.proc.returncode}: {server.log_tail()}")
+        return 0
+    finally:
+        server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,348 @@
+"""rollout.mode=server: the trainer as a client of a vLLM OpenAI server (docs/server_mode.md).
+
+``ServerSampler`` implements the Sampler contract (rollout/base.py) over HTTP, with what rollout/vllm.py
+does in process: each sample is its own /v1/completions request of prompt token ids with
+``seed = base + p*G + g`` (``base`` drawn from the step's generator), ``logprobs=0`` and
+``return_token_ids``, so the token ids are the engine's and the log-probs are its processed ones
+(``--logprobs-mode processed_logprobs``: log_softmax(logits / T), the trainer's); greedy sends one request
+per prompt and repeats it G times. The same seeds on the same engine give colocated mode's samples.
+Requests go out together (a thread pool), so the engine batches them.
+
+Weights go by version (``update_weights``): /pause (in-flight requests finish first), /start_weight_update,
+the buckets (/update_weights, each at most rollout.sync_bucket_mb, one parameter gathered at a time
+under FSDP2: rollout/vllm_sync.py), /finish_weight_update with the new version, /reset_prefix_cache,
+then /weight_info must report that version, then /resume. Before every sample the server's version is
+checked too: a server that restarted (with its own weights) stops the run instead of sampling from them.
+Transports: ``shm`` (rollout/vllm_shm.py: files in shared memory; any device, same machine) and ``nccl``
+(vLLM's NCCL engine; GPUs; written, not tested here). Every call has a timeout (rollout.sync_timeout_s),
+and any failure is one RolloutServerError line (the HTTP calls: rollout/server_client.py).
+
+LoRA (``lora=True``): the adapter itself goes, not a merge; the base weights go once, at the first sync
+(a server keeps what an earlier trainer sent). Each version's adapter (PEFT's own state dict,
+FSDP2 shards gathered) is written as a PEFT folder in shared memory and loaded with vLLM's
+/v1/load_lora_adapter as ``grpolab-<tag>-v<N>`` (the previous one unloaded), the server's version label set
+with /update_weight_version, and every request names that adapter.
+
+Under torchrun the ranks share one server: every rank takes part in the gathers (FSDP2 collectives),
+rank 0 alone sends, and a barrier keeps every rank from sampling before the new version is served;
+each rank then samples its own groups with its own seeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpolab.distributed import dist, parallel
+from grpolab.rollout import vllm_shm
+from grpolab.rollout.base import check_prompts, check_sampling
+from grpolab.rollout.server_client import (
+    ListSource,
+    NcclControl,
+    ServerClient,
+    adapter_state,
+    buckets,
+    consume,
+)
+from grpolab.rollout.vllm import SEED_MODULUS, _draw_seed
+from grpolab.rollout.vllm_server import RolloutServerError
+from grpolab.rollout.vllm_sync import policy_weights
+from grpolab.types import Completions, FinishReason
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "grpolab"
+"""The name the server serves the model under (``--served-model-name``)."""
+
+
+class ServerSampler:
+    """Implements ``grpolab.rollout.Sampler`` against a vLLM server (see the module docstring)."""
+
+    takes_examples = False
+
+    def __init__(
+        self,
+        client: ServerClient,
+        tokenizer,
+        *,
+        max_completion_length: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        eos_token_ids: Sequence[int],
+        weights_from: torch.nn.Module | None = None,
+        device: torch.device | str = "cpu",
+        transport: str = "shm",
+        bucket_bytes: int = 256 * 2**20,
+        dtype: torch.dtype | None = None,
+        max_concurrency: int = 64,
+        lora: bool = False,
+    ) -> None:
+        check_sampling(max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k)
+        if not eos_token_ids:
+            raise ValueError("eos_token_ids is empty: pass the ids that end a completion")
+        if transport not in ("shm", "nccl"):
+            raise ValueError(f"transport must be shm or nccl, got {transport!r}")
+        self.client = client
+        self.tokenizer = tokenizer
+        self.max_completion_length = max_completion_length
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.eos_token_ids = [int(i) for i in eos_token_ids]
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
+        self.device = torch.device(device)
+        self.transport = transport
+        self.bucket_bytes = int(bucket_bytes)
+        self.dtype = dtype
+        self.version: int | None = None
+        """The weight version the server serves (0 = the first sync; +1 per update_weights)."""
+        self.last_sync_s = 0.0
+        self.last_sync_bytes = 0
+        self.last_generate_s = 0.0
+        self.lock = threading.Lock()
+        """Held by a whole ``sample`` and a whole sync: a batch is sampled with one version."""
+        self._pending = weights_from
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="grpolab-vllm-request")
+        self._shm_dir: Path | None = None
+        self._nccl = None
+        self.lora = lora
+        self._tag = uuid.uuid4().hex[:8]  # this sampler's adapters never take another trainer's names
+        self.model_name = MODEL_NAME
+        """What requests name: the base model, or (LoRA) the adapter of the current version."""
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        num_generations: int,
+        generator: torch.Generator | None = None,
+    ) -> Completions:
+        """G completions for each prompt, prompt-major; ``weight_versions`` says which weights drew them."""
+        check_prompts(prompt_ids, num_generations)
+        if self._pending is not None:
+            self.update_weights(self._pending)
+        greedy = self.temperature == 0
+        base = None if generator is None or greedy else _draw_seed(generator)
+        per_prompt = 1 if greedy else num_generations
+        bodies = []
+        for p, ids in enumerate(prompt_ids):
+            for g in range(per_prompt):
+                seed = None if base is None else (base + p * num_generations + g) % SEED_MODULUS
+                bodies.append(self._body(ids, seed))
+        with self.lock:
+            self._check_version()
+            t0 = time.perf_counter()
+            choices = list(self._pool.map(lambda b: self.client.call("POST", "/v1/completions", b)["choices"][0], bodies))
+            self.last_generate_s = time.perf_counter() - t0
+            version = self.version
+        if greedy:
+            choices = [c for c in choices for _ in range(num_generations)]
+        out = self._package(prompt_ids, num_generations, choices)
+        out.weight_versions = [int(version or 0)] * out.num_sequences
+        return out
+
+    def _body(self, ids: Sequence[int], seed: int | None) -> dict[str, Any]:
+        body = {
+            "model": self.model_name,
+            "prompt": [int(t) for t in ids],
+            "max_tokens": self.max_completion_length,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k if self.top_k > 0 else -1,
+            "stop_token_ids": self.eos_token_ids,
+            "logprobs": 0,  # the sampled token's only
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if seed is not None:
+            body["seed"] = seed
+        return body
+
+    def _check_version(self) -> None:
+        served = self.client.version()
+        if served != str(self.version):
+            raise RolloutServerError(
+                f"the vLLM server at {self.client.url} serves weight version {served!r}, the trainer sent "
+                f"{self.version}: it restarted or another trainer updated it; the last checkpoint is kept, "
+                "resume the run (grpolab train --resume) to send it this run's weights"
+            )
+
+    def _package(self, prompt_ids, group: int, choices: list[dict]) -> Completions:
+        n = len(choices)
+        tokens = [list(c["token_ids"]) for c in choices]
+        width = max(1, max(len(t) for t in tokens))
+        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.bool)
+        logprobs = torch.zeros((n, width), dtype=torch.float32)
+        eos = set(self.eos_token_ids)
+        reasons: list[FinishReason] = []
+        text_ids = []
+        for i, (toks, c) in enumerate(zip(tokens, choices, strict=True)):
+            lps = c["logprobs"]["token_logprobs"]
+            if len(lps) != len(toks):
+                raise RolloutServerError(f"the vLLM server returned {len(lps)} log-probs for {len(toks)} tokens")
+            if toks:
+                ids[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+                mask[i, : len(toks)] = True
+                logprobs[i, : len(toks)] = torch.tensor(lps, dtype=torch.float32)
+            stopped = bool(toks) and toks[-1] in eos
+            reasons.append("stop" if stopped else "length")
+            text_ids.append(toks[:-1] if stopped else toks)
+        return Completions(
+            prompt_ids=[list(p) for p in prompt_ids for _ in range(group)],
+            completion_ids=ids.to(self.device),
+            completion_mask=mask.to(self.device),
+            logprobs=logprobs.to(self.device),
+            texts=self.tokenizer.batch_decode(text_ids, skip_special_tokens=True),
+            finish_reasons=reasons,
+            num_generations=group,
+        )
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Send ``model``'s weights as the next version (module docstring); the version the server then
+        reports is checked."""
+        with self.lock:
+            t0 = time.perf_counter()
+            version = 0 if self.version is None else self.version + 1
+            if self.lora:
+                sent = self._sync_adapter(model, version)
+            else:
+                sent = self._sync_or_consume(policy_weights(model, self.dtype), version)
+            if dist.world().size > 1:
+                dist.barrier()  # no rank samples before rank 0's sync is done
+            self.version = version
+            self._pending = None
+            self.last_sync_s = time.perf_counter() - t0
+            self.last_sync_bytes = sent
+            log.debug("vllm server: version %d sent (%d bytes) in %.3f s", version, sent, self.last_sync_s)
+
+    def _sync_or_consume(self, weights, version: int) -> int:
+        """Rank 0 sends ``weights`` as ``version``; the other ranks take part in the gathers. The bytes sent."""
+        return self._sync(weights, version) if dist.is_main() else consume(weights)
+
+    def _sync(self, weights, version: int) -> int:
+        """The sender's half of ``update_weights``: the bytes sent."""
+        c = self.client
+        c.call("POST", "/pause?mode=wait")
+        try:
+            if self.transport == "nccl":  # its engine drives start / update / finish itself
+                sent = self._send_nccl(weights)
+                c.call("POST", "/update_weight_version", {"new_version": str(version)})
+            else:
+                c.call("POST", "/start_weight_update")
+                sent = self._send(weights)
+                c.call("POST", "/finish_weight_update", {"weight_version": str(version)})
+            c.call("POST", "/reset_prefix_cache")  # cached prompt KV was computed with the old weights
+            served = c.version()
+            if served != str(version):
+                raise RolloutServerError(
+                    f"the vLLM server at {c.url} reports weight version {served!r} after the trainer sent {version}"
+                )
+        finally:
+            c.call("POST", "/resume")
+        return sent
+
+    def _sync_adapter(self, model: torch.nn.Module, version: int) -> int:
+        """LoRA: this version's adapter as a PEFT folder, loaded as ``grpolab-<tag>-v<N>`` (module docstring);
+        the first time, the base weights too (whatever an earlier trainer left in the server)."""
+        base = 0
+        if self.model_name == MODEL_NAME:
+            base = self._sync_or_consume(policy_weights(model, self.dtype, merge_lora=False), version)
+        state = adapter_state(model)  # every rank: FSDP2 gathers
+        sent = base + sum(t.numel() * t.element_size() for t in state.values())
+        name = f"grpolab-{dist.broadcast_object(self._tag)}-v{version}"
+        if not dist.is_main():
+            self.model_name = name
+            return sent
+        from safetensors.torch import save_file
+
+        folder = self._transfer_dir() / f"adapter-v{version}"
+        folder.mkdir()
+        peft_model = parallel.unwrap(model)
+        peft_model.peft_config[peft_model.active_adapter].save_pretrained(str(folder))
+        save_file(state, str(folder / "adapter_model.safetensors"))
+        c, previous = self.client, self.model_name
+        c.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
+        c.call("POST", "/update_weight_version", {"new_version": str(version)})
+        if previous != MODEL_NAME:
+            c.call("POST", "/v1/unload_lora_adapter", {"lora_name": previous})
+            shutil.rmtree(self._transfer_dir() / f"adapter-v{previous.rsplit('-v', 1)[1]}", ignore_errors=True)
+        self.model_name = name
+        served = c.version()
+        if served != str(version):
+            raise RolloutServerError(f"the vLLM server at {c.url} reports weight version {served!r} after the trainer sent {version}")
+        return sent
+
+    def _transfer_dir(self) -> Path:
+        if self._shm_dir is None:
+            self._shm_dir = vllm_shm.SHM_ROOT / f"grpolab-{uuid.uuid4().hex}"
+            self._shm_dir.mkdir(mode=0o700)
+            weakref.finalize(self, shutil.rmtree, self._shm_dir, ignore_errors=True)  # also when close is never called
+        return self._shm_dir
+
+    def _send(self, weights) -> int:
+        """shm: every bucket written to a file, posted, and deleted; returns the bytes sent."""
+        if self._shm_dir is None:
+            self.client.call("POST", "/init_weight_transfer_engine", {"init_info": {"folder": self._transfer_dir().name}})
+        sent = 0
+        for i, bucket in enumerate(buckets(weights, self.bucket_bytes)):
+            path = self._shm_dir / f"bucket-{i}"
+            info = vllm_shm.write_bucket(path, bucket)
+            try:
+                self.client.call("POST", "/update_weights", {"update_info": info})
+            finally:
+                path.unlink(missing_ok=True)
+            sent += sum(t.numel() * t.element_size() for _, t in bucket)  # the tensors', not the alignment's
+        return sent
+
+    def _send_nccl(self, weights) -> int:
+        """vLLM's NCCL engine (GPUs only; written against vLLM 0.32's API, not run on this machine)."""
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        tensors = list(weights)
+        if self._nccl is None:
+            import os
+
+            host = urllib.parse.urlsplit(self.client.url).hostname or "127.0.0.1"
+            init = NCCLTrainerInitInfo(
+                master_address=os.environ.get("GRPOLAB_NCCL_ADDRESS", host),
+                master_port=int(os.environ.get("GRPOLAB_NCCL_PORT", "29555")),
+                world_size=1 + int(self.client.call("GET", "/get_world_size")["world_size"]),
+                rank=0,
+            )
+            self._nccl = WeightTransferTrainerFactory.trainer_init(
+                init, client=NcclControl(self.client), source=ListSource(tensors)
+            )
+        self._nccl.source = ListSource(tensors)
+        self._nccl.send_weights()
+        return sum(t.numel() * t.element_size() for _, t in tensors)
+
+    def close(self) -> None:
+        """Stop the request threads, unload this sampler's adapter, remove the transfer folder, and stop the
+        server if this run started it."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.model_name != MODEL_NAME and dist.is_main():
+            with contextlib.suppress(RolloutServerError):
+                self.client.call("POST", "/v1/unload_lora_adapter", {"lora_name": self.model_name})
+        if self._shm_dir is not None:
+            shutil.rmtree(self._shm_dir, ignore_errors=True)
+        if self.client.server is not None:
+            self.client.server.stop()

@@ -1,0 +1,402 @@
+"""rollout.mode=server: vLLM's OpenAI server beside the trainer, weights sent by version, bounded staleness.
+
+One server for the whole module (a start costs ~25 s of CPU): the runs point rollout.server_url at it, and
+each run sends its own weights as version 0 first. The last test kills it and checks that nothing of it
+is left. The proof of a sync is the logged sampler/trainer mismatch, as in test_vllm_train.py: fp32 on
+both sides agrees to ~1e-6 nats, weights one update old (lr 1e-2) are off by ~1e-2 or more.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpolab[vllm]'; make test installs it)")
+
+from grpolab.commands.train import train  # noqa: E402
+from grpolab.config import load_config  # noqa: E402
+from grpolab.rollout.server_client import ServerClient  # noqa: E402
+from grpolab.rollout.vllm_client import ServerSampler  # noqa: E402
+from grpolab.rollout.vllm_server import RolloutServerError  # noqa: E402
+from grpolab.runtime.logging import read_metrics  # noqa: E402
+from grpolab.training.logprobs import completion_logprobs  # noqa: E402
+
+MISMATCH_KEY = "sampling/sampling_logp_difference/mean"
+IS_RATIO_KEY = "sampling/importance_sampling_ratio/mean"
+SYNCED = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from grpolab.tasks.tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("server_tiny"), hidden_size=64, num_layers=2, num_heads=2)
+
+
+def overrides(model_dir, data, out, name: str, steps: int, *extra: str) -> list[str]:
+    return [
+        f"model.name_or_path={model_dir}", "model.autocast=none", f"data.path={data}", "data.max_prompt_length=16",
+        "reward.functions=[{name: 'toy_rewards:digit_fraction'}]", "rollout.engine=vllm",
+        "rollout.num_generations=4", "rollout.max_completion_length=6", "train.prompts_per_step=2",
+        f"train.num_steps={steps}", "optim.lr=1e-2", "vllm.dtype=float32", "vllm.kv_cache_space_gb=0.0625",
+        f"log.output_dir={out}", f"log.run_name={name}", "log.progress=false", "log.checkpoint_every=1",
+        "algo.rollout_correction=tis", *extra,
+    ]  # fmt: skip
+
+
+class Served:
+    """The module's server, started by ``grpolab serve`` (the verb under test) in a child process."""
+
+    def __init__(self, proc: subprocess.Popen, url: str):
+        self.proc, self.url = proc, url
+        (self.pid,) = server_children(proc.pid)
+        """The vLLM API server: the leader of its process group (with its engine core)."""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("srv")
+    cmd = [
+        sys.executable, "-m", "grpolab", "serve", *overrides(model_dir, "unused", out, "s", 1), "rollout.mode=server",
+        "model.lora.enabled=true", "model.lora.r=4",  # LoRA on: the LoRA runs need it; the base model serves the others
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # blocks until the server is healthy (or the verb failed)
+        assert "vLLM server ready at " in line, proc.communicate(timeout=60)[1][-3000:]
+        served = Served(proc, line.split(" ready at ")[1].split()[0])
+        yield served
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    assert rc == 0, proc.stderr.read()[-2000:]
+    assert group_alive(served.pid) == []
+
+
+def server_run(model_dir, data, out, name, steps, server, *extra):
+    return [*overrides(model_dir, data, out, name, steps), "rollout.mode=server", f"rollout.server_url={server.url}", *extra]
+
+
+def non_loopback_address() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+            addr = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if addr.startswith("127.") else addr
+
+
+def test_started_server_answers_loopback_and_refuses_other_addresses(server):
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    addr = non_loopback_address()
+    if addr is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((addr, port), timeout=5).close()
+
+
+def test_samples_carry_the_engine_logprobs_and_the_version(server, model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    client = ServerClient(server.url, timeout_s=60)
+    sampler = ServerSampler(client, tok, max_completion_length=6, eos_token_ids=[tok.eos_token_id], weights_from=policy)
+    prompts = [tok.encode("1+2="), tok.encode("a")]
+    for version in (0, 1):
+        if version:
+            with torch.no_grad():
+                for p in policy.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+            sampler.update_weights(policy)
+        out = sampler.sample(prompts, num_generations=4, generator=torch.Generator().manual_seed(0))
+        assert out.weight_versions == [version] * 8 and client.version() == str(version)
+        assert out.prompt_ids == [p for p in prompts for _ in range(4)]
+        with torch.no_grad():
+            lp, _ = completion_logprobs(
+                policy, out.prompt_ids, out.completion_ids, out.completion_mask, pad_id=tok.pad_token_id, temperature=1.0
+            )
+        torch.testing.assert_close(out.logprobs[out.completion_mask], lp[out.completion_mask], atol=1e-4, rtol=0)
+    assert sampler.last_sync_bytes == sum(p.numel() * 4 for p in policy.parameters()) + policy.lm_head.weight.numel() * 4 * (
+        policy.config.tie_word_embeddings
+    )
+    client.call("POST", "/update_weight_version", {"new_version": "other"})  # as a restart or another trainer would
+    with pytest.raises(RolloutServerError, match="serves weight version 'other', the trainer sent 1"):
+        sampler.sample(prompts, num_generations=4)
+    sampler.close()
+    assert server.alive()  # a sampler that did not start the server leaves it running
+
+
+def test_lora_sends_the_adapter_itself_per_version(server, model_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    policy = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    sampler = ServerSampler(
+        ServerClient(server.url, timeout_s=60), tok, max_completion_length=6, eos_token_ids=[tok.eos_token_id],
+        weights_from=policy, lora=True,
+    )  # fmt: skip
+    prompts = [tok.encode("1+2="), tok.encode("a")]
+    for version in (0, 1):
+        with torch.no_grad():  # a new adapter far from zero: its log-probs are not the base model's
+            for name, p in policy.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.5)
+        if version:
+            sampler.update_weights(policy)
+        out = sampler.sample(prompts, num_generations=2, generator=torch.Generator().manual_seed(version))
+        assert sampler.model_name.endswith(f"-v{version}") and out.weight_versions == [version] * 4
+        mask = out.completion_mask
+        with torch.no_grad():
+            lp, _ = completion_logprobs(policy, out.prompt_ids, out.completion_ids, mask, pad_id=tok.pad_token_id, temperature=1.0)
+            with policy.disable_adapter():
+                lp_base, _ = completion_logprobs(policy, out.prompt_ids, out.completion_ids, mask, pad_id=tok.pad_token_id, temperature=1.0)
+        torch.testing.assert_close(out.logprobs[mask], lp[mask], atol=1e-4, rtol=0)  # the trainer's, new adapter
+        assert (out.logprobs[mask] - lp_base[mask]).abs().max() > 1e-2  # not the base model's
+    assert sampler.last_sync_bytes == sum(p.numel() * 4 for n, p in policy.named_parameters() if "lora_" in n)
+    sampler.close()
+
+
+def test_lora_run_in_server_mode_keeps_the_engine_on_the_trainer(server, model_dir, addition_jsonl, tmp_path):
+    lora = ["model.lora.enabled=true", "model.lora.r=4"]
+    rows = read_metrics(train(load_config(None, server_run(model_dir, addition_jsonl(16), tmp_path, "lora", 2, server, *lora))).run_dir)
+    assert [r["step"] for r in rows] == [1, 2] and all(r[MISMATCH_KEY] < SYNCED for r in rows)
+
+
+def test_staleness_0_gives_colocated_samples_and_metrics(server, model_dir, addition_jsonl, tmp_path):
+    data = addition_jsonl(16)
+    colocated = read_metrics(train(load_config(None, overrides(model_dir, data, tmp_path, "c", 3))).run_dir)
+    served = read_metrics(train(load_config(None, server_run(model_dir, data, tmp_path, "s", 3, server))).run_dir)
+    assert [r["step"] for r in served] == [1, 2, 3]
+    for c, s in zip(colocated, served, strict=True):
+        for key in ("reward", "loss", "completions/mean_length", "num_tokens"):
+            assert s[key] == pytest.approx(c[key], abs=1e-5), (s["step"], key)
+        assert s[MISMATCH_KEY] < SYNCED
+        assert s["rollout/staleness_max"] == 0 and s["rollout/weight_version_max"] == s["step"] - 1
+        assert s["sys/weight_sync_bytes"] > 0
+
+
+def test_staleness_0_resume_is_exact(server, model_dir, addition_jsonl, tmp_path):
+    data = addition_jsonl(16)
+    straight = read_metrics(train(load_config(None, server_run(model_dir, data, tmp_path, "a", 3, server))).run_dir)
+    train(load_config(None, server_run(model_dir, data, tmp_path, "b", 2, server)))
+    resumed = read_metrics(train(load_config(None, server_run(model_dir, data, tmp_path, "b", 3, server)), resume=True).run_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3] and resumed[-1][MISMATCH_KEY] < SYNCED
+    for key in ("reward", "loss", "num_tokens"):
+        assert resumed[-1][key] == pytest.approx(straight[-1][key], abs=1e-5), key
+
+
+def test_staleness_1_lags_one_update_and_tis_weights_it(server, model_dir, addition_jsonl, tmp_path):
+    data = addition_jsonl(16)
+    rows = read_metrics(
+        train(load_config(None, server_run(model_dir, data, tmp_path, "k1", 4, server, "rollout.max_staleness=1"))).run_dir
+    )
+    assert [r["rollout/staleness_max"] for r in rows] == [0, 1, 1, 1]
+    assert [r["rollout/weight_version_max"] for r in rows] == [0, 0, 1, 2]
+    assert rows[0][MISMATCH_KEY] < SYNCED
+    for row in rows[1:]:  # sampled one update behind: the engine's log-probs are the old policy's
+        assert row[MISMATCH_KEY] > 10 * SYNCED
+        assert abs(row[IS_RATIO_KEY] - 1.0) > 1e-4  # the TIS weights come from the engine's log-probs
+        assert row["sys/time_trainer_wait_s"] >= 0 and row["sys/time_generator_idle_s"] >= 0
+
+
+def test_staleness_1_resume_regenerates_in_flight_batches_reproducibly(server, model_dir, addition_jsonl, tmp_path):
+    data = addition_jsonl(16)
+    results = []
+    for name in ("r1", "r2"):
+        train(load_config(None, server_run(model_dir, data, tmp_path, name, 2, server, "rollout.max_staleness=1")))
+        cfg = load_config(None, server_run(model_dir, data, tmp_path, name, 3, server, "rollout.max_staleness=1"))
+        results.append(read_metrics(train(cfg, resume=True).run_dir)[-1])
+    a, b = results
+    assert a["step"] == b["step"] == 3
+    assert a["rollout/staleness_max"] == 0  # the in-flight batch was sampled again from the resumed weights
+    for key in ("reward", "loss", "num_tokens"):
+        assert a[key] == pytest.approx(b[key], abs=1e-5), key
+
+
+def test_a_forced_lag_of_1_changes_the_loss_as_the_hand_computed_correction(server, model_dir):
+    """Sample from version 0, move the trainer one update on without syncing (a lag of 1), and check the
+    loss against ``-(1/N) sum_i (1/|o_i|) sum_t min(pi_1 / pi_engine, 2) A_i`` (GRPO, mu=1: ratio 1; TIS cap 2)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpolab.config import config_from_dict
+    from grpolab.training.step import PolicyLossSpec, policy_loss
+    from grpolab.types import RolloutBatch
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    sampler = ServerSampler(
+        ServerClient(server.url, timeout_s=60), tok, max_completion_length=6, eos_token_ids=[tok.eos_token_id],
+        weights_from=policy,
+    )  # fmt: skip
+    out = sampler.sample([tok.encode("1+2="), tok.encode("7")], num_generations=2, generator=torch.Generator().manual_seed(3))
+    sampler.close()
+    mask = out.completion_mask
+
+    def trainer_lp(model):
+        with torch.no_grad():
+            lp, _ = completion_logprobs(model, out.prompt_ids, out.completion_ids, mask, pad_id=tok.pad_token_id, temperature=1.0)
+        return lp
+
+    torch.testing.assert_close(out.logprobs[mask], trainer_lp(policy)[mask], atol=1e-4, rtol=0)  # engine = pi_0
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    lp1 = trainer_lp(policy)  # pi_1: one update on, never sent to the server
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    cfg = config_from_dict(
+        {"model": {"name_or_path": "unused"}, "algo": {"beta": 0.0, "rollout_correction": "tis", "rollout_correction_cap": 2.0}}
+    )
+    spec = PolicyLossSpec.from_config(cfg)
+    mb = RolloutBatch(
+        prompt_ids=out.prompt_ids, completion_ids=out.completion_ids, completion_mask=mask, loss_mask=mask,
+        advantages=adv[:, None].expand_as(lp1).clone(), sampler_logprobs=out.logprobs,
+    )  # fmt: skip
+    loss, stats = policy_loss(lp1, lp1, mb, spec, total_seqs=4.0, total_tokens=float(mask.sum()))
+    w = torch.exp(lp1 - out.logprobs).clamp(max=2.0) * mask
+    want = -sum(float((w[i] * adv[i]).sum() / mask[i].sum()) for i in range(4)) / 4
+    assert cfg.algo.resolved_loss_agg == "seq-mean-token-mean"
+    assert float(loss) == pytest.approx(want, abs=1e-5)
+    unweighted = -sum(float(adv[i] * mask[i].sum() / mask[i].sum()) for i in range(4)) / 4
+    assert abs(want - unweighted) > 1e-3  # the lag moved the weights off 1: the check can fail
+    assert stats["rollout_weight"] == pytest.approx(float(w.sum()), abs=1e-4)
+
+
+def finished_updates(server) -> int:
+    """How many /finish_weight_update calls the server has completed (its Prometheus /metrics)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    key = 'vllm:rl_weight_update_operation_duration_seconds_count{operation="finish"}'
+    return sum(int(float(line.split()[-1])) for line in text.splitlines() if line.startswith(key))
+
+
+def test_torchrun_two_ranks_share_one_server_and_send_once(server, model_dir, addition_jsonl, tmp_path):
+    from test_torchrun import free_port
+
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        "--master_port", str(free_port()), "-m", "grpolab", "train",
+        *server_run(model_dir, addition_jsonl(16), tmp_path, "ranks", 2, server), "train.parallel=fsdp",
+    ]  # fmt: skip
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    before = finished_updates(server)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(tmp_path / "ranks")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:  # both ranks sampled the version rank 0 sent (FSDP2 gathered on both)
+        assert row[MISMATCH_KEY] < SYNCED
+        assert row["rollout/weight_version_max"] == row["step"] - 1 and row["rollout/staleness_max"] == 0
+    assert finished_updates(server) - before == 3  # v0 and one per update, sent by rank 0 only (not 6)
+
+
+def test_a_server_gone_mid_run_is_one_error_within_the_timeout_and_serve_leaves_nothing(server, model_dir):
+    """The last test of the module: ``grpolab serve`` is stopped (SIGTERM) under a connected sampler."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    timeout = 5.0
+    sampler = ServerSampler(
+        ServerClient(server.url, timeout_s=timeout), tok, max_completion_length=6,
+        eos_token_ids=[tok.eos_token_id], weights_from=policy,
+    )  # fmt: skip
+    sampler.sample([tok.encode("1+")], num_generations=2)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=30) == 0  # serve stopped its server's whole group, then exited
+    assert group_alive(server.pid) == []
+    t0 = time.monotonic()
+    with pytest.raises(RolloutServerError, match="cannot be reached") as err:
+        sampler.update_weights(policy)
+    assert time.monotonic() - t0 < timeout + 10
+    assert "\n" not in str(err.value) and server.url in str(err.value)
+    sampler.close()
+
+
+def server_children(trainer_pid: int) -> list[int]:
+    """The vLLM API server processes whose parent is ``trainer_pid``."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+                cmd = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == trainer_pid and b"vllm.entrypoints.openai.api_server" in cmd:
+                out.append(int(proc.name))
+    return out
+
+
+def group_alive(pgid: int) -> list[int]:
+    alive = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                alive.append(int(proc.name))
+    return alive
+
+
+def test_cli_run_with_its_own_server_killed_mid_run_is_one_line(model_dir, addition_jsonl, tmp_path):
+    timeout = 5
+    cmd = [
+        sys.executable, "-m", "grpolab", "train",
+        *overrides(model_dir, addition_jsonl(16), tmp_path, "killed", 200), "rollout.mode=server",
+        f"rollout.sync_timeout_s={timeout}",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        run_dir = tmp_path / "killed"
+        deadline = time.monotonic() + 300
+        while len(read_metrics(run_dir)) < 2:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run never logged two steps"
+            time.sleep(0.2)
+        (server_pid,) = server_children(proc.pid)
+        assert group_alive(server_pid)  # the API server and its engine core
+        queues = {
+            line.split()[-1]
+            for pid in group_alive(server_pid)
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if "/dev/shm/psm_" in line or "/dev/shm/sem.mp-" in line
+        }
+        assert queues  # vLLM's shared-memory message queues, which a SIGKILLed server cannot unlink
+        os.killpg(server_pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=timeout + 60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith("grpolab: error: the vLLM server"), err[-2000:]
+    assert took < timeout + 10, took
+    assert group_alive(server_pid) == []
+    assert [q for q in queues if Path(q).exists()] == []  # grpolab removed them
+    assert any((run_dir / "checkpoints").iterdir())  # the last checkpoint is kept
