@@ -1,7 +1,6 @@
-"""Rollout: samplers that turn prompt token ids into groups of completions, and the engines that build them."""
+"""Rollout: samplers that turn prompt token ids into groups of completions, and the engines that build them.
 
-from grpolab.rollout.base import Sampler
-from grpolab.rollout.engines import ENGINES, build_sampler
-from grpolab.rollout.hf import HFSampler
-
-__all__ = ["ENGINES", "HFSampler", "Sampler", "build_sampler"]
+The contract is ``rollout.base.Sampler``; ``rollout.engines`` chooses the engine (``rollout.engine``,
+``rollout.mode``) from one dict. Nothing is imported here, so that ``import grpolab.rollout.hf`` loads the
+hf engine alone, not vLLM's client and the rewards it bounds its calls with.
+"""

@@ -45,7 +45,7 @@ where a sync costs nothing and an extra step would cost a forward)."""
 
 
 class HFSampler:
-    """Implements ``grpolab.rollout.Sampler`` for a transformers (or PEFT-wrapped) causal LM.
+    """Implements ``grpolab.rollout.base.Sampler`` for a transformers (or PEFT-wrapped) causal LM.
 
     The returned tensors live on the model's device and are ordinary tensors (not inference
     tensors), so the trainer can index with them under autograd.

@@ -145,7 +145,7 @@ class _Running:
 
 
 class MultiTurnSampler:
-    """Implements ``grpolab.rollout.Sampler`` for environment episodes, over an inner Sampler."""
+    """Implements ``grpolab.rollout.base.Sampler`` for environment episodes, over an inner Sampler."""
 
     takes_examples = True
     """``sample`` needs ``examples=``: the environments are reset with them (rollout/base.py)."""

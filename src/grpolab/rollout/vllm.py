@@ -77,7 +77,7 @@ SEED_MODULUS = 2**63 - 1
 
 
 class VLLMSampler:
-    """Implements ``grpolab.rollout.Sampler`` on a vLLM ``LLM`` (see the module docstring)."""
+    """Implements ``grpolab.rollout.base.Sampler`` on a vLLM ``LLM`` (see the module docstring)."""
 
     def __init__(
         self,

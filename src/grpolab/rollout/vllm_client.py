@@ -70,7 +70,7 @@ MODEL_NAME = "grpolab"
 
 
 class ServerSampler:
-    """Implements ``grpolab.rollout.Sampler`` against a vLLM server (see the module docstring)."""
+    """Implements ``grpolab.rollout.base.Sampler`` against a vLLM server (see the module docstring)."""
 
     takes_examples = False
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.rollout import HFSampler, Sampler
-from grpolab.rollout.hf import filter_logits
+from grpolab.rollout.base import Sampler
+from grpolab.rollout.hf import HFSampler, filter_logits
 
 G = 4
 

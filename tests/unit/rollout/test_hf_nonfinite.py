@@ -14,8 +14,8 @@ import grpolab.models.loading as models_mod
 from grpolab.cli import main
 from grpolab.config import ModelConfig
 from grpolab.models.loading import ModelLoadError, load_policy
-from grpolab.rollout import HFSampler
 from grpolab.rollout.base import NonFiniteLogits
+from grpolab.rollout.hf import HFSampler
 from grpolab.tasks.tiny import build_tiny_model
 
 

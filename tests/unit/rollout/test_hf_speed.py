@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grpolab.rollout import HFSampler
-from grpolab.rollout.hf import _ReservedLayer
+from grpolab.rollout.hf import HFSampler, _ReservedLayer
 
 BF16 = torch.bfloat16
 G = 3
