@@ -126,7 +126,8 @@ class RolloutConfig:
     """The run stops when the mean |log pi_train - log pi_sampler| per token
     (sampling/sampling_logp_difference/mean) is above this on 2 steps in a row: the engine is then not
     sampling from the policy being trained (a weight sync that misses a layer). Measured in healthy runs:
-    ~0.003 (hf), ~0.01-0.02 (vllm in bf16). null = never stop."""
+    ~0.003 (hf), ~0.01-0.02 (vllm in bf16). A step whose batch was sampled with older weights
+    (rollout.max_staleness > 0) is not judged: its gap holds the updates since. null = never stop."""
     mode: Literal["colocated", "server"] = "colocated"
     """colocated = the engine runs in the training process (rollout.engine); server = a vLLM OpenAI server in
     its own process (docs/server_mode.md), the trainer its client, the weights sent by version after every

@@ -121,6 +121,8 @@ class SamplerGap:
         gap = metrics.get(GAP_METRIC)
         if self.limit is None or gap is None:
             return
+        if metrics.get("rollout/staleness_max", 0.0) > 0:  # sampled with older weights (rollout.max_staleness):
+            return  # the gap then holds the policy's own updates too, which TIS / MIS correct; not judged
         self.above = [*self.above, gap] if gap > self.limit else []
         if len(self.above) >= self.patience:
             shown = ", ".join(f"{g:.3g}" for g in self.above)

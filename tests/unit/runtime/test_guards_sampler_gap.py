@@ -31,6 +31,16 @@ def test_no_limit_or_no_metric_never_stops(tmp_path):
         on.observe(step, {})
 
 
+def test_a_batch_sampled_with_older_weights_is_not_judged(tmp_path):
+    """With rollout.max_staleness > 0 the gap holds the policy's own updates since the batch was sampled."""
+    gap = SamplerGap(0.1, tmp_path)
+    for step in range(1, 5):
+        gap.observe(step, {GAP_METRIC: 0.2, "rollout/staleness_max": 1.0})
+    gap.observe(5, {GAP_METRIC: 0.2, "rollout/staleness_max": 0.0})  # a lag-0 batch is judged again
+    with pytest.raises(TrainingError, match="step 6"):
+        gap.observe(6, {GAP_METRIC: 0.2})
+
+
 def test_a_dead_engine_mid_run_is_one_line_and_the_checkpoint_survives(tiny_model_dir, addition_jsonl, tmp_path,
                                                                        capsys, monkeypatch):
     real, calls = hf_mod.HFSampler.sample, []
