@@ -73,7 +73,7 @@ def _processes(path: Path) -> int:
 
 
 def test_every_example_is_collected():
-    assert len(EXAMPLES) == 46
+    assert len(EXAMPLES) == 47
     assert set(REFUSED) <= {p.stem for p in EXAMPLES}
 
 
@@ -97,6 +97,8 @@ def test_a_trl_docs_example_converts_to_a_config_grpolab_accepts(example, tiny_m
         assert keys["algo.beta"] == source["beta"]
     if source.get("importance_sampling_level", "").startswith("sequence"):
         assert keys["algo.importance_level"] == "sequence"  # GSPO-token has GSPO's gradient (TRL's gspo_token.md)
+    if source.get("use_peft"):
+        assert keys["model.lora.enabled"] is True and keys["model.lora.r"] == source.get("lora_r", 16)
     said = " ".join(conversion.ignored + conversion.legacy + conversion.notes)
     for name in ("use_liger_kernel", "vllm_enable_sleep_mode", "ds3_gather_for_generation", "accelerate_config",
                  "use_transformers_continuous_batching", "num_processes"):
