@@ -133,14 +133,18 @@ SCRIPT_FIELDS: dict[str, TrlField] = {
     "dataset_train_split": TrlField("mapped", "data.split", _script_key("data.split", "train")),
     "reward_funcs": TrlField("mapped", "reward.functions (TRL's own functions, kind trl)", _reward_funcs),
     "reward_model_name_or_path": TrlField("mapped", "read with reward_funcs", lambda v, t: {}),
+    "datasets": TrlField("refused", "trl grpo's dataset mixture (DatasetMixtureConfig): grpolab trains on one "
+                         "dataset: mix them into one file (data.path), or give one as dataset_name"),
+    "accelerate_config": TrlField("not_applicable", "the trl CLI's accelerate launch profile (DeepSpeed, FSDP, "
+                                  "multi-GPU): grpolab picks DDP or FSDP2 with train.parallel; pass --num-processes N"),
     **OPEN_R1_FIELDS,
 }
 _SCRIPT_DEFAULTS = {
     "model_name_or_path": None, "model_revision": "main", "dtype": None, "attn_implementation": None,
     "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
     "dataset_name": None, "dataset_config": None, "dataset_train_split": "train", "reward_funcs": None,
-    "reward_model_name_or_path": None, **OPEN_R1_DEFAULTS,
-}  # trl.ModelConfig, trl.ScriptArguments and GRPOScriptArguments of TRL 1.16
+    "reward_model_name_or_path": None, "datasets": [], "accelerate_config": None, **OPEN_R1_DEFAULTS,
+}  # trl.ModelConfig, trl.ScriptArguments, GRPOScriptArguments and DatasetMixtureConfig of TRL 1.16, and the trl CLI
 
 
 # ----------------------------------------------------------------------------- the conversion
@@ -173,6 +177,12 @@ def _geometry(v: Mapping[str, Any], num_processes: int, dataset_rows: int | None
             "optimizer step would span two generation batches, which grpolab's steps never do"
         )
     prompts, minibatches = gbs // v["num_generations"], spg // accumulation
+    if prompts % minibatches:
+        raise Refused(
+            f"{minibatches} optimizer steps per generation batch of {prompts} prompt group(s) split a group of "
+            f"num_generations={v['num_generations']} completions over optimizer steps; grpolab's minibatches hold "
+            "whole groups"
+        )
     per_generation = minibatches * v["num_iterations"]
     steps = None
     if v["max_steps"] > 0:

@@ -60,6 +60,17 @@ def to_key(key: str) -> Convert:
     return lambda v, t: {key: v}
 
 
+def importance_level(value: Any, t: Any) -> dict[str, Any]:
+    """GSPO-token (``sequence_token``, trl.experimental.gspo_token's GRPOTrainer) weighs each token by the
+    sequence ratio times pi/sg(pi): its value is GSPO's, and with TRL's per-sequence advantages its gradient
+    is GSPO's too (TRL's docs, gspo_token.md), so it is read as ``sequence``."""
+    if value == "sequence_token":
+        t.note("importance_sampling_level='sequence_token': read as algo.importance_level=sequence; GSPO-token "
+               "with per-sequence advantages (TRL's) has GSPO's value and gradient")
+        return {"algo.importance_level": "sequence"}
+    return {"algo.importance_level": value}
+
+
 # ----------------------------------------------------------------------------- batch geometry and steps
 
 
