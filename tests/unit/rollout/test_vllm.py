@@ -12,7 +12,8 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpolab[vllm]'; make test installs it)")
 
 from grpolab.config import ConfigError, config_from_dict  # noqa: E402
-from grpolab.rollout import HFSampler, Sampler  # noqa: E402
+from grpolab.rollout.base import Sampler  # noqa: E402
+from grpolab.rollout.hf import HFSampler  # noqa: E402
 from grpolab.rollout.vllm import VLLMSampler, shutdown_engines, start_engine  # noqa: E402
 from grpolab.rollout.vllm_setup import check_vllm, engine_kwargs  # noqa: E402
 from grpolab.rollout.vllm_sync import policy_weights  # noqa: E402
