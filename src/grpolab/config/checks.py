@@ -25,7 +25,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from grpolab.config.sections import ALGO_PRESETS, GROUP_BASELINES, AlgoConfig
+from grpolab.config.algo_section import ALGO_PRESETS, GROUP_BASELINES, AlgoConfig
 from grpolab.config.templates import resolve_template
 from grpolab.errors import ConfigError
 

@@ -6,10 +6,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpolab.config.algo_section import AlgoConfig
 from grpolab.config.checks import check_cross_fields, check_ranges, warn_config
 from grpolab.config.engine import VLLMConfig
 from grpolab.config.sections import (
-    AlgoConfig,
     DataConfig,
     EnvConfig,
     EvalConfig,

@@ -1,4 +1,4 @@
-"""The sections of a run config: model, data, rollout, algo, reward, optim, train, eval, log."""
+"""The sections of a run config: model, data, rollout, env, reward, optim, train, eval, log (algo: algo_section.py)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from grpolab.config.presets import ALGO_PRESETS
-
-AlgoName = Literal[
-    "grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "online_rft", "reinforce_pp", "reinforce_pp_baseline", "ppo"
-]
-AdvantageName = Literal[
-    "grpo", "dr_grpo", "rloo", "online_rft", "batch_std", "reinforce_pp", "reinforce_pp_baseline", "gae"
-]
-GROUP_BASELINES: frozenset[str] = frozenset({"grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp_baseline"})
-"""Advantage estimators whose baseline is the prompt's own group: equal rewards within a group give zero
-advantage, so they need rollout.num_generations >= 2 and a temperature above 0. A test holds this set to
-what ``grpolab.algo``'s estimators do."""
 TrackerName = Literal["tensorboard", "wandb", "trackio"]
-LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"]
 
 @dataclass(frozen=True)
 class LoraConfig:
@@ -189,146 +176,6 @@ class EnvConfig:
     on_tool_error: Literal["message", "end"] = "message"
     """A tool that raises, hangs or overflows: "message" = the model reads the error and goes on;
     "end" = the episode ends with reward 0."""
-
-
-@dataclass(frozen=True)
-class AlgoConfig:
-    name: AlgoName = "grpo"
-    """Algorithm preset: the paper's recipe (ALGO_PRESETS) fills every field below marked "null = preset"
-    that is left null, once, when the config is built; a value set explicitly always wins. The config
-    printed by ``grpolab config`` and written to the run's config.yaml holds the resolved values."""
-    advantage: AdvantageName | None = None
-    """Advantage estimator (null = from the preset)."""
-    std: Literal["unbiased", "population"] = "unbiased"
-    """Which std normalises group rewards (TRL and verl: unbiased)."""
-    eps: float = 1e-4
-    """Added to the std before dividing."""
-    beta: float | None = None
-    """KL coefficient (DeepSeekMath: 0.04). 0 skips the reference model entirely. null = preset."""
-    kl_estimator: Literal["k1", "k2", "k3", "abs"] | None = None
-    """Per-token KL estimator, in the loss (DeepSeekMath eq. 4 is k3) or in the reward (algo.kl_in=reward:
-    RLOO, REINFORCE++ and PPO use k1), as verl's kl_penalty (kl = k1, mse = k2, low_var_kl = k3, abs). null = preset."""
-    kl_in: Literal["loss", "reward"] | None = None
-    """Where the KL penalty goes: the loss (GRPO) or the per-token reward (PPO, RLOO). null = preset."""
-    clip_low: float | None = None
-    """epsilon below 1 for the ratio clip (CISPO: for the IS weight). null = preset."""
-    clip_high: float | None = None
-    """epsilon above 1 (Clip-Higher, DAPO: 0.28); null = the preset's, or clip_low where the preset's clip is symmetric."""
-    dual_clip: float | None = None
-    """Dual-clip constant c for negative advantages (verl: 3.0); null = off."""
-    importance_level: Literal["token", "sequence"] | None = None
-    """token = PPO/GRPO ratio; sequence = GSPO's length-normalised sequence ratio. null = preset."""
-    loss_agg: LossAgg | None = None
-    """Loss aggregation (null = preset)."""
-    mu: int | None = None
-    """Optimisation passes over each generation batch (DeepSeekMath mu; TRL num_iterations). null = preset."""
-    num_minibatches: int | None = None
-    """Optimizer steps per pass: the generation batch is split into this many minibatches (DAPO: 16). null = preset."""
-    ref_reset_every: int = 0
-    """Reset the reference to the current policy every N steps (DeepSeek-R1: 400); 0 = never."""
-    mask_truncated: bool | None = None
-    """DAPO overlong filtering: completions without EOS get no loss. null = preset."""
-    supervision: Literal["outcome", "process"] = "outcome"
-    """outcome: one advantage per completion from reward.functions; process: per-step advantages from
-    reward.process (DeepSeekMath Sec. 4.1.3), with reward.functions only logged."""
-    gamma: float = 1.0
-    """PPO: GAE discount (TRL, verl: 1.0); a completion is one episode scored at its end."""
-    lam: float = 1.0
-    """PPO: GAE lambda. 1.0, not TRL's 0.95: DeepSeek-R1 supp. A.3 found PPO close to GRPO only with lambda = 1.0
-    (0.95 was clearly worse); with gamma = lambda = 1, A_t = (score - sum of later KL penalties) - V(s_t)."""
-    vf_coef: float = 0.1
-    """PPO: value-loss coefficient (TRL: 0.1). The critic has its own AdamW, so this scales its gradient
-    before the optim.max_grad_norm clip rather than its step size."""
-    value_clip: float | None = 0.2
-    """PPO: c_v of the clipped value loss, clip(V, V_old - c_v, V_old + c_v) (verl, TRL: 0.2); null = unclipped."""
-    value_lr: float | None = None
-    """PPO: learning rate of the critic's own optimizer (OpenRLHF: 9x the actor's); null = optim.lr."""
-    critic_warmup_steps: int = 0
-    """PPO: for the first N steps only the critic is trained; the policy is left unchanged."""
-    whiten_advantages: bool = True
-    """PPO: whiten the GAE advantages over the batch's counted tokens (masked mean and std, as verl and TRL)."""
-    value_init: Literal["policy", "reward_model"] = "policy"
-    """PPO: the value model's body starts from the policy checkpoint (with a zero scalar head) or from a
-    reward model (body and head)."""
-    value_init_path: str | None = None
-    """PPO: reward-model folder or hub id (AutoModelForSequenceClassification, 1 label) for value_init=reward_model."""
-
-    policy_loss: Literal["clip", "cispo"] | None = None
-    """clip = PPO/GRPO's clipped surrogate (GSPO with importance_level=sequence); cispo = MiniMax-M1's clipped
-    stop-gradient IS weight on a REINFORCE term (clip_low / clip_high bound the weight). null = preset."""
-    dynamic_sampling: bool | None = None
-    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the step
-    has train.prompts_per_step groups or algo.max_sampling_rounds are spent. null = preset."""
-    max_sampling_rounds: int = 10
-    """Dynamic sampling: at most this many generation rounds per step (verl max_num_gen_batches: 10); when they
-    are spent the step trains on the groups it kept."""
-    rollout_correction: Literal["none", "tis", "mis"] = "none"
-    """Correct for the sampler / trainer log-prob mismatch: tis = truncated importance sampling (weight capped
-    at rollout_correction_cap), mis = mask tokens (or sequences) whose weight exceeds the cap. The mismatch
-    itself (sampling/sampling_logp_difference/mean, rollout/sampler_kl) is logged every step either way."""
-    rollout_correction_level: Literal["token", "sequence"] = "token"
-    """One correction weight per token, or per sequence (the product of its token weights)."""
-    rollout_correction_cap: float = 2.0
-    """The truncation / masking threshold of the correction weight (TIS: 2; verl suggests 1.5-5 per token,
-    2-10 per sequence)."""
-    entropy_coef: float = 0.0
-    """Entropy bonus: the per-token loss gets -entropy_coef * entropy, aggregated like the policy loss. 0 = off."""
-
-    def __post_init__(self) -> None:
-        # Fill the preset's values into the fields left null, once, at construction: after this every field
-        # holds its effective value (what code reads, what config.yaml holds, what a reload rebuilds).
-        if self.name not in ALGO_PRESETS:
-            return  # the loader reports an unknown name with a suggestion
-        filled = [key for key in ALGO_PRESETS[self.name] if getattr(self, key) is None]
-        for key in filled:
-            object.__setattr__(self, key, ALGO_PRESETS[self.name][key])
-        object.__setattr__(self, "_from_preset", frozenset(filled))  # not a field: neither dumped nor compared
-        if self.clip_high is None:
-            object.__setattr__(self, "clip_high", self.clip_low)
-
-    @property
-    def preset(self) -> dict[str, Any]:
-        return ALGO_PRESETS[self.name]
-
-    def from_preset(self, key: str) -> bool:
-        """True when ``key`` was left null and the preset filled it (False when set explicitly)."""
-        return key in getattr(self, "_from_preset", ())
-
-    # Kept for callers written before presets resolved into the fields: each is now the field itself.
-    @property
-    def resolved_advantage(self) -> str:
-        return self.advantage
-
-    @property
-    def resolved_loss_agg(self) -> str:
-        return self.loss_agg
-
-    @property
-    def resolved_kl_in(self) -> str:
-        return self.kl_in
-
-    @property
-    def resolved_clip_high(self) -> float:
-        return self.clip_high
-
-    @property
-    def ratio_is_one(self) -> bool:
-        """True when the policy never moves before its batch is used up: the importance ratio is exactly 1."""
-        return self.mu == 1 and self.num_minibatches == 1
-
-    @property
-    def needs_old_logprobs(self) -> bool:
-        """Old log-probs must be recomputed before the first update: the policy moves within the batch."""
-        return not self.ratio_is_one
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.beta > 0
-
-    @property
-    def needs_critic(self) -> bool:
-        """True for PPO: GAE needs a learned value model."""
-        return self.resolved_advantage == "gae"
 
 
 @dataclass(frozen=True)

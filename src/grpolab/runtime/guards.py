@@ -30,7 +30,7 @@ from types import FrameType
 
 import torch
 
-from grpolab.config.sections import GROUP_BASELINES
+from grpolab.config.algo_section import GROUP_BASELINES
 from grpolab.distributed import dist
 from grpolab.errors import TrainingError
 from grpolab.rollout.base import SamplerFailed

@@ -1,4 +1,4 @@
-"""The config's sections (config/sections.py) held to grpolab.algo: the group-baseline list and each
+"""The config's sections (config/algo_section.py) held to grpolab.algo: the group-baseline list and each
 ``Literal`` choice set equal what the algo registries implement."""
 
 import typing
@@ -11,7 +11,7 @@ from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import AGGREGATIONS, POLICY_LOSSES
 from grpolab.algo.reinforce import TOKEN_ESTIMATORS
 from grpolab.config import AdvantageName, AlgoConfig, LossAgg
-from grpolab.config.sections import GROUP_BASELINES
+from grpolab.config.algo_section import GROUP_BASELINES
 
 
 def _choices(annotation) -> set[str]:
