@@ -135,7 +135,7 @@ class RolloutConfig:
     the run); required with rollout.allow_remote, optional on loopback."""
     max_staleness: int = 0
     """server mode: the generation for the next k steps runs while the current step trains, so a sample may
-    come from weights up to k updates old (0 = synchronous: colocated mode's samples). The engine's
+    come from weights up to k updates old (0 = synchronous: every sample from the current weights). The engine's
     log-probs are the old log-probs; set algo.rollout_correction=tis (or mis) to correct for the lag."""
     sync_timeout_s: float = 120.0
     """server mode: the longest wait for any one server call (a completion request, a weight update, a

@@ -10,11 +10,15 @@ Sampling means what it means in rollout/hf.py: temperature (0 = greedy), top-p, 
 ``max_completion_length`` tokens, stop at the same EOS ids, G samples per prompt; the token ids are the
 engine's own, never decoded and re-tokenized. Departures, and why:
 
-- Seeds: each sample is its own request with ``SamplingParams(seed=base + p*G + g)``, ``base`` drawn from
-  the step's generator (so a seed per rank and step, saved and resumed with it). vLLM's per-request seed
-  with ``n > 1`` fails on CPU ("CPU Generator does not use offset"); with ``n = 1`` it works on both, and
-  prefix caching still computes each prompt's KV once. Greedy runs one request per prompt (vLLM refuses
-  ``n > 1`` when greedy) and repeats its result G times. A seeded run draws other tokens than hf's.
+- Seeds: one request per prompt with ``n = G`` and no seed of its own; the engine samples inside
+  ``engine_seeded(base)``, ``base`` drawn from the step's generator (so a seed per rank and step, saved
+  and resumed with it): the process's torch (and numpy) generators, which vLLM draws unseeded requests
+  from, are seeded with it for the call and put back after. A per-request seed would be sampled one
+  request at a time in Python, and crashes vLLM on CPU once a prompt's prefill is chunked ("CPU
+  Generator does not use offset"). The prefix cache is reset before a seeded call, so the engine
+  schedules (and draws) the same whatever it sampled before (an evaluation), as a resumed run does.
+  Greedy runs one sample per prompt (vLLM refuses ``n > 1`` when greedy) and repeats it G times. A seeded
+  run draws other tokens than hf's.
 - Log-probs: ``logprobs_mode="processed_logprobs"``, i.e. ``log_softmax(logits / T)`` of the sampled
   token, what the trainer computes (greedy: T = 1, as hf). With top-k / top-p on, vLLM normalises over
   the kept tokens (the distribution it actually sampled), hf over the whole vocabulary: the difference
@@ -158,18 +162,18 @@ class VLLMSampler:
             self.update_weights(state["source"])
         self._wake()  # the KV cache (and, before any sync, the weights)
         greedy = self.temperature == 0
-        base = None if generator is None or greedy else _draw_seed(generator)
-        per_prompt = 1 if greedy else num_generations
-        requests, params = [], []
-        for p, ids in enumerate(prompt_ids):
-            for g in range(per_prompt):
-                requests.append({"prompt_token_ids": [int(t) for t in ids]})
-                seed = None if base is None else (base + p * num_generations + g) % SEED_MODULUS
-                params.append(self._params(seed))
+        seed = None if generator is None or greedy else _draw_seed(generator)
+        # one request per prompt: vLLM fans it out into G samples, prefix caching computes its KV once
+        # (greedy: one sample, repeated below; vLLM refuses n > 1 when greedy)
+        requests = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompt_ids]
+        params = self._params(1 if greedy else num_generations)
+        if seed is not None:  # the same cache state as after a sync (a resumed run's): the same schedule
+            self._bounded(self.engine.reset_prefix_cache, "the prefix cache reset")
         t0 = time.perf_counter()
-        outputs = self._bounded(lambda: self.engine.generate(requests, params, use_tqdm=False), "sampling")
+        with engine_seeded(seed):
+            outputs = self._bounded(lambda: self.engine.generate(requests, params, use_tqdm=False), "sampling")
         self.last_generate_s = time.perf_counter() - t0
-        samples = [out.outputs[0] for out in outputs]
+        samples = [sample for out in outputs for sample in out.outputs]
         if greedy:
             samples = [s for s in samples for _ in range(num_generations)]
         if self.sleep_mode:
@@ -220,18 +224,17 @@ class VLLMSampler:
         if self.sleep_mode and self.engine.llm_engine.is_sleeping():
             self.engine.wake_up()
 
-    def _params(self, seed: int | None):
+    def _params(self, n: int):
         from vllm import SamplingParams
 
         return SamplingParams(
-            n=1,
+            n=n,
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
             max_tokens=self.max_completion_length,
             stop_token_ids=self.eos_token_ids,
-            logprobs=0,  # the sampled token's only
-            seed=seed,
+            logprobs=0,  # the sampled token's only (no per-request seed: see engine_seeded)
             detokenize=False,
         )
 
@@ -273,6 +276,37 @@ def engine_alive(what: str):
             raise
         said = " ".join(str(err).split())[:300]
         raise EngineDied(f"the vLLM engine died during {what} ({type(err).__name__}: {said})") from err
+
+
+@contextlib.contextmanager
+def engine_seeded(seed: int | None):
+    """The engine's sampling inside seeded, forked random states; the caller's states are left as they were.
+
+    Requests without a seed of their own draw from the process's generators (the engine runs in this
+    process): vLLM 0.32's V1 model runner (CPU, and CUDA without Triton) samples them in one batched draw
+    from torch's default generator of the logits' device (``TopKTopPSampler.forward_cpu``: one
+    ``torch.randint`` per batch row; ``random_sample``: ``q.exponential_()``), and the CUDA V2 model runner
+    gives each one a seed from numpy's global generator when it is added (``SamplingStates.add_request``).
+    Seeding those from the step's seed makes the same step draw the same tokens, in this run and in a
+    resumed one. A seed per request would instead cost a generator each, sampled one by one in Python, and
+    on CPU it crashes the engine when a chunked prefill's token is discarded (``_bookkeeping_sync`` winds
+    the generator back with ``set_offset``, which a CPU generator does not have). ``None``: unseeded."""
+    if seed is None:
+        yield
+        return
+    import numpy as np
+
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    np_state = np.random.get_state()
+    with torch.random.fork_rng(devices=devices):
+        torch.random.default_generator.manual_seed(seed)
+        if devices:
+            torch.cuda.manual_seed(seed)  # the current device's, the one the engine samples on
+        np.random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            np.random.set_state(np_state)
 
 
 def _engine_dtype(engine) -> torch.dtype | None:

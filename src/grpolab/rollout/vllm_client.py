@@ -1,11 +1,12 @@
 """rollout.mode=server: the trainer as a client of a vLLM OpenAI server (docs/server_mode.md).
 
-``ServerSampler`` implements the Sampler contract (rollout/base.py) over HTTP, with what rollout/vllm.py
-does in process: each sample is its own /v1/completions request of prompt token ids with
+``ServerSampler`` implements the Sampler contract (rollout/base.py) over HTTP: each sample is its own
+/v1/completions request of prompt token ids with
 ``seed = base + p*G + g`` (``base`` drawn from the step's generator), ``logprobs=0`` and
 ``return_token_ids``, so the token ids are the engine's and the log-probs are its processed ones
 (``--logprobs-mode processed_logprobs``: log_softmax(logits / T), the trainer's); greedy sends one request
-per prompt and repeats it G times. The same seeds on the same engine give colocated mode's samples.
+per prompt and repeats it G times. The same seeds give the same samples, not colocated mode's: that engine
+runs in the trainer's process and is seeded once per call (rollout/vllm.py, ``engine_seeded``).
 Requests go out together (a thread pool), so the engine batches them.
 
 Weights go by version (``update_weights``): /pause (in-flight requests finish first), /start_weight_update,

@@ -2,10 +2,14 @@
 
 One engine for the whole module (its start-up costs seconds): a tiny fp32 Qwen2 saved to a temporary
 folder (head size 32: vLLM's CPU attention has no kernel for the 16 of the default tiny model).
+A second engine (``chunked_engine``) runs bf16 with chunked prefills.
 """
 
 from __future__ import annotations
 
+import logging
+
+import numpy as np
 import pytest
 import torch
 
@@ -61,6 +65,18 @@ def engine(model_dir):
     llm = start_engine(**engine_kwargs(run_config(model_dir), device_type="cpu", autocast_dtype=None))
     yield llm
     shutdown_engines()
+
+
+@pytest.fixture(scope="module")
+def chunked_engine(model_dir):
+    """A second engine, bf16 as a CPU run's under autocast, whose steps hold 16 tokens: a longer prompt's
+    prefill is split over steps and the token sampled after a partial chunk is discarded, which crashed
+    vLLM 0.32 on CPU for a request with a seed of its own ("CPU Generator does not use offset")."""
+    kwargs = engine_kwargs(run_config(model_dir, dtype="bfloat16"), device_type="cpu", autocast_dtype=None)
+    return start_engine(**kwargs, max_num_batched_tokens=CHUNK)
+
+
+CHUNK = 16
 
 
 @pytest.fixture
@@ -137,6 +153,54 @@ def test_seed_per_step_reproducible_and_distinct(engine, tok, policy, prompts):
     assert not torch.equal(first.completion_ids, second.completion_ids)  # the generator moved: a new step
     rows = a.completion_ids.view(len(prompts), G, -1)
     assert any(not torch.equal(rows[p, 0], rows[p, g]) for p in range(len(prompts)) for g in range(1, G))
+
+
+def test_chunked_prefills_sampled_from_one_seed_per_call(chunked_engine, tok, policy):
+    long = [tok.encode("12*34=5+6, 7*8=56 and 9+10=19?")[:30], tok.encode("1+2+3+4+5+6+7+8+9+10+11=")]
+    assert all(len(p) > CHUNK for p in long)  # each prefill takes two or more engine steps
+    sampler = make(chunked_engine, tok, policy)
+    torch.manual_seed(7)
+    np.random.seed(7)
+    trainer_torch, trainer_np = torch.random.get_rng_state(), np.random.get_state()
+    a = sampler.sample(long, num_generations=G, generator=torch.Generator().manual_seed(3))
+    b = make(chunked_engine, tok, policy).sample(long, num_generations=G, generator=torch.Generator().manual_seed(3))
+    c = sampler.sample(long, num_generations=G, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.completion_ids, c.completion_ids)  # another seed, other tokens
+    rows = a.completion_ids.view(len(long), G, -1)
+    assert all(any(not torch.equal(rows[p, 0], rows[p, g]) for g in range(1, G)) for p in range(len(long)))
+    # the engine drew from forked generators: the trainer's streams are where they were
+    assert torch.equal(torch.random.get_rng_state(), trainer_torch)
+    assert all(np.array_equal(x, y) for x, y in zip(np.random.get_state(), trainer_np, strict=True))
+
+
+def test_an_fp32_policy_is_sent_to_a_bf16_engine_in_bf16(chunked_engine, tok, policy, prompts, monkeypatch):
+    """vLLM warns once per tensor of another dtype than its parameter's ("Attempted to load weight ...
+    with dtype torch.float32 into parameter with dtype torch.bfloat16"): the sync casts first."""
+    from grpolab.rollout import vllm as module
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.DEBUG)
+            self.lines: list[str] = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    lines = Lines()
+    vllm_log = logging.getLogger("vllm")
+    vllm_log.addHandler(lines)
+    try:
+        sampler = make(chunked_engine, tok, policy)
+        sampler.update_weights(policy)
+        cast = [line for line in lines.lines if "Attempted to load weight" in line]
+        monkeypatch.setattr(module, "_engine_dtype", lambda engine: None)  # the control: fp32 sent as it is
+        sampler.update_weights(policy)
+        uncast = [line for line in lines.lines if "Attempted to load weight" in line]
+    finally:
+        vllm_log.removeHandler(lines)
+    assert cast == []
+    assert uncast and "torch.float32 into parameter with dtype torch.bfloat16" in uncast[0]  # the capture sees them
 
 
 def test_update_weights_syncs_a_changed_policy(engine, tok, policy, prompts):

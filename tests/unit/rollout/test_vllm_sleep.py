@@ -49,7 +49,7 @@ class RecordingEngine:
         assert not self.asleep and self.weights_valid, "sampled from a sleeping engine or discarded weights"
         self.calls.append("generate")
         out = SimpleNamespace(token_ids=[5, 2], logprobs=[{5: SimpleNamespace(logprob=-1.0)}, {2: SimpleNamespace(logprob=-0.5)}])
-        return [SimpleNamespace(outputs=[out]) for _ in requests]
+        return [SimpleNamespace(outputs=[out] * params.n) for _ in requests]  # one request per prompt, n samples
 
 
 def _sampler(engine, weights_from=None):
