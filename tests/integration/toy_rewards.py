@@ -15,3 +15,9 @@ def digit_steps(steps, example) -> list[float]:
 def broken_steps(steps, example) -> list[float]:
     """A process rule that fails on every example (for the dry-run test)."""
     return [{}["missing"] for _ in steps]
+
+
+def digit_fraction_half_flat(completion, example) -> float:
+    """``digit_fraction`` on half the prompts (by the parity of their characters' sum), 0 on the others:
+    the others' groups are all equal, so DAPO's dynamic sampling drops them and samples more rounds."""
+    return digit_fraction(completion, example) if sum(map(ord, example.prompt)) % 2 else 0.0

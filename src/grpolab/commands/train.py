@@ -119,7 +119,9 @@ def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None) -> TrainRe
                 "sys/time_training_s": update_done - update_started,
                 "sys/step_time_s": update_done - step_started,
                 **memory.metrics(),  # peak allocated / reserved per phase on CUDA (runtime/logging.py)
-                "sys/samples_seen": run.prompt_order.drawn * cfg.rollout.num_generations,  # dynamic sampling's rounds too
+                # dynamic sampling's rounds too; with k > 0 not the steps drawn ahead (training/ahead.py)
+                "sys/samples_seen": (ahead.prompts_drawn(step) if ahead else run.prompt_order.drawn)
+                * cfg.rollout.num_generations,
             }
         )
         metrics = dist.reduce_metrics(metrics)

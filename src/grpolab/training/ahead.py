@@ -54,6 +54,9 @@ class AheadSampling:
         """Held while the thread draws and samples one step (a checkpoint waits for it)."""
         self.before: dict[int, tuple[dict, torch.Tensor]] = {}
         """step -> (data sampler state, generator state) just before its groups were drawn."""
+        self.drawn_after: dict[int, int] = {}
+        """step -> prompts drawn (data sampler's ``drawn``) once its groups were drawn, DAPO's rounds included:
+        the step's ``sys/samples_seen``, not counting the steps drawn ahead of it."""
         self.out: queue.Queue = queue.Queue()
         self.stop = threading.Event()
         self.drawn_through = first_step - 1
@@ -78,6 +81,7 @@ class AheadSampling:
                         run.cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
                         prompt_ids=run.prompt_ids, generator=run.sampling_generator,
                     )  # fmt: skip
+                    self.drawn_after[step] = run.prompt_order.drawn
                 self.out.put((step, drawn, idle))
                 with self.cond:
                     self.drawn_through = step
@@ -112,7 +116,12 @@ class AheadSampling:
         if got != step:
             raise RuntimeError(f"the background sampler gave step {got}'s groups for step {step}")
         self.before.pop(step - 1, None)
+        self.drawn_after.pop(step - 1, None)
         return drawn, {"sys/time_trainer_wait_s": time.perf_counter() - t0, "sys/time_generator_idle_s": idle}
+
+    def prompts_drawn(self, step: int) -> int:
+        """The prompts drawn through ``step`` (taken already), not those of the steps drawn ahead of it."""
+        return self.drawn_after[step]
 
     def synced_once(self) -> None:
         """The trainer sent new weights: the thread may start the next step's batch."""
