@@ -5,12 +5,13 @@ The engines that implement it, and how one is chosen (``rollout.engine``), are i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from grpolab.errors import TrainingError
-from grpolab.types import Completions
+from grpolab.types import Completions, FinishReason
 
 
 class SamplerFailed(TrainingError):
@@ -94,3 +95,46 @@ def check_prompts(prompt_ids: list[list[int]], num_generations: int) -> None:
     empty = [i for i, p in enumerate(prompt_ids) if len(p) == 0]
     if empty:
         raise ValueError(f"prompts {empty} have no tokens: start every prompt with at least one token (e.g. BOS)")
+
+
+def package_completions(
+    prompt_ids: Sequence[Sequence[int]],
+    group: int,
+    tokens: Sequence[Sequence[int]],
+    logprobs: Sequence[Sequence[float]],
+    *,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    tokenizer,
+    device: torch.device,
+    min_width: int = 0,
+) -> Completions:
+    """An engine's sampled token ids and their log-probs ([N] lists, prompt-major) as Completions: right-padded
+    [N, T] tensors on ``device``, "stop" where the last token is an EOS (left out of the text), else "length".
+    Shared by the colocated vLLM engine and the server client, so both read a sample the same way."""
+    n = len(tokens)
+    width = max(min_width, max(len(t) for t in tokens))
+    ids = torch.full((n, width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.bool)
+    lp = torch.zeros((n, width), dtype=torch.float32)
+    eos = set(eos_token_ids)
+    reasons: list[FinishReason] = []
+    text_ids = []
+    for i, (toks, values) in enumerate(zip(tokens, logprobs, strict=True)):
+        toks = list(toks)
+        if toks:
+            ids[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            mask[i, : len(toks)] = True
+            lp[i, : len(toks)] = torch.tensor(list(values), dtype=torch.float32)
+        stopped = bool(toks) and toks[-1] in eos
+        reasons.append("stop" if stopped else "length")
+        text_ids.append(toks[:-1] if stopped else toks)
+    return Completions(
+        prompt_ids=[list(p) for p in prompt_ids for _ in range(group)],
+        completion_ids=ids.to(device),
+        completion_mask=mask.to(device),
+        logprobs=lp.to(device),
+        texts=tokenizer.batch_decode(text_ids, skip_special_tokens=True),
+        finish_reasons=reasons,
+        num_generations=group,
+    )

@@ -43,9 +43,9 @@ import torch
 
 from grpolab.config import ConfigError
 from grpolab.rewards.timeouts import TimedOut, bounded_in_main
-from grpolab.rollout.base import EngineDied, check_prompts, check_sampling
+from grpolab.rollout.base import EngineDied, check_prompts, check_sampling, package_completions
 from grpolab.rollout.vllm_sync import policy_weights
-from grpolab.types import Completions, FinishReason
+from grpolab.types import Completions
 
 log = logging.getLogger(__name__)
 
@@ -239,31 +239,12 @@ class VLLMSampler:
         )
 
     def _package(self, prompt_ids, group: int, samples) -> Completions:
-        n = len(samples)
-        width = max(len(s.token_ids) for s in samples)
-        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.bool)
-        logprobs = torch.zeros((n, width), dtype=torch.float32)
-        eos = set(self.eos_token_ids)
-        reasons: list[FinishReason] = []
-        text_ids = []
-        for i, s in enumerate(samples):
-            tokens = list(s.token_ids)
-            ids[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            mask[i, : len(tokens)] = True
-            logprobs[i, : len(tokens)] = torch.tensor([lp[t].logprob for lp, t in zip(s.logprobs, tokens, strict=True)])
-            stopped = bool(tokens) and tokens[-1] in eos
-            reasons.append("stop" if stopped else "length")
-            text_ids.append(tokens[:-1] if stopped else tokens)
-        return Completions(
-            prompt_ids=[list(p) for p in prompt_ids for _ in range(group)],
-            completion_ids=ids.to(self.device),
-            completion_mask=mask.to(self.device),
-            logprobs=logprobs.to(self.device),
-            texts=self.tokenizer.batch_decode(text_ids, skip_special_tokens=True),
-            finish_reasons=reasons,
-            num_generations=group,
-        )
+        tokens = [list(s.token_ids) for s in samples]
+        logprobs = [[lp[t].logprob for lp, t in zip(s.logprobs, toks, strict=True)] for s, toks in zip(samples, tokens, strict=True)]
+        return package_completions(
+            prompt_ids, group, tokens, logprobs, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+            tokenizer=self.tokenizer, device=self.device,
+        )  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -50,7 +50,7 @@ import torch
 
 from grpolab.distributed import dist, parallel
 from grpolab.rollout import vllm_shm
-from grpolab.rollout.base import check_prompts, check_sampling
+from grpolab.rollout.base import check_prompts, check_sampling, package_completions
 from grpolab.rollout.server_client import (
     ListSource,
     NcclControl,
@@ -62,7 +62,7 @@ from grpolab.rollout.server_client import (
 from grpolab.rollout.vllm import SEED_MODULUS, _draw_seed
 from grpolab.rollout.vllm_server import RolloutServerError
 from grpolab.rollout.vllm_sync import policy_weights
-from grpolab.types import Completions, FinishReason
+from grpolab.types import Completions
 
 log = logging.getLogger(__name__)
 
@@ -184,35 +184,17 @@ class ServerSampler:
             )
 
     def _package(self, prompt_ids, group: int, choices: list[dict]) -> Completions:
-        n = len(choices)
         tokens = [list(c["token_ids"]) for c in choices]
-        width = max(1, max(len(t) for t in tokens))
-        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.bool)
-        logprobs = torch.zeros((n, width), dtype=torch.float32)
-        eos = set(self.eos_token_ids)
-        reasons: list[FinishReason] = []
-        text_ids = []
-        for i, (toks, c) in enumerate(zip(tokens, choices, strict=True)):
+        logprobs = []
+        for toks, c in zip(tokens, choices, strict=True):
             lps = c["logprobs"]["token_logprobs"]
             if len(lps) != len(toks):
                 raise RolloutServerError(f"the vLLM server returned {len(lps)} log-probs for {len(toks)} tokens")
-            if toks:
-                ids[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-                mask[i, : len(toks)] = True
-                logprobs[i, : len(toks)] = torch.tensor(lps, dtype=torch.float32)
-            stopped = bool(toks) and toks[-1] in eos
-            reasons.append("stop" if stopped else "length")
-            text_ids.append(toks[:-1] if stopped else toks)
-        return Completions(
-            prompt_ids=[list(p) for p in prompt_ids for _ in range(group)],
-            completion_ids=ids.to(self.device),
-            completion_mask=mask.to(self.device),
-            logprobs=logprobs.to(self.device),
-            texts=self.tokenizer.batch_decode(text_ids, skip_special_tokens=True),
-            finish_reasons=reasons,
-            num_generations=group,
-        )
+            logprobs.append(lps)
+        return package_completions(
+            prompt_ids, group, tokens, logprobs, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+            tokenizer=self.tokenizer, device=self.device, min_width=1,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ weights
 
