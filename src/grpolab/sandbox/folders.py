@@ -30,7 +30,11 @@ def new_run_folder() -> Path:
 
 
 def record_harness(root: Path, pid: int) -> None:
-    (root / HARNESS_PID).write_text(str(pid))
+    """Write the harness's pid; a harness that already ran to its end has removed the folder, and so this."""
+    try:
+        (root / HARNESS_PID).write_text(str(pid))
+    except FileNotFoundError:
+        pass
 
 
 def _alive(pid_file: Path) -> bool | None:

@@ -54,3 +54,16 @@ def test_a_run_leaves_no_folder_and_records_its_owner_while_it_runs(tmp_path, mo
     assert not result.clean_exit
     assert seen and seen[0][0] == tmp_path and seen[0][1] == str(os.getpid())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_harness_that_already_removed_its_folder_is_not_an_error(tmp_path, monkeypatch):
+    """Code that ends at once: its harness can remove the run's folder before the trainer records its pid."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(sf.tempfile, "tempdir", None)
+    root = sf.new_run_folder()
+    _remove(root)
+    sf.record_harness(root, os.getpid())
+    assert not root.exists()
+    live = sf.new_run_folder()
+    sf.record_harness(live, 123)
+    assert (live / sf.HARNESS_PID).read_text() == "123"

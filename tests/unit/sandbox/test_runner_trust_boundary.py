@@ -23,6 +23,7 @@ import pytest
 
 from grpolab.rewards import RewardError, build_reward, score_batch
 from grpolab.rewards.code import CodeTests
+from grpolab.sandbox.folders import HARNESS_PID
 from grpolab.sandbox.runner import read_status, run_python
 from grpolab.sandbox.verdict import RAISED
 from grpolab.types import Completion, Example
@@ -203,10 +204,10 @@ def test_no_folder_is_left_when_the_trainer_is_killed(tmp_path):
     env = {**os.environ, "TMPDIR": str(folder)}
     trainer = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
     assert trainer.stdout.readline().strip() == "ready"
-    end = time.monotonic() + 10
-    while not any(folder.iterdir()) and time.monotonic() < end:
+    end = time.monotonic() + 10  # the harness has started (a kill before that is the sweep's case)
+    while not any(folder.glob(f"*/{HARNESS_PID}")) and time.monotonic() < end:
         time.sleep(0.02)
-    assert any(folder.iterdir())  # the run is under way
+    assert any(folder.glob(f"*/{HARNESS_PID}"))  # the run is under way
     trainer.send_signal(signal.SIGKILL)
     trainer.wait()
     trainer.stdout.close()
