@@ -32,5 +32,5 @@ from grpolab.config.sections import (  # noqa: F401 - re-exported
     RolloutConfig,
     TrainConfig,
 )
-from grpolab.config.stages import IterativeConfig, RewardModelConfig, SFTConfig  # noqa: F401
+from grpolab.config.stages import ClaimsConfig, IterativeConfig, RewardModelConfig, SFTConfig  # noqa: F401
 from grpolab.errors import ConfigError  # noqa: F401

@@ -20,7 +20,7 @@ from grpolab.config.sections import (
     RolloutConfig,
     TrainConfig,
 )
-from grpolab.config.stages import IterativeConfig, RewardModelConfig, SFTConfig
+from grpolab.config.stages import ClaimsConfig, IterativeConfig, RewardModelConfig, SFTConfig
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     iterative: IterativeConfig = field(default_factory=IterativeConfig)
+    claims: ClaimsConfig = field(default_factory=ClaimsConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """The vLLM engine's settings, read when rollout.engine=vllm (docs/vllm.md)."""
     log: LogConfig = field(default_factory=LogConfig)

@@ -1,9 +1,10 @@
-"""Config sections of the stages around RL: SFT, reward-model training, iterative RL."""
+"""Config sections of the stages around RL: SFT, reward-model training, iterative RL, the claims run."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from grpolab.config.sections import RewardSpec
 from grpolab.errors import ConfigError
@@ -105,6 +106,51 @@ class IterativeConfig:
                 "iterative.replay_fraction must be in [0, 1] (DeepSeekMath: 0.1)",
             ),
             (self.pairs_per_group < 1, "iterative.pairs_per_group must be >= 1"),
+        ]
+        for bad, message in checks:
+            if bad:
+                raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class ClaimsConfig:
+    """``grpolab claims``: the seeds' claims measured on one model and task (commands/claims.py). The
+    experiments share the config's prompts, seed and train.num_steps; what differs is named here."""
+
+    group_sizes: tuple[int, ...] = (4, 8, 16)
+    """Claim 2: the G values trained at the same train.prompts_per_step; must hold rollout.num_generations,
+    whose run is the GRPO run of claim 1 (not trained twice)."""
+    hard_params: Mapping[str, Any] = field(default_factory=dict)
+    """Claim 4: data.params of the second, harder held-out kind (same data.source), e.g. 3-digit operands;
+    {} = only the config's own kind."""
+    eval_prompts: int = 30
+    """Claim 4: held-out prompts of each kind, each sampled eval.num_samples times (64: K up to 64)."""
+    kl_prompts: int = 16
+    """Claim 3: held-out prompts whose completions measure k1, k3 and the exact KL."""
+    kl_samples: int = 8
+    """Claim 3: completions sampled per prompt from the trained policy at T=1."""
+    rm_prompts: int = 64
+    """Claim 5: training prompts sampled rollout.num_generations times from the starting model; the rule reward
+    labels the samples, and each prompt with a right and a wrong one gives preference pairs."""
+    rm_pairs_per_prompt: int = 4
+    """Claim 5: at most this many (right, wrong) pairs per prompt."""
+    hacking_betas: tuple[float, ...] = (0.0,)
+    """Claim 5: algo.beta of each GRPO run on the reward model alone (the KL budgets)."""
+    hacking_lr: float | None = None
+    """Claim 5: optim.lr of the runs on the reward model (a larger one pushes further); null = optim.lr."""
+    hacking_steps: int = 0
+    """Claim 5: steps of each run on the reward model; 0 = train.num_steps."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (not self.group_sizes or min(self.group_sizes) < 2, "claims.group_sizes: give G values >= 2, e.g. [4, 8, 16]"),
+            (len(set(self.group_sizes)) != len(self.group_sizes), "claims.group_sizes: the G values must be distinct"),
+            (self.eval_prompts < 1, "claims.eval_prompts must be >= 1"),
+            (self.kl_prompts < 1 or self.kl_samples < 1, "claims.kl_prompts and claims.kl_samples must be >= 1"),
+            (self.rm_prompts < 2 or self.rm_pairs_per_prompt < 1, "claims.rm_prompts must be >= 2 and rm_pairs_per_prompt >= 1"),
+            (not self.hacking_betas or min(self.hacking_betas) < 0, "claims.hacking_betas: give betas >= 0, e.g. [0.0, 0.04]"),
+            (self.hacking_lr is not None and not self.hacking_lr > 0, "claims.hacking_lr must be > 0 (or null)"),
+            (self.hacking_steps < 0, "claims.hacking_steps must be >= 0 (0 = train.num_steps)"),
         ]
         for bad, message in checks:
             if bad:

@@ -16,7 +16,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-__all__ = ["mean_at_n", "maj_at_k", "pass_at_k", "pass_maj_curves"]
+__all__ = ["mean_at_n", "maj_at_k", "pass_at_k", "curve_means", "pass_maj_curves", "pass_maj_per_problem"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -91,6 +91,22 @@ def mean_at_n(correct: Sequence[bool]) -> float:
     return sum(bool(c) for c in correct) / len(correct)
 
 
+def pass_maj_per_problem(
+    per_problem: Sequence[tuple[Sequence[str | None], Sequence[bool]]], ks: Sequence[int]
+) -> dict[str, dict[int, list[float]]]:
+    """Pass@k and Maj@k of each problem: ``{"pass": {k: [one value per problem]}, "maj": {...}}``.
+
+    What an interval over problems needs (a bootstrap resamples these lists); the curves are their means.
+    """
+    if not per_problem:
+        raise ValueError("Pass@k and Maj@k need at least one problem")
+    values: dict[str, dict[int, list[float]]] = {"pass": {}, "maj": {}}
+    for k in ks:
+        values["pass"][k] = [pass_at_k(len(c), sum(bool(x) for x in c), k) for _, c in per_problem]
+        values["maj"][k] = [maj_at_k(a, c, k) for a, c in per_problem]
+    return values
+
+
 def pass_maj_curves(
     per_problem: Sequence[tuple[Sequence[str | None], Sequence[bool]]], ks: Sequence[int]
 ) -> dict[str, dict[int, float]]:
@@ -103,12 +119,9 @@ def pass_maj_curves(
     Returns:
         ``{"pass": {k: mean pass@k}, "maj": {k: mean maj@k}}``.
     """
-    if not per_problem:
-        raise ValueError("pass_maj_curves needs at least one problem")
-    curves: dict[str, dict[int, float]] = {"pass": {}, "maj": {}}
-    for k in ks:
-        passes = [pass_at_k(len(c), sum(bool(x) for x in c), k) for _, c in per_problem]
-        majs = [maj_at_k(a, c, k) for a, c in per_problem]
-        curves["pass"][k] = sum(passes) / len(passes)
-        curves["maj"][k] = sum(majs) / len(majs)
-    return curves
+    return curve_means(pass_maj_per_problem(per_problem, ks))
+
+
+def curve_means(values: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
+    """The mean over problems of each list pass_maj_per_problem returns."""
+    return {kind: {k: sum(v) / len(v) for k, v in by_k.items()} for kind, by_k in values.items()}

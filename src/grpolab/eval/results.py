@@ -37,6 +37,9 @@ class ModelEval:
     """A few prompts with their reference, greedy completion and some sampled completions."""
     gold_mean: dict[str, float] = field(default_factory=dict)
     """reward.gold: mean of each gold reward (and "gold_total") over the sampled completions; {} without."""
+    per_prompt: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    """{"pass": {K: [pass@K of each prompt]}, "maj": {...}}, prompts in held-out order: what an interval over
+    prompts resamples (grpolab.eval.intervals); {} in files written before it existed."""
 
     @property
     def ks(self) -> list[int]:
@@ -46,6 +49,7 @@ class ModelEval:
         data = asdict(self)
         data["pass_at"] = {str(k): v for k, v in self.pass_at.items()}
         data["maj_at"] = {str(k): v for k, v in self.maj_at.items()}
+        data["per_prompt"] = {kind: {str(k): v for k, v in by_k.items()} for kind, by_k in self.per_prompt.items()}
         return data
 
     @classmethod
@@ -54,6 +58,10 @@ class ModelEval:
         data["pass_at"] = {int(k): float(v) for k, v in data["pass_at"].items()}
         data["maj_at"] = {int(k): float(v) for k, v in data["maj_at"].items()}
         data["gold_mean"] = {k: math.nan if v is None else v for k, v in data.get("gold_mean", {}).items()}
+        data["per_prompt"] = {
+            kind: {int(k): [float(x) for x in v] for k, v in by_k.items()}
+            for kind, by_k in data.get("per_prompt", {}).items()
+        }
         return cls(**data)
 
 

@@ -25,7 +25,7 @@ import torch
 
 from grpolab.config import Config
 from grpolab.distributed import dist
-from grpolab.eval.metrics import pass_maj_curves
+from grpolab.eval.metrics import curve_means, pass_maj_per_problem
 from grpolab.eval.results import ModelEval
 from grpolab.models.loading import resolve_autocast
 from grpolab.progress import Progress
@@ -159,7 +159,8 @@ def evaluate_model(
     per_problem, texts, lengths, totals = dist.gather_lists(per_problem, texts, lengths, totals)
     names = [wr.name for wr in grader.gold] + (["gold_total"] if grader.gold else [])  # the same on every rank
     gold = dict(zip(names, dist.gather_lists(*[gold.get(name, []) for name in names]), strict=True))
-    curves = pass_maj_curves(per_problem, cfg.eval.ks or default_ks(n))
+    values = pass_maj_per_problem(per_problem, cfg.eval.ks or default_ks(n))
+    curves = curve_means(values)
     greedy_ok, greedy_texts = None, None
     if cfg.eval.greedy:
         greedy = greedy_sampler(cfg, model, tok)
@@ -181,7 +182,8 @@ def evaluate_model(
         reward_mean=sum(totals) / len(totals),
         seconds=time.perf_counter() - t0,
         samples=_sample_records(examples, texts, [c for _, c in per_problem], greedy_texts, n),
-        gold_mean={name: _mean(values) for name, values in gold.items()},
+        gold_mean={name: _mean(scores) for name, scores in gold.items()},
+        per_prompt=values,
     )
 
 

@@ -10,6 +10,7 @@ every ``grpolab-sandbox-*`` folder whose owner and harness are both gone.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import tempfile
@@ -31,10 +32,8 @@ def new_run_folder() -> Path:
 
 def record_harness(root: Path, pid: int) -> None:
     """Write the harness's pid; a harness that already ran to its end has removed the folder, and so this."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         (root / HARNESS_PID).write_text(str(pid))
-    except FileNotFoundError:
-        pass
 
 
 def _alive(pid_file: Path) -> bool | None:

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from grpolab.eval.metrics import maj_at_k, mean_at_n, pass_at_k, pass_maj_curves
+from grpolab.eval.metrics import curve_means, maj_at_k, mean_at_n, pass_at_k, pass_maj_curves, pass_maj_per_problem
 
 
 def _brute_pass_at_k(n: int, c: int, k: int) -> float:
@@ -89,3 +89,12 @@ def test_pass_maj_curves():
     assert curves["maj"] == pytest.approx({1: (0.5 + 0.75) / 2, 2: (0.5 + 0.75) / 2})
     with pytest.raises(ValueError):
         pass_maj_curves([], [1])
+
+
+def test_pass_maj_per_problem_keeps_each_problem_in_order():
+    problems = [(ANSWERS, CORRECT), (["y", "y", "y", "x"], [True, True, True, False])]
+    values = pass_maj_per_problem(problems, [1, 2])
+    assert values["pass"][2] == pytest.approx([5 / 6, 1.0])
+    assert values["maj"][1] == pytest.approx([0.5, 0.75])
+    for kind, curve in pass_maj_curves(problems, [1, 2]).items():
+        assert curve_means(values)[kind] == pytest.approx(curve)
