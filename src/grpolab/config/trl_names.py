@@ -1,60 +1,83 @@
-"""TRL GRPOConfig names a TRL user may write as grpolab config keys, and the grpolab key that does the job:
-the unknown-key error names it instead of a look-alike (``algo.epsilon`` is not ``algo.eps``)."""
+"""The one TRL name table: for each TRL GRPOConfig (or ``trl grpo`` script) name that maps to grpolab keys,
+the words naming the grpolab key(s) and how TRL's value becomes them, written once.
+
+Two readers, one entry each:
+
+* the config loader: a TRL name written as a grpolab key (``algo.epsilon``, ``train.max_steps``) is an
+  unknown-key error that names grpolab's key (``trl_hint``) instead of a look-alike (``algo.eps``);
+* ``grpolab convert-trl`` (grpolab.trl.fields, grpolab.trl.convert): a field it maps with its own rule
+  (``named``) takes these words as its description (docs/coming_from_trl.md's table); a field read by
+  another field's rule (``read_by``) says so there, and its words here serve the loader only.
+
+The TRL fields convert-trl alone describes (refused, not applicable, mapped to keys no look-alike hides)
+keep their words in grpolab.trl.fields; ``grpolab.trl.rules.worded`` refuses words written for a name of
+this table, so none is written twice. Words start with the grpolab key (``TRL's learning_rate is grpolab's
+optim.lr``), or with "the " where they say first what TRL's setting is (``TRL's epsilon is the ratio
+clip: ...``).
+"""
 
 from __future__ import annotations
 
 TRL_NAMES: dict[str, str] = {
-    "epsilon": "TRL's epsilon is the ratio clip: algo.clip_low (epsilon_high: algo.clip_high); algo.eps is the "
-    "small number added to the reward std",
-    "epsilon_high": "algo.clip_high (DAPO's Clip-Higher: 0.28)",
-    "delta": "algo.dual_clip (TRL's two-sided clip delta, for delta > 1 + epsilon_high)",
-    "max_steps": "train.num_steps (one step = one generation batch; TRL counts optimizer steps)",
-    "num_train_epochs": "train.num_steps (grpolab counts generation batches, not epochs)",
-    "learning_rate": "optim.lr",
-    "lr_scheduler_type": "optim.schedule (constant, linear, cosine)",
-    "warmup_steps": "optim.warmup_steps",
-    "warmup_ratio": "optim.warmup_steps (in optimizer steps)",
-    "weight_decay": "optim.weight_decay",
-    "adam_beta1": "optim.betas: [beta1, beta2]",
-    "adam_beta2": "optim.betas: [beta1, beta2]",
-    "max_grad_norm": "optim.max_grad_norm",
-    "num_iterations": "algo.mu (passes over each generation batch)",
-    "loss_type": "algo.loss_agg (grpo: seq-mean-token-mean, dapo: token-mean, dr_grpo: seq-mean-token-sum-norm)",
-    "scale_rewards": "algo.advantage (group: grpo, none: dr_grpo)",
-    "num_generations": "rollout.num_generations",
+    # --- mapped by convert-trl's rule for the name itself (their words are also its table's)
+    "per_device_train_batch_size": "train.prompts_per_step = generation_batch_size / num_generations; "
+    "algo.num_minibatches = steps_per_generation / gradient_accumulation_steps; algo.mu = num_iterations; "
+    "train.micro_batch_size",
+    "max_steps": "train.num_steps = max_steps / optimizer steps per generation batch",
     "max_completion_length": "rollout.max_completion_length",
-    "temperature": "rollout.temperature",
+    "temperature": "rollout.temperature (log-probs are scored at it, as TRL)",
     "top_p": "rollout.top_p",
-    "top_k": "rollout.top_k",
-    "per_device_train_batch_size": "train.prompts_per_step (prompts per generation batch) and train.micro_batch_size",
-    "generation_batch_size": "train.prompts_per_step x rollout.num_generations completions",
-    "gradient_accumulation_steps": "train.micro_batch_size (grpolab accumulates micro-batches up to each minibatch)",
-    "steps_per_generation": "algo.num_minibatches (optimizer steps per generation batch)",
+    "top_k": "rollout.top_k (0 = off)",
+    "loss_type": "algo.loss_agg: grpo = seq-mean-token-mean, dr_grpo = seq-mean-token-sum-norm, dapo = "
+    "token-mean, cispo = algo.name cispo; bnpo only at per_device_train_batch_size=1",
+    "scale_rewards": "algo.advantage: group = grpo, none = dr_grpo (no std); batch is refused",
+    "epsilon": "the ratio clip: algo.clip_low (epsilon_high: algo.clip_high); with loss_type=cispo the weight has "
+    "no lower bound; algo.eps is the small number added to the reward std",
+    "importance_sampling_level": "algo.importance_level (sequence = GSPO; sequence_token, "
+    "trl.experimental.gspo_token's, = sequence)",
     "mask_truncated_completions": "algo.mask_truncated",
-    "importance_sampling_level": "algo.importance_level",
-    "sync_ref_model": "algo.ref_reset_every",
-    "ref_model_sync_steps": "algo.ref_reset_every",
+    "sync_ref_model": "algo.ref_reset_every (ref_model_mixup_alpha must be 1)",
     "entropy_coef": "algo.entropy_coef",
     "reward_weights": "reward.functions[i].weight",
-    "reward_funcs": "reward.functions",
-    "save_steps": "log.checkpoint_every",
-    "save_total_limit": "log.keep_last",
-    "logging_steps": "log.samples_every (grpolab logs metrics every step)",
-    "log_completions": "log.samples_every",
-    "bf16": "model.autocast=bf16",
-    "model_name_or_path": "model.name_or_path",
-    "dataset_name": "data.path (with data.source=hf)",
     "gradient_checkpointing": "model.gradient_checkpointing",
-    "output_dir": "log.output_dir (the run folder is log.output_dir/log.run_name)",
-    "run_name": "log.run_name",
-    "report_to": "log.report_to",
+    "bf16": "model.autocast: bf16 or none (fp16 is refused)",
+    "learning_rate": "optim.lr",
+    "lr_scheduler_type": "optim.schedule and optim.warmup_steps (linear, cosine, constant)",
+    "weight_decay": "optim.weight_decay",
+    "adam_beta1": "optim.betas = [adam_beta1, adam_beta2]",
+    "max_grad_norm": "optim.max_grad_norm (0 = off in both)",
     "seed": "seed (top level)",
+    "output_dir": "log.output_dir / log.run_name (the run folder)",
+    "report_to": "log.report_to (tensorboard, wandb, trackio)",
+    "log_completions": "log.samples_every (every logging_steps; 0 = off)",
+    "save_steps": "log.checkpoint_every (optimizer steps -> grpolab steps)",
+    "save_total_limit": "log.keep_last",
+    # the trl grpo script's names (grpolab.trl.convert's SCRIPT_FIELDS)
+    "model_name_or_path": "model.name_or_path",
+    "dataset_name": "data.source=hf (jsonl for a .jsonl file), data.path",
+    "reward_funcs": "reward.functions (TRL's own functions, kind trl)",
+    # --- read by another field's rule in convert-trl: these words are the loader's only
+    "gradient_accumulation_steps": "train.micro_batch_size (grpolab accumulates micro-batches up to each minibatch)",
+    "steps_per_generation": "algo.num_minibatches (optimizer steps per generation batch)",
+    "generation_batch_size": "train.prompts_per_step x rollout.num_generations completions",
+    "num_generations": "rollout.num_generations",
+    "num_iterations": "algo.mu (passes over each generation batch)",
+    "num_train_epochs": "train.num_steps (grpolab counts generation batches, not epochs)",
+    "epsilon_high": "algo.clip_high (DAPO's Clip-Higher: 0.28)",
+    "delta": "algo.dual_clip (TRL's two-sided clip delta, for delta > 1 + epsilon_high)",
+    "ref_model_sync_steps": "algo.ref_reset_every",
+    "warmup_steps": "optim.warmup_steps",
+    "adam_beta2": "optim.betas = [adam_beta1, adam_beta2]",
+    "run_name": "log.run_name",
+    "logging_steps": "log.samples_every (grpolab logs metrics every step)",
+    # --- a legacy TRL name (convert-trl reads it as a warmup_steps below 1)
+    "warmup_ratio": "optim.warmup_steps (in optimizer steps)",
 }
 
 
 def trl_hint(key: str) -> str | None:
     """'; TRL's <key> is grpolab's ...' for an unknown key that is a TRL name, else None."""
-    hint = TRL_NAMES.get(key)
-    if hint is None:
+    words = TRL_NAMES.get(key)
+    if words is None:
         return None
-    return f"; {hint}" if hint.startswith("TRL's") else f"; TRL's {key} is grpolab's {hint}"
+    return f"; TRL's {key} is {words}" if words.startswith("the ") else f"; TRL's {key} is grpolab's {words}"

@@ -6,7 +6,9 @@ that reproduce TRL's behaviour, refused with the reason, or listed as not applic
 ``trl grpo`` script (model, dataset, LoRA, reward functions) go through ``SCRIPT_FIELDS``. A key that is
 neither is an error, so a field a newer TRL adds is never dropped in silence. Where TRL counts optimizer
 steps (max_steps, save_steps, logging_steps, ref_model_sync_steps) grpolab counts generation batches:
-they are divided by the optimizer steps per generation batch (notes say where that rounds).
+they are divided by the optimizer steps per generation batch (notes say where that rounds). A name of the
+one TRL name table (grpolab.config.trl_names, which the config loader's unknown-key hint reads too) is
+described in that table's words (``named``), never in words of its own.
 
 Needs TRL installed (for GRPOConfig's fields and defaults): pip install 'grpolab[trl]'.
 """
@@ -37,7 +39,7 @@ from grpolab.trl.legacy import (
     open_r1_reward,
     short,
 )
-from grpolab.trl.rules import Refused, TrlField
+from grpolab.trl.rules import Refused, TrlField, named, worded
 
 __all__ = [
     "SCRIPT_FIELDS", "TRL_FIELDS", "TrlConversion", "convert_trl", "markdown_table", "trl_defaults",
@@ -118,8 +120,8 @@ def _script_key(key: str, skip: Any = None):
     return lambda v, t: {} if v == skip else {key: v}
 
 
-SCRIPT_FIELDS: dict[str, TrlField] = {
-    "model_name_or_path": TrlField("mapped", "model.name_or_path", _script_key("model.name_or_path")),
+SCRIPT_FIELDS: dict[str, TrlField] = worded({
+    "model_name_or_path": named(_script_key("model.name_or_path")),
     "model_revision": TrlField("mapped", "model.revision", _script_key("model.revision", "main")),
     "dtype": TrlField("mapped", "model.dtype", _model_dtype),
     "attn_implementation": TrlField("not_applicable", "grpolab uses the model's default attention"),
@@ -128,17 +130,17 @@ SCRIPT_FIELDS: dict[str, TrlField] = {
     "lora_alpha": TrlField("mapped", "read with use_peft", lambda v, t: {}),
     "lora_dropout": TrlField("mapped", "read with use_peft", lambda v, t: {}),
     "lora_target_modules": TrlField("mapped", "read with use_peft", lambda v, t: {}),
-    "dataset_name": TrlField("mapped", "data.source=hf (jsonl for a .jsonl file), data.path", _dataset),
+    "dataset_name": named(_dataset),
     "dataset_config": TrlField("mapped", "data.name", _script_key("data.name")),
     "dataset_train_split": TrlField("mapped", "data.split", _script_key("data.split", "train")),
-    "reward_funcs": TrlField("mapped", "reward.functions (TRL's own functions, kind trl)", _reward_funcs),
+    "reward_funcs": named(_reward_funcs),
     "reward_model_name_or_path": TrlField("mapped", "read with reward_funcs", lambda v, t: {}),
     "datasets": TrlField("refused", "trl grpo's dataset mixture (DatasetMixtureConfig): grpolab trains on one "
                          "dataset: mix them into one file (data.path), or give one as dataset_name"),
     "accelerate_config": TrlField("not_applicable", "the trl CLI's accelerate launch profile (DeepSpeed, FSDP, "
                                   "multi-GPU): grpolab picks DDP or FSDP2 with train.parallel; pass --num-processes N"),
     **OPEN_R1_FIELDS,
-}
+})
 _SCRIPT_DEFAULTS = {
     "model_name_or_path": None, "model_revision": "main", "dtype": None, "attn_implementation": None,
     "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,

@@ -1,6 +1,10 @@
 """TRL 1.16's GRPOConfig, field by field (TrainingArguments' fields included): mapped, refused or not
 applicable (grpolab.trl.rules explains the three). ``convert_trl`` iterates this table; a field
-TRL adds later is not in it, and the converter refuses it until it is (tests/unit/test_from_trl.py).
+TRL adds later is not in it, and the converter refuses it until it is (tests/unit/trl/test_convert.py).
+
+A field of the one TRL name table (grpolab.config.trl_names.TRL_NAMES: the TRL names that map to grpolab
+keys, which the config loader's unknown-key hint reads too) is ``named(convert)`` here, and ``worded``
+gives it that table's words; the words written here are those of the fields convert-trl alone describes.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from grpolab.trl.rules import (
     loss_type,
     mapped,
     max_length,
+    named,
     not_applicable,
     num_steps,
     optim,
@@ -38,6 +43,7 @@ from grpolab.trl.rules import (
     sync_ref,
     to_key,
     weight_decay,
+    worded,
 )
 
 _VLLM = "vLLM's process and memory settings; grpolab chooses its generation engine itself"
@@ -51,25 +57,21 @@ _ADAPTIVE = "read only with use_adaptive_entropy=True, which is refused"
 _SAPO = "grpolab has no SAPO loss (loss_type=sapo is refused)"
 _VESPO = "grpolab has no VESPO loss (loss_type=vespo is refused)"
 
-TRL_FIELDS: dict[str, TrlField] = {
+TRL_FIELDS: dict[str, TrlField] = worded({
     # --- batch geometry and length of the run
-    "per_device_train_batch_size": mapped(
-        "train.prompts_per_step = generation_batch_size / num_generations; algo.num_minibatches = "
-        "steps_per_generation / gradient_accumulation_steps; algo.mu = num_iterations; train.micro_batch_size",
-        batch_geometry,
-    ),
+    "per_device_train_batch_size": named(batch_geometry),
     "gradient_accumulation_steps": read_by("per_device_train_batch_size"),
     "steps_per_generation": read_by("per_device_train_batch_size"),
     "generation_batch_size": read_by("per_device_train_batch_size"),
     "num_generations": read_by("per_device_train_batch_size"),
     "num_iterations": read_by("per_device_train_batch_size"),
-    "max_steps": mapped("train.num_steps = max_steps / optimizer steps per generation batch", num_steps),
+    "max_steps": named(num_steps),
     "num_train_epochs": read_by("max_steps"),
     # --- sampling
-    "max_completion_length": mapped("rollout.max_completion_length", max_length),
-    "temperature": mapped("rollout.temperature (log-probs are scored at it, as TRL)", to_key("rollout.temperature")),
-    "top_p": mapped("rollout.top_p", to_key("rollout.top_p")),
-    "top_k": mapped("rollout.top_k (0 = off)", to_key("rollout.top_k")),
+    "max_completion_length": named(max_length),
+    "temperature": named(to_key("rollout.temperature")),
+    "top_p": named(to_key("rollout.top_p")),
+    "top_k": named(to_key("rollout.top_k")),
     "min_p": refused("grpolab's sampler has no min-p filter"),
     "repetition_penalty": refused("grpolab's sampler has no repetition penalty (it would bias the log-probs)"),
     "generation_kwargs": refused("grpolab's sampler takes rollout.temperature / top_p / top_k only"),
@@ -80,27 +82,20 @@ TRL_FIELDS: dict[str, TrlField] = {
     "shuffle_dataset": mapped("data.shuffle", to_key("data.shuffle")),
     "num_generations_eval": read_by("eval_strategy"),
     # --- the algorithm
-    "loss_type": mapped(
-        "algo.loss_agg: grpo = seq-mean-token-mean, dr_grpo = seq-mean-token-sum-norm, dapo = token-mean, "
-        "cispo = algo.name cispo; bnpo only at per_device_train_batch_size=1",
-        loss_type,
-    ),
-    "scale_rewards": mapped("algo.advantage: group = grpo, none = dr_grpo (no std); batch is refused", scale_rewards),
+    "loss_type": named(loss_type),
+    "scale_rewards": named(scale_rewards),
     "multi_objective_aggregation": read_by("scale_rewards"),
     "beta": mapped("algo.beta, with the k3 estimator in the loss (TRL's)", beta),
     "use_bias_correction_kl": read_by("beta"),
-    "epsilon": mapped("algo.clip_low (cispo: the weight has no lower bound)", clip),
+    "epsilon": named(clip),
     "epsilon_high": read_by("epsilon"),
     "delta": read_by("epsilon"),
-    "importance_sampling_level": mapped(
-        "algo.importance_level (sequence = GSPO; sequence_token, trl.experimental.gspo_token's, = sequence)",
-        importance_level,
-    ),
-    "mask_truncated_completions": mapped("algo.mask_truncated", to_key("algo.mask_truncated")),
-    "sync_ref_model": mapped("algo.ref_reset_every (ref_model_mixup_alpha must be 1)", sync_ref),
+    "importance_sampling_level": named(importance_level),
+    "mask_truncated_completions": named(to_key("algo.mask_truncated")),
+    "sync_ref_model": named(sync_ref),
     "ref_model_mixup_alpha": read_by("sync_ref_model"),
     "ref_model_sync_steps": read_by("sync_ref_model"),
-    "entropy_coef": mapped("algo.entropy_coef", entropy),
+    "entropy_coef": named(entropy),
     "use_adaptive_entropy": refused("grpolab's entropy bonus has a fixed coefficient (algo.entropy_coef)"),
     "entropy_coef_min": not_applicable(_ADAPTIVE),
     "entropy_coef_max": not_applicable(_ADAPTIVE),
@@ -114,7 +109,7 @@ TRL_FIELDS: dict[str, TrlField] = {
     "vespo_lambda_pos": not_applicable(_VESPO),
     "vespo_k_neg": not_applicable(_VESPO),
     "vespo_lambda_neg": not_applicable(_VESPO),
-    "reward_weights": mapped("reward.functions[i].weight", lambda v, t: t.reward_weights(v)),
+    "reward_weights": named(lambda v, t: t.reward_weights(v)),
     "vllm_importance_sampling_correction": mapped(
         "algo.rollout_correction (tis / mis), _level and _cap, when use_vllm", rollout_correction
     ),
@@ -126,9 +121,9 @@ TRL_FIELDS: dict[str, TrlField] = {
     # --- the model
     "model_init_kwargs": mapped("model.dtype (TRL: float32 unless given), model.revision", init_kwargs),
     "trust_remote_code": mapped("model.trust_remote_code", to_key("model.trust_remote_code")),
-    "gradient_checkpointing": mapped("model.gradient_checkpointing", to_key("model.gradient_checkpointing")),
+    "gradient_checkpointing": named(to_key("model.gradient_checkpointing")),
     "gradient_checkpointing_kwargs": not_applicable(_SPEED),
-    "bf16": mapped("model.autocast: bf16 or none (fp16 is refused)", precision),
+    "bf16": named(precision),
     "fp16": read_by("bf16"),
     "tf32": not_applicable("a CUDA matmul precision mode, not a training setting"),
     "disable_dropout": mapped("grpolab always trains with dropout off", dropout),
@@ -138,31 +133,31 @@ TRL_FIELDS: dict[str, TrlField] = {
     "neftune_noise_alpha": refused("grpolab adds no noise to the embeddings (NEFTune)"),
     "label_smoothing_factor": not_applicable("GRPO's loss has no labels (TRL ignores it too)"),
     # --- the optimizer
-    "learning_rate": mapped("optim.lr", to_key("optim.lr")),
-    "lr_scheduler_type": mapped("optim.schedule and optim.warmup_steps (linear, cosine, constant)", schedule),
+    "learning_rate": named(to_key("optim.lr")),
+    "lr_scheduler_type": named(schedule),
     "lr_scheduler_kwargs": read_by("lr_scheduler_type"),
     "warmup_steps": read_by("lr_scheduler_type"),
     "optim": mapped("torch's AdamW (adamw_torch, adamw_torch_fused)", optim),
     "optim_args": refused("grpolab's AdamW takes optim.lr, betas and weight_decay only"),
     "optim_target_modules": refused("grpolab's AdamW takes every trainable parameter"),
-    "weight_decay": mapped("optim.weight_decay", weight_decay),
-    "adam_beta1": mapped("optim.betas = [adam_beta1, adam_beta2]", betas),
+    "weight_decay": named(weight_decay),
+    "adam_beta1": named(betas),
     "adam_beta2": read_by("adam_beta1"),
     "adam_epsilon": refused("grpolab's AdamW uses torch's eps, 1e-8"),
-    "max_grad_norm": mapped("optim.max_grad_norm (0 = off in both)", to_key("optim.max_grad_norm")),
-    "seed": mapped("seed", to_key("seed")),
+    "max_grad_norm": named(to_key("optim.max_grad_norm")),
+    "seed": named(to_key("seed")),
     "data_seed": not_applicable("grpolab's seed orders the data too"),
     "full_determinism": not_applicable(_SPEED),
     # --- logging, checkpoints, evaluation
-    "output_dir": mapped("log.output_dir / log.run_name (the run folder)", output_dir),
+    "output_dir": named(output_dir),
     "run_name": read_by("output_dir"),
-    "report_to": mapped("log.report_to (tensorboard, wandb, trackio)", report_to),
+    "report_to": named(report_to),
     "project": mapped("log.project", to_key("log.project")),
-    "log_completions": mapped("log.samples_every (every logging_steps; 0 = off)", samples),
+    "log_completions": named(samples),
     "logging_steps": read_by("log_completions"),
-    "save_steps": mapped("log.checkpoint_every (optimizer steps -> grpolab steps)", save),
+    "save_steps": named(save),
     "save_strategy": read_by("save_steps"),
-    "save_total_limit": mapped("log.keep_last", keep),
+    "save_total_limit": named(keep),
     "eval_strategy": mapped("eval.every and eval.num_samples (num_generations_eval)", evaluation),
     "eval_steps": read_by("eval_strategy"),
     "log_multimodal": not_applicable("grpolab trains on text"),
@@ -256,4 +251,4 @@ TRL_FIELDS: dict[str, TrlField] = {
         "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization",
         "vllm_max_model_length", "vllm_tensor_parallel_size",
     )},
-}
+})
