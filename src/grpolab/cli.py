@@ -34,6 +34,7 @@ VERB_MODULES = {
     "train-iterative": "grpolab.commands.iterative",
     "compare": "grpolab.commands.compare",
     "recipe": "grpolab.commands.recipe",
+    "claims": "grpolab.commands.claims",
     "demo": "grpolab.commands.demo",
     "demo --agent": "grpolab.commands.agent_demo",
     "hacking": "grpolab.commands.hacking_cli",
@@ -125,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _verb(sub, "recipe", help="evaluate the model, train it, evaluate again, write report.md (make real)")
     _config_args(p)
     p.add_argument("--resume", action="store_true", help="continue an interrupted recipe: its evaluation and checkpoints are kept")
+    p = _verb(sub, "claims", help="measure the seeds' claims (PPO vs GRPO, G, KL, Pass@K/Maj@K, hacking): claims.md (make claims)")
+    _config_args(p)
     p = _verb(sub, "config", help="print the resolved, validated config and exit")
     _config_args(p)
     p.add_argument(
@@ -261,7 +264,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 128 + result.stopped_by
         print(f"grpolab: trained to step {result.final_step}; run written to {result.run_dir}")
         return 0
-    if args.verb in ("compare", "recipe"):
+    if args.verb in ("compare", "recipe", "claims"):
+        if args.verb == "claims":
+            return _claims(cfg)
         return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg, resume=args.resume)
     if args.verb == "sft":
         done = _module("sft").sft(cfg, resume=args.resume)
@@ -321,6 +326,20 @@ def _stopped_message(result) -> str:
         f"grpolab: stopped by {name} after step {result.final_step}; checkpoint saved in {result.run_dir} "
         f"({last.name}); continue with: grpolab train --resume (same config)"
     )
+
+
+def _claims(cfg) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        report, data = _module("claims").run_claims(cfg)
+    except KeyboardInterrupt:
+        print(
+            "grpolab: claims interrupted; every finished stage is kept and read back: run the same command again",
+            file=sys.stderr,
+        )
+        return 130
+    print(f"grpolab: claims: report written to {report} ({sum(data.seconds.values()) / 60:.1f} min)")
+    return 0
 
 
 def _recipe(cfg, *, resume: bool) -> int:

@@ -101,7 +101,7 @@ def compare(cfg: Config, algos: Sequence[str] = DEFAULT_ALGOS) -> Comparison:
     runs = []
     for i, a in enumerate(algos):
         try:
-            runs.append(_run(configs[a], out))
+            runs.append(train_in_child(configs[a], out))
         except CompareStopped as stopped:
             stopped.skipped = list(algos[i + 1 :])
             raise
@@ -110,12 +110,14 @@ def compare(cfg: Config, algos: Sequence[str] = DEFAULT_ALGOS) -> Comparison:
     return Comparison(report=report, runs=runs, summary=summary)
 
 
-def _run(cfg: Config, out: Path) -> AlgoRun:
-    algo = cfg.algo.name
+def train_in_child(cfg: Config, out: Path) -> AlgoRun:
+    """``grpolab train`` on ``cfg`` in a subprocess (its peak memory its own), named by log.run_name: the
+    config and log go to ``out/<name>.yaml`` / ``.log``, the run to cfg.run_dir. Signals reach the child."""
+    algo = cfg.log.run_name
     config_path, log_path = out / f"{algo}.yaml", out / f"{algo}.log"
     config_path.write_text(dump_config(cfg))
     cmd = [sys.executable, "-m", "grpolab", "train", "--config", str(config_path)]
-    log.info("compare: training %s (%d steps), log in %s", algo, cfg.train.num_steps, log_path)
+    log.info("training %s (%d steps), log in %s", algo, cfg.train.num_steps, log_path)
     t0 = time.perf_counter()
     with log_path.open("w") as fh:
         child = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)

@@ -22,8 +22,11 @@ import contextlib
 import contextvars
 import ctypes
 import functools
+import os
+import platform
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -129,3 +132,19 @@ def giving_back_freed_memory(step: Callable[..., T]) -> Callable[..., T]:
             return step(model, *args, **kwargs)
 
     return wrapped
+
+
+def describe_cpu() -> str:
+    """"Intel(R) Xeon(R) ..., 2 cores, AVX-512 + AVX512-BF16 + AMX": what a figure measured on a CPU must name."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return f"{platform.processor() or 'unknown CPU'}, {len(os.sched_getaffinity(0))} cores"
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    kinds = [name for flag, name in (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_bf16", "AMX")) if flag in flags]
+    isa = " + ".join(kinds) if kinds else ("AVX2 only" if "avx2" in flags else "no AVX2")
+    return f"{fields.get('model name', 'unknown CPU')}, {len(os.sched_getaffinity(0))} cores, {isa}"

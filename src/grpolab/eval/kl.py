@@ -46,6 +46,9 @@ class KLMeasure:
     """Share of tokens with k1 < 0."""
     k1_min: float
     k3_min: float
+    k1_bias_se: float
+    """Standard error of the mean of (k1 - exact) over tokens: the estimator's error, paired per token."""
+    k3_bias_se: float
     exact_seq_mean: float
     """Mean over sequences of the summed exact KL (nats per sequence)."""
 
@@ -75,7 +78,7 @@ def token_kls(policy, reference, prompt_ids: list[int], completion_ids: torch.Te
             out.append(F.log_softmax(F.linear(hidden[start : start + POSITIONS_PER_CHUNK].float(), weight, bias), -1))
     targets = completion_ids[mask]
     tok_p, tok_q = [], []
-    for start, (lp, lq) in zip(range(0, targets.shape[0], POSITIONS_PER_CHUNK), zip(logp, logq, strict=True)):
+    for start, (lp, lq) in zip(range(0, targets.shape[0], POSITIONS_PER_CHUNK), zip(logp, logq, strict=True), strict=True):
         chunk = targets[start : start + POSITIONS_PER_CHUNK, None]
         tok_p.append(lp.gather(-1, chunk).squeeze(-1))
         tok_q.append(lq.gather(-1, chunk).squeeze(-1))
@@ -117,6 +120,8 @@ def measure_kl(
         raise ValueError("measure_kl: the samples hold no counted token (every completion empty)")
     k1_mean, k1_se = mean_and_se(k1_all.tolist())
     k3_mean, k3_se = mean_and_se(k3_all.tolist())
+    _, k1_bias_se = mean_and_se((k1_all - kl_all).tolist())
+    _, k3_bias_se = mean_and_se((k3_all - kl_all).tolist())
     return KLMeasure(
         tokens=int(k1_all.numel()),
         sequences=len(seq_kl),
@@ -128,5 +133,7 @@ def measure_kl(
         k1_negative_share=float((k1_all < 0).double().mean()),
         k1_min=float(k1_all.min()),
         k3_min=float(k3_all.min()),
+        k1_bias_se=k1_bias_se,
+        k3_bias_se=k3_bias_se,
         exact_seq_mean=math.fsum(seq_kl) / len(seq_kl),
     )

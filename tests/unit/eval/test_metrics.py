@@ -3,7 +3,14 @@ import random
 
 import pytest
 
-from grpolab.eval.metrics import curve_means, maj_at_k, mean_at_n, pass_at_k, pass_maj_curves, pass_maj_per_problem
+from grpolab.eval.metrics import (
+    curve_means,
+    maj_at_k,
+    mean_at_n,
+    pass_at_k,
+    pass_maj_curves,
+    pass_maj_per_problem,
+)
 
 
 def _brute_pass_at_k(n: int, c: int, k: int) -> float:

@@ -56,8 +56,8 @@ def test_on_the_policy_s_samples_both_estimators_are_unbiased_and_only_k1_goes_n
     assert m.exact_mean > 0.01  # two random models: a real KL
     assert m.k3_min >= 0.0 and m.k1_negative_share > 0.05 and m.k1_min < 0
     # sampled at T=1 without top-k (the config's 0.7 and top_k=5 are overridden): unbiased for the exact mean
-    assert abs(m.k1_mean - m.exact_mean) < 4 * m.k1_se
-    assert abs(m.k3_mean - m.exact_mean) < 4 * m.k3_se
+    assert abs(m.k1_mean - m.exact_mean) < 4 * m.k1_bias_se <= 4 * m.k1_se * 1.5
+    assert abs(m.k3_mean - m.exact_mean) < 4 * m.k3_bias_se
     assert m.exact_seq_mean == pytest.approx(m.exact_mean * m.tokens / m.sequences, rel=1e-6)
 
 

@@ -1,0 +1,320 @@
+"""``grpolab claims``: the seeds' claims (DeepSeekMath, DeepSeek-R1) measured on one model, one report.
+
+Every experiment shares the config's model, task, prompts, seed and train.num_steps; ``claims:`` names
+what differs (configs/smollm2_claims.yaml; docs/claims.md says how the real run is sized). Stages, in order:
+
+1. The starting model's Pass@K / Maj@K (eval.num_samples, e.g. 64) on ``claims.eval_prompts`` held-out
+   prompts of each kind (the config's task, and ``claims.hard_params``), and its greedy accuracy on all
+   of the task's held-out prompts.
+2. ``grpolab train`` in a subprocess each (its peak memory its own, commands/compare.py): GRPO at
+   rollout.num_generations, PPO with a critic of the policy's size, and GRPO at each other G of
+   ``claims.group_sizes``; every run logs the rule reward as reward.gold too (the contrast of claim 5).
+3. Greedy accuracy of each G's final model (claim 2); Pass@K / Maj@K of the GRPO model (claim 4).
+4. k1, k3 and the exact KL on the GRPO model's samples against the starting model (claim 3).
+5. Preference pairs from the starting model's own samples, labelled by the rule reward; ``train-rm``
+   from the starting model (a new one-output head); GRPO on that reward model alone, the rule reward as
+   reward.gold, for each ``claims.hacking_betas`` (commands/hacking.py); its KL measured as in 4.
+6. ``claims.md`` with a section, figure and verdict per claim (commands/claims_report.py).
+
+A stage whose result is on disk for the same config is read back, not redone, so an interrupted run
+continues where it stopped (``grpolab claims`` again); ``log.overwrite=true`` starts over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpolab import jsonio
+from grpolab.commands.claims_report import ClaimsData, write_claims_report
+from grpolab.commands.compare import AlgoRun, algo_config, summarise, train_in_child
+from grpolab.commands.eval import evaluate
+from grpolab.commands.hacking import finished, grid_configs, hacking
+from grpolab.commands.train_rm import PreferencePair, train_reward_model, write_pairs
+from grpolab.config import Config, ConfigError, RewardSpec, dump_config
+from grpolab.data import DataError, load_examples, split_eval, tokenize_prompts
+from grpolab.eval.kl import measure_kl
+from grpolab.eval.results import ModelEval, load_evals
+from grpolab.eval.runner import Grader
+from grpolab.models.sources import local_source
+from grpolab.rewards import build_rewards
+from grpolab.rollout.engines import build_sampler
+from grpolab.runtime.assemble import load_model, split_examples
+from grpolab.runtime.checkpoint import latest_checkpoint
+from grpolab.runtime.logging import read_metrics
+from grpolab.runtime.preflight import check_model_source
+
+log = logging.getLogger(__name__)
+
+STAMP = "stage_config.yaml"
+"""Beside a stage's output: the config it was made with; a rerun with the same config reads the output back."""
+
+
+def grpo_name(g: int) -> str:
+    return f"grpo_G{g}"
+
+
+def check_claims(cfg: Config) -> None:
+    """Every check that needs no model, before the first stage: a bad key fails in seconds."""
+    c = cfg.claims
+    if cfg.rollout.num_generations not in c.group_sizes:
+        raise ConfigError(
+            f"claims.group_sizes={list(c.group_sizes)} must hold rollout.num_generations="
+            f"{cfg.rollout.num_generations} (its run is claim 1's GRPO run)"
+        )
+    if cfg.eval.num_samples < 2 or cfg.data.eval_size < c.eval_prompts:
+        raise ConfigError(
+            f"claims needs eval.num_samples >= 2 (e.g. 64) and data.eval_size >= claims.eval_prompts "
+            f"({cfg.data.eval_size} < {c.eval_prompts})"
+        )
+    if not cfg.reward.functions:
+        raise ConfigError("claims needs reward.functions: the rule reward that grades and labels the pairs")
+    check_model_source(cfg.model)
+    build_rewards(cfg)
+    split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
+    if c.hard_params:
+        try:
+            split_eval(load_examples(hard_data(cfg).data, seed=cfg.seed), cfg.data.eval_size)
+        except DataError as err:
+            raise ConfigError(f"claims.hard_params={dict(c.hard_params)} (the harder held-out kind): {err}") from err
+    training_configs(cfg, cfg.run_dir)  # each run's config is built, so checked
+    grid_configs(hacking_config(cfg, Path("reward_model")), c.hacking_betas, [cfg.seed])
+
+
+def hard_data(cfg: Config) -> Config:
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, params=dict(cfg.claims.hard_params)))
+
+
+def training_configs(cfg: Config, out: Path) -> dict[str, Config]:
+    """Claims 1 and 2: GRPO (rollout.num_generations), PPO, GRPO at the other G; the rule reward as gold."""
+    gold = dataclasses.replace(cfg.reward, gold=cfg.reward.gold or cfg.reward.functions)
+    base = dataclasses.replace(cfg, reward=gold, log=dataclasses.replace(cfg.log, checkpoint_every=0, keep_last=1))
+    runs = {"grpo": algo_config(base, "grpo", out), "ppo": algo_config(base, "ppo", out)}
+    for g in cfg.claims.group_sizes:
+        if g != cfg.rollout.num_generations:
+            run = algo_config(base, "grpo", out)
+            log_cfg = dataclasses.replace(run.log, run_name=grpo_name(g))
+            runs[grpo_name(g)] = dataclasses.replace(
+                run, rollout=dataclasses.replace(run.rollout, num_generations=g), log=log_cfg
+            )
+    return runs
+
+
+def hacking_config(cfg: Config, rm_dir: Path) -> Config:
+    """Claim 5: GRPO on the reward model alone, the rule reward as gold, from the starting model."""
+    c = cfg.claims
+    reward = dataclasses.replace(
+        cfg.reward,
+        functions=(RewardSpec(name="reward_model", kwargs={"path": str(rm_dir)}),),
+        gold=cfg.reward.gold or cfg.reward.functions,
+    )
+    out = cfg.run_dir / "hacking"
+    return dataclasses.replace(
+        cfg,
+        reward=reward,
+        optim=dataclasses.replace(cfg.optim, lr=c.hacking_lr or cfg.optim.lr),
+        train=dataclasses.replace(cfg.train, num_steps=c.hacking_steps or cfg.train.num_steps),
+        log=dataclasses.replace(cfg.log, output_dir=str(out.parent), run_name=out.name, checkpoint_every=0),
+    )
+
+
+def run_claims(cfg: Config) -> tuple[Path, ClaimsData]:
+    """Run every stage (module docstring) and write the report; returns (claims.md, its data)."""
+    check_claims(cfg)
+    out = cfg.run_dir
+    if cfg.log.overwrite and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = ClaimsData(cfg=cfg, start_model=local_source(cfg.model.name_or_path))
+    with _timed(data, "evaluate the starting model"):
+        _evaluate_kinds(cfg, data, data.start_model, "base")
+        _greedy(cfg, data, data.start_model, "base")
+    for name, run_cfg in training_configs(cfg, out).items():
+        with _timed(data, f"train {name}"):
+            data.runs[name] = _summary(_train(run_cfg, out))
+    for name in data.runs:
+        if name.startswith("grpo_G") or name == "grpo":
+            with _timed(data, f"greedy eval {name}"):
+                _greedy(cfg, data, _final(out / name), grpo_label(cfg, name))
+    with _timed(data, "evaluate the GRPO model"):
+        _evaluate_kinds(cfg, data, _final(out / "grpo"), "GRPO")
+    with _timed(data, "KL of the GRPO model"):
+        data.kl["GRPO (rule reward)"] = _kl(cfg, data.start_model, _final(out / "grpo"), out / "kl" / "grpo.json")
+    with _timed(data, "reward model"):
+        rm_dir = _reward_model(cfg, data)
+    hack = hacking_config(cfg, rm_dir)
+    with _timed(data, "GRPO on the reward model"):
+        title = f"claims: GRPO on a reward model made from {cfg.model.name_or_path}"
+        result = hacking(hack, cfg.claims.hacking_betas, [cfg.seed], title=title)
+    for name, run_dir in result.run_dirs.items():
+        data.hacking_runs[f"reward model, {name}"] = str(run_dir)
+        with _timed(data, f"KL of {name}"):
+            data.kl[f"GRPO (reward model, {name})"] = _kl(
+                cfg, data.start_model, _final(run_dir), out / "kl" / f"rm_{name}.json"
+            )
+    data.hacking_runs["rule reward (contrast)"] = str(out / "grpo")
+    report = write_claims_report(out, data)
+    return report, data
+
+
+def grpo_label(cfg: Config, name: str) -> str:
+    return f"G{cfg.rollout.num_generations}" if name == "grpo" else name.removeprefix("grpo_")
+
+
+@contextlib.contextmanager
+def _timed(data: ClaimsData, name: str) -> Iterator[None]:
+    """Announces the stage and adds its seconds to data.seconds[name]."""
+    print(f"grpolab: claims: {name}", flush=True)
+    t0 = time.perf_counter()
+    yield
+    data.seconds[name] = time.perf_counter() - t0
+
+
+def _stamped(folder: Path, cfg: Config) -> bool:
+    stamp = folder / STAMP
+    return stamp.is_file() and stamp.read_text() == dump_config(cfg)
+
+
+def _stamp(folder: Path, cfg: Config) -> None:
+    jsonio.write_whole(folder / STAMP, dump_config(cfg))
+
+
+def _eval(cfg: Config, model: str, label: str, folder: Path) -> ModelEval:
+    """evaluate() of one model into ``folder``, or its eval.json read back when made with this config."""
+    if _stamped(folder, cfg) and (folder / "eval.json").is_file():
+        [result] = load_evals(folder / "eval.json")
+        return result
+    [result] = evaluate(cfg, [model], labels=[label], out_dir=folder, progress=False)
+    _stamp(folder, cfg)
+    return result
+
+
+def _evaluate_kinds(cfg: Config, data: ClaimsData, model: str, label: str) -> None:
+    """Claim 4: Pass@K / Maj@K on claims.eval_prompts prompts of each kind (A: the task, B: hard_params)."""
+    ev = dataclasses.replace(cfg.eval, max_prompts=cfg.claims.eval_prompts, greedy=True)
+    kinds = {"A": dataclasses.replace(cfg, eval=ev)}
+    if cfg.claims.hard_params:
+        kinds["B"] = dataclasses.replace(hard_data(cfg), eval=ev)
+    for kind, kind_cfg in kinds.items():
+        data.evals[f"{kind}/{label}"] = _eval(kind_cfg, model, label, cfg.run_dir / "eval" / f"{kind}_{label}")
+
+
+def _greedy(cfg: Config, data: ClaimsData, model: str, label: str) -> None:
+    """Claim 2: greedy accuracy on every held-out prompt of the task (one sample each, for the record)."""
+    ev = dataclasses.replace(cfg.eval, num_samples=1, ks=(1,), greedy=True, max_prompts=0)
+    data.evals[f"greedy/{label}"] = _eval(
+        dataclasses.replace(cfg, eval=ev), model, label, cfg.run_dir / "eval" / f"greedy_{label}"
+    )
+
+
+def _train(run_cfg: Config, out: Path) -> AlgoRun:
+    if finished(run_cfg) and (out / f"{run_cfg.log.run_name}.wall_s").is_file():
+        info = json.loads((run_cfg.run_dir / "run_info.json").read_text())
+        wall = float((out / f"{run_cfg.log.run_name}.wall_s").read_text())
+        return AlgoRun(run_cfg.log.run_name, run_cfg.run_dir, wall, info, read_metrics(run_cfg.run_dir))
+    run = train_in_child(dataclasses.replace(run_cfg, log=dataclasses.replace(run_cfg.log, overwrite=True)), out)
+    (out / f"{run_cfg.log.run_name}.wall_s").write_text(f"{run.wall_s}\n")
+    return run
+
+
+def _summary(run: AlgoRun) -> dict[str, Any]:
+    return {**summarise(run), "rows": run.metrics}
+
+
+def _final(run_dir: Path) -> str:
+    """The checkpoint of a run's last step (train saves it whatever log.checkpoint_every)."""
+    final = latest_checkpoint(Path(run_dir))
+    if final is None:
+        raise ConfigError(f"{run_dir} holds no checkpoint: did its training finish?")
+    return str(final)
+
+
+def _kl(cfg: Config, start: str, policy_path: str, path: Path) -> dict[str, float]:
+    """Claim 3 on one trained policy: k1, k3 and the exact KL against the starting model."""
+    stamp_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=policy_path))
+    if _stamped(path.parent / path.stem, stamp_cfg) and path.is_file():
+        return json.loads(path.read_text())
+    torch.manual_seed(cfg.seed)
+    policy, tok = load_model(dataclasses.replace(cfg.model, name_or_path=policy_path))
+    reference, _ = load_model(dataclasses.replace(cfg.model, name_or_path=start))
+    _, held_out = split_examples(cfg)
+    prompts = tokenize_prompts(held_out[: cfg.claims.kl_prompts], tok, cfg.data)
+    measured = measure_kl(
+        policy.eval(), reference.eval(), tok, prompts, cfg, num_generations=cfg.claims.kl_samples, seed=cfg.seed
+    ).to_json()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    jsonio.write_whole(path, jsonio.dumps(measured, indent=1) + "\n")
+    (path.parent / path.stem).mkdir(exist_ok=True)
+    _stamp(path.parent / path.stem, stamp_cfg)
+    return measured
+
+
+def preference_pairs(cfg: Config, model_path: str) -> tuple[list[PreferencePair], dict[str, Any]]:
+    """Claim 5's comparisons: the starting model's own samples of claims.rm_prompts training prompts (G each,
+    at rollout.temperature), each (right, wrong) couple of one prompt a pair, at most rm_pairs_per_prompt."""
+    train_examples, _ = split_examples(cfg)
+    examples = train_examples[: cfg.claims.rm_prompts]
+    torch.manual_seed(cfg.seed)
+    model, tok = load_model(dataclasses.replace(cfg.model, name_or_path=model_path))
+    grader = Grader.from_config(cfg)
+    sampler = build_sampler(cfg, policy=model.eval(), tokenizer=tok, autocast_dtype=None)
+    g = cfg.rollout.num_generations
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
+    prompt_ids = tokenize_prompts(examples, tok, cfg.data)
+    pairs, with_both, right = [], 0, 0
+    try:
+        for start in range(0, len(examples), cfg.eval.prompts_per_batch):
+            batch = examples[start : start + cfg.eval.prompts_per_batch]
+            comps = sampler.sample(prompt_ids[start : start + len(batch)], num_generations=g, generator=generator)
+            correct, _ = grader.grade(comps, batch)
+            right += sum(correct)
+            for p, example in enumerate(batch):
+                texts, ok = comps.texts[p * g : (p + 1) * g], correct[p * g : (p + 1) * g]
+                good = list(dict.fromkeys(t for t, c in zip(texts, ok, strict=True) if c))
+                bad = list(dict.fromkeys(t for t, c in zip(texts, ok, strict=True) if not c))
+                if good and bad:  # distinct couples: the longer list's index runs over distinct texts
+                    with_both += 1
+                    n = min(cfg.claims.rm_pairs_per_prompt, max(len(good), len(bad)))
+                    pairs += [PreferencePair(example.prompt, good[i % len(good)], bad[i % len(bad)]) for i in range(n)]
+    finally:
+        sampler.close()
+    stats = {"prompts": len(examples), "samples": len(examples) * g, "right_share": right / (len(examples) * g),
+             "prompts_with_both": with_both, "pairs": len(pairs)}
+    return pairs, stats
+
+
+def _reward_model(cfg: Config, data: ClaimsData) -> Path:
+    """Pairs from the starting model's samples, then train-rm from the starting model."""
+    folder = cfg.run_dir / "reward_model"
+    rm_cfg = dataclasses.replace(
+        cfg.reward_model, base_model=data.start_model, data_path=str(cfg.run_dir / "rm_pairs.jsonl"),
+        output_dir=str(folder),
+    )
+    rm_full = dataclasses.replace(cfg, reward_model=rm_cfg)
+    stats_path = cfg.run_dir / "rm_pairs.json"
+    if _stamped(cfg.run_dir / "rm_stamp", rm_full) and (folder / "eval.json").is_file() and stats_path.is_file():
+        data.reward_model = json.loads(stats_path.read_text())
+        return folder
+    pairs, stats = preference_pairs(cfg, data.start_model)
+    if len({p.prompt for p in pairs}) < 2:
+        raise ConfigError(
+            f"claims: only {stats['prompts_with_both']} of {stats['prompts']} prompts had a right and a wrong sample "
+            "of the starting model; raise claims.rm_prompts or rollout.num_generations"
+        )
+    write_pairs(rm_cfg.data_path, pairs)
+    result = train_reward_model(rm_full)
+    stats |= {"history": result.history, "path": str(folder)}
+    jsonio.write_whole(stats_path, jsonio.dumps(stats, indent=1) + "\n")
+    (cfg.run_dir / "rm_stamp").mkdir(exist_ok=True)
+    _stamp(cfg.run_dir / "rm_stamp", rm_full)
+    data.reward_model = stats
+    return folder

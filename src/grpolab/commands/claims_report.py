@@ -1,0 +1,331 @@
+"""``claims.md``: a section per claim with its table, figure and verdict (commands/claims_verdicts.py).
+
+Reads only what commands/claims.py measured (ClaimsData); the numbers of each sentence are computed
+here, never written in advance. Plots (matplotlib, PNG) go to ``<run>/plots/``; ``claims.json`` holds the
+verdicts and the numbers behind them (the README's table is copied from it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpolab import jsonio
+from grpolab.commands.claims_verdicts import (
+    Verdict,
+    critic_verdict,
+    group_verdict,
+    hacking_verdict,
+    kl_verdict,
+    overall,
+    pass_maj_verdict,
+)
+from grpolab.commands.hacking_analysis import HackingNumbers, analyse
+from grpolab.config import Config
+from grpolab.distributed.host import describe_cpu
+from grpolab.eval.intervals import bootstrap_paired_diff
+from grpolab.eval.report import plot_pass_maj
+from grpolab.eval.results import ModelEval
+from grpolab.models.loading import cpu_has_bf16_matmul
+from grpolab.runtime.logging import read_metrics
+
+CLAIMS = {
+    1: "GRPO removes the critic, and only it",
+    2: "The group is the baseline, paid for in generation",
+    3: "The KL moves into the loss, with k3: unbiased and never negative",
+    4: "RL sharpens, it does not widen (Maj@K rises, Pass@K at large K does not)",
+    5: "Neural reward models get hacked",
+}
+
+
+@dataclass
+class ClaimsData:
+    """Everything the report reads (commands/claims.py fills it stage by stage)."""
+
+    cfg: Config
+    start_model: str
+    evals: dict[str, ModelEval] = field(default_factory=dict)
+    """"A/base", "A/GRPO", "B/base", "B/GRPO" (Pass@K / Maj@K); "greedy/base", "greedy/G4", ... (greedy only)."""
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Training run name -> compare.summarise's row, with its metrics rows under "rows"."""
+    kl: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Policy name -> eval.kl.KLMeasure as a dict."""
+    reward_model: dict[str, Any] = field(default_factory=dict)
+    """The preference pairs' counts and train-rm's history."""
+    hacking_runs: dict[str, str] = field(default_factory=dict)
+    """Run name -> run folder: the runs on the reward model and the rule-reward contrast."""
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def setup_line(cfg: Config) -> str:
+    """Model, task, steps, seed, engine, dtype and CPU: under every figure."""
+    t, r = cfg.train, cfg.rollout
+    if cfg.model.autocast == "none" or (cfg.model.autocast == "auto" and not cpu_has_bf16_matmul()):
+        dtype = f"{cfg.model.dtype} weights, no autocast"
+    else:
+        dtype = f"{cfg.model.dtype} weights, bf16 autocast"
+    return (
+        f"`{cfg.model.name_or_path}`; data.source={cfg.data.source} {dict(cfg.data.params)}; {t.num_steps} steps of "
+        f"{t.prompts_per_step} prompts x G={r.num_generations}, lr {cfg.optim.lr:g}, beta {cfg.algo.beta:g}; seed "
+        f"{cfg.seed}; engine {r.engine}; {dtype}; {describe_cpu()}"
+    )
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.fmean(vals) if vals else math.nan
+
+
+# --- claim 1 --------------------------------------------------------------------------------------------
+
+def critic_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
+    grpo, ppo = data.runs["grpo"], data.runs["ppo"]
+    ev = [r.get("train/value_explained_var", math.nan) for r in ppo["rows"]]
+    verdict = critic_verdict(grpo, ppo, ev)
+    phases = ["generation", "scoring", "reference", "value_forward", "policy_update", "value_update"]
+    lines = [
+        "| | models loaded | parameters (policy / value / total) | peak memory | s per step | "
+        + " | ".join(p.replace("_", " ") for p in phases) + " | reward (first -> last fifth) |",
+        "|---|---|---|---|---|" + "---|" * len(phases) + "---|",
+    ]
+    for name, row in (("GRPO", grpo), ("PPO", ppo)):
+        params = f"{row['params_policy'] / 1e6:.1f}M / {_fmt((row.get('params_value') or 0) / 1e6, 1)}M / {row['params_total'] / 1e6:.1f}M"
+        lines.append(
+            f"| {name} | {', '.join(row['models_loaded'])} | {params} | {_fmt(row['peak_mem_mb'], 0)} MB | "
+            f"{_fmt(row['time_step_s'], 2)} | " + " | ".join(_fmt(row.get(f"time_{p}_s"), 2) for p in phases)
+            + f" | {_fmt(row['reward_first'])} -> {_fmt(row['reward_last'])} |"
+        )
+    _plot_critic(grpo, ppo, ev, plots / "ppo_vs_grpo.png")
+    lines += ["", "![PPO against GRPO](plots/ppo_vs_grpo.png)", "",
+              "Times are means over steps 2.. in seconds; peak memory is the process's RSS on a CPU (max allocated on a GPU)."]
+    return verdict, lines
+
+
+def _plot_critic(grpo, ppo, ev, path: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    axes[0].bar(["GRPO", "PPO"], [grpo["peak_mem_mb"] or 0, ppo["peak_mem_mb"] or 0], color=["C0", "C1"])
+    axes[0].set_ylabel("peak memory, MB")
+    bottom = [0.0, 0.0]
+    for i, phase in enumerate(["generation", "scoring", "reference", "value_forward", "policy_update", "value_update"]):
+        vals = [grpo.get(f"time_{phase}_s") or 0.0, ppo.get(f"time_{phase}_s") or 0.0]
+        axes[1].bar(["GRPO", "PPO"], vals, bottom=bottom, color=f"C{i}", label=phase.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    axes[1].set_ylabel("seconds per step")
+    axes[1].legend(fontsize=7)
+    axes[2].plot(range(1, len(ev) + 1), ev, "o-", color="C1")
+    axes[2].set_xlabel("PPO step")
+    axes[2].set_ylabel("critic explained variance")
+    axes[2].grid(alpha=0.3)
+    _save(fig, plt, path)
+
+
+# --- claim 2 --------------------------------------------------------------------------------------------
+
+def group_rows(data: ClaimsData) -> list[dict[str, Any]]:
+    cfg = data.cfg
+    base = data.evals["greedy/base"].greedy_accuracy or 0.0
+    rows = []
+    for g in sorted(cfg.claims.group_sizes):
+        name = "grpo" if g == cfg.rollout.num_generations else f"grpo_G{g}"
+        run, after = data.runs[name], data.evals[f"greedy/G{g}"].greedy_accuracy or 0.0
+        minutes = sum(r.get("sys/step_time_s", 0.0) for r in run["rows"]) / 60
+        rows.append({
+            "g": g, "time_step_s": run["time_step_s"], "time_generation_s": run["time_generation_s"],
+            "peak_mem_mb": run["peak_mem_mb"], "zero_spread": _mean(run["rows"], "frac_reward_zero_std"),
+            "greedy_before": base, "greedy_after": after, "train_min": minutes,
+            "gain_per_min": (after - base) / minutes if minutes else math.nan,
+        })
+    return rows
+
+
+def group_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
+    rows = group_rows(data)
+    lines = ["| G | s per step | generation s | peak memory | groups without spread | greedy before -> after | "
+             "training minutes | gain per minute |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        f"| {r['g']} | {r['time_step_s']:.2f} | {_fmt(r['time_generation_s'], 2)} | {r['peak_mem_mb']:.0f} MB | "
+        f"{r['zero_spread']:.2f} | {r['greedy_before']:.3f} -> {r['greedy_after']:.3f} | {r['train_min']:.1f} | "
+        f"{r['gain_per_min']:+.3f} |"
+        for r in rows
+    ]
+    n = data.evals["greedy/base"].num_prompts
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    gs = [r["g"] for r in rows]
+    for ax, key, label in ((axes[0], "time_step_s", "seconds per step"), (axes[1], "zero_spread", "groups without spread"),
+                           (axes[2], "gain_per_min", "greedy gain per minute")):
+        ax.plot(gs, [r[key] for r in rows], "o-")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(gs, [str(g) for g in gs])
+        ax.set_xlabel("G")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    _save(fig, plt, plots / "group_size.png")
+    lines += ["", "![G](plots/group_size.png)", "",
+              f"Greedy accuracy on all {n} held-out prompts of the task; the same prompts per step for every G, so "
+              "G times the samples. Training minutes: the sum of the steps' times (model loading aside)."]
+    return group_verdict(rows), lines
+
+
+# --- claim 3 --------------------------------------------------------------------------------------------
+
+def kl_section(data: ClaimsData) -> tuple[Verdict, list[str]]:
+    lines = ["| policy (against the starting model) | tokens | exact KL | k1 mean (se) | k3 mean (se) | k1 < 0 | "
+             "k1 min | k3 min | exact KL per sequence |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, m in data.kl.items():
+        lines.append(
+            f"| {name} | {m['tokens']} | {m['exact_mean']:.5f} | {m['k1_mean']:.5f} ({m['k1_bias_se']:.5f}) | "
+            f"{m['k3_mean']:.5f} ({m['k3_bias_se']:.5f}) | {m['k1_negative_share']:.1%} | {m['k1_min']:.3f} | "
+            f"{m['k3_min']:.2e} | {m['exact_seq_mean']:.4f} |"
+        )
+    c = data.cfg.claims
+    lines += ["", f"{c.kl_samples} completions of each of {c.kl_prompts} held-out prompts sampled from the policy at T=1 "
+              "(no top-p / top-k: exactly pi); nats per token; se = standard error of the mean of (estimator - exact) "
+              "over tokens. The exact KL sums over the whole vocabulary at each position."]
+    return kl_verdict(data.kl), lines
+
+
+# --- claim 4 --------------------------------------------------------------------------------------------
+
+def pass_maj_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
+    verdicts, lines = [], []
+    names = {"A": "the task's own problems", "B": f"harder problems, data.params {dict(data.cfg.claims.hard_params)}"}
+    for kind in ("A", "B"):
+        if f"{kind}/base" not in data.evals:
+            continue
+        before, after = data.evals[f"{kind}/base"], data.evals[f"{kind}/GRPO"]
+        ks = sorted(set(before.ks) & set(after.ks))
+        k = ks[-1]
+        d_maj = bootstrap_paired_diff(before.per_prompt["maj"][k], after.per_prompt["maj"][k], seed=data.cfg.seed)
+        d_pass = bootstrap_paired_diff(before.per_prompt["pass"][k], after.per_prompt["pass"][k], seed=data.cfg.seed)
+        verdicts.append(pass_maj_verdict(f"{kind} ({names[kind]})", k, before.pass_at[k], d_maj, d_pass))
+        plot_pass_maj([before, after], plots / f"pass_maj_{kind}.png")
+        lines += [
+            f"**{kind}: {names[kind]}**, {before.num_prompts} prompts x {before.num_samples} samples at "
+            f"T={before.temperature:g}; greedy {_fmt(before.greedy_accuracy)} -> {_fmt(after.greedy_accuracy)}",
+            "",
+            "| K | " + " | ".join(str(x) for x in ks) + " |",
+            "|---|" + "---|" * len(ks),
+            "| pass@K before | " + " | ".join(f"{before.pass_at[x]:.3f}" for x in ks) + " |",
+            "| pass@K after | " + " | ".join(f"{after.pass_at[x]:.3f}" for x in ks) + " |",
+            "| maj@K before | " + " | ".join(f"{before.maj_at[x]:.3f}" for x in ks) + " |",
+            "| maj@K after | " + " | ".join(f"{after.maj_at[x]:.3f}" for x in ks) + " |",
+            "",
+            f"![Pass@K and Maj@K, {kind}](plots/pass_maj_{kind}.png)",
+            "",
+        ]
+    return overall(verdicts), lines
+
+
+# --- claim 5 --------------------------------------------------------------------------------------------
+
+def hacking_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
+    numbers: dict[str, HackingNumbers] = {}
+    for name, run_dir in data.hacking_runs.items():
+        numbers[name] = analyse(read_metrics(Path(run_dir)), window=_window(data.cfg))
+    contrast = numbers.pop("rule reward (contrast)", None)
+    verdict = hacking_verdict(numbers, contrast)
+    _plot_hacking({**numbers, **({"rule reward (contrast)": contrast} if contrast else {})}, plots / "hacking.png")
+    rm = data.reward_model
+    history = rm.get("history", [{}])
+    acc = [h.get("eval/pair_accuracy") for h in history]
+    lines = [
+        f"Reward model: `AutoModelForSequenceClassification` from the starting model (a new one-output head), "
+        f"trained with train-rm on {rm.get('pairs', 0)} pairs from {rm.get('prompts_with_both', 0)} of "
+        f"{rm.get('prompts', 0)} training prompts whose {data.cfg.rollout.num_generations} samples of the starting "
+        f"model held a right and a wrong answer by the rule reward ({_fmt(rm.get('right_share'))} of the samples "
+        f"right); held-out pair accuracy {_fmt(acc[0])} before training, {_fmt(acc[-1])} after.",
+        "",
+        "| run | proxy first -> last | gold first -> peak (step) -> last | sqrt(KL) at the end | hacked |",
+        "|---|---|---|---|---|",
+    ]
+    for name, n in {**numbers, **({"rule reward (contrast)": contrast} if contrast else {})}.items():
+        lines.append(
+            f"| {name} | {n.proxy_start:.3f} -> {n.proxy_end:.3f} | {n.gold_start:.3f} -> {n.gold_peak:.3f} "
+            f"({n.peak_step}) -> {n.gold_end:.3f} | {n.sqrt_kl_end:.2f} | {'yes' if n.hacked else 'no'} |"
+        )
+    hack = data.cfg.claims
+    lines += ["", "![proxy and gold against sqrt(KL)](plots/hacking.png)", "",
+              f"Runs on the reward model: betas {list(hack.hacking_betas)}, lr {hack.hacking_lr or data.cfg.optim.lr:g}, "
+              f"{hack.hacking_steps or data.cfg.train.num_steps} steps. Curves are {_window(data.cfg)}-step moving averages "
+              "of the train-time scores of each step's samples; KL = train/kl_seq, nats per sequence."]
+    return verdict, lines
+
+
+def _window(cfg: Config) -> int:
+    return max(1, min(9, (cfg.claims.hacking_steps or cfg.train.num_steps) // 4))
+
+
+def _plot_hacking(runs: dict[str, HackingNumbers], path: Path) -> None:
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 1, figsize=(6.5, 6), sharex=True)
+    for i, (name, n) in enumerate(runs.items()):
+        axes[0].plot(n.sqrt_kl, n.proxy, "o-", color=f"C{i}", label=name, markersize=3)
+        axes[1].plot(n.sqrt_kl, n.gold, "o-", color=f"C{i}", label=name, markersize=3)
+    axes[0].set_ylabel("proxy (training) reward")
+    axes[1].set_ylabel("gold (rule) reward")
+    axes[1].set_xlabel("sqrt(KL from the starting model), sqrt(nats per sequence)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    _save(fig, plt, path)
+
+
+# --- the report -----------------------------------------------------------------------------------------
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, plt, path: Path) -> None:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_claims_report(out: Path, data: ClaimsData) -> Path:
+    """Write ``out/claims.md``, ``out/claims.json`` and ``out/plots/*.png``; returns the report's path."""
+    plots = Path(out) / "plots"
+    sections = {
+        1: critic_section(data, plots),
+        2: group_section(data, plots),
+        3: kl_section(data),
+        4: pass_maj_section(data, plots),
+        5: hacking_section(data, plots),
+    }
+    lines = [f"# grpolab claims: {data.cfg.log.run_name}", "", f"- **setup**: {setup_line(data.cfg)}",
+             f"- **time**: {sum(data.seconds.values()) / 60:.1f} min in all; "
+             + ", ".join(f"{k} {v:.0f} s" for k, v in data.seconds.items()), "",
+             "| claim | verdict |", "|---|---|"]
+    lines += [f"| {i}. {CLAIMS[i]} | {v.word} |" for i, (v, _) in sections.items()]
+    for i, (verdict, body) in sections.items():
+        lines += ["", f"## {i}. {CLAIMS[i]}", "", str(verdict), "", *body]
+    path = Path(out) / "claims.md"
+    jsonio.write_whole(path, "\n".join(lines) + "\n")
+    summary = {
+        "setup": setup_line(data.cfg),
+        "verdicts": {str(i): dataclasses.asdict(v) for i, (v, _) in sections.items()},
+        "runs": {k: {kk: vv for kk, vv in v.items() if kk != "rows"} for k, v in data.runs.items()},
+        "kl": data.kl,
+        "reward_model": {k: v for k, v in data.reward_model.items() if k != "history"},
+        "seconds": data.seconds,
+    }
+    jsonio.write_whole(Path(out) / "claims.json", jsonio.dumps(summary, indent=1) + "\n")
+    return path

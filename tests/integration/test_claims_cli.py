@@ -1,0 +1,79 @@
+"""``grpolab claims`` end to end on a tiny model: every stage runs, the report holds a verdict per claim, and a
+second run reads every stage back instead of redoing it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+VERDICTS = {"held", "not held", "inconclusive"}
+
+REWARD = '''
+def has_digit(completions, **kwargs):
+    """Right about half the time for a random tiny model: a signal for GRPO and pairs for the reward model."""
+    return [float(any(ch.isdigit() for ch in c)) for c in completions]
+'''
+
+
+@pytest.fixture
+def claims_config(tmp_path, tiny_model_dir, monkeypatch):
+    (tmp_path / "claims_reward.py").write_text(REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    path = tmp_path / "claims.yaml"
+    path.write_text(f"""
+model: {{name_or_path: {tiny_model_dir}, autocast: none}}
+data: {{source: arithmetic, size: 90, params: {{digits: 1}}, eval_size: 8}}
+rollout: {{num_generations: 4, max_completion_length: 4, temperature: 1.0}}
+algo: {{name: grpo, beta: 0.04}}
+reward: {{functions: [{{name: "claims_reward:has_digit"}}]}}
+optim: {{lr: 1.0e-3}}
+train: {{num_steps: 2, prompts_per_step: 2, micro_batch_size: 16}}
+eval: {{num_samples: 8, prompts_per_batch: 8}}
+reward_model: {{epochs: 1, batch_size: 8, lr: 1.0e-3, max_length: 32}}
+claims: {{group_sizes: [2, 4], hard_params: {{digits: 2}}, eval_prompts: 4, kl_prompts: 2, kl_samples: 4,
+          rm_prompts: 24, hacking_betas: [0.0]}}
+log: {{output_dir: {tmp_path / "runs"}, run_name: claims, tensorboard: false, progress: false}}
+""")
+    return path
+
+
+def _claims(config, *extra):
+    return subprocess.run(
+        [sys.executable, "-m", "grpolab", "claims", "-c", str(config), *extra], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_claims_runs_every_stage_writes_a_verdict_per_claim_and_reads_stages_back(claims_config, tmp_path):
+    first = _claims(claims_config)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = tmp_path / "runs" / "claims"
+    report = (out / "claims.md").read_text()
+    for i in range(1, 6):
+        assert f"\n## {i}. " in report
+    summary = json.loads((out / "claims.json").read_text())
+    assert set(summary["verdicts"]) == {"1", "2", "3", "4", "5"}
+    assert {v["word"] for v in summary["verdicts"].values()} <= VERDICTS
+    assert all(m["k3_min"] >= 0 and m["tokens"] > 0 for m in summary["kl"].values())  # k3 is never negative
+    for png in ("ppo_vs_grpo", "group_size", "pass_maj_A", "pass_maj_B", "hacking"):
+        assert (out / "plots" / f"{png}.png").stat().st_size > 1000
+    runs = summary["runs"]
+    assert "value" in runs["ppo"]["models_loaded"] and "value" not in runs["grpo"]["models_loaded"]
+    assert runs["ppo"]["params_value"] == runs["grpo"]["params_policy"]  # a critic of the policy's size
+    assert set(runs) == {"grpo", "ppo", "grpo_G2"}
+    assert summary["reward_model"]["pairs"] > 0
+    assert "Intel" in summary["setup"] or "AMD" in summary["setup"] or "cores" in summary["setup"]
+
+    second = _claims(claims_config)  # every stage on disk with this config: read back, nothing trained
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "training grpo" not in second.stderr and "train-rm:" not in second.stderr
+    assert json.loads((out / "claims.json").read_text())["verdicts"] == summary["verdicts"]
+
+
+def test_a_group_size_list_without_the_config_s_g_is_one_line_before_any_model_loads(claims_config):
+    bad = _claims(claims_config, "claims.group_sizes=[2, 16]")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].startswith("grpolab: error: claims.group_sizes=[2, 16] must hold")
