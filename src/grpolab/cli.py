@@ -257,16 +257,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"# the config grpolab {args.for_verb} reads (grpolab config --for VERB shows another verb's)")
         print(yaml.safe_dump(config_view(cfg, args.for_verb), sort_keys=False), end="")
         return 0
-    if args.verb == "train":
-        result = _module("train").train(cfg, resume=args.resume)
-        if result.stopped_by is not None:
-            print(_stopped_message(result), file=sys.stderr)
-            return 128 + result.stopped_by
-        print(f"grpolab: trained to step {result.final_step}; run written to {result.run_dir}")
-        return 0
-    if args.verb in ("compare", "recipe", "claims"):
-        if args.verb == "claims":
-            return _claims(cfg)
+    if args.verb in ("train", "claims"):
+        return _train(cfg, resume=args.resume) if args.verb == "train" else _claims(cfg)
+    if args.verb in ("compare", "recipe"):
         return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg, resume=args.resume)
     if args.verb == "sft":
         done = _module("sft").sft(cfg, resume=args.resume)
@@ -326,6 +319,15 @@ def _stopped_message(result) -> str:
         f"grpolab: stopped by {name} after step {result.final_step}; checkpoint saved in {result.run_dir} "
         f"({last.name}); continue with: grpolab train --resume (same config)"
     )
+
+
+def _train(cfg, *, resume: bool) -> int:
+    result = _module("train").train(cfg, resume=resume)
+    if result.stopped_by is not None:
+        print(_stopped_message(result), file=sys.stderr)
+        return 128 + result.stopped_by
+    print(f"grpolab: trained to step {result.final_step}; run written to {result.run_dir}")
+    return 0
 
 
 def _claims(cfg) -> int:
