@@ -62,7 +62,7 @@ def test_claims_runs_every_stage_writes_a_verdict_per_claim_and_reads_stages_bac
         assert (out / "plots" / f"{png}.png").stat().st_size > 1000
     runs = summary["runs"]
     assert "value" in runs["ppo"]["models_loaded"] and "value" not in runs["grpo"]["models_loaded"]
-    assert runs["ppo"]["params_value"] == runs["grpo"]["params_policy"]  # a critic of the policy's size
+    assert 0 < runs["ppo"]["params_value"] - runs["grpo"]["params_policy"] <= 1000  # the policy's body and a scalar head
     assert set(runs) == {"grpo", "ppo", "grpo_G2"}
     assert summary["reward_model"]["pairs"] > 0
     assert "Intel" in summary["setup"] or "AMD" in summary["setup"] or "cores" in summary["setup"]

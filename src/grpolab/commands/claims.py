@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from grpolab import jsonio
 from grpolab.commands.claims_report import ClaimsData, write_claims_report
@@ -40,7 +41,8 @@ from grpolab.commands.compare import AlgoRun, algo_config, summarise, train_in_c
 from grpolab.commands.eval import evaluate
 from grpolab.commands.hacking import finished, grid_configs, hacking
 from grpolab.commands.train_rm import PreferencePair, train_reward_model, write_pairs
-from grpolab.config import Config, ConfigError, RewardSpec, dump_config
+from grpolab.config import ClaimsConfig, Config, ConfigError, RewardSpec
+from grpolab.config.view import config_view
 from grpolab.data import DataError, load_examples, split_eval, tokenize_prompts
 from grpolab.eval.kl import measure_kl
 from grpolab.eval.results import ModelEval, load_evals
@@ -56,7 +58,8 @@ from grpolab.runtime.preflight import check_model_source
 log = logging.getLogger(__name__)
 
 STAMP = "stage_config.yaml"
-"""Beside a stage's output: the config it was made with; a rerun with the same config reads the output back."""
+"""Beside a stage's output: the config sections it read; a rerun with the same sections reads the output back
+(so a change to another experiment's settings does not redo this one)."""
 
 
 def grpo_name(g: int) -> str:
@@ -97,7 +100,8 @@ def hard_data(cfg: Config) -> Config:
 def training_configs(cfg: Config, out: Path) -> dict[str, Config]:
     """Claims 1 and 2: GRPO (rollout.num_generations), PPO, GRPO at the other G; the rule reward as gold."""
     gold = dataclasses.replace(cfg.reward, gold=cfg.reward.gold or cfg.reward.functions)
-    base = dataclasses.replace(cfg, reward=gold, log=dataclasses.replace(cfg.log, checkpoint_every=0, keep_last=1))
+    log_cfg = dataclasses.replace(cfg.log, checkpoint_every=0, keep_last=1)
+    base = dataclasses.replace(cfg, reward=gold, log=log_cfg, claims=ClaimsConfig())  # what train reads, no more
     runs = {"grpo": algo_config(base, "grpo", out), "ppo": algo_config(base, "ppo", out)}
     for g in cfg.claims.group_sizes:
         if g != cfg.rollout.num_generations:
@@ -120,6 +124,7 @@ def hacking_config(cfg: Config, rm_dir: Path) -> Config:
     out = cfg.run_dir / "hacking"
     return dataclasses.replace(
         cfg,
+        claims=ClaimsConfig(),
         reward=reward,
         optim=dataclasses.replace(cfg.optim, lr=c.hacking_lr or cfg.optim.lr),
         train=dataclasses.replace(cfg.train, num_steps=c.hacking_steps or cfg.train.num_steps),
@@ -179,22 +184,29 @@ def _timed(data: ClaimsData, name: str) -> Iterator[None]:
     data.seconds[name] = time.perf_counter() - t0
 
 
-def _stamped(folder: Path, cfg: Config) -> bool:
+def _stage_text(cfg: Config, *extra: Any) -> str:
+    """What an evaluation-like stage reads: the sections ``grpolab eval`` reads, and ``extra``."""
+    return yaml.safe_dump({"config": config_view(cfg, "eval"), "extra": [str(x) for x in extra]}, sort_keys=False)
+
+
+def _stamped(folder: Path, text: str) -> bool:
     stamp = folder / STAMP
-    return stamp.is_file() and stamp.read_text() == dump_config(cfg)
+    return stamp.is_file() and stamp.read_text() == text
 
 
-def _stamp(folder: Path, cfg: Config) -> None:
-    jsonio.write_whole(folder / STAMP, dump_config(cfg))
+def _stamp(folder: Path, text: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    jsonio.write_whole(folder / STAMP, text)
 
 
 def _eval(cfg: Config, model: str, label: str, folder: Path) -> ModelEval:
     """evaluate() of one model into ``folder``, or its eval.json read back when made with this config."""
-    if _stamped(folder, cfg) and (folder / "eval.json").is_file():
+    text = _stage_text(cfg, model, label)
+    if _stamped(folder, text) and (folder / "eval.json").is_file():
         [result] = load_evals(folder / "eval.json")
         return result
     [result] = evaluate(cfg, [model], labels=[label], out_dir=folder, progress=False)
-    _stamp(folder, cfg)
+    _stamp(folder, text)
     return result
 
 
@@ -240,8 +252,9 @@ def _final(run_dir: Path) -> str:
 
 def _kl(cfg: Config, start: str, policy_path: str, path: Path) -> dict[str, float]:
     """Claim 3 on one trained policy: k1, k3 and the exact KL against the starting model."""
-    stamp_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=policy_path))
-    if _stamped(path.parent / path.stem, stamp_cfg) and path.is_file():
+    c = cfg.claims
+    text = _stage_text(cfg, start, policy_path, c.kl_prompts, c.kl_samples)
+    if _stamped(path.parent / path.stem, text) and path.is_file():
         return json.loads(path.read_text())
     torch.manual_seed(cfg.seed)
     policy, tok = load_model(dataclasses.replace(cfg.model, name_or_path=policy_path))
@@ -253,8 +266,7 @@ def _kl(cfg: Config, start: str, policy_path: str, path: Path) -> dict[str, floa
     ).to_json()
     path.parent.mkdir(parents=True, exist_ok=True)
     jsonio.write_whole(path, jsonio.dumps(measured, indent=1) + "\n")
-    (path.parent / path.stem).mkdir(exist_ok=True)
-    _stamp(path.parent / path.stem, stamp_cfg)
+    _stamp(path.parent / path.stem, text)
     return measured
 
 
@@ -301,7 +313,9 @@ def _reward_model(cfg: Config, data: ClaimsData) -> Path:
     )
     rm_full = dataclasses.replace(cfg, reward_model=rm_cfg)
     stats_path = cfg.run_dir / "rm_pairs.json"
-    if _stamped(cfg.run_dir / "rm_stamp", rm_full) and (folder / "eval.json").is_file() and stats_path.is_file():
+    c = cfg.claims
+    text = _stage_text(cfg, config_view(rm_full, "train-rm"), c.rm_prompts, c.rm_pairs_per_prompt)
+    if _stamped(cfg.run_dir / "rm_stamp", text) and (folder / "eval.json").is_file() and stats_path.is_file():
         data.reward_model = json.loads(stats_path.read_text())
         return folder
     pairs, stats = preference_pairs(cfg, data.start_model)
@@ -314,7 +328,6 @@ def _reward_model(cfg: Config, data: ClaimsData) -> Path:
     result = train_reward_model(rm_full)
     stats |= {"history": result.history, "path": str(folder)}
     jsonio.write_whole(stats_path, jsonio.dumps(stats, indent=1) + "\n")
-    (cfg.run_dir / "rm_stamp").mkdir(exist_ok=True)
-    _stamp(cfg.run_dir / "rm_stamp", rm_full)
+    _stamp(cfg.run_dir / "rm_stamp", text)
     data.reward_model = stats
     return folder

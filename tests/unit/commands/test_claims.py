@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpolab.commands.claims import check_claims, grpo_label, hacking_config, training_configs
-from grpolab.config import ConfigError, load_config
+from grpolab.config import ClaimsConfig, ConfigError, load_config
 
 BASE = [
     "data.source=arithmetic", "data.size=90", "data.params={digits: 1}", "data.eval_size=8",
@@ -28,6 +28,7 @@ def test_training_runs_share_everything_but_the_algorithm_and_g(cfg, tmp_path):
         assert run.reward.gold == cfg.reward.functions  # the rule reward watched as gold: claim 5's contrast
         assert (run.train, run.data, run.seed, run.optim) == (cfg.train, cfg.data, cfg.seed, cfg.optim)
         assert run.run_dir == tmp_path / run.log.run_name
+        assert run.claims == ClaimsConfig()  # a run does not read claims: changing them does not redo it
     assert [grpo_label(cfg, n) for n in ("grpo", "grpo_G2")] == ["G4", "G2"]
 
 
