@@ -28,7 +28,7 @@ from grpolab.commands.hacking_analysis import HackingNumbers, analyse
 from grpolab.config import Config
 from grpolab.distributed.host import describe_cpu
 from grpolab.eval.intervals import bootstrap_paired_diff
-from grpolab.eval.report import plot_pass_maj
+from grpolab.eval.report import add_caption, plot_pass_maj, save_figure
 from grpolab.eval.results import ModelEval
 from grpolab.models.loading import cpu_has_bf16_matmul
 from grpolab.runtime.logging import read_metrics
@@ -105,13 +105,13 @@ def critic_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
             f"{_fmt(row['time_step_s'], 2)} | " + " | ".join(_fmt(row.get(f"time_{p}_s"), 2) for p in phases)
             + f" | {_fmt(row['reward_first'])} -> {_fmt(row['reward_last'])} |"
         )
-    _plot_critic(grpo, ppo, ev, plots / "ppo_vs_grpo.png")
+    _plot_critic(grpo, ppo, ev, plots / "ppo_vs_grpo.png", setup_line(data.cfg))
     lines += ["", "![PPO against GRPO](plots/ppo_vs_grpo.png)", "",
               "Times are means over steps 2.. in seconds; peak memory is the process's RSS on a CPU (max allocated on a GPU)."]
     return verdict, lines
 
 
-def _plot_critic(grpo, ppo, ev, path: Path) -> None:
+def _plot_critic(grpo, ppo, ev, path: Path, caption: str) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     axes[0].bar(["GRPO", "PPO"], [grpo["peak_mem_mb"] or 0, ppo["peak_mem_mb"] or 0], color=["C0", "C1"])
@@ -127,7 +127,7 @@ def _plot_critic(grpo, ppo, ev, path: Path) -> None:
     axes[2].set_xlabel("PPO step")
     axes[2].set_ylabel("critic explained variance")
     axes[2].grid(alpha=0.3)
-    _save(fig, plt, path)
+    _save(fig, plt, path, caption)
 
 
 # --- claim 2 --------------------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def group_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
         ax.set_xlabel("G")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    _save(fig, plt, plots / "group_size.png")
+    _save(fig, plt, plots / "group_size.png", setup_line(data.cfg))
     lines += ["", "![G](plots/group_size.png)", "",
               f"Greedy accuracy on all {n} held-out prompts of the task; the same prompts per step for every G, so "
               "G times the samples. Training minutes: the sum of the steps' times (model loading aside)."]
@@ -210,7 +210,7 @@ def pass_maj_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]
         d_maj = bootstrap_paired_diff(before.per_prompt["maj"][k], after.per_prompt["maj"][k], seed=data.cfg.seed)
         d_pass = bootstrap_paired_diff(before.per_prompt["pass"][k], after.per_prompt["pass"][k], seed=data.cfg.seed)
         verdicts.append(pass_maj_verdict(f"{kind} ({names[kind]})", k, before.pass_at[k], d_maj, d_pass))
-        plot_pass_maj([before, after], plots / f"pass_maj_{kind}.png")
+        plot_pass_maj([before, after], plots / f"pass_maj_{kind}.png", f"{kind}: {names[kind]}; {setup_line(data.cfg)}".replace("`", ""))
         lines += [
             f"**{kind}: {names[kind]}**, {before.num_prompts} prompts x {before.num_samples} samples at "
             f"T={before.temperature:g}; greedy {_fmt(before.greedy_accuracy)} -> {_fmt(after.greedy_accuracy)}",
@@ -236,7 +236,10 @@ def hacking_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
         numbers[name] = analyse(read_metrics(Path(run_dir)), window=_window(data.cfg))
     contrast = numbers.pop("rule reward (contrast)", None)
     verdict = hacking_verdict(numbers, contrast)
-    _plot_hacking({**numbers, **({"rule reward (contrast)": contrast} if contrast else {})}, plots / "hacking.png")
+    hack = data.cfg.claims
+    caption = (f"reward-model runs: lr {hack.hacking_lr or data.cfg.optim.lr:g}, {hack.hacking_steps or data.cfg.train.num_steps} "
+               f"steps; {setup_line(data.cfg)}")
+    _plot_hacking({**numbers, **({"rule reward (contrast)": contrast} if contrast else {})}, plots / "hacking.png", caption)
     rm = data.reward_model
     history = rm.get("history", [{}])
     acc = [h.get("eval/pair_accuracy") for h in history]
@@ -255,7 +258,6 @@ def hacking_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
             f"| {name} | {n.proxy_start:.3f} -> {n.proxy_end:.3f} | {n.gold_start:.3f} -> {n.gold_peak:.3f} "
             f"({n.peak_step}) -> {n.gold_end:.3f} | {n.sqrt_kl_end:.2f} | {'yes' if n.hacked else 'no'} |"
         )
-    hack = data.cfg.claims
     lines += ["", "![proxy and gold against sqrt(KL)](plots/hacking.png)", "",
               f"Runs on the reward model: betas {list(hack.hacking_betas)}, lr {hack.hacking_lr or data.cfg.optim.lr:g}, "
               f"{hack.hacking_steps or data.cfg.train.num_steps} steps. Curves are {_window(data.cfg)}-step moving averages "
@@ -267,7 +269,7 @@ def _window(cfg: Config) -> int:
     return max(1, min(9, (cfg.claims.hacking_steps or cfg.train.num_steps) // 4))
 
 
-def _plot_hacking(runs: dict[str, HackingNumbers], path: Path) -> None:
+def _plot_hacking(runs: dict[str, HackingNumbers], path: Path, caption: str) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(6.5, 6), sharex=True)
     for i, (name, n) in enumerate(runs.items()):
@@ -279,7 +281,7 @@ def _plot_hacking(runs: dict[str, HackingNumbers], path: Path) -> None:
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    _save(fig, plt, path)
+    _save(fig, plt, path, caption)
 
 
 # --- the report -----------------------------------------------------------------------------------------
@@ -293,11 +295,8 @@ def _pyplot():
     return plt
 
 
-def _save(fig, plt, path: Path) -> None:
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def _save(fig, plt, path: Path, caption: str) -> None:
+    save_figure(fig, plt, path, add_caption(fig, caption.replace("`", "")))
 
 
 def write_claims_report(out: Path, data: ClaimsData) -> Path:

@@ -7,6 +7,7 @@ arXiv 2402.03300: RL raises Maj@K but not Pass@K; Yue et al., arXiv 2504.13837: 
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,9 @@ def _pyplot():
     return plt
 
 
-def plot_pass_maj(evals: Sequence[ModelEval], path: str | Path) -> Path:
-    """Pass@K (solid) and Maj@K (dashed) against K on a log2 axis, one colour per model (DeepSeekMath Fig. 7)."""
+def plot_pass_maj(evals: Sequence[ModelEval], path: str | Path, caption: str | None = None) -> Path:
+    """Pass@K (solid) and Maj@K (dashed) against K on a log2 axis, one colour per model (DeepSeekMath Fig. 7);
+    ``caption``: a line under the axes (what the figure was measured on)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for i, e in enumerate(evals):
@@ -45,7 +47,16 @@ def plot_pass_maj(evals: Sequence[ModelEval], path: str | Path) -> Path:
     ax.legend(fontsize=8)
     if evals:
         ax.set_title(f"Pass@K and Maj@K, {evals[0].num_prompts} held-out prompts, T={evals[0].temperature:g}")
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path, add_caption(fig, caption) if caption else None)
+
+
+def add_caption(fig, text: str) -> tuple[float, float, float, float]:
+    """``text`` in small type along the figure's bottom edge, wrapped to its width; returns the rectangle
+    left for the axes (give it to save_figure)."""
+    width = int(fig.get_figwidth() * 17)
+    lines = textwrap.wrap(text, width)
+    fig.text(0.01, 0.005, "\n".join(lines), fontsize=6, va="bottom", ha="left", color="0.3")
+    return (0, min(0.3, 0.11 * (len(lines) + 0.5) / fig.get_figheight()), 1, 1)
 
 
 def plot_training(rows: Sequence[Mapping[str, Any]], path: str | Path, window: int = 20) -> Path:
@@ -71,7 +82,7 @@ def plot_training(rows: Sequence[Mapping[str, Any]], path: str | Path, window: i
         ax.set_xlabel("GRPO step")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    return _save(fig, plt, path)
+    return save_figure(fig, plt, path)
 
 
 def _moving_average(values: Sequence[float], window: int) -> list[float]:
@@ -83,10 +94,11 @@ def _moving_average(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
-def _save(fig, plt, path: str | Path) -> Path:
+def save_figure(fig, plt, path: str | Path, rect: tuple[float, float, float, float] | None = None) -> Path:
+    """Lay out (within ``rect``: add_caption's room), write whole (a temporary file renamed) and close."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    fig.tight_layout(rect=rect or (0, 0, 1, 1))
     tmp = path.with_name(f".{path.name}.tmp")
     try:  # whole or the previous plot: written beside it, then renamed
         fig.savefig(tmp, dpi=110, format=path.suffix.lstrip(".") or "png")
