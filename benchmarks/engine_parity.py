@@ -2,8 +2,9 @@
 
 For each seed:
 
-1. the demo's SFT stage (``grpolab.commands.demo``: the tiny model built in code, SFT to the demo's target
-   accuracy), or the SFT folder already in ``<out>/seed<N>/sft`` (a previous run of this script);
+1. the demo's SFT stage (``grpolab.commands.demo``: the tiny model built in code, SFT to greedy dev accuracy
+   0.3 checked every 10 steps, ``SFT_STOP``: the demo's stop when docs/vllm.md was measured), or the SFT
+   folder already in ``<out>/seed<N>/sft`` (a previous run of this script);
 2. the demo's GRPO stage from that one folder twice, ``rollout.engine=hf`` then ``rollout.engine=vllm``,
    every other key the demo's (``demo_config``: steps, seed, batch, lr, beta, mu);
 3. both final policies evaluated by the demo's evaluation (``grpolab.commands.eval.evaluate``: the 200
@@ -53,19 +54,23 @@ def cpu_model() -> str:
     return f"{fields.get('model name')} (family {fields.get('cpu family')}, model {fields.get('model')}), {bf16}"
 
 
+SFT_STOP = ["sft.target_accuracy=0.3", "sft.check_every=10"]
+"""The SFT stop docs/vllm.md was measured with (the demo's then; the demo now stops earlier, docs/demo.md)."""
+
+
 def sft_stage(out: Path, seed: int, size: str) -> tuple[str, str]:
     """(SFT model folder, how it was obtained): the demo's SFT stage, or its output of a previous run."""
-    from grpolab.commands.demo import _with_model
+    from grpolab.commands.packaged import with_model
     from grpolab.commands.sft import sft
     from grpolab.tasks.tiny import save_tiny
 
-    base = demo_config(out / f"seed{seed}", size, [f"seed={seed}"])
+    base = demo_config(out / f"seed{seed}", size, [f"seed={seed}", *(SFT_STOP if size == "full" else [])])
     if (base.sft_dir / "config.json").exists() and not any(base.sft_dir.glob("checkpoints/*")):
         return str(base.sft_dir), "reused"
     # The full demo model at every size: the tiny one's head size (16) has no vLLM CPU attention kernel.
     init = save_tiny(base.run_dir / "init_model", seed=base.seed, **SIZES["full"][0])
     t0 = time.perf_counter()
-    result = sft(_with_model(base, init), resume=True)
+    result = sft(with_model(base, init), resume=True)
     if result.stopped_by is not None:
         raise KeyboardInterrupt
     seconds = time.perf_counter() - t0

@@ -69,7 +69,9 @@ def sft_model(out: Path, accuracy: float) -> str:
 
     init = save_tiny(out / "init", hidden_size=128, num_layers=2, num_heads=4)
     cfg = demo_config(
-        out / "sft_run", "full", [f"model.name_or_path={init}", f"sft.target_accuracy={accuracy}"]
+        out / "sft_run",
+        "full",
+        [f"model.name_or_path={init}", f"sft.target_accuracy={accuracy}", "sft.check_every=10"],
     )
     result = sft(cfg, progress=False)
     print(f"SFT: {result.steps} steps, greedy dev accuracy {result.dev_accuracy}", flush=True)

@@ -33,7 +33,8 @@ def sft_start(out: Path, accuracy: float) -> str:
     from grpolab.tasks.tiny import save_tiny
 
     init = save_tiny(out / "init", hidden_size=128, num_layers=2, num_heads=4)
-    cfg = demo_config(out / "sft_run", "full", [f"model.name_or_path={init}", f"sft.target_accuracy={accuracy}"])
+    overrides = [f"model.name_or_path={init}", f"sft.target_accuracy={accuracy}", "sft.check_every=10"]
+    cfg = demo_config(out / "sft_run", "full", overrides)  # check_every: as docs/presets.md measured
     result = sft(cfg, progress=False)
     print(f"SFT: {result.steps} steps, greedy dev accuracy {result.dev_accuracy}", flush=True)
     return str(result.output_dir)
