@@ -6,8 +6,14 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Before torch loads (and inherited by every child process the tests start): OpenMP threads that sleep
+# instead of spinning when idle, as `grpolab demo` sets for itself (cli.py). Results do not change, only the
+# waiting: on a 2-core CPU shared with a child (a vLLM server, a torchrun job, another run) the default
+# spin-wait made a 2-thread forward pass 20-80x slower.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
