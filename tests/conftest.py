@@ -30,6 +30,17 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory) -> str:
+    """The vLLM integration tests' model (hidden 64, 2 layers, 2 heads), one folder for their modules: an
+    engine is kept for the process, keyed by its settings and the model's path (rollout/vllm.py,
+    start_engine), so a colocated run of one module (test_server_mode.py) and the next (test_vllm_train.py)
+    share one engine start."""
+    from grpolab.tasks.tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("vllm_tiny"), hidden_size=64, num_layers=2, num_heads=2)
+
+
+@pytest.fixture(scope="session")
 def addition_jsonl(tmp_path_factory):
     """Factory: ``addition_jsonl(size)`` is a JSONL file of ``size`` one-digit addition problems
     (rows with "prompt" and "answer", seed 0), written once per size."""
