@@ -6,8 +6,14 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Before torch loads (and inherited by every child process the tests start): OpenMP threads that sleep
+# instead of spinning when idle, as `grpolab demo` sets for itself (cli.py). Results do not change, only the
+# waiting: on a 2-core CPU shared with a child (a vLLM server, a torchrun job, another run) the default
+# spin-wait made a 2-thread forward pass 20-80x slower.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -21,6 +27,17 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from grpolab.tasks.tiny import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny_model"), hidden_size=64, num_layers=2, num_heads=4)
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory) -> str:
+    """The vLLM integration tests' model (hidden 64, 2 layers, 2 heads), one folder for their modules: an
+    engine is kept for the process, keyed by its settings and the model's path (rollout/vllm.py,
+    start_engine), so a colocated run of one module (test_server_mode.py) and the next (test_vllm_train.py)
+    share one engine start."""
+    from grpolab.tasks.tiny import save_tiny
+
+    return save_tiny(tmp_path_factory.mktemp("vllm_tiny"), hidden_size=64, num_layers=2, num_heads=2)
 
 
 @pytest.fixture(scope="session")

@@ -36,10 +36,8 @@ SYNCED = 1e-4
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from grpolab.tasks.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("server_tiny"), hidden_size=64, num_layers=2, num_heads=2)
+def model_dir(vllm_model_dir):
+    return vllm_model_dir  # tests/conftest.py: the folder (and so the colocated engine) of every vLLM module
 
 
 def overrides(model_dir, data, out, name: str, steps: int, *extra: str) -> list[str]:

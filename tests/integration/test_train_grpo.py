@@ -71,7 +71,7 @@ def test_grpo_trains_through_the_library(tiny_model_dir, dataset, tmp_path):
 
 
 def test_cli_trains_and_resume_matches_an_uninterrupted_run(tiny_model_dir, dataset, tmp_path):
-    def cli(name, steps, *extra):
+    def start(name, steps, *extra):
         cmd = [
             sys.executable,
             "-m",
@@ -79,13 +79,27 @@ def test_cli_trains_and_resume_matches_an_uninterrupted_run(tiny_model_dir, data
             "train",
             *_overrides(tiny_model_dir, dataset, tmp_path, name, steps),
         ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-        done = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=300, env=env)
-        assert done.returncode == 0, done.stderr[-3000:]
+        # One thread each, in all three runs (the same reduction order): the first two run together on two cores.
+        path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+        env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+        return subprocess.Popen([*cmd, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def finish(proc, name):
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
         return read_metrics(tmp_path / name)
 
-    straight = cli("straight", 3)
-    cli("resumed", 2)
+    def cli(name, steps, *extra):
+        return finish(start(name, steps, *extra), name)
+
+    together = [start("straight", 3), start("resumed", 2)]
+    try:
+        straight = finish(together[0], "straight")
+        finish(together[1], "resumed")
+    finally:
+        for proc in together:
+            if proc.poll() is None:
+                proc.kill()
     state2 = torch.load(tmp_path / "resumed/checkpoints/step_2/trainer_state.pt", weights_only=False)
     resumed = cli("resumed", 3, "--resume")
     assert [r["step"] for r in resumed] == [1, 2, 3]

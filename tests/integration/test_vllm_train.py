@@ -32,10 +32,8 @@ def mismatch(row: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from grpolab.tasks.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("vllm_tiny"), hidden_size=64, num_layers=2, num_heads=2)
+def model_dir(vllm_model_dir):
+    return vllm_model_dir  # tests/conftest.py: the folder (and so the colocated engine) of every vLLM module
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -113,14 +113,16 @@ def test_a_file_that_is_not_gguf_and_a_missing_gguf_package(tiny_gguf, tmp_path,
         check_model_source(ModelConfig(name_or_path=str(tiny_gguf[0]), device="cpu"))
 
 
-def test_import_gguf_cli(tiny_gguf, tmp_path):
+def test_import_gguf_cli(tiny_gguf, tmp_path, capsys):
+    from grpolab.cli import main
+
     out = tmp_path / "plain"
     run = [sys.executable, "-m", "grpolab", "import-gguf"]
     done = subprocess.run([*run, str(tiny_gguf[0]), str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert f"grpolab: wrote {out}" in done.stdout and (out / "config.json").exists()
-    again = subprocess.run([*run, str(tiny_gguf[0]), str(out)], capture_output=True, text=True)
-    assert again.returncode == 2
-    assert again.stderr.strip().splitlines() == [
+    capsys.readouterr()
+    assert main(["import-gguf", str(tiny_gguf[0]), str(out)]) == 2  # in this process: the same main() the run above ran
+    assert capsys.readouterr().err.strip().splitlines() == [
         f"grpolab: error: {out} already exists and is not an empty folder; choose another output folder"
     ]
