@@ -229,12 +229,14 @@ def _greedy(cfg: Config, data: ClaimsData, model: str, label: str) -> None:
 
 
 def _train(run_cfg: Config, out: Path) -> AlgoRun:
-    if finished(run_cfg) and (out / f"{run_cfg.log.run_name}.wall_s").is_file():
+    """A finished run of this exact config (overwrite included: it is what the child saved) is read back."""
+    run_cfg = dataclasses.replace(run_cfg, log=dataclasses.replace(run_cfg.log, overwrite=True))
+    wall_file = out / f"{run_cfg.log.run_name}.wall_s"
+    if finished(run_cfg) and wall_file.is_file() and latest_checkpoint(run_cfg.run_dir) is not None:
         info = json.loads((run_cfg.run_dir / "run_info.json").read_text())
-        wall = float((out / f"{run_cfg.log.run_name}.wall_s").read_text())
-        return AlgoRun(run_cfg.log.run_name, run_cfg.run_dir, wall, info, read_metrics(run_cfg.run_dir))
-    run = train_in_child(dataclasses.replace(run_cfg, log=dataclasses.replace(run_cfg.log, overwrite=True)), out)
-    (out / f"{run_cfg.log.run_name}.wall_s").write_text(f"{run.wall_s}\n")
+        return AlgoRun(run_cfg.log.run_name, run_cfg.run_dir, float(wall_file.read_text()), info, read_metrics(run_cfg.run_dir))
+    run = train_in_child(run_cfg, out)
+    wall_file.write_text(f"{run.wall_s}\n")
     return run
 
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from grpolab.config import Config
 from grpolab.models.loading import ModelLoadError, autocast_context
+from grpolab.models.sources import local_source
 from grpolab.training.logprobs import build_inputs
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,8 @@ def load_value_model(cfg: Config, device: torch.device) -> ValueModel:
     kwargs = {"revision": m.revision, "dtype": getattr(torch, m.dtype), "trust_remote_code": m.trust_remote_code}
     if a.value_init == "reward_model":
         model = _from_reward_model(a.value_init_path, kwargs)
-    else:
-        model = _from_policy_checkpoint(_base_checkpoint(m.name_or_path), kwargs)
+    else:  # a GGUF source (a file, package:...) is read from its converted folder, as the policy is
+        model = _from_policy_checkpoint(_base_checkpoint(local_source(m.name_or_path)), kwargs)
     if m.checkpointing_on(device.type):
         model.body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device).train()
