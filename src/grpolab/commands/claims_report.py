@@ -143,6 +143,7 @@ def group_rows(data: ClaimsData) -> list[dict[str, Any]]:
         rows.append({
             "g": g, "time_step_s": run["time_step_s"], "time_generation_s": run["time_generation_s"],
             "peak_mem_mb": run["peak_mem_mb"], "zero_spread": _mean(run["rows"], "frac_reward_zero_std"),
+            "groups": len(run["rows"]) * cfg.train.prompts_per_step,
             "greedy_before": base, "greedy_after": after, "train_min": minutes,
             "gain_per_min": (after - base) / minutes if minutes else math.nan,
         })

@@ -8,7 +8,8 @@ numbers it rests on. The rules, per claim (the thresholds are stated in the sent
    explained variance of its values against the returns, over the last third of the steps) is reported;
    below 0.5 it is called hard to fit.
 2. The group: time per step and peak memory rise with G, and the share of groups without reward spread
-   (no signal) does not rise; the G with the best greedy-accuracy gain per training minute is named.
+   (no signal) does not rise by more than 2 standard errors (a share of a few dozen groups is noisy); the G
+   with the best greedy-accuracy gain per training minute is named.
 3. The KL: k3 is never negative on any token, k1 is negative on some, and each estimator's mean is within
    3 paired standard errors of the exact KL's.
 4. Pass@K / Maj@K, per kind of held-out problem, with 95% paired-bootstrap intervals over prompts: held
@@ -37,6 +38,7 @@ FLAT_WIDTH = 0.2
 CEILING = 0.95
 EV_HARD = 0.5
 KL_SE = 3.0
+NOISE_SE = 2.0
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,15 @@ def _monotone(values: Sequence[float], rising: bool) -> bool:
     return all(b > a for a, b in pairs) if rising else all(b <= a + 1e-9 for a, b in pairs)
 
 
+def _proportion_se(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
+    """Standard error of the difference of two shares of groups (each over its run's groups)."""
+    return math.sqrt(sum(r["zero_spread"] * (1 - r["zero_spread"]) / max(r.get("groups", 1), 1) for r in (a, b)))
+
+
 def group_verdict(rows: Sequence[Mapping[str, Any]]) -> Verdict:
-    """Claim 2 from one row per G (sorted by G): g, time_step_s, peak_mem_mb, zero_spread, gain_per_min."""
+    """Claim 2 from one row per G (sorted by G): g, time_step_s, peak_mem_mb, zero_spread (over ``groups``
+    groups), gain_per_min. The share without spread is noisy (a few dozen groups): a rise within NOISE_SE
+    standard errors of the difference is not counted against the claim, and the sentence gives the numbers."""
     rows = sorted(rows, key=lambda r: r["g"])
     gs = [r["g"] for r in rows]
     fails = []
@@ -102,8 +111,16 @@ def group_verdict(rows: Sequence[Mapping[str, Any]]) -> Verdict:
         fails.append("time per step did not rise with G")
     if not _monotone([r["peak_mem_mb"] for r in rows], rising=True):
         fails.append("peak memory did not rise with G")
-    if not _monotone([r["zero_spread"] for r in rows], rising=False):
-        fails.append("the share of groups without reward spread did not fall with G")
+    rose = [
+        (a["g"], b["g"])
+        for a, b in zip(rows, rows[1:], strict=False)
+        if b["zero_spread"] - a["zero_spread"] > NOISE_SE * _proportion_se(a, b)
+    ]
+    if rose:
+        fails.append(
+            "the share of groups without reward spread rose from G=" + ", G=".join(f"{a} to {b}" for a, b in rose)
+            + f" by more than {NOISE_SE:g} standard errors"
+        )
     best = max(rows, key=lambda r: r["gain_per_min"])
     def column(key: str, fmt: str) -> str:
         return ", ".join(format(r[key], fmt) for r in rows)

@@ -36,16 +36,18 @@ def test_the_critic_claim_fails_on_memory_or_on_a_second_extra_model():
     assert v.word == NOT_HELD and "no explained variance was logged" in v.sentence
 
 
-def _g(g, t, mem, zero, gain):
-    return {"g": g, "time_step_s": t, "peak_mem_mb": mem, "zero_spread": zero, "gain_per_min": gain}
+def _g(g, t, mem, zero, gain, groups=80):
+    return {"g": g, "time_step_s": t, "peak_mem_mb": mem, "zero_spread": zero, "gain_per_min": gain, "groups": groups}
 
 
 def test_the_group_claim_reads_the_price_and_the_signal_and_names_the_best_g():
     rows = [_g(16, 30.0, 3000, 0.1, 0.01), _g(4, 9.0, 2000, 0.5, 0.02), _g(8, 16.0, 2500, 0.3, 0.03)]
     v = group_verdict(rows)
     assert v.word == HELD and "G=[4, 8, 16]: 9.0, 16.0, 30.0 s per step" in v.sentence and "was G=8" in v.sentence
-    v = group_verdict([_g(4, 9.0, 2000, 0.2, 0.0), _g(8, 16.0, 2500, 0.4, 0.0)])
-    assert v.word == NOT_HELD and "did not fall with G" in v.sentence
+    v = group_verdict([_g(4, 9.0, 2000, 0.2, 0.0), _g(8, 16.0, 2500, 0.4, 0.0)])  # +0.2, se 0.071: 2.8 se
+    assert v.word == NOT_HELD and "rose from G=4 to 8 by more than 2 standard errors" in v.sentence
+    noise = group_verdict([_g(4, 9.0, 2000, 0.53, 0.0), _g(8, 16.0, 2500, 0.56, 0.0)])  # +0.03, se 0.079
+    assert noise.word == HELD and "0.53, 0.56 of the groups" in noise.sentence
 
 
 def _kl(**kw):
