@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -175,13 +176,25 @@ def grpo_label(cfg: Config, name: str) -> str:
     return f"G{cfg.rollout.num_generations}" if name == "grpo" else name.removeprefix("grpo_")
 
 
+SECONDS = "stage_seconds.json"
+READ_BACK_S = 2.0
+"""A stage done in less than this was read back: it keeps the seconds it took when it ran (SECONDS)."""
+
+
 @contextlib.contextmanager
 def _timed(data: ClaimsData, name: str) -> Iterator[None]:
-    """Announces the stage and adds its seconds to data.seconds[name]."""
+    """Announces the stage and records its seconds and load average in data.seconds / <run>/stage_seconds.json."""
     print(f"grpolab: claims: {name}", flush=True)
+    path = data.cfg.run_dir / SECONDS
+    saved = json.loads(path.read_text()) if path.is_file() else {}
     t0 = time.perf_counter()
     yield
-    data.seconds[name] = time.perf_counter() - t0
+    took = time.perf_counter() - t0
+    if took >= READ_BACK_S or name not in saved:
+        saved[name] = {"seconds": took, "load_average": os.getloadavg()[0]}
+    data.seconds[name] = saved[name]["seconds"]
+    data.loads[name] = saved[name]["load_average"]
+    jsonio.write_whole(path, jsonio.dumps(saved, indent=1) + "\n")
 
 
 def _stage_text(cfg: Config, *extra: Any) -> str:

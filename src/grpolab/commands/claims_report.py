@@ -59,6 +59,9 @@ class ClaimsData:
     hacking_runs: dict[str, str] = field(default_factory=dict)
     """Run name -> run folder: the runs on the reward model and the rule-reward contrast."""
     seconds: dict[str, float] = field(default_factory=dict)
+    """Stage -> seconds it took when it ran (a stage read back keeps them)."""
+    loads: dict[str, float] = field(default_factory=dict)
+    """Stage -> the 1-minute load average at its end: what else ran on the machine."""
 
 
 def setup_line(cfg: Config) -> str:
@@ -311,8 +314,8 @@ def write_claims_report(out: Path, data: ClaimsData) -> Path:
         5: hacking_section(data, plots),
     }
     lines = [f"# grpolab claims: {data.cfg.log.run_name}", "", f"- **setup**: {setup_line(data.cfg)}",
-             f"- **time**: {sum(data.seconds.values()) / 60:.1f} min in all; "
-             + ", ".join(f"{k} {v:.0f} s" for k, v in data.seconds.items()), "",
+             f"- **time**: {sum(data.seconds.values()) / 60:.1f} min in all (stage: seconds, load average at its end); "
+             + ", ".join(f"{k} {v:.0f} s ({data.loads.get(k, math.nan):.1f})" for k, v in data.seconds.items()), "",
              "| claim | verdict |", "|---|---|"]
     lines += [f"| {i}. {CLAIMS[i]} | {v.word} |" for i, (v, _) in sections.items()]
     for i, (verdict, body) in sections.items():
@@ -326,6 +329,7 @@ def write_claims_report(out: Path, data: ClaimsData) -> Path:
         "kl": data.kl,
         "reward_model": {k: v for k, v in data.reward_model.items() if k != "history"},
         "seconds": data.seconds,
+        "load_averages": data.loads,
     }
     jsonio.write_whole(Path(out) / "claims.json", jsonio.dumps(summary, indent=1) + "\n")
     return path
