@@ -73,7 +73,11 @@ def test_claims_runs_every_stage_writes_a_verdict_per_claim_and_reads_stages_bac
     assert json.loads((out / "claims.json").read_text())["verdicts"] == summary["verdicts"]
 
 
-def test_a_group_size_list_without_the_config_s_g_is_one_line_before_any_model_loads(claims_config):
-    bad = _claims(claims_config, "claims.group_sizes=[2, 16]")
-    assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines()[-1].startswith("grpolab: error: claims.group_sizes=[2, 16] must hold")
+def test_a_group_size_list_without_the_config_s_g_is_one_line_before_any_model_loads(claims_config, capsys):
+    """In this process (the test above runs ``python -m grpolab claims``): the verb's check, main()'s line."""
+    from grpolab.cli import main
+
+    assert main(["claims", "-c", str(claims_config), "claims.group_sizes=[2, 16]"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("grpolab: error: claims.group_sizes=[2, 16] must hold rollout.num_generations=4")
+    assert not (claims_config.parent / "runs").exists()  # nothing was written
