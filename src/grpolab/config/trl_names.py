@@ -10,7 +10,7 @@ Two readers, one entry each:
   another field's rule (``read_by``) says so there, and its words here serve the loader only.
 
 The TRL fields convert-trl alone describes (refused, not applicable, mapped to keys no look-alike hides)
-keep their words in grpolab.trl.fields; ``grpolab.trl.rules.worded`` refuses words written for a name of
+keep their words in grpolab.trl.fields; ``grpolab.trl.kinds.worded`` refuses words written for a name of
 this table, so none is written twice. Words start with the grpolab key (``TRL's learning_rate is grpolab's
 optim.lr``), or with "the " where they say first what TRL's setting is (``TRL's epsilon is the ratio
 clip: ...``).

@@ -31,6 +31,7 @@ from grpolab.config.root import Config
 from grpolab.errors import ConfigError
 from grpolab.trl.fields import TRL_FIELDS
 from grpolab.trl.input import numeric_fields, read_trl, typed
+from grpolab.trl.kinds import Refused, TrlField, named, worded
 from grpolab.trl.legacy import (
     OPEN_R1_DEFAULTS,
     OPEN_R1_FIELDS,
@@ -39,7 +40,6 @@ from grpolab.trl.legacy import (
     open_r1_reward,
     short,
 )
-from grpolab.trl.rules import Refused, TrlField, named, worded
 
 __all__ = [
     "SCRIPT_FIELDS", "TRL_FIELDS", "TrlConversion", "convert_trl", "markdown_table", "trl_defaults",

@@ -9,8 +9,8 @@ gives it that table's words; the words written here are those of the fields conv
 
 from __future__ import annotations
 
+from grpolab.trl.kinds import TrlField, mapped, named, not_applicable, read_by, refused, to_key, worded
 from grpolab.trl.rules import (
-    TrlField,
     batch_geometry,
     beta,
     betas,
@@ -24,16 +24,11 @@ from grpolab.trl.rules import (
     init_kwargs,
     keep,
     loss_type,
-    mapped,
     max_length,
-    named,
-    not_applicable,
     num_steps,
     optim,
     output_dir,
     precision,
-    read_by,
-    refused,
     report_to,
     rollout_correction,
     samples,
@@ -41,9 +36,7 @@ from grpolab.trl.rules import (
     scale_rewards,
     schedule,
     sync_ref,
-    to_key,
     weight_decay,
-    worded,
 )
 
 _VLLM = "vLLM's process and memory settings; grpolab chooses its generation engine itself"

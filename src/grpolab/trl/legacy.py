@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from grpolab.errors import ConfigError
-from grpolab.trl.rules import Refused, TrlField, not_applicable
+from grpolab.trl.kinds import Refused, TrlField, not_applicable
 
 if TYPE_CHECKING:
     from grpolab.trl.convert import TrlView

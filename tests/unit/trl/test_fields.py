@@ -12,7 +12,7 @@ import pytest
 from grpolab.config import ConfigError, load_config
 from grpolab.config.trl_names import TRL_NAMES, trl_hint
 from grpolab.trl.convert import SCRIPT_FIELDS, TRL_FIELDS, markdown_table
-from grpolab.trl.rules import mapped, named, read_by, refused, to_key, worded
+from grpolab.trl.kinds import mapped, named, read_by, refused, to_key, worded
 
 TRL_PACKAGE = Path(__file__).parents[3] / "src" / "grpolab" / "trl"
 TABLES = {**TRL_FIELDS, **SCRIPT_FIELDS}
