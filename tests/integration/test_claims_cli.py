@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from grpolab.distributed.host import describe_cpu
+
 VERDICTS = {"held", "not held", "inconclusive"}
 
 REWARD = '''
@@ -65,7 +67,7 @@ def test_claims_runs_every_stage_writes_a_verdict_per_claim_and_reads_stages_bac
     assert 0 < runs["ppo"]["params_value"] - runs["grpo"]["params_policy"] <= 1000  # the policy's body and a scalar head
     assert set(runs) == {"grpo", "ppo", "grpo_G2"}
     assert summary["reward_model"]["pairs"] > 0
-    assert "Intel" in summary["setup"] or "AMD" in summary["setup"] or "cores" in summary["setup"]
+    assert summary["setup"].endswith(describe_cpu())  # the machine each figure was measured on
 
     second = _claims(claims_config)  # every stage on disk with this config: read back, nothing trained
     assert second.returncode == 0, second.stderr[-3000:]

@@ -90,9 +90,8 @@ def critic_verdict(grpo: Mapping[str, Any], ppo: Mapping[str, Any], explained_va
     )
 
 
-def _monotone(values: Sequence[float], rising: bool) -> bool:
-    pairs = list(zip(values, values[1:], strict=False))
-    return all(b > a for a, b in pairs) if rising else all(b <= a + 1e-9 for a, b in pairs)
+def _rising(values: Sequence[float]) -> bool:
+    return all(b > a for a, b in zip(values, values[1:], strict=False))
 
 
 def _proportion_se(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
@@ -107,9 +106,9 @@ def group_verdict(rows: Sequence[Mapping[str, Any]]) -> Verdict:
     rows = sorted(rows, key=lambda r: r["g"])
     gs = [r["g"] for r in rows]
     fails = []
-    if not _monotone([r["time_step_s"] for r in rows], rising=True):
+    if not _rising([r["time_step_s"] for r in rows]):
         fails.append("time per step did not rise with G")
-    if not _monotone([r["peak_mem_mb"] for r in rows], rising=True):
+    if not _rising([r["peak_mem_mb"] for r in rows]):
         fails.append("peak memory did not rise with G")
     rose = [
         (a["g"], b["g"])
