@@ -110,13 +110,18 @@ def test_started_server_answers_loopback_and_refuses_other_addresses(server):
         socket.create_connection((addr, port), timeout=5).close()
 
 
-def test_samples_carry_the_engine_logprobs_and_the_version(server, model_dir):
+@pytest.mark.parametrize("batched", [True, False], ids=["batch-route", "request-per-sample"])
+def test_samples_carry_the_engine_logprobs_and_the_version(server, model_dir, batched):
+    """Both ways of sampling a server: grpolab's batch route, and a seeded request per sample (a server
+    without the route, such as a plain ``vllm serve``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     client = ServerClient(server.url, timeout_s=60)
     sampler = ServerSampler(client, tok, max_completion_length=6, eos_token_ids=[tok.eos_token_id], weights_from=policy)
+    assert sampler.batched  # the server grpolab started has the route
+    sampler.batched = batched
     prompts = [tok.encode("1+2="), tok.encode("a")]
     for version in (0, 1):
         if version:
@@ -180,17 +185,19 @@ def test_lora_run_in_server_mode_keeps_the_engine_on_the_trainer(server, model_d
     assert [r["step"] for r in rows] == [1, 2] and all(r[MISMATCH_KEY] < SYNCED for r in rows)
 
 
-def test_staleness_0_is_synchronous_and_logs_colocated_metrics(server, model_dir, addition_jsonl, tmp_path):
-    """Every sample of a synchronous run comes from the weights the step trains. The tokens are not
-    colocated mode's: that engine is seeded once per call (rollout/vllm.py, engine_seeded), the server's
-    requests each carry a seed."""
+def test_staleness_0_gives_colocated_samples_and_metrics(server, model_dir, addition_jsonl, tmp_path):
+    """At staleness 0 server mode is colocated mode: the server runs each step's batch as the colocated engine
+    does (rollout/vllm_batch.py: paused, seeded, added in order, resumed), so the same seeds give the same
+    tokens, and so the same rewards and loss; every sample comes from the weights the step trains."""
     data = addition_jsonl(16)
     colocated = read_metrics(train(load_config(None, overrides(model_dir, data, tmp_path, "c", 3))).run_dir)
     served = read_metrics(train(load_config(None, server_run(model_dir, data, tmp_path, "s", 3, server))).run_dir)
     assert [r["step"] for r in served] == [1, 2, 3]
     for c, s in zip(colocated, served, strict=True):
         assert set(c) <= set(s)  # every metric colocated mode logs
-        assert s["num_tokens"] > 0 and torch.isfinite(torch.tensor(s["loss"]))
+        assert s["num_tokens"] == c["num_tokens"] and s["completions/mean_length"] == c["completions/mean_length"]
+        for key in ("reward", "reward_std", "loss", "grad_norm", MISMATCH_KEY):  # fp32 on both sides, same samples
+            assert s[key] == pytest.approx(c[key], rel=1e-4, abs=1e-6), (s["step"], key)
         assert s[MISMATCH_KEY] < SYNCED
         assert s["rollout/staleness_max"] == 0 and s["rollout/weight_version_max"] == s["step"] - 1
         assert s["sys/weight_sync_bytes"] > 0
@@ -386,13 +393,18 @@ def finished_updates(server) -> int:
     return sum(int(float(line.split()[-1])) for line in text.splitlines() if line.startswith(key))
 
 
-def test_torchrun_two_ranks_share_one_server_and_send_once(server, model_dir, addition_jsonl, tmp_path):
+@pytest.mark.parametrize("k", [0, 1])
+def test_torchrun_two_ranks_share_one_server_and_send_once(server, model_dir, addition_jsonl, tmp_path, k):
+    """k = 1 with dynamic sampling: each rank's background sampler all-reduces its rounds on a group of its
+    own while the trainer's FSDP2 collectives run on the main one (distributed/dist.py, side_group)."""
     from test_torchrun import free_port
 
+    extra = ["rollout.max_staleness=1", "algo.dynamic_sampling=true", "algo.max_sampling_rounds=2"] if k else []
+    steps = 3 if k else 2
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
         "--master_port", str(free_port()), "-m", "grpolab", "train",
-        *server_run(model_dir, addition_jsonl(16), tmp_path, "ranks", 2, server), "train.parallel=fsdp",
+        *server_run(model_dir, addition_jsonl(16), tmp_path, "ranks", steps, server, *extra), "train.parallel=fsdp",
     ]  # fmt: skip
     path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
@@ -400,11 +412,12 @@ def test_torchrun_two_ranks_share_one_server_and_send_once(server, model_dir, ad
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_metrics(tmp_path / "ranks")
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
     for row in rows:  # both ranks sampled the version rank 0 sent (FSDP2 gathered on both)
-        assert row[MISMATCH_KEY] < SYNCED
-        assert row["rollout/weight_version_max"] == row["step"] - 1 and row["rollout/staleness_max"] == 0
-    assert finished_updates(server) - before == 3  # v0 and one per update, sent by rank 0 only (not 6)
+        lag = min(k, row["step"] - 1)
+        assert row["rollout/weight_version_max"] == row["step"] - 1 - lag and row["rollout/staleness_max"] == lag
+        assert row[MISMATCH_KEY] < SYNCED if lag == 0 else row[MISMATCH_KEY] > 10 * SYNCED
+    assert finished_updates(server) - before == steps + 1  # v0 and one per update, sent by rank 0 only (not twice)
 
 
 def test_a_server_gone_mid_run_is_one_error_within_the_timeout_and_serve_leaves_nothing(server, model_dir):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -100,9 +101,42 @@ def session(device_type: str, *, timeout_s: float = 600.0, bind_device: bool = T
             tdist.destroy_process_group()
 
 
+_THREAD = threading.local()
+"""``group``: the process group this thread's collectives use (None: the default one)."""
+
+
+def _group():
+    return getattr(_THREAD, "group", None)
+
+
+def side_group():
+    """A process group of its own (gloo, every rank) for a thread that runs collectives beside the main
+    thread's: the background sampler of rollout.max_staleness > 0, whose dynamic-sampling rounds all-reduce
+    while the main thread's backward all-reduces gradients. Sharing one group, the two threads' calls would
+    pair up across ranks in whatever order they came. Made by every rank's main thread, in the same order
+    (``new_group`` is collective); None in a single process. The thread enters ``on_group`` with it;
+    ``destroy_group`` ends it once the thread is done."""
+    return tdist.new_group(backend="gloo") if _active() else None
+
+
+@contextlib.contextmanager
+def on_group(group) -> Iterator[None]:
+    """The calling thread's collectives on ``group`` (from ``side_group``) for the whole body."""
+    _THREAD.group = group
+    try:
+        yield
+    finally:
+        _THREAD.group = None
+
+
+def destroy_group(group) -> None:
+    if group is not None and tdist.is_initialized():
+        tdist.destroy_process_group(group)
+
+
 def _device() -> torch.device:
     """Where the collectives' tensors go: the CUDA device when NCCL is in the group, else the host."""
-    if _active() and "nccl" in str(tdist.get_backend()):
+    if _active() and "nccl" in str(tdist.get_backend(_group())):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -111,7 +145,7 @@ def _reduce(values: Sequence[float], op) -> list[float]:
     if not _active():
         return [float(v) for v in values]
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_device())
-    tdist.all_reduce(t, op=op)
+    tdist.all_reduce(t, op=op, group=_group())
     return t.cpu().tolist()
 
 
@@ -181,7 +215,7 @@ def _nan_safe(v: float) -> float:
 
 def _common_keys(keys: list[str]) -> list[str]:
     gathered: list[list[str] | None] = [None] * _WORLD.size
-    tdist.all_gather_object(gathered, keys)
+    tdist.all_gather_object(gathered, keys, group=_group())
     common = set(keys)
     for other in gathered:
         common &= set(other or [])
@@ -193,13 +227,13 @@ def broadcast_object(obj: T) -> T:
     if not _active():
         return obj
     box = [obj]
-    tdist.broadcast_object_list(box, src=0)
+    tdist.broadcast_object_list(box, src=0, group=_group())
     return box[0]
 
 
 def barrier() -> None:
     if _active():
-        tdist.barrier()
+        tdist.barrier(group=_group())
 
 
 def gather_rows(t: torch.Tensor) -> torch.Tensor:
@@ -210,7 +244,7 @@ def gather_rows(t: torch.Tensor) -> torch.Tensor:
     # as uint8: gloo has no bool collectives
     sent = t.to(device=_device(), dtype=torch.uint8 if t.dtype == torch.bool else t.dtype)
     parts = [torch.empty_like(sent) for _ in range(_WORLD.size)]
-    tdist.all_gather(parts, sent.contiguous())
+    tdist.all_gather(parts, sent.contiguous(), group=_group())
     return torch.cat(parts).to(device=t.device, dtype=t.dtype)
 
 
@@ -244,7 +278,7 @@ def gather_lists(*lists: list) -> tuple[list, ...]:
     if not _active():
         return lists
     gathered: list[tuple | None] = [None] * _WORLD.size
-    tdist.all_gather_object(gathered, lists)
+    tdist.all_gather_object(gathered, lists, group=_group())
     return tuple([x for part in gathered for x in part[i]] for i in range(len(lists)))
 
 

@@ -21,7 +21,7 @@ from grpolab.config import Config, ConfigError
 from grpolab.distributed import dist
 from grpolab.models.loading import resolve_autocast, resolve_device
 from grpolab.models.sources import local_source
-from grpolab.rollout import vllm_shm
+from grpolab.rollout import vllm_batch, vllm_shm
 from grpolab.rollout.hf import _resolve_eos
 from grpolab.rollout.server_client import ServerClient
 from grpolab.rollout.vllm_client import MODEL_NAME, ServerSampler
@@ -49,6 +49,7 @@ def server_args(cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | 
         "--gpu-memory-utilization", str(kw["gpu_memory_utilization"]),
         "--logprobs-mode", kw["logprobs_mode"], "--seed", str(kw["seed"]),
         "--enable-prefix-caching" if kw["enable_prefix_caching"] else "--no-enable-prefix-caching",
+        "--worker-extension-cls", vllm_batch.EXTENSION,
         "--weight-transfer-config", json.dumps({"backend": vllm_shm.BACKEND if transport(cfg) == "shm" else "nccl"}),
     ]  # fmt: skip
     if kw.get("revision"):

@@ -1,13 +1,13 @@
 """rollout.mode=server: the trainer as a client of a vLLM OpenAI server (docs/server_mode.md).
 
-``ServerSampler`` implements the Sampler contract (rollout/base.py) over HTTP: each sample is its own
-/v1/completions request of prompt token ids with
-``seed = base + p*G + g`` (``base`` drawn from the step's generator), ``logprobs=0`` and
-``return_token_ids``, so the token ids are the engine's and the log-probs are its processed ones
-(``--logprobs-mode processed_logprobs``: log_softmax(logits / T), the trainer's); greedy sends one request
-per prompt and repeats it G times. The same seeds give the same samples, not colocated mode's: that engine
-runs in the trainer's process and is seeded once per call (rollout/vllm.py, ``engine_seeded``).
-Requests go out together (a thread pool), so the engine batches them.
+``ServerSampler`` implements the Sampler contract (rollout/base.py) over HTTP. A server grpolab starts has
+grpolab's batch route (rollout/vllm_batch.py): a step's whole batch is one call, which the server runs as the
+colocated engine runs it (paused, seeded with the step's seed, every prompt added with ``n = G``, resumed), so
+the same seeds give colocated mode's tokens. A server without it (a plain ``vllm serve``) gets one
+/v1/completions request per sample with ``seed = base + p*G + g``, sent together from a thread pool so the
+engine batches them. Either way ``base`` is drawn from the step's generator, the token ids are the engine's
+and the log-probs its processed ones (``--logprobs-mode processed_logprobs``: log_softmax(logits / T), the
+trainer's); greedy samples each prompt once and repeats it G times.
 
 Weights go by version (``update_weights``): /pause (in-flight requests finish first), /start_weight_update,
 the buckets (/update_weights, each at most rollout.sync_bucket_mb, one parameter gathered at a time
@@ -32,6 +32,7 @@ each rank then samples its own groups with its own seeds.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import shutil
 import threading
@@ -49,7 +50,7 @@ from typing import Any
 import torch
 
 from grpolab.distributed import dist, parallel
-from grpolab.rollout import vllm_shm
+from grpolab.rollout import vllm_batch, vllm_shm
 from grpolab.rollout.base import check_prompts, check_sampling, package_completions
 from grpolab.rollout.server_client import (
     ListSource,
@@ -135,20 +136,17 @@ class ServerSampler:
     ) -> Completions:
         """G completions for each prompt, prompt-major; ``weight_versions`` says which weights drew them."""
         check_prompts(prompt_ids, num_generations)
-        if self._pending is not None:
-            self.update_weights(self._pending)
+        self.send_pending()
         greedy = self.temperature == 0
         base = None if generator is None or greedy else _draw_seed(generator)
         per_prompt = 1 if greedy else num_generations
-        bodies = []
-        for p, ids in enumerate(prompt_ids):
-            for g in range(per_prompt):
-                seed = None if base is None else (base + p * num_generations + g) % SEED_MODULUS
-                bodies.append(self._body(ids, seed))
         with self.lock:
             self._check_version()
             t0 = time.perf_counter()
-            choices = list(self._pool.map(lambda b: self.client.call("POST", "/v1/completions", b)["choices"][0], bodies))
+            if self.batched:
+                choices = self._batch(prompt_ids, per_prompt, base)
+            else:
+                choices = self._per_request(prompt_ids, per_prompt, num_generations, base)
             self.last_generate_s = time.perf_counter() - t0
             version = self.version
         if greedy:
@@ -156,6 +154,47 @@ class ServerSampler:
         out = self._package(prompt_ids, num_generations, choices)
         out.weight_versions = [int(version or 0)] * out.num_sequences
         return out
+
+    def send_pending(self) -> None:
+        """The first weights (version 0), if not sent yet: the first ``sample`` calls it, and so does the
+        background sampler's owner (training/ahead.py) before its thread starts, so that the sync's
+        collectives (FSDP2 gathers, the ranks' barrier) run on the main thread."""
+        if self._pending is not None:
+            self.update_weights(self._pending)
+
+    @functools.cached_property
+    def batched(self) -> bool:
+        """Whether the server has grpolab's batch route (a server grpolab starts; rollout/vllm_batch.py)."""
+        try:
+            return self.client.call("GET", vllm_batch.INFO_ROUTE).get("protocol") == vllm_batch.PROTOCOL
+        except RolloutServerError as err:
+            if " with 404" not in str(err):
+                raise
+            log.info("vllm server %s has no %s: one seeded request per sample", self.client.url, vllm_batch.ROUTE)
+            return False
+
+    def _batch(self, prompt_ids, per_prompt: int, seed: int | None) -> list[dict]:
+        """The whole batch in one call, sampled as the colocated engine samples it (rollout/vllm_batch.py)."""
+        body = {
+            "model": self.model_name, "prompts": [[int(t) for t in ids] for ids in prompt_ids], "n": per_prompt,
+            "seed": seed, "sampling": {
+                "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k if self.top_k > 0 else -1,
+                "max_tokens": self.max_completion_length, "stop_token_ids": self.eos_token_ids,
+            },
+        }  # fmt: skip
+        outputs = self.client.call("POST", vllm_batch.ROUTE, body)["outputs"]
+        if len(outputs) != len(prompt_ids) or any(len(o) != per_prompt for o in outputs):
+            raise RolloutServerError(f"the vLLM server at {self.client.url} returned another number of samples than asked")
+        return [{"token_ids": c["token_ids"], "logprobs": {"token_logprobs": c["logprobs"]}} for o in outputs for c in o]
+
+    def _per_request(self, prompt_ids, per_prompt: int, group: int, base: int | None) -> list[dict]:
+        """A server without the batch route: one request per sample, ``seed = base + p*G + g``."""
+        bodies = []
+        for p, ids in enumerate(prompt_ids):
+            for g in range(per_prompt):
+                seed = None if base is None else (base + p * group + g) % SEED_MODULUS
+                bodies.append(self._body(ids, seed))
+        return list(self._pool.map(lambda b: self.client.call("POST", "/v1/completions", b)["choices"][0], bodies))
 
     def _body(self, ids: Sequence[int], seed: int | None) -> dict[str, Any]:
         body = {

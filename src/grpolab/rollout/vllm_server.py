@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grpolab.errors import TrainingError
-from grpolab.rollout import vllm_shm
+from grpolab.rollout import vllm_batch, vllm_shm
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PLUGIN_DIST = "grpolab_vllm_plugin-0.dist-info"
@@ -66,9 +66,21 @@ def plugin_path(folder: Path) -> Path:
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: grpolab-vllm-plugin\nVersion: 0\n")
     (dist / "entry_points.txt").write_text(
-        f"[vllm.general_plugins]\n{vllm_shm.BACKEND} = grpolab.rollout.vllm_shm:register\n"
+        f"[vllm.general_plugins]\n{vllm_shm.BACKEND} = grpolab.rollout.vllm_shm:register\n\n"
+        f"[vllm.endpoint_plugins]\n{vllm_batch.PLUGIN} = grpolab.rollout.vllm_batch:BatchEndpoint\n"
     )
     return folder
+
+
+def allowed_plugins() -> str:
+    """``VLLM_PLUGINS`` for the server: vLLM loads an endpoint plugin only when this names it, and then loads
+    only the general plugins it names too, so it names every general plugin installed, grpolab's, and the
+    batch route (rollout/vllm_batch.py); a list the user set is kept, with grpolab's added."""
+    from importlib.metadata import entry_points
+
+    names = os.environ.get("VLLM_PLUGINS")
+    names = names.split(",") if names is not None else [e.name for e in entry_points(group="vllm.general_plugins")]
+    return ",".join(dict.fromkeys([*names, vllm_shm.BACKEND, vllm_batch.PLUGIN]))
 
 
 class VLLMServer:
@@ -100,7 +112,7 @@ class VLLMServer:
         port = port or free_port(host if host != "localhost" else "127.0.0.1")
         scratch = tempfile.TemporaryDirectory(prefix="grpolab-vllm-server-")
         grpolab_src = str(Path(__file__).resolve().parents[2])
-        child_env = {**os.environ, **(env or {}), "VLLM_SERVER_DEV_MODE": "1"}
+        child_env = {**os.environ, **(env or {}), "VLLM_SERVER_DEV_MODE": "1", "VLLM_PLUGINS": allowed_plugins()}
         child_env["PYTHONPATH"] = os.pathsep.join(
             [str(plugin_path(Path(scratch.name))), grpolab_src, *filter(None, [os.environ.get("PYTHONPATH")])]
         )

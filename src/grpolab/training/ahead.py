@@ -32,7 +32,6 @@ from collections.abc import Iterator
 
 import torch
 
-from grpolab.config import ConfigError
 from grpolab.distributed import dist
 from grpolab.training.sampling import StepGroups, sample_step
 
@@ -41,11 +40,10 @@ class AheadSampling:
     """The background sampler of one run (module docstring); ``take`` returns the groups of the next step."""
 
     def __init__(self, run, *, first_step: int, last_step: int, max_staleness: int) -> None:
-        if dist.world().size > 1:
-            raise ConfigError(
-                "rollout.max_staleness > 0 runs one trainer process for now: set rollout.max_staleness=0 under torchrun"
-            )
         self.run = run
+        run.sampler.send_pending()  # version 0 from this thread: a sync's collectives stay on the main thread
+        self.group = dist.side_group()
+        """The thread's own process group under torchrun (its collectives beside the trainer's: dist.side_group)."""
         self.first, self.last, self.k = first_step, last_step, max_staleness
         self.synced = 0
         """The trainer's weight syncs since the thread started."""
@@ -65,6 +63,10 @@ class AheadSampling:
         self.thread.start()
 
     def _work(self) -> None:
+        with dist.on_group(self.group):
+            self._steps()
+
+    def _steps(self) -> None:
         run = self.run
         try:
             for step in range(self.first, self.last + 1):
@@ -99,6 +101,7 @@ class AheadSampling:
         with self.cond:
             while self.drawn_through < target and self.thread.is_alive():
                 self.cond.wait(0.5)
+        dist.barrier()  # torchrun: every rank's thread has drawn it before rank 0 sends the next version
         return time.perf_counter() - t0
 
     def take(self, step: int) -> tuple[StepGroups, dict[str, float]]:
@@ -151,6 +154,8 @@ class AheadSampling:
         with self.cond:
             self.cond.notify_all()
         self.thread.join(timeout=self.run.cfg.rollout.sync_timeout_s + 10)
+        if not self.thread.is_alive():
+            dist.destroy_group(self.group)
 
 
 def staleness_metrics(drawn: StepGroups, sampler) -> dict[str, float]:

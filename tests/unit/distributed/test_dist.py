@@ -89,11 +89,32 @@ def _gather_worker(rank: int, port: int, out: str) -> None:
     with dist.session("cpu", timeout_s=60.0):
         flags = dist.gather_rows(torch.tensor([rank == 0, True]))
         rewards = dist.gather_rows(torch.tensor([0.5 + rank, -1.0]))
+        side = _side_and_main(rank)
         if rank == 0:
-            torch.save({"flags": flags, "rewards": rewards}, out)
+            torch.save({"flags": flags, "rewards": rewards, "side": side}, out)
 
 
-def test_gather_rows_over_two_gloo_ranks_keeps_dtype_and_device(tmp_path):
+def _side_and_main(rank: int) -> dict[str, list[float]]:
+    """A thread's collectives on ``dist.side_group`` while the main thread's run on the default group: on one
+    group the two streams would pair up across ranks in whatever order they came (1 + 10 instead of 1 + 2)."""
+    import threading
+
+    group = dist.side_group()
+    got: dict[str, list[float]] = {"thread": [], "main": []}
+
+    def work() -> None:
+        with dist.on_group(group):
+            got["thread"] += [dist.all_reduce_sum(rank + 1.0) for _ in range(200)]
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    got["main"] = [dist.all_reduce_sum(10.0 * rank) for _ in range(200)]
+    thread.join()
+    dist.destroy_group(group)
+    return got
+
+
+def test_gather_rows_over_two_gloo_ranks_keeps_dtype_and_device_and_a_side_group_keeps_apart(tmp_path):
     import socket
 
     import torch
@@ -107,3 +128,4 @@ def test_gather_rows_over_two_gloo_ranks_keeps_dtype_and_device(tmp_path):
     got = torch.load(out)
     assert got["flags"].dtype == torch.bool and got["flags"].tolist() == [True, True, False, True]
     assert got["rewards"].device.type == "cpu" and got["rewards"].tolist() == [0.5, -1.0, 1.5, -1.0]
+    assert got["side"]["thread"] == [3.0] * 200 and got["side"]["main"] == [10.0] * 200

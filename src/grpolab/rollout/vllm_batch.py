@@ -1,0 +1,129 @@
+"""A step's batch as one server call, seeded like the colocated engine (rollout.mode=server; docs/server_mode.md).
+
+A server grpolab starts carries two vLLM plugins of grpolab's (vLLM's own extension points):
+
+* ``SeedExtension``, the worker extension (``--worker-extension-cls``): ``grpolab_seed(seed)`` seeds the
+  worker's torch (and numpy) generators, the ones vLLM draws requests without a seed of their own from
+  (rollout/vllm.py, ``engine_seeded``, says where);
+* ``BatchEndpoint``, an endpoint plugin (``vllm.endpoint_plugins``, allowed by name in ``VLLM_PLUGINS``):
+  ``POST /grpolab/generate`` takes the whole batch, G samples of each prompt, and runs it as the
+  colocated engine does: the scheduler paused once in-flight requests are done (its KV and prefix cache
+  cleared, as colocated mode resets the prefix cache), the worker seeded, every prompt added in order with
+  ``n = G`` and no seed of its own, then the scheduler resumed, so the engine schedules the whole batch
+  at once, in the same order, from the same generator state. The same weights, settings and seed then
+  give the tokens of colocated mode. One batch at a time (a lock): two trainer ranks' batches are run one
+  after the other, each as its own rank's colocated engine would.
+
+``GET /grpolab/info`` tells a client the route is there; a server without it (a plain ``vllm serve``) is
+sampled with a seed per request instead (rollout/vllm_client.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+ROUTE = "/grpolab/generate"
+INFO_ROUTE = "/grpolab/info"
+PLUGIN = "grpolab_batch"
+"""The endpoint plugin's entry-point name (``VLLM_PLUGINS`` must name it)."""
+EXTENSION = "grpolab.rollout.vllm_batch.SeedExtension"
+PROTOCOL = 1
+
+
+class SeedExtension:
+    """Mixed into vLLM's worker: the engine's unseeded sampling from a given seed."""
+
+    def grpolab_seed(self, seed: int) -> None:
+        import numpy as np
+        import torch
+
+        torch.random.default_generator.manual_seed(seed)
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+
+
+class BatchEndpoint:
+    """``vllm.endpoint_plugins`` factory: the two routes of the module docstring."""
+
+    name = PLUGIN
+    required_tasks = ("generate",)
+
+    def __init__(self) -> None:
+        self.engine = None
+        self.models = None
+        self.lock: asyncio.Lock | None = None
+
+    def attach_router(self, app) -> None:
+        from fastapi import APIRouter, Request
+        from fastapi.responses import JSONResponse
+
+        router = APIRouter()
+
+        async def info() -> dict:
+            return {"protocol": PROTOCOL}
+
+        async def generate(raw):
+            try:
+                body = await raw.json()
+                return {"outputs": await self.run(body)}
+            except (KeyError, TypeError, ValueError) as err:
+                return JSONResponse({"error": f"bad {ROUTE} request: {type(err).__name__}: {err}"}, status_code=400)
+            except Exception as err:  # noqa: BLE001 - the client turns this into one line
+                return JSONResponse({"error": f"{type(err).__name__}: {err}"}, status_code=500)
+
+        generate.__annotations__ = {"raw": Request}  # FastAPI reads it; a string (this module's future import) it cannot resolve
+        router.add_api_route(INFO_ROUTE, info, methods=["GET"])
+        router.add_api_route(ROUTE, generate, methods=["POST"])
+        app.include_router(router)
+
+    async def init_state(self, engine_client, state, args) -> None:
+        self.engine = engine_client
+        self.models = getattr(state, "openai_serving_models", None)
+        self.lock = asyncio.Lock()
+
+    async def run(self, body: dict) -> list[list[dict]]:
+        """``body``: prompts (token ids), n, seed (or null), sampling (temperature, top_p, top_k, max_tokens,
+        stop_token_ids), model (the served name or a loaded LoRA adapter's). Per prompt, its n samples'
+        token ids and log-probs."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if self.engine is None:
+            raise RuntimeError("this server has no engine")
+        s = body["sampling"]
+        params = SamplingParams(
+            n=int(body["n"]), temperature=float(s["temperature"]), top_p=float(s["top_p"]), top_k=int(s["top_k"]),
+            max_tokens=int(s["max_tokens"]), stop_token_ids=[int(t) for t in s["stop_token_ids"]], logprobs=0,
+            detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
+        )  # fmt: skip
+        lora = None
+        if self.models is not None:
+            lora = self.models.lora_requests.get(body.get("model"))
+        prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in body["prompts"]]
+        seed = body.get("seed")
+        tag = uuid.uuid4().hex[:12]
+        async with self.lock:
+            await self.engine.pause_generation(mode="wait", clear_cache=True)
+            try:
+                if seed is not None:
+                    await self.engine.collective_rpc("grpolab_seed", args=(int(seed),))
+                queues = [
+                    await self.engine.add_request(f"grpolab-{tag}-{i}", p, params, lora_request=lora)
+                    for i, p in enumerate(prompts)
+                ]
+            finally:
+                await self.engine.resume_generation()
+            return [await _finished(q) for q in queues]
+
+
+async def _finished(queue) -> list[dict]:
+    while True:
+        out = queue.get_nowait() or await queue.get()
+        if out.finished:
+            break
+    return [
+        {"token_ids": list(c.token_ids), "logprobs": [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids, strict=True)]}
+        for c in out.outputs
+    ]
