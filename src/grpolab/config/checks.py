@@ -218,9 +218,49 @@ def check_cross_fields(cfg: Config) -> None:
         )
     if a.resolved_advantage == "gae" and a.name != "ppo":
         raise ConfigError("algo.advantage='gae' needs a value model: set algo.name=ppo.")
+    _check_attention(cfg)
     _check_server(cfg)
     if a.supervision == "process":
         _check_process(cfg)
+
+
+ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+"""model.attn_implementation's names (transformers'), besides a kernels-hub id ("org/name")."""
+FLASH_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+
+
+def _check_attention(cfg: Config) -> None:
+    """model.attn_implementation names an implementation; flash needs CUDA (checked again, with its package,
+    by ``check_attention_runtime`` before the model loads)."""
+    m = cfg.model
+    name = m.attn_implementation
+    if name is None:
+        return
+    if name not in ATTENTION and "/" not in name:
+        raise ConfigError(
+            f"model.attn_implementation={name!r} is not an attention implementation: use one of "
+            f"{', '.join(ATTENTION)}, a kernels-hub id such as kernels-community/flash-attn, or null (transformers' default)"
+        )
+    if name in FLASH_PACKAGES and m.device == "cpu":
+        raise ConfigError(f"model.attn_implementation={name} runs on CUDA only: use sdpa with model.device=cpu")
+
+
+def check_attention_runtime(model_cfg, device_type: str) -> None:
+    """Flash attention on this machine (``model_cfg``: the model section): a CUDA device and its package,
+    before any model loads."""
+    import importlib.util
+
+    name = model_cfg.attn_implementation
+    package = FLASH_PACKAGES.get(name or "")
+    if package is None:
+        return
+    if device_type != "cuda":
+        raise ConfigError(f"model.attn_implementation={name} runs on CUDA only and this run is on {device_type}: use sdpa")
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(
+            f"model.attn_implementation={name} needs the {package} package, which is not installed: "
+            f"pip install {'flash-attn' if package == 'flash_attn' else 'flash-attn-3'} --no-build-isolation, or use sdpa"
+        )
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")

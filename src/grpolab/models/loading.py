@@ -186,8 +186,15 @@ def _on_meta(cfg: ModelConfig, source: str) -> PreTrainedModel:
     hub = hub_load_kwargs(source, cfg.revision, "model.name_or_path")
     config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **hub)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=_DTYPES[cfg.dtype], trust_remote_code=cfg.trust_remote_code)
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=_DTYPES[cfg.dtype], trust_remote_code=cfg.trust_remote_code, **attention_kwargs(cfg)
+        )
     return model
+
+
+def attention_kwargs(cfg: ModelConfig) -> dict[str, str]:
+    """``attn_implementation`` for from_pretrained / from_config when model.attn_implementation is set."""
+    return {"attn_implementation": cfg.attn_implementation} if cfg.attn_implementation else {}
 
 
 def _from_pretrained(cfg: ModelConfig, source: str) -> PreTrainedModel:
@@ -198,6 +205,7 @@ def _from_pretrained(cfg: ModelConfig, source: str) -> PreTrainedModel:
             revision=cfg.revision,
             dtype=_DTYPES[cfg.dtype],
             trust_remote_code=cfg.trust_remote_code,
+            **attention_kwargs(cfg),
             **hub,
         )
     except (*_UNLOADABLE, SafetensorError) as err:  # SafetensorError: a truncated weights file

@@ -223,22 +223,41 @@ def _is_async(wr: WeightedReward) -> bool:
 
 
 def _score_async(
-    rewards: Sequence[WeightedReward], completions: list, examples: list, timeout_s: float | None
+    rewards: Sequence[WeightedReward], completions: list, examples: list, timeout_s: float | None, first_index: int = 0
 ) -> dict[str, list[float | None]]:
     """Await every async reward together (asyncio.gather, in a fresh loop), each result then checked."""
     label = "+".join(f"'{wr.name}'" for wr in rewards) + " (async, awaited together)"
     try:
         results = gather_bounded([wr.reward for wr in rewards], (completions, examples), timeout_s)
     except (TimedOut, WorkerDied, Unsendable) as err:
-        raise _bound_error(err, label, examples, timeout_s, 0) from None
+        raise _bound_error(err, label, examples, timeout_s, first_index) from None
     out = {}
     for wr, values in zip(rewards, results, strict=True):
         if isinstance(values, BaseException):
             if not isinstance(values, Exception):
                 raise values
-            _raise_failure(wr, values, examples, 0)
-        out[wr.name] = _checked_values(wr.name, values, examples, 0)
+            _raise_failure(wr, values, examples, first_index)
+        out[wr.name] = _checked_values(wr.name, values, examples, first_index)
     return out
+
+
+def merge_scores(parts: Sequence[ScoreResult]) -> ScoreResult:
+    """The scores of consecutive parts of one batch (groups scored as they finished) as the batch's: values
+    concatenated in order, seconds and counts summed."""
+    names = list(parts[0].components) if parts else []
+    seconds: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.seconds.items():
+            seconds[k] = seconds.get(k, 0.0) + v
+        for k, v in part.counts.items():
+            counts[k] = counts.get(k, 0.0) + v
+    return ScoreResult(
+        total=[t for part in parts for t in part.total],
+        components={n: [v for part in parts for v in part.components[n]] for n in names},
+        seconds=seconds,
+        counts=counts,
+    )
 
 
 def _check_inputs(rewards: Sequence[WeightedReward], completions: Sequence, examples: Sequence) -> None:
@@ -261,8 +280,10 @@ def score_batch(
     examples: Sequence[Example],
     *,
     timeout_s: float | None,
+    first_index: int = 0,
 ) -> ScoreResult:
-    """Score N completions with every reward; each call is checked and bounded by ``timeout_s``."""
+    """Score N completions with every reward; each call is checked and bounded by ``timeout_s``.
+    ``first_index``: the index of ``completions[0]`` in its step, for error messages (a group scored alone)."""
     _check_inputs(rewards, completions, examples)
     completions, examples = list(completions), list(examples)
     components: dict[str, list[float | None]] = {}
@@ -271,13 +292,13 @@ def score_batch(
     concurrent = [wr for wr in rewards if _is_async(wr)]
     if concurrent and completions:
         start = time.perf_counter()
-        components.update(_score_async(concurrent, completions, examples, timeout_s))
+        components.update(_score_async(concurrent, completions, examples, timeout_s, first_index))
         seconds.update(dict.fromkeys(components, time.perf_counter() - start))
     for wr in rewards:
         if wr.name in components:
             continue
         start = time.perf_counter()
-        components[wr.name] = _score_one(wr, completions, examples, timeout_s)
+        components[wr.name] = _score_one(wr, completions, examples, timeout_s, first_index)
         seconds[wr.name] = time.perf_counter() - start
         if completions and isinstance(getattr(wr.reward, "counts", None), Mapping):
             counts.update({f"rewards/{wr.name}/{k}": float(v) for k, v in wr.reward.counts.items()})

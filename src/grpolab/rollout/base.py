@@ -108,10 +108,12 @@ def package_completions(
     tokenizer,
     device: torch.device,
     min_width: int = 0,
+    texts: Sequence[str] | None = None,
 ) -> Completions:
     """An engine's sampled token ids and their log-probs ([N] lists, prompt-major) as Completions: right-padded
     [N, T] tensors on ``device``, "stop" where the last token is an EOS (left out of the text), else "length".
-    Shared by the colocated vLLM engine and the server client, so both read a sample the same way."""
+    Shared by the colocated vLLM engine and the server client, so both read a sample the same way. ``texts``:
+    the samples' texts when decoded already (a group scored as it finished), else decoded here."""
     n = len(tokens)
     width = max(min_width, max(len(t) for t in tokens))
     ids = torch.full((n, width), pad_token_id, dtype=torch.long)
@@ -134,7 +136,7 @@ def package_completions(
         completion_ids=ids.to(device),
         completion_mask=mask.to(device),
         logprobs=lp.to(device),
-        texts=tokenizer.batch_decode(text_ids, skip_special_tokens=True),
+        texts=list(texts) if texts is not None else tokenizer.batch_decode(text_ids, skip_special_tokens=True),
         finish_reasons=reasons,
         num_generations=group,
     )

@@ -190,6 +190,10 @@ class MultiTurnSampler:
         """The inner engine takes the policy's weights (rollout.base.Sampler)."""
         self.sampler.update_weights(model)
 
+    def send_pending(self) -> None:
+        """The inner sampler's first weights, if it holds them back (the server sampler: rollout/vllm_client.py)."""
+        getattr(self.sampler, "send_pending", lambda: None)()
+
     def close(self) -> None:
         self.sampler.close()
 

@@ -4,9 +4,11 @@ protocol over HTTP). rollout/vllm_client.py is the sampler built on them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -26,15 +28,38 @@ class ServerClient:
         """The server process when this run started it (its death is then named in errors)."""
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None, timeout_s: float | None = None) -> Any:
+        timeout = timeout_s or self.timeout_s
+        with self._errors(path, timeout), urllib.request.urlopen(self._request(method, path, body), timeout=timeout) as r:
+            text = r.read()
+        try:
+            return json.loads(text) if text else None
+        except json.JSONDecodeError:  # a few endpoints (LoRA loading) answer in plain text
+            return text.decode(errors="replace")
+
+    def stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """POST ``body`` and yield each line of the newline-delimited JSON answer as it comes; every wait for
+        the next line is bounded by the timeout, and an ``{"error": ...}`` line is a RolloutServerError."""
+        with self._errors(path, self.timeout_s), urllib.request.urlopen(self._request("POST", path, body), timeout=self.timeout_s) as r:
+            for raw in r:
+                if not raw.strip():
+                    continue
+                line = json.loads(raw)
+                if "error" in line:
+                    raise RolloutServerError(f"the vLLM server at {self.url} failed at {path}: {line['error']}")
+                yield line
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> urllib.request.Request:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
-        timeout = timeout_s or self.timeout_s
+        return urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+
+    @contextlib.contextmanager
+    def _errors(self, path: str, timeout: float) -> Iterator[None]:
+        """Any failure of an HTTP call to ``path`` as one RolloutServerError line."""
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                text = r.read()
+            yield
         except urllib.error.HTTPError as err:
             said = " ".join(err.read().decode(errors="replace").split())[:300]
             raise RolloutServerError(f"the vLLM server at {self.url} answered {path} with {err.code}: {said}") from err
@@ -54,10 +79,6 @@ class ServerClient:
                 f"the vLLM server at {self.url} cannot be reached ({reason}) at {path}{self._dead()}: "
                 "the last checkpoint is kept; restart the server and resume the run (grpolab train --resume)"
             ) from err
-        try:
-            return json.loads(text) if text else None
-        except json.JSONDecodeError:  # a few endpoints (LoRA loading) answer in plain text
-            return text.decode(errors="replace")
 
     def _dead(self) -> str:
         if self.server is not None and not self.server.alive():

@@ -11,8 +11,10 @@ A server grpolab starts carries two vLLM plugins of grpolab's (vLLM's own extens
   cleared, as colocated mode resets the prefix cache), the worker seeded, every prompt added in order with
   ``n = G`` and no seed of its own, then the scheduler resumed, so the engine schedules the whole batch
   at once, in the same order, from the same generator state. The same weights, settings and seed then
-  give the tokens of colocated mode. One batch at a time (a lock): two trainer ranks' batches are run one
-  after the other, each as its own rank's colocated engine would.
+  give the tokens of colocated mode. Each prompt's samples are sent back as soon as they are all done
+  (newline-delimited JSON), so the trainer scores a group while the others generate. One batch at a
+  time (a lock): two trainer ranks' batches are run one after the other, each as its own rank's
+  colocated engine would.
 
 ``GET /grpolab/info`` tells a client the route is there; a server without it (a plain ``vllm serve``) is
 sampled with a seed per request instead (rollout/vllm_client.py).
@@ -57,7 +59,7 @@ class BatchEndpoint:
 
     def attach_router(self, app) -> None:
         from fastapi import APIRouter, Request
-        from fastapi.responses import JSONResponse
+        from fastapi.responses import JSONResponse, StreamingResponse
 
         router = APIRouter()
 
@@ -67,11 +69,10 @@ class BatchEndpoint:
         async def generate(raw):
             try:
                 body = await raw.json()
-                return {"outputs": await self.run(body)}
+                params, prompts, lora = self.parse(body)
             except (KeyError, TypeError, ValueError) as err:
                 return JSONResponse({"error": f"bad {ROUTE} request: {type(err).__name__}: {err}"}, status_code=400)
-            except Exception as err:  # noqa: BLE001 - the client turns this into one line
-                return JSONResponse({"error": f"{type(err).__name__}: {err}"}, status_code=500)
+            return StreamingResponse(self.lines(params, prompts, lora, body.get("seed")), media_type="application/x-ndjson")
 
         generate.__annotations__ = {"raw": Request}  # FastAPI reads it; a string (this module's future import) it cannot resolve
         router.add_api_route(INFO_ROUTE, info, methods=["GET"])
@@ -83,39 +84,59 @@ class BatchEndpoint:
         self.models = getattr(state, "openai_serving_models", None)
         self.lock = asyncio.Lock()
 
-    async def run(self, body: dict) -> list[list[dict]]:
+    def parse(self, body: dict):
         """``body``: prompts (token ids), n, seed (or null), sampling (temperature, top_p, top_k, max_tokens,
-        stop_token_ids), model (the served name or a loaded LoRA adapter's). Per prompt, its n samples'
-        token ids and log-probs."""
+        stop_token_ids), model (the served name or a loaded LoRA adapter's)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if self.engine is None:
-            raise RuntimeError("this server has no engine")
         s = body["sampling"]
         params = SamplingParams(
             n=int(body["n"]), temperature=float(s["temperature"]), top_p=float(s["top_p"]), top_k=int(s["top_k"]),
             max_tokens=int(s["max_tokens"]), stop_token_ids=[int(t) for t in s["stop_token_ids"]], logprobs=0,
             detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
         )  # fmt: skip
-        lora = None
-        if self.models is not None:
-            lora = self.models.lora_requests.get(body.get("model"))
+        lora = self.models.lora_requests.get(body.get("model")) if self.models is not None else None
         prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in body["prompts"]]
-        seed = body.get("seed")
-        tag = uuid.uuid4().hex[:12]
-        async with self.lock:
-            await self.engine.pause_generation(mode="wait", clear_cache=True)
-            try:
-                if seed is not None:
-                    await self.engine.collective_rpc("grpolab_seed", args=(int(seed),))
-                queues = [
-                    await self.engine.add_request(f"grpolab-{tag}-{i}", p, params, lora_request=lora)
-                    for i, p in enumerate(prompts)
-                ]
-            finally:
-                await self.engine.resume_generation()
-            return [await _finished(q) for q in queues]
+        return params, prompts, lora
+
+    async def lines(self, params, prompts: list[dict], lora, seed: int | None):
+        """One JSON line per prompt as its n samples finish (``{"prompt": i, "samples": [{token_ids,
+        logprobs}, ...]}``), in the order they finish, then ``{"done": n_prompts}``; a failure is an
+        ``{"error": ...}`` line (the status is sent already)."""
+        import json
+
+        try:
+            if self.engine is None:
+                raise RuntimeError("this server has no engine")
+            tag = uuid.uuid4().hex[:12]
+            async with self.lock:
+                await self.engine.pause_generation(mode="wait", clear_cache=True)
+                try:
+                    if seed is not None:
+                        await self.engine.collective_rpc("grpolab_seed", args=(int(seed),))
+                    queues = [
+                        await self.engine.add_request(f"grpolab-{tag}-{i}", p, params, lora_request=lora)
+                        for i, p in enumerate(prompts)
+                    ]
+                finally:
+                    await self.engine.resume_generation()
+                tasks = {asyncio.ensure_future(_finished(q)): i for i, q in enumerate(queues)}
+                try:
+                    pending = set(tasks)
+                    while pending:
+                        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                        for task in sorted(done, key=tasks.get):
+                            yield json.dumps({"prompt": tasks[task], "samples": task.result()}) + "\n"
+                finally:  # a client gone mid-batch: its requests stop too
+                    unfinished = [queues[i].request_id for t, i in tasks.items() if not t.done()]
+                    for task in tasks:
+                        task.cancel()
+                    if unfinished:
+                        await self.engine.abort(unfinished, internal=True)
+            yield json.dumps({"done": len(prompts)}) + "\n"
+        except Exception as err:  # noqa: BLE001 - the client turns this into one line
+            yield json.dumps({"error": f"{type(err).__name__}: {err}"}) + "\n"
 
 
 async def _finished(queue) -> list[dict]:

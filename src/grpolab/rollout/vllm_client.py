@@ -42,7 +42,7 @@ import urllib.parse
 import urllib.request
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,8 @@ class ServerSampler:
     """Implements ``grpolab.rollout.base.Sampler`` against a vLLM server (see the module docstring)."""
 
     takes_examples = False
+    streams_groups = True
+    """``sample`` takes ``on_group``: each prompt's group as soon as it is done (training/sampling.py)."""
 
     def __init__(
         self,
@@ -133,8 +135,12 @@ class ServerSampler:
         *,
         num_generations: int,
         generator: torch.Generator | None = None,
+        on_group: Callable[[int, Completions], None] | None = None,
     ) -> Completions:
-        """G completions for each prompt, prompt-major; ``weight_versions`` says which weights drew them."""
+        """G completions for each prompt, prompt-major; ``weight_versions`` says which weights drew them.
+        ``on_group(p, group)``: called with prompt p's G completions (on the host) as soon as they are done,
+        while the others still generate (training/sampling.py scores them then); with the batch route only,
+        else after the whole batch."""
         check_prompts(prompt_ids, num_generations)
         self.send_pending()
         greedy = self.temperature == 0
@@ -143,15 +149,27 @@ class ServerSampler:
         with self.lock:
             self._check_version()
             t0 = time.perf_counter()
+            texts: dict[int, list[str]] = {}
+
+            def finished(p: int, samples: list[dict]) -> None:
+                if greedy:
+                    samples = samples * num_generations
+                group = self._package([prompt_ids[p]], num_generations, samples, device="cpu")
+                texts[p] = group.texts
+                if on_group is not None:
+                    on_group(p, group)
+
             if self.batched:
-                choices = self._batch(prompt_ids, per_prompt, base)
+                choices = self._batch(prompt_ids, per_prompt, base, finished)
             else:
                 choices = self._per_request(prompt_ids, per_prompt, num_generations, base)
+                for p in range(len(prompt_ids)):
+                    finished(p, choices[p * per_prompt : (p + 1) * per_prompt])
             self.last_generate_s = time.perf_counter() - t0
             version = self.version
         if greedy:
             choices = [c for c in choices for _ in range(num_generations)]
-        out = self._package(prompt_ids, num_generations, choices)
+        out = self._package(prompt_ids, num_generations, choices, texts=[t for p in range(len(prompt_ids)) for t in texts[p]])
         out.weight_versions = [int(version or 0)] * out.num_sequences
         return out
 
@@ -173,8 +191,9 @@ class ServerSampler:
             log.info("vllm server %s has no %s: one seeded request per sample", self.client.url, vllm_batch.ROUTE)
             return False
 
-    def _batch(self, prompt_ids, per_prompt: int, seed: int | None) -> list[dict]:
-        """The whole batch in one call, sampled as the colocated engine samples it (rollout/vllm_batch.py)."""
+    def _batch(self, prompt_ids, per_prompt: int, seed: int | None, finished) -> list[dict]:
+        """The whole batch in one call, sampled as the colocated engine samples it (rollout/vllm_batch.py);
+        ``finished(p, samples)`` as each prompt's samples come back."""
         body = {
             "model": self.model_name, "prompts": [[int(t) for t in ids] for ids in prompt_ids], "n": per_prompt,
             "seed": seed, "sampling": {
@@ -182,10 +201,20 @@ class ServerSampler:
                 "max_tokens": self.max_completion_length, "stop_token_ids": self.eos_token_ids,
             },
         }  # fmt: skip
-        outputs = self.client.call("POST", vllm_batch.ROUTE, body)["outputs"]
-        if len(outputs) != len(prompt_ids) or any(len(o) != per_prompt for o in outputs):
-            raise RolloutServerError(f"the vLLM server at {self.client.url} returned another number of samples than asked")
-        return [{"token_ids": c["token_ids"], "logprobs": {"token_logprobs": c["logprobs"]}} for o in outputs for c in o]
+        outputs: dict[int, list[dict]] = {}
+        for line in self.client.stream(vllm_batch.ROUTE, body):
+            if "done" in line:
+                break
+            p, samples = int(line["prompt"]), line["samples"]
+            if p in outputs or not 0 <= p < len(prompt_ids) or len(samples) != per_prompt:
+                raise RolloutServerError(f"the vLLM server at {self.client.url} returned another batch than asked")
+            outputs[p] = [{"token_ids": c["token_ids"], "logprobs": {"token_logprobs": c["logprobs"]}} for c in samples]
+            finished(p, outputs[p])
+        if len(outputs) != len(prompt_ids):
+            raise RolloutServerError(
+                f"the vLLM server at {self.client.url} returned {len(outputs)} of {len(prompt_ids)} prompts' samples"
+            )
+        return [c for p in range(len(prompt_ids)) for c in outputs[p]]
 
     def _per_request(self, prompt_ids, per_prompt: int, group: int, base: int | None) -> list[dict]:
         """A server without the batch route: one request per sample, ``seed = base + p*G + g``."""
@@ -222,7 +251,7 @@ class ServerSampler:
                 "resume the run (grpolab train --resume) to send it this run's weights"
             )
 
-    def _package(self, prompt_ids, group: int, choices: list[dict]) -> Completions:
+    def _package(self, prompt_ids, group: int, choices: list[dict], *, device=None, texts=None) -> Completions:
         tokens = [list(c["token_ids"]) for c in choices]
         logprobs = []
         for toks, c in zip(tokens, choices, strict=True):
@@ -232,7 +261,7 @@ class ServerSampler:
             logprobs.append(lps)
         return package_completions(
             prompt_ids, group, tokens, logprobs, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-            tokenizer=self.tokenizer, device=self.device, min_width=1,
+            tokenizer=self.tokenizer, device=self.device if device is None else device, min_width=1, texts=texts,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ weights

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grpolab.config import Config, ConfigError, ModelConfig
+from grpolab.config.checks import check_attention_runtime
 from grpolab.data import DataError
 from grpolab.models.hub import hub_load_kwargs
 from grpolab.models.loading import ModelLoadError, resolve_device
@@ -63,7 +64,8 @@ def check_model_source(cfg: ModelConfig) -> None:
     ``.gguf`` file or a ``package:<module>/<file>`` source is checked to exist, to be GGUF, and to be
     readable (the gguf package installed); its conversion waits for the model load.
     """
-    resolve_device(cfg)  # model.device=cuda without CUDA
+    device = resolve_device(cfg)  # model.device=cuda without CUDA
+    check_attention_runtime(cfg, device.type)  # flash attention without CUDA or its package
     source = cfg.name_or_path
     if not source:
         raise ModelLoadError("model.name_or_path is empty: set it to a local model folder or a hub id")

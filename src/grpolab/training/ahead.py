@@ -41,7 +41,7 @@ class AheadSampling:
 
     def __init__(self, run, *, first_step: int, last_step: int, max_staleness: int) -> None:
         self.run = run
-        run.sampler.send_pending()  # version 0 from this thread: a sync's collectives stay on the main thread
+        getattr(run.sampler, "send_pending", lambda: None)()  # version 0 from this thread: a sync's collectives stay on the main thread
         self.group = dist.side_group()
         """The thread's own process group under torchrun (its collectives beside the trainer's: dist.side_group)."""
         self.first, self.last, self.k = first_step, last_step, max_staleness

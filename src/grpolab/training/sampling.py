@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +36,7 @@ from grpolab.config import Config
 from grpolab.data import PromptOrder
 from grpolab.distributed import dist
 from grpolab.rewards import score_batch
-from grpolab.rewards.base import ScoreResult
+from grpolab.rewards.base import ScoreResult, merge_scores
 from grpolab.training.batch import rewards_tensor
 from grpolab.types import Completions, Example
 
@@ -150,23 +151,61 @@ def _mean(x: torch.Tensor) -> float:
 
 
 def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds) -> StepGroups:
-    """One round: ``prompts_per_step`` prompts from the data order, G completions each, scored."""
+    """One round: ``prompts_per_step`` prompts from the data order, G completions each, scored (as each
+    group finishes, overlapping the others' generation, when the sampler hands groups out: server mode)."""
     t0 = time.perf_counter()
     rows = dist.shard(data.next(cfg.train.prompts_per_step))  # same order everywhere; this rank's share
-    # an environment sampler (takes_examples) resets its episodes with the rows' examples
-    items = {"examples": [examples[i] for i in rows]} if getattr(sampler, "takes_examples", False) else {}
-    completions = sampler.sample(
-        [prompt_ids[i] for i in rows], num_generations=cfg.rollout.num_generations, generator=generator, **items
-    )
-    t1 = time.perf_counter()
-    repeated = [examples[i] for i in rows for _ in range(completions.num_generations)]
-    scores = score_batch(rewards, completions.items(), repeated, timeout_s=cfg.reward.timeout_s)
+    group_size = cfg.rollout.num_generations
+    prompts = [prompt_ids[i] for i in rows]
+    if getattr(sampler, "streams_groups", False):
+        completions, scores = _sample_scoring_groups(cfg, sampler, rewards, prompts, [examples[i] for i in rows], generator, seconds)
+    else:
+        # an environment sampler (takes_examples) resets its episodes with the rows' examples
+        items = {"examples": [examples[i] for i in rows]} if getattr(sampler, "takes_examples", False) else {}
+        completions = sampler.sample(prompts, num_generations=group_size, generator=generator, **items)
+        t1 = time.perf_counter()
+        repeated = [examples[i] for i in rows for _ in range(completions.num_generations)]
+        scores = score_batch(rewards, completions.items(), repeated, timeout_s=cfg.reward.timeout_s)
+        seconds["sys/time_generation_s"] += t1 - t0
+        seconds["sys/time_scoring_s"] += time.perf_counter() - t1
     reward_t, valid = rewards_tensor(scores.total, len(rows), completions.num_generations)
-    seconds["sys/time_generation_s"] += t1 - t0
-    seconds["sys/time_scoring_s"] += time.perf_counter() - t1
     for key, value in scores.counts.items():  # e.g. rewards/code_tests/timed_out, over every round
         seconds[key] = seconds.get(key, 0.0) + value
     return StepGroups(rows, completions, scores, reward_t, valid)
+
+
+def _sample_scoring_groups(cfg, sampler, rewards, prompts, examples, generator, seconds) -> tuple[Completions, ScoreResult]:
+    """Sample, scoring each prompt's group (in one scoring thread, in the order they finish) while the rest
+    generate. ``sys/time_scoring_s`` is then the scoring's own time, mostly hidden behind the generation;
+    ``sys/time_scoring_wait_s`` the part that was not (the wait after the last group came back)."""
+    group_size = cfg.rollout.num_generations
+    futures = {}
+    busy = [0.0]
+
+    def score(p: int, group: Completions) -> ScoreResult:
+        start = time.perf_counter()
+        try:
+            return score_batch(
+                rewards, group.items(), [examples[p]] * group_size, timeout_s=cfg.reward.timeout_s, first_index=p * group_size
+            )
+        finally:
+            busy[0] += time.perf_counter() - start
+
+    def finished(p: int, group: Completions) -> None:
+        futures[p] = pool.submit(score, p, group)
+
+    t0 = time.perf_counter()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpolab-scoring")
+    try:
+        completions = sampler.sample(prompts, num_generations=group_size, generator=generator, on_group=finished)
+        t1 = time.perf_counter()
+        scores = merge_scores([futures[p].result() for p in range(len(prompts))])
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    seconds["sys/time_generation_s"] += t1 - t0
+    seconds["sys/time_scoring_s"] += busy[0]
+    seconds["sys/time_scoring_wait_s"] = seconds.get("sys/time_scoring_wait_s", 0.0) + time.perf_counter() - t1
+    return completions, scores
 
 
 def _concat(parts: list[StepGroups]) -> StepGroups:

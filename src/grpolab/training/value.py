@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from grpolab.config import Config
-from grpolab.models.loading import ModelLoadError, autocast_context
+from grpolab.models.loading import ModelLoadError, attention_kwargs, autocast_context
 from grpolab.models.sources import local_source
 from grpolab.training.logprobs import build_inputs
 
@@ -78,6 +78,7 @@ def load_value_model(cfg: Config, device: torch.device) -> ValueModel:
     """The value model for cfg.algo.value_init, on ``device``, trainable."""
     m, a = cfg.model, cfg.algo
     kwargs = {"revision": m.revision, "dtype": getattr(torch, m.dtype), "trust_remote_code": m.trust_remote_code}
+    kwargs |= attention_kwargs(m)
     if a.value_init == "reward_model":
         model = _from_reward_model(a.value_init_path, kwargs)
     else:  # a GGUF source (a file, package:...) is read from its converted folder, as the policy is

@@ -124,7 +124,7 @@ SCRIPT_FIELDS: dict[str, TrlField] = worded({
     "model_name_or_path": named(_script_key("model.name_or_path")),
     "model_revision": TrlField("mapped", "model.revision", _script_key("model.revision", "main")),
     "dtype": TrlField("mapped", "model.dtype", _model_dtype),
-    "attn_implementation": TrlField("not_applicable", "grpolab uses the model's default attention"),
+    "attn_implementation": TrlField("mapped", "model.attn_implementation", _script_key("model.attn_implementation")),
     "use_peft": TrlField("mapped", "model.lora.*", _lora),
     "lora_r": TrlField("mapped", "read with use_peft", lambda v, t: {}),
     "lora_alpha": TrlField("mapped", "read with use_peft", lambda v, t: {}),

@@ -285,7 +285,7 @@ def precision(v: Any, t: TrlView) -> dict[str, Any]:
     return {"model.autocast": "bf16" if bf16 else "none"}
 
 
-_INIT_KWARGS_NA = {"attn_implementation", "use_cache", "low_cpu_mem_usage", "trust_remote_code"}
+_INIT_KWARGS_NA = {"use_cache", "low_cpu_mem_usage", "trust_remote_code"}
 
 
 def init_kwargs(v: Any, t: TrlView) -> dict[str, Any]:
@@ -298,6 +298,9 @@ def init_kwargs(v: Any, t: TrlView) -> dict[str, Any]:
     out: dict[str, Any] = {"model.dtype": dtype}
     if "revision" in kwargs:
         out["model.revision"] = kwargs.pop("revision")
+    if kwargs.get("attn_implementation"):
+        out["model.attn_implementation"] = kwargs.pop("attn_implementation")
+    kwargs.pop("attn_implementation", None)
     other = sorted(k for k in kwargs if k not in _INIT_KWARGS_NA)
     if other:
         raise Refused(f"model_init_kwargs {other} have no grpolab equivalent (device_map, quantization, ...)")

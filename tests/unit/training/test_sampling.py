@@ -147,3 +147,61 @@ def test_two_ranks_sample_the_same_rounds_and_train_on_equal_batches(tmp_path):
     kept = [int(r["train/groups_kept"]) for r in one_round]
     assert one_round[0]["calls"] == one_round[1]["calls"] == 1
     assert kept[0] != kept[1] and [len(r["rows"]) for r in one_round] == [min(kept)] * 2
+
+
+class StreamingSampler(ScriptedSampler):
+    """Hands each prompt's group out as it is "done", as the server sampler does; it generates prompt p + 1's
+    group only once prompt p's has been scored (or 5 s passed), so scoring that waits for the whole batch
+    shows as a 5 s stall per group, and scoring that overlaps does not."""
+
+    streams_groups = True
+
+    def __init__(self, scored):
+        super().__init__()
+        self.scored = scored
+        self.overlapped = []
+
+    def sample(self, prompt_ids, *, num_generations, generator, on_group):
+        out = super().sample(prompt_ids, num_generations=num_generations, generator=generator)
+        for p in range(len(prompt_ids)):
+            rows = list(range(p * num_generations, (p + 1) * num_generations))
+            on_group(p, out.select(rows))
+            self.overlapped.append(self.scored[p].wait(timeout=5.0))
+        return out
+
+
+def test_a_streaming_sampler_has_each_group_scored_while_the_next_generates():
+    import threading
+
+    from grpolab.rewards.base import WeightedReward
+
+    scored = [threading.Event() for _ in range(6)]
+    seen = []
+
+    class Recording:
+        name = "exact_match"
+        in_process = True  # it records in this process (a bounded reward otherwise runs in a worker process)
+
+        def __call__(self, completions, examples):
+            values = REWARDS[0].reward(completions, examples)
+            k = int(examples[0].answer)
+            seen.append((k, threading.current_thread().name, len(completions)))
+            scored[len(seen) - 1].set()
+            return values
+
+    rewards = [WeightedReward(reward=Recording())]
+    cfg = load_config(None, ["train.prompts_per_step=6", f"rollout.num_generations={G}"])
+    data = PromptOrder(len(EXAMPLES), seed=0, shuffle=True)
+    sampler = StreamingSampler(scored)
+    step = sample_step(
+        cfg, sampler=sampler, rewards=rewards, data=data, examples=EXAMPLES, prompt_ids=PROMPT_IDS,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    assert sampler.overlapped == [True] * 6  # each group scored before the next was generated
+    assert [n for _, _, n in seen] == [G] * 6  # a call per group
+    assert threading.main_thread().name not in {name for _, name, _ in seen}
+    assert [k for k, _, _ in seen] == [int(EXAMPLES[r].answer) for r in step.rows]  # in the step's order
+    # the same rewards as the batch scored at once (ScriptedSampler gives prompt k k % 3 right answers)
+    want = torch.tensor([[1.0 if j < r % 3 else 0.0 for j in range(G)] for r in step.rows])
+    assert torch.equal(step.rewards, want)
+    assert step.metrics["sys/time_scoring_wait_s"] >= 0
