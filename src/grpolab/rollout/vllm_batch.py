@@ -18,11 +18,18 @@ A server grpolab starts carries two vLLM plugins of grpolab's (vLLM's own extens
 
 ``GET /grpolab/info`` tells a client the route is there; a server without it (a plain ``vllm serve``) is
 sampled with a seed per request instead (rollout/vllm_client.py).
+
+With an API key (``VLLM_API_KEY``, set by ``rollout.api_key_env``), the plugin also guards every route but
+/health with it (``KeyGuard``): vLLM's own key check covers only /v1, /v2, /inference and /cohere, which
+leaves the RL endpoints (/pause, /update_weights, /collective_rpc, ...) and this route open to anyone who
+reaches the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 import uuid
 
 ROUTE = "/grpolab/generate"
@@ -78,6 +85,9 @@ class BatchEndpoint:
         router.add_api_route(INFO_ROUTE, info, methods=["GET"])
         router.add_api_route(ROUTE, generate, methods=["POST"])
         app.include_router(router)
+        key = os.environ.get("VLLM_API_KEY")
+        if key:
+            app.add_middleware(KeyGuard, key=key)
 
     async def init_state(self, engine_client, state, args) -> None:
         self.engine = engine_client
@@ -137,6 +147,25 @@ class BatchEndpoint:
             yield json.dumps({"done": len(prompts)}) + "\n"
         except Exception as err:  # noqa: BLE001 - the client turns this into one line
             yield json.dumps({"error": f"{type(err).__name__}: {err}"}) + "\n"
+
+
+class KeyGuard:
+    """ASGI middleware: every HTTP request but /health needs ``Authorization: Bearer <key>`` (401 otherwise)."""
+
+    OPEN = ("/health",)
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].removeprefix(scope.get("root_path", "")) not in self.OPEN:
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": b'{"error": "Unauthorized"}'})
+                return
+        await self.app(scope, receive, send)
 
 
 async def _finished(queue) -> list[dict]:
