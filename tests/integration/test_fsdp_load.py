@@ -1,8 +1,8 @@
 """FSDP2 loading without the unsharded model on every rank (gloo, 2 ranks): rank 0 reads the weights into
 host memory, rank 1 builds the model on the meta device (no storage, no file read), both shard, and the
-shards are filled from rank 0's broadcast. The policy's and the frozen reference's shards, the buffers
-(rotary frequencies, not in the state dict) and the log-probs equal those of the plain load, where every
-rank reads the whole model onto its device first."""
+shards are filled from rank 0's broadcast. The policy's, the frozen reference's and PPO's critic's shards,
+the buffers (rotary frequencies, not in the state dict) and the log-probs equal those of the plain load,
+where every rank reads the whole model onto its device first."""
 
 from __future__ import annotations
 
@@ -59,7 +59,24 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
         mask = torch.ones_like(ids, dtype=torch.bool)
         with torch.no_grad():
             lp = [completion_logprobs(m, prompts, ids, mask, pad_id=0)[0] for m in (plain_policy, policy, plain_ref, ref)]
+        states["critic"] = _critics(model_dir)
         torch.save({**states, "meta": was_meta, "logprobs": lp}, f"{out}.{rank}")
+
+
+def _critics(model_dir: str) -> tuple[dict, dict]:
+    """PPO's critic built by Critic.from_config under FSDP2 (rank 0 on the host, rank 1 on meta, then the
+    broadcast), and the plain load of it (every rank reads it, then shards)."""
+    from grpolab.config import load_config
+    from grpolab.distributed import parallel
+    from grpolab.training.batch import LogprobContext
+    from grpolab.training.ppo import Critic
+    from grpolab.training.value import load_value_model
+
+    cfg = load_config(None, [f"model.name_or_path={model_dir}", "model.device=cpu", "model.dtype=bfloat16",
+                             "algo.name=ppo", "train.parallel=fsdp"])  # fmt: skip
+    cpu = torch.device("cpu")
+    critic = Critic.from_config(cfg, cpu, LogprobContext(0, 1.0, None, 8, None))
+    return _state(parallel.wrap(load_value_model(cfg, cpu), "fsdp", cpu)), _state(critic.model)
 
 
 def test_rank0_broadcast_load_equals_every_rank_loading(tiny_model_dir, tmp_path):
@@ -68,7 +85,7 @@ def test_rank0_broadcast_load_equals_every_rank_loading(tiny_model_dir, tmp_path
     for rank in (0, 1):
         r = torch.load(f"{out}.{rank}", weights_only=False)
         assert r["meta"] is (rank == 1)  # rank 1 never held a weight before its shards
-        for want, got in zip(r["want"], r["got"], strict=True):
+        for want, got in zip([*r["want"], r["critic"][0]], [*r["got"], r["critic"][1]], strict=True):
             assert want.keys() == got.keys()
             for k, v in want.items():
                 assert got[k].dtype == v.dtype and torch.equal(got[k], v), (rank, k)

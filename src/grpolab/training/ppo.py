@@ -113,7 +113,14 @@ class Critic:
     @classmethod
     def from_config(cls, cfg: Config, device: torch.device, ctx: LogprobContext) -> Critic:
         mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
-        return cls(parallel.wrap(load_value_model(cfg, device), mode, device), cfg, ctx)
+        if not parallel.loads_on_rank0(mode, lora=False):  # the critic trains fully, whatever the policy's LoRA
+            return cls(parallel.wrap(load_value_model(cfg, device), mode, device), cfg, ctx)
+        # FSDP2: no GPU holds the whole critic (rank 0 on the host, the others on meta, then broadcast)
+        plain = load_value_model(cfg, device, placement="host" if dist.is_main() else "meta")
+        full = plain.state_dict() if dist.is_main() else {}
+        model = parallel.wrap(plain, mode, device)
+        parallel.materialize_from_rank0(model, full, device)
+        return cls(model, cfg, ctx)
 
     def warming_up(self, step: int) -> bool:
         """True while only the critic trains (steps 1 .. algo.critic_warmup_steps)."""

@@ -74,18 +74,39 @@ def token_values(
     return nn.functional.pad(values, (0, t_full - t)) if t < t_full else values
 
 
-def load_value_model(cfg: Config, device: torch.device) -> ValueModel:
-    """The value model for cfg.algo.value_init, on ``device``, trainable."""
+def load_value_model(cfg: Config, device: torch.device, *, placement: str = "device") -> ValueModel:
+    """The value model for cfg.algo.value_init, trainable. ``placement``: "device" loads it onto ``device``;
+    under FSDP2 rank 0 loads it into host memory ("host") and the other ranks build it on the meta device
+    ("meta": shapes only, no file read), and ``Critic.from_config`` broadcasts rank 0's weights into the
+    shards, as the policy loads (distributed/parallel.py, loads_on_rank0)."""
     m, a = cfg.model, cfg.algo
     kwargs = {"revision": m.revision, "dtype": getattr(torch, m.dtype), "trust_remote_code": m.trust_remote_code}
     kwargs |= attention_kwargs(m)
-    if a.value_init == "reward_model":
-        model = _from_reward_model(a.value_init_path, kwargs)
+    source = a.value_init_path if a.value_init == "reward_model" else _base_checkpoint(local_source(m.name_or_path))
+    if placement == "meta":
+        model = _on_meta(source, kwargs, reward_model=a.value_init == "reward_model")
+    elif a.value_init == "reward_model":
+        model = _from_reward_model(source, kwargs)
     else:  # a GGUF source (a file, package:...) is read from its converted folder, as the policy is
-        model = _from_policy_checkpoint(_base_checkpoint(local_source(m.name_or_path)), kwargs)
+        model = _from_policy_checkpoint(source, kwargs)
     if m.checkpointing_on(device.type):
         model.body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.to(device).train()
+    return (model.to(device) if placement == "device" else model).train()
+
+
+def _on_meta(source: str | None, kwargs: dict, *, reward_model: bool) -> ValueModel:
+    """The value model's shapes and dtypes on the meta device, from its config alone."""
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+
+    build = {k: v for k, v in kwargs.items() if k != "revision"}
+    config = AutoConfig.from_pretrained(source, revision=kwargs["revision"], trust_remote_code=kwargs["trust_remote_code"])
+    with torch.device("meta"):
+        if reward_model:
+            config.num_labels = 1
+            rm = AutoModelForSequenceClassification.from_config(config, **build)
+            return ValueModel(rm.base_model, nn.Linear(config.get_text_config().hidden_size, 1, dtype=kwargs["dtype"]))
+        body = AutoModel.from_config(config, **build)
+        return ValueModel(body, nn.Linear(config.get_text_config().hidden_size, 1, dtype=_param_dtype(body)))
 
 
 def _base_checkpoint(source: str) -> str:
