@@ -50,8 +50,7 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     cfg = ModelConfig(name_or_path=model_dir, device="cpu", dtype="bfloat16")
     with dist.session("cpu", timeout_s=120.0):
-        assert parallel.loads_on_rank0("fsdp", lora=False) and not parallel.loads_on_rank0("ddp", lora=False)
-        assert not parallel.loads_on_rank0("fsdp", lora=True)
+        assert parallel.loads_on_rank0("fsdp") and not parallel.loads_on_rank0("ddp")
         plain_policy, plain_ref, _ = _build(cfg, "device")
         policy, ref, was_meta = _build(cfg, "host" if rank == 0 else "meta")
         states = {"want": (_state(plain_policy), _state(plain_ref)), "got": (_state(policy), _state(ref))}
@@ -60,7 +59,31 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
         with torch.no_grad():
             lp = [completion_logprobs(m, prompts, ids, mask, pad_id=0)[0] for m in (plain_policy, policy, plain_ref, ref)]
         states["critic"] = _critics(model_dir)
+        states["lora"] = _lora_policies(model_dir, rank)
         torch.save({**states, "meta": was_meta, "logprobs": lp}, f"{out}.{rank}")
+
+
+def _lora_policies(model_dir: str, rank: int) -> tuple[dict, dict]:
+    """A LoRA policy (PEFT wrapped around the meta model on rank 1) from rank 0's broadcast, and the plain
+    load of it with rank 0's adapter initialisation given to every rank."""
+    from grpolab.config import LoraConfig, ModelConfig
+    from grpolab.distributed import dist, parallel
+    from grpolab.models.loading import load_policy
+
+    cfg = ModelConfig(name_or_path=model_dir, device="cpu", lora=LoraConfig(enabled=True, r=4))
+    torch.manual_seed(rank)  # each rank's own adapter initialisation: only the broadcast makes them agree
+    model, _ = load_policy(cfg, placement="host" if rank == 0 else "meta")
+    full = model.state_dict() if rank == 0 else {}
+    adapter = {k: v.clone() for k, v in full.items() if "lora_" in k}  # rank 0's first draw
+    was_meta = all(p.is_meta for p in model.parameters())
+    assert was_meta is (rank == 1)
+    policy = parallel.wrap(model, "fsdp", torch.device("cpu"))
+    parallel.materialize_from_rank0(policy, full, torch.device("cpu"))
+    plain, _ = load_policy(cfg)
+    rank0 = dist.broadcast_object(adapter)
+    plain.load_state_dict(rank0, strict=False)
+    assert sum(p.requires_grad for p in policy.parameters()) == sum(p.requires_grad for p in plain.parameters()) > 0
+    return _state(parallel.wrap(plain, "fsdp", torch.device("cpu"))), _state(policy)
 
 
 def _critics(model_dir: str) -> tuple[dict, dict]:
@@ -85,7 +108,7 @@ def test_rank0_broadcast_load_equals_every_rank_loading(tiny_model_dir, tmp_path
     for rank in (0, 1):
         r = torch.load(f"{out}.{rank}", weights_only=False)
         assert r["meta"] is (rank == 1)  # rank 1 never held a weight before its shards
-        for want, got in zip([*r["want"], r["critic"][0]], [*r["got"], r["critic"][1]], strict=True):
+        for want, got in zip([*r["want"], r["critic"][0], r["lora"][0]], [*r["got"], r["critic"][1], r["lora"][1]], strict=True):
             assert want.keys() == got.keys()
             for k, v in want.items():
                 assert got[k].dtype == v.dtype and torch.equal(got[k], v), (rank, k)

@@ -72,12 +72,13 @@ def shard_fsdp(model: nn.Module, *, compute_dtype: torch.dtype | None = None) ->
     return model
 
 
-def loads_on_rank0(mode: str, lora: bool) -> bool:
-    """FSDP2, full fine-tuning: rank 0 reads the weights into host memory, the others build the model on
-    the meta device; ``materialize_from_rank0`` fills the shards after ``fully_shard``, which moves each
-    layer's shard to the GPU (and casts it to fp32 on the host first, in shard_fsdp): no GPU holds the
-    unsharded model, in bf16 or fp32. (LoRA keeps the plain load: PEFT wraps a loaded model.)"""
-    return mode == "fsdp" and not lora
+def loads_on_rank0(mode: str) -> bool:
+    """FSDP2: rank 0 reads the weights into host memory, the others build the model on the meta device
+    (with LoRA, PEFT wraps the meta model: its adapter too has shapes only); ``materialize_from_rank0``
+    fills the shards after ``fully_shard``, which moves each layer's shard to the GPU (and casts it to fp32
+    on the host first, in shard_fsdp): no GPU holds the unsharded model, in bf16 or fp32. Rank 0's LoRA
+    initialisation is the one every rank gets."""
+    return mode == "fsdp"
 
 
 def materialize_from_rank0(model: nn.Module, full_state: dict, device: torch.device) -> None:

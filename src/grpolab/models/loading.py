@@ -137,6 +137,8 @@ def load_policy(cfg: ModelConfig, *, placement: str = "device") -> tuple[PreTrai
     elif placement == "meta":
         model = _on_meta(cfg, source)
         install_chunked_head(model)
+        if cfg.lora.enabled:  # PEFT wraps a meta model as it does a loaded one: the adapter's shapes, no values
+            model = _wrap_lora(cfg, model)
     else:
         model = _from_pretrained(cfg, source).to(device if placement == "device" else torch.device("cpu"))
         install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)

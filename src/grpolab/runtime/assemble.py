@@ -171,7 +171,7 @@ def assemble(
 
 def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) -> Run:
     """The models, then the parts of a step, at step 0 (``_start`` restores a checkpoint into them)."""
-    from_rank0 = parallel.loads_on_rank0(mode, cfg.model.lora.enabled)  # FSDP2: no GPU holds the whole model
+    from_rank0 = parallel.loads_on_rank0(mode)  # FSDP2: no GPU holds the whole model
     plain, tok = load_model(cfg.model, placement=("host" if dist.is_main() else "meta") if from_rank0 else "device")
     device = resolve_device(cfg.model)
     amp = resolve_autocast(cfg.model, device)

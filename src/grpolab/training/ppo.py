@@ -113,7 +113,7 @@ class Critic:
     @classmethod
     def from_config(cls, cfg: Config, device: torch.device, ctx: LogprobContext) -> Critic:
         mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
-        if not parallel.loads_on_rank0(mode, lora=False):  # the critic trains fully, whatever the policy's LoRA
+        if not parallel.loads_on_rank0(mode):
             return cls(parallel.wrap(load_value_model(cfg, device), mode, device), cfg, ctx)
         # FSDP2: no GPU holds the whole critic (rank 0 on the host, the others on meta, then broadcast)
         plain = load_value_model(cfg, device, placement="host" if dist.is_main() else "meta")
