@@ -140,6 +140,10 @@ def test_samples_carry_the_engine_logprobs_and_the_version(server, model_dir, ba
     assert sampler.last_sync_bytes == sum(p.numel() * 4 for p in policy.parameters()) + policy.lm_head.weight.numel() * 4 * (
         policy.config.tie_word_embeddings
     )
+    if batched:  # a prompt the engine refuses (longer than max_model_len=256) is one line, and the rest go too
+        with pytest.raises(RolloutServerError, match=r"failed at /grpolab/generate: .*256"):
+            sampler.sample([prompts[0], [5] * 300], num_generations=4, generator=torch.Generator().manual_seed(0))
+        assert sampler.sample(prompts, num_generations=4).num_sequences == 8  # the server samples on
     client.call("POST", "/update_weight_version", {"new_version": "other"})  # as a restart or another trainer would
     with pytest.raises(RolloutServerError, match="serves weight version 'other', the trainer sent 1"):
         sampler.sample(prompts, num_generations=4)

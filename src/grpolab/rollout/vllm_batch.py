@@ -122,13 +122,16 @@ class BatchEndpoint:
             tag = uuid.uuid4().hex[:12]
             async with self.lock:
                 await self.engine.pause_generation(mode="wait", clear_cache=True)
+                queues = []
                 try:
                     if seed is not None:
                         await self.engine.collective_rpc("grpolab_seed", args=(int(seed),))
-                    queues = [
-                        await self.engine.add_request(f"grpolab-{tag}-{i}", p, params, lora_request=lora)
-                        for i, p in enumerate(prompts)
-                    ]
+                    for i, p in enumerate(prompts):
+                        queues.append(await self.engine.add_request(f"grpolab-{tag}-{i}", p, params, lora_request=lora))
+                except BaseException:  # a prompt refused (too long, ...): the ones added before it go too
+                    if queues:
+                        await self.engine.abort([q.request_id for q in queues], internal=True)
+                    raise
                 finally:
                     await self.engine.resume_generation()
                 tasks = {asyncio.ensure_future(_finished(q)): i for i, q in enumerate(queues)}
