@@ -73,14 +73,19 @@ def plugin_path(folder: Path) -> Path:
 
 
 def allowed_plugins() -> str:
-    """``VLLM_PLUGINS`` for the server: vLLM loads an endpoint plugin only when this names it, and then loads
-    only the general plugins it names too, so it names every general plugin installed, grpolab's, and the
-    batch route (rollout/vllm_batch.py); a list the user set is kept, with grpolab's added."""
+    """``VLLM_PLUGINS`` for the server. vLLM loads an endpoint plugin only when this names it, and then loads
+    only the plugins it names in every other group too (general, platform, stat-logger, ...), so it names
+    every vLLM plugin installed outside the endpoint group (an out-of-tree platform keeps working), grpolab's,
+    and the batch route (rollout/vllm_batch.py); a list the user set is kept, with grpolab's added."""
     from importlib.metadata import entry_points
 
     names = os.environ.get("VLLM_PLUGINS")
-    names = names.split(",") if names is not None else [e.name for e in entry_points(group="vllm.general_plugins")]
-    return ",".join(dict.fromkeys([*names, vllm_shm.BACKEND, vllm_batch.PLUGIN]))
+    if names is not None:
+        found = names.split(",")
+    else:
+        groups = [g for g in entry_points().groups if g.startswith("vllm.") and g != "vllm.endpoint_plugins"]
+        found = [e.name for g in sorted(groups) for e in entry_points(group=g)]
+    return ",".join(dict.fromkeys([*found, vllm_shm.BACKEND, vllm_batch.PLUGIN]))
 
 
 class VLLMServer:
