@@ -297,16 +297,19 @@ def test_a_forced_lag_of_1_changes_the_loss_as_the_hand_computed_correction(serv
 def test_dynamic_sampling_in_server_mode(server, model_dir, addition_jsonl, tmp_path, monkeypatch, k):
     """DAPO's rounds in server mode (at k = 1 in the background thread): every round of a step is drawn with
     the step's one weight version, samples_seen counts the extra rounds (not the steps drawn ahead), and
-    each group is scored on its own as it comes back from the server, in the scoring thread (at k = 1 that
-    of the background sampler, overlapping training)."""
+    the groups are scored as they come back from the server, in the scoring thread (at k = 1 beside the
+    background sampler, overlapping training)."""
     import threading
 
     from grpolab.training import sampling
 
     scored_in: list[str] = []
 
+    sizes: list[int] = []
+
     def recording(*args, **kwargs):
         scored_in.append(threading.current_thread().name)
+        sizes.append(len(args[1]))  # the completions of the call: one group, or the groups back together
         return score_batch(*args, **kwargs)
 
     score_batch = sampling.score_batch
@@ -327,7 +330,8 @@ def test_dynamic_sampling_in_server_mode(server, model_dir, addition_jsonl, tmp_
         assert r["rollout/staleness_max"] == min(k, r["step"] - 1)  # one version for all the step's rounds
         assert r["rollout/weight_version_min"] == r["rollout/weight_version_max"] == max(r["step"] - 1 - k, 0)
     assert sum(r["train/sampling_rounds"] for r in rows) > 3  # the flat groups cost extra rounds
-    assert len(scored_in) == 2 * sum(r["train/sampling_rounds"] for r in rows)  # 2 groups a round, one call each
+    rounds = sum(r["train/sampling_rounds"] for r in rows)
+    assert sum(sizes) == 2 * 4 * rounds and set(sizes) <= {4, 8}  # every group once; groups back together together
     assert all(name.startswith("grpolab-scoring") for name in scored_in)
     assert all(r["sys/time_scoring_wait_s"] >= 0 for r in rows)
 

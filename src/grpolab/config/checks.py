@@ -256,10 +256,12 @@ def check_attention_runtime(model_cfg, device_type: str) -> None:
         return
     if device_type != "cuda":
         raise ConfigError(f"model.attn_implementation={name} runs on CUDA only and this run is on {device_type}: use sdpa")
-    if importlib.util.find_spec(package) is None:
+    # without the package transformers falls back to the kernels hub's build when `kernels` is installed
+    if importlib.util.find_spec(package) is None and importlib.util.find_spec("kernels") is None:
         raise ConfigError(
-            f"model.attn_implementation={name} needs the {package} package, which is not installed: "
-            f"pip install {'flash-attn' if package == 'flash_attn' else 'flash-attn-3'} --no-build-isolation, or use sdpa"
+            f"model.attn_implementation={name} needs the {package} package (or `kernels`, whose hub build "
+            f"transformers then uses), and neither is installed: pip install "
+            f"{'flash-attn' if package == 'flash_attn' else 'flash-attn-3'} --no-build-isolation, or use sdpa"
         )
 
 

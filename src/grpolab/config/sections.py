@@ -219,7 +219,8 @@ class RewardConfig:
     functions: tuple[RewardSpec, ...] = ()
     """Rewards summed with their weights; each component is logged as rewards/<name>/mean."""
     timeout_s: float = 60.0
-    """Per-call time limit for a reward on one batch."""
+    """Per-call time limit for a reward on one batch (server mode: on the groups scored together as they
+    finish, docs/server_mode.md)."""
     dry_run_examples: int = 4
     """Examples each reward is tried on before training starts (0 = skip)."""
     process: ProcessRewardSpec | None = None

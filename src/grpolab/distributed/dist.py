@@ -81,7 +81,8 @@ def session(device_type: str, *, timeout_s: float = 600.0, bind_device: bool = T
     ``timeout_s`` bounds every collective, so a rank that never arrives cannot hang the others forever
     (train.dist_timeout_s).
     """
-    global _WORLD
+    global _WORLD, _TIMEOUT_S
+    _TIMEOUT_S = timeout_s  # a side group (side_group) is bounded alike
     size = int(os.environ.get("WORLD_SIZE", "1"))
     launched = size > 1 or "TORCHELASTIC_RUN_ID" in os.environ  # torchrun, even with one process (FSDP)
     started = False
@@ -101,6 +102,9 @@ def session(device_type: str, *, timeout_s: float = 600.0, bind_device: bool = T
             tdist.destroy_process_group()
 
 
+_TIMEOUT_S = 600.0
+"""The session's collective timeout (train.dist_timeout_s), for the groups made later."""
+
 _THREAD = threading.local()
 """``group``: the process group this thread's collectives use (None: the default one)."""
 
@@ -116,7 +120,9 @@ def side_group():
     pair up across ranks in whatever order they came. Made by every rank's main thread, in the same order
     (``new_group`` is collective); None in a single process. The thread enters ``on_group`` with it;
     ``destroy_group`` ends it once the thread is done."""
-    return tdist.new_group(backend="gloo") if _active() else None
+    if not _active():
+        return None
+    return tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=_TIMEOUT_S))
 
 
 @contextlib.contextmanager

@@ -186,12 +186,14 @@ def _on_meta(cfg: ModelConfig, source: str) -> PreTrainedModel:
     from transformers import AutoConfig
 
     hub = hub_load_kwargs(source, cfg.revision, "model.name_or_path")
-    config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **hub)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=_DTYPES[cfg.dtype], trust_remote_code=cfg.trust_remote_code, **attention_kwargs(cfg)
-        )
-    return model
+    try:
+        config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=cfg.trust_remote_code, **hub)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(
+                config, dtype=_DTYPES[cfg.dtype], trust_remote_code=cfg.trust_remote_code, **attention_kwargs(cfg)
+            )
+    except _UNLOADABLE as err:  # the same line rank 0's load gives (an attention kernel refused, a broken config)
+        raise ModelLoadError(f"could not build a causal LM from '{source}' (model.name_or_path): {err}") from err
 
 
 def attention_kwargs(cfg: ModelConfig) -> dict[str, str]:

@@ -43,7 +43,10 @@ class ServerClient:
             for raw in r:
                 if not raw.strip():
                     continue
-                line = json.loads(raw)
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    raise RolloutServerError(f"the vLLM server at {self.url} sent a line that is not JSON at {path}") from None
                 if "error" in line:
                     raise RolloutServerError(f"the vLLM server at {self.url} failed at {path}: {line['error']}")
                 yield line

@@ -28,6 +28,7 @@ reaches the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import uuid
@@ -38,6 +39,8 @@ PLUGIN = "grpolab_batch"
 """The endpoint plugin's entry-point name (``VLLM_PLUGINS`` must name it)."""
 EXTENSION = "grpolab.rollout.vllm_batch.SeedExtension"
 PROTOCOL = 1
+HEARTBEAT_S = 5.0
+"""Seconds between the ``{"queued": true}`` lines of a batch waiting for another one."""
 
 
 class SeedExtension:
@@ -106,50 +109,74 @@ class BatchEndpoint:
             max_tokens=int(s["max_tokens"]), stop_token_ids=[int(t) for t in s["stop_token_ids"]], logprobs=0,
             detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
         )  # fmt: skip
-        lora = self.models.lora_requests.get(body.get("model")) if self.models is not None else None
+        name, lora = body.get("model"), None
+        if self.models is not None and name and not self.models.is_base_model(name):
+            if name not in self.models.lora_requests:  # never the base weights for an adapter that is not there
+                raise ValueError(f"the model {name!r} is neither the served model nor a loaded LoRA adapter")
+            lora = self.models.lora_requests[name]
         prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in body["prompts"]]
         return params, prompts, lora
 
     async def lines(self, params, prompts: list[dict], lora, seed: int | None):
         """One JSON line per prompt as its n samples finish (``{"prompt": i, "samples": [{token_ids,
         logprobs}, ...]}``), in the order they finish, then ``{"done": n_prompts}``; a failure is an
-        ``{"error": ...}`` line (the status is sent already)."""
+        ``{"error": ...}`` line (the status is sent already). While another batch holds the engine (another
+        trainer rank's), a ``{"queued": true}`` line every ``HEARTBEAT_S``, so the client's wait for a line
+        bounds this batch's own generation, not the queue before it."""
         import json
 
         try:
             if self.engine is None:
                 raise RuntimeError("this server has no engine")
-            tag = uuid.uuid4().hex[:12]
-            async with self.lock:
-                await self.engine.pause_generation(mode="wait", clear_cache=True)
-                queues = []
+            while True:
                 try:
-                    if seed is not None:
-                        await self.engine.collective_rpc("grpolab_seed", args=(int(seed),))
-                    for i, p in enumerate(prompts):
-                        queues.append(await self.engine.add_request(f"grpolab-{tag}-{i}", p, params, lora_request=lora))
-                except BaseException:  # a prompt refused (too long, ...): the ones added before it go too
-                    if queues:
-                        await self.engine.abort([q.request_id for q in queues], internal=True)
-                    raise
-                finally:
-                    await self.engine.resume_generation()
-                tasks = {asyncio.ensure_future(_finished(q)): i for i, q in enumerate(queues)}
-                try:
-                    pending = set(tasks)
-                    while pending:
-                        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                        for task in sorted(done, key=tasks.get):
-                            yield json.dumps({"prompt": tasks[task], "samples": task.result()}) + "\n"
-                finally:  # a client gone mid-batch: its requests stop too
-                    unfinished = [queues[i].request_id for t, i in tasks.items() if not t.done()]
-                    for task in tasks:
-                        task.cancel()
-                    if unfinished:
-                        await self.engine.abort(unfinished, internal=True)
+                    await asyncio.wait_for(self.lock.acquire(), timeout=HEARTBEAT_S)
+                    break
+                except TimeoutError:
+                    yield json.dumps({"queued": True}) + "\n"
+            try:
+                async with contextlib.aclosing(self._run(params, prompts, lora, seed)) as lines:
+                    async for line in lines:  # a client gone closes it here: its requests are aborted first
+                        yield line
+            finally:
+                self.lock.release()
             yield json.dumps({"done": len(prompts)}) + "\n"
         except Exception as err:  # noqa: BLE001 - the client turns this into one line
             yield json.dumps({"error": f"{type(err).__name__}: {err}"}) + "\n"
+
+    async def _run(self, params, prompts: list[dict], lora, seed: int | None):
+        """The batch, holding the lock: paused, seeded, added in order, resumed (whatever fails or is cancelled
+        on the way: a client gone), then each prompt's line as it finishes; a client gone mid-batch (this
+        generator closed) aborts the requests still running."""
+        import json
+
+        tag = uuid.uuid4().hex[:12]
+        queues = []
+        try:
+            await self.engine.pause_generation(mode="wait", clear_cache=True)
+            if seed is not None:
+                await self.engine.collective_rpc("grpolab_seed", args=(int(seed),))
+            for i, p in enumerate(prompts):
+                queues.append(await self.engine.add_request(f"grpolab-{tag}-{i}", p, params, lora_request=lora))
+        except BaseException:  # a prompt refused (too long, ...), or the client gone: the ones added go too
+            if queues:
+                await self.engine.abort([q.request_id for q in queues], internal=True)
+            raise
+        finally:
+            await self.engine.resume_generation()
+        tasks = {asyncio.ensure_future(_finished(q)): i for i, q in enumerate(queues)}
+        try:
+            pending = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(done, key=tasks.get):
+                    yield json.dumps({"prompt": tasks[task], "samples": task.result()}) + "\n"
+        finally:
+            unfinished = [queues[i].request_id for t, i in tasks.items() if not t.done()]
+            for task in tasks:
+                task.cancel()
+            if unfinished:
+                await self.engine.abort(unfinished, internal=True)
 
 
 class KeyGuard:

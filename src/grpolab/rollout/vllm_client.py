@@ -205,10 +205,16 @@ class ServerSampler:
         for line in self.client.stream(vllm_batch.ROUTE, body):
             if "done" in line:
                 break
-            p, samples = int(line["prompt"]), line["samples"]
-            if p in outputs or not 0 <= p < len(prompt_ids) or len(samples) != per_prompt:
+            if "queued" in line:  # another rank's batch holds the engine; the wait for the next line restarts
+                continue
+            try:
+                p, samples = int(line["prompt"]), line["samples"]
+                got = [{"token_ids": c["token_ids"], "logprobs": {"token_logprobs": c["logprobs"]}} for c in samples]
+            except (KeyError, TypeError, ValueError) as err:
+                raise RolloutServerError(f"the vLLM server at {self.client.url} sent a line grpolab cannot read: {err!r}") from None
+            if p in outputs or not 0 <= p < len(prompt_ids) or len(got) != per_prompt:
                 raise RolloutServerError(f"the vLLM server at {self.client.url} returned another batch than asked")
-            outputs[p] = [{"token_ids": c["token_ids"], "logprobs": {"token_logprobs": c["logprobs"]}} for c in samples]
+            outputs[p] = got
             finished(p, outputs[p])
         if len(outputs) != len(prompt_ids):
             raise RolloutServerError(

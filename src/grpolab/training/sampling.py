@@ -25,9 +25,10 @@ FSDP need the same number of forwards and backwards on every rank).
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -175,37 +176,85 @@ def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
 
 
 def _sample_scoring_groups(cfg, sampler, rewards, prompts, examples, generator, seconds) -> tuple[Completions, ScoreResult]:
-    """Sample, scoring each prompt's group (in one scoring thread, in the order they finish) while the rest
-    generate. ``sys/time_scoring_s`` is then the scoring's own time, mostly hidden behind the generation;
+    """Sample, scoring the groups as they finish (``GroupScorer``) while the rest generate.
+    ``sys/time_scoring_s`` is then the scoring's own time, mostly hidden behind the generation;
     ``sys/time_scoring_wait_s`` the part that was not (the wait after the last group came back)."""
-    group_size = cfg.rollout.num_generations
-    futures = {}
-    busy = [0.0]
-
-    def score(p: int, group: Completions) -> ScoreResult:
-        start = time.perf_counter()
-        try:
-            return score_batch(
-                rewards, group.items(), [examples[p]] * group_size, timeout_s=cfg.reward.timeout_s, first_index=p * group_size
-            )
-        finally:
-            busy[0] += time.perf_counter() - start
-
-    def finished(p: int, group: Completions) -> None:
-        futures[p] = pool.submit(score, p, group)
-
     t0 = time.perf_counter()
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpolab-scoring")
+    scorer = GroupScorer(rewards, examples, cfg.rollout.num_generations, cfg.reward.timeout_s)
     try:
-        completions = sampler.sample(prompts, num_generations=group_size, generator=generator, on_group=finished)
-        t1 = time.perf_counter()
-        scores = merge_scores([futures[p].result() for p in range(len(prompts))])
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        completions = sampler.sample(prompts, num_generations=cfg.rollout.num_generations, generator=generator, on_group=scorer.put)
+    except BaseException:
+        scorer.close(abandon=True)
+        raise
+    t1 = time.perf_counter()
+    scores = scorer.close()
     seconds["sys/time_generation_s"] += t1 - t0
-    seconds["sys/time_scoring_s"] += busy[0]
+    seconds["sys/time_scoring_s"] += scorer.busy
     seconds["sys/time_scoring_wait_s"] = seconds.get("sys/time_scoring_wait_s", 0.0) + time.perf_counter() - t1
     return completions, scores
+
+
+class GroupScorer:
+    """One thread that scores the groups handed to it (``put(p, group)``, in the order they finish): each
+    turn, every group waiting is scored in one ``score_batch`` call, so a reward that batches (a reward
+    model's forward, a sandbox pool) gets one group while scoring keeps up with the generation and more
+    when it falls behind. ``close`` returns the step's scores in prompt order (a failure is raised there)."""
+
+    def __init__(self, rewards, examples: Sequence[Example], group_size: int, timeout_s: float | None) -> None:
+        self.rewards, self.examples, self.g, self.timeout_s = rewards, examples, group_size, timeout_s
+        self.queue: queue.Queue = queue.Queue()
+        self.results: dict[int, ScoreResult] = {}
+        self.calls: list[list[int]] = []
+        """The prompts of each score_batch call, in call order."""
+        self.busy = 0.0
+        self.error: BaseException | None = None
+        self.abandoned = False
+        self.thread = threading.Thread(target=self._work, name="grpolab-scoring", daemon=True)
+        self.thread.start()
+
+    def put(self, p: int, group: Completions) -> None:
+        self.queue.put((p, group))
+
+    def close(self, *, abandon: bool = False) -> ScoreResult | None:
+        self.abandoned = abandon
+        self.queue.put(None)
+        self.thread.join()
+        if abandon:
+            return None
+        if self.error is not None:
+            raise self.error
+        return merge_scores([self.results[p] for p in sorted(self.results)])
+
+    def _work(self) -> None:
+        done = False
+        while not done:
+            batch = [self.queue.get()]
+            while not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            done = batch[-1] is None  # put by close, after every group
+            batch = sorted((b for b in batch if b is not None), key=lambda b: b[0])
+            if batch and self.error is None and not self.abandoned:
+                try:
+                    self._score(batch)
+                except BaseException as err:  # noqa: BLE001 - raised by close, in the sampling thread
+                    self.error = err
+
+    def _score(self, batch: list[tuple[int, Completions]]) -> None:
+        start = time.perf_counter()
+        items = [c for _, group in batch for c in group.items()]
+        repeated = [self.examples[p] for p, _ in batch for _ in range(self.g)]
+        # first_index names the right row in an error about the first group (the others follow it in order)
+        got = score_batch(self.rewards, items, repeated, timeout_s=self.timeout_s, first_index=batch[0][0] * self.g)
+        self.busy += time.perf_counter() - start
+        self.calls.append([p for p, _ in batch])
+        for j, (p, _) in enumerate(batch):
+            rows = slice(j * self.g, (j + 1) * self.g)
+            self.results[p] = ScoreResult(
+                total=got.total[rows],
+                components={k: v[rows] for k, v in got.components.items()},
+                seconds=got.seconds if j == 0 else {},  # the call's, once: merge_scores sums them
+                counts=got.counts if j == 0 else {},
+            )
 
 
 def _concat(parts: list[StepGroups]) -> StepGroups:

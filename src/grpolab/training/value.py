@@ -99,14 +99,17 @@ def _on_meta(source: str | None, kwargs: dict, *, reward_model: bool) -> ValueMo
     from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
     build = {k: v for k, v in kwargs.items() if k != "revision"}
-    config = AutoConfig.from_pretrained(source, revision=kwargs["revision"], trust_remote_code=kwargs["trust_remote_code"])
-    with torch.device("meta"):
-        if reward_model:
-            config.num_labels = 1
-            rm = AutoModelForSequenceClassification.from_config(config, **build)
-            return ValueModel(rm.base_model, nn.Linear(config.get_text_config().hidden_size, 1, dtype=kwargs["dtype"]))
-        body = AutoModel.from_config(config, **build)
-        return ValueModel(body, nn.Linear(config.get_text_config().hidden_size, 1, dtype=_param_dtype(body)))
+    try:
+        config = AutoConfig.from_pretrained(source, revision=kwargs["revision"], trust_remote_code=kwargs["trust_remote_code"])
+        with torch.device("meta"):
+            if reward_model:
+                config.num_labels = 1
+                rm = AutoModelForSequenceClassification.from_config(config, **build)
+                return ValueModel(rm.base_model, nn.Linear(config.get_text_config().hidden_size, 1, dtype=kwargs["dtype"]))
+            body = AutoModel.from_config(config, **build)
+            return ValueModel(body, nn.Linear(config.get_text_config().hidden_size, 1, dtype=_param_dtype(body)))
+    except (OSError, ValueError, TypeError, KeyError) as err:  # the line rank 0's load gives
+        raise ModelLoadError(f"could not build the value model from '{source}': {err}") from err
 
 
 def _base_checkpoint(source: str) -> str:

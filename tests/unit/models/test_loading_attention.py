@@ -40,9 +40,17 @@ def test_flash_without_its_package_names_the_install(monkeypatch):
 
     cfg = load_config(None, ["model.attn_implementation=flash_attention_2"])
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn" else real(name, *a))
+    missing = {"flash_attn", "kernels"}
+    def find_spec(name, *a):
+        if name in missing:
+            return None
+        return object() if name == "kernels" else real(name, *a)  # kernels "installed" once not missing
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with pytest.raises(ConfigError, match="needs the flash_attn package.*pip install flash-attn"):
         check_attention_runtime(cfg.model, "cuda")
+    missing.discard("kernels")  # transformers then takes the kernels hub's flash attention
+    check_attention_runtime(cfg.model, "cuda")
 
 
 @pytest.mark.parametrize("name", ["eager", "sdpa"])

@@ -1,7 +1,13 @@
-"""rollout/vllm_batch.py's key guard: with an API key every route but /health needs it (vLLM's own check
-covers /v1 and a few others only, not the RL endpoints)."""
+"""rollout/vllm_batch.py: the batch route's sequence against a fake engine (pause, seed, add in order,
+resume; aborts and resumes on every failure; heartbeats while queued), and the key guard: with an API
+key every route but /health needs it (vLLM's own check covers /v1 and a few others only, not the RL
+endpoints)."""
 
 from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,3 +42,122 @@ def test_without_a_key_nothing_is_guarded(monkeypatch):
     app = fastapi.FastAPI()
     BatchEndpoint().attach_router(app)
     assert TestClient(app).get("/grpolab/info").json() == {"protocol": 1}
+
+
+class FakeQueue:
+    def __init__(self, request_id: str, done: asyncio.Event, tokens: list[int]):
+        self.request_id, self.done, self.tokens = request_id, done, tokens
+
+    def get_nowait(self):
+        return None
+
+    async def get(self):
+        await self.done.wait()
+        sample = SimpleNamespace(token_ids=self.tokens, logprobs=[{t: SimpleNamespace(logprob=-0.5)} for t in self.tokens])
+        return SimpleNamespace(finished=True, outputs=[sample, sample])
+
+
+class FakeEngine:
+    """The calls the route makes of vLLM's AsyncLLM, recorded; prompt i finishes when ``finish[i]`` is set."""
+
+    def __init__(self, n: int, refuse: int | None = None, pause_fails: bool = False):
+        self.calls: list[tuple] = []
+        self.finish = [asyncio.Event() for _ in range(n)]
+        self.refuse, self.pause_fails = refuse, pause_fails
+
+    async def pause_generation(self, **kw):
+        self.calls.append(("pause", kw["mode"]))
+        if self.pause_fails:
+            raise asyncio.CancelledError  # the client gone while in-flight requests drain
+
+    async def resume_generation(self):
+        self.calls.append(("resume",))
+
+    async def collective_rpc(self, method, args=()):
+        self.calls.append(("rpc", method, args))
+
+    async def add_request(self, request_id, prompt, params, lora_request=None):
+        i = int(request_id.rsplit("-", 1)[1])
+        if i == self.refuse:
+            raise ValueError("prompt too long")
+        self.calls.append(("add", i))
+        return FakeQueue(f"internal-{i}", self.finish[i], [i, i + 1])
+
+    async def abort(self, ids, internal=False):
+        self.calls.append(("abort", sorted(ids)))
+
+
+def _endpoint(engine) -> BatchEndpoint:
+    end = BatchEndpoint()
+    asyncio.run(end.init_state(engine, SimpleNamespace(), None))
+    end.lock = None  # made in the test's own loop below
+    return end
+
+
+async def _collect(end, engine, n: int, *, finish_order=(), stop_after=None):
+    end.lock = asyncio.Lock()
+    gen = end.lines(None, [{"prompt_token_ids": [i]} for i in range(n)], None, 7)
+    out = []
+
+    async def finisher():
+        for i in finish_order:
+            await asyncio.sleep(0.01)
+            engine.finish[i].set()
+
+    task = asyncio.ensure_future(finisher())
+    async for line in gen:
+        out.append(json.loads(line))
+        if stop_after is not None and len(out) == stop_after:
+            await gen.aclose()  # the client gone mid-batch
+            break
+    task.cancel()
+    return out, end.lock.locked()
+
+
+def test_the_batch_is_paused_seeded_added_in_order_resumed_and_streamed_as_prompts_finish():
+    engine = FakeEngine(3)
+    out, locked = asyncio.run(_collect(_endpoint(engine), engine, 3, finish_order=(2, 0, 1)))
+    assert engine.calls == [("pause", "wait"), ("rpc", "grpolab_seed", (7,)), ("add", 0), ("add", 1), ("add", 2), ("resume",)]
+    assert [line.get("prompt") for line in out] == [2, 0, 1, None] and out[-1] == {"done": 3}
+    assert out[0]["samples"] == [{"token_ids": [2, 3], "logprobs": [-0.5, -0.5]}] * 2 and not locked
+
+
+def test_a_refused_prompt_aborts_the_ones_added_and_resumes():
+    engine = FakeEngine(3, refuse=1)
+    out, locked = asyncio.run(_collect(_endpoint(engine), engine, 3))
+    assert engine.calls[-2:] == [("abort", ["internal-0"]), ("resume",)]
+    assert out == [{"error": "ValueError: prompt too long"}] and not locked
+
+
+def test_a_client_gone_mid_batch_aborts_what_still_runs_and_frees_the_engine():
+    engine = FakeEngine(3)
+    out, locked = asyncio.run(_collect(_endpoint(engine), engine, 3, finish_order=(1,), stop_after=1))
+    assert out[0]["prompt"] == 1
+    assert engine.calls[-1] == ("abort", ["internal-0", "internal-2"]) and not locked
+
+
+def test_a_pause_cut_short_still_resumes_the_engine():
+    engine = FakeEngine(2, pause_fails=True)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(_collect(_endpoint(engine), engine, 2))
+    assert engine.calls == [("pause", "wait"), ("resume",)]
+
+
+def test_a_batch_waiting_for_another_sends_heartbeats(monkeypatch):
+    import grpolab.rollout.vllm_batch as vb
+
+    monkeypatch.setattr(vb, "HEARTBEAT_S", 0.05)
+    engine = FakeEngine(1)
+    end = _endpoint(engine)
+
+    async def run():
+        end.lock = asyncio.Lock()
+        await end.lock.acquire()  # another rank's batch
+        gen = end.lines(None, [{"prompt_token_ids": [0]}], None, None)
+        first = json.loads(await gen.__anext__())
+        end.lock.release()
+        engine.finish[0].set()
+        return first, [json.loads(line) async for line in gen]
+
+    first, rest = asyncio.run(run())
+    assert first == {"queued": True} and rest[-1] == {"done": 1} and ("rpc", "grpolab_seed", (None,)) not in engine.calls
