@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import secrets
 import uuid
@@ -123,8 +124,6 @@ class BatchEndpoint:
         ``{"error": ...}`` line (the status is sent already). While another batch holds the engine (another
         trainer rank's), a ``{"queued": true}`` line every ``HEARTBEAT_S``, so the client's wait for a line
         bounds this batch's own generation, not the queue before it."""
-        import json
-
         try:
             if self.engine is None:
                 raise RuntimeError("this server has no engine")
@@ -148,8 +147,6 @@ class BatchEndpoint:
         """The batch, holding the lock: paused, seeded, added in order, resumed (whatever fails or is cancelled
         on the way: a client gone), then each prompt's line as it finishes; a client gone mid-batch (this
         generator closed) aborts the requests still running."""
-        import json
-
         tag = uuid.uuid4().hex[:12]
         queues = []
         try:

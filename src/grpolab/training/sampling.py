@@ -187,7 +187,7 @@ def _sample_scoring_groups(cfg, sampler, rewards, prompts, examples, generator, 
         scorer.close(abandon=True)
         raise
     t1 = time.perf_counter()
-    scores = scorer.close()
+    scores = scorer.close(len(prompts))
     seconds["sys/time_generation_s"] += t1 - t0
     seconds["sys/time_scoring_s"] += scorer.busy
     seconds["sys/time_scoring_wait_s"] = seconds.get("sys/time_scoring_wait_s", 0.0) + time.perf_counter() - t1
@@ -204,8 +204,6 @@ class GroupScorer:
         self.rewards, self.examples, self.g, self.timeout_s = rewards, examples, group_size, timeout_s
         self.queue: queue.Queue = queue.Queue()
         self.results: dict[int, ScoreResult] = {}
-        self.calls: list[list[int]] = []
-        """The prompts of each score_batch call, in call order."""
         self.busy = 0.0
         self.error: BaseException | None = None
         self.abandoned = False
@@ -215,7 +213,8 @@ class GroupScorer:
     def put(self, p: int, group: Completions) -> None:
         self.queue.put((p, group))
 
-    def close(self, *, abandon: bool = False) -> ScoreResult | None:
+    def close(self, groups: int = 0, *, abandon: bool = False) -> ScoreResult | None:
+        """The scores of the ``groups`` prompts, in prompt order, once every group handed over is scored."""
         self.abandoned = abandon
         self.queue.put(None)
         self.thread.join()
@@ -223,7 +222,9 @@ class GroupScorer:
             return None
         if self.error is not None:
             raise self.error
-        return merge_scores([self.results[p] for p in sorted(self.results)])
+        if sorted(self.results) != list(range(groups)):
+            raise RuntimeError(f"the sampler handed {len(self.results)} of {groups} groups to be scored")
+        return merge_scores([self.results[p] for p in range(groups)])
 
     def _work(self) -> None:
         done = False
@@ -246,7 +247,6 @@ class GroupScorer:
         # first_index names the right row in an error about the first group (the others follow it in order)
         got = score_batch(self.rewards, items, repeated, timeout_s=self.timeout_s, first_index=batch[0][0] * self.g)
         self.busy += time.perf_counter() - start
-        self.calls.append([p for p, _ in batch])
         for j, (p, _) in enumerate(batch):
             rows = slice(j * self.g, (j + 1) * self.g)
             self.results[p] = ScoreResult(
