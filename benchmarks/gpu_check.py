@@ -22,13 +22,28 @@ attention's own FLOPs left out, so a lower bound), and the peak is the device's 
 measured here at the start (8192^3 on CUDA), not a datasheet's.
 
 Asserts: every logged loss and metric the run logs is finite, and the resumed run's metrics and final
-weights equal the uninterrupted run's (to float tolerance on a CPU; within 1e-3 relative on CUDA,
-whose reductions are not bitwise reproducible).
+weights equal the uninterrupted run's (to float tolerance on a CPU; within 1e-3 relative on CUDA). Every
+run sets ``train.deterministic`` so that both use the same kernels (strict, as TRL's full_determinism:
+should an op on the path have no deterministic CUDA kernel, the run is made again without it, and a note
+under the table names the op). Each run's folders (~25 GB of checkpoints at the 0.5B shape) are removed
+once it is checked. A run that fails or fails an assert
+is a row that says so and the others still run; a run that would end past ``--budget-s`` (450) is
+skipped: one call always ends with the table, then the failures, and exits 1 if there were any.
+
+On the lent H200 (its image: torch 2.11+cu130, transformers 5.17, peft, accelerate; nothing of
+grpolab's installed), from the repository root, with nothing to install or carry:
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=src python3 benchmarks/gpu_check.py --table $OUT/gpu_check.md
+
+grpolab's other dependencies (math-verify, reasoning-gym, datasets, ...) are imported only where used,
+and none is on this path: ``--smoke`` passes under exactly the image's torch 2.11.0, transformers
+5.17.0, tokenizers 0.23.2, safetensors 0.8.0 and accelerate 1.15.0 (torch's CUDA wheel, run on a CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -37,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 QWEN_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
@@ -111,14 +127,15 @@ def overrides(a, model_dir: Path, data: Path, out: Path, name: str, extra: list[
 
 
 def train_and_resume(a, args: list[str], out: Path, name: str) -> None:
-    """The uninterrupted run, then a copy of its folder resumed from the step ``steps - 2`` checkpoint."""
+    """The uninterrupted run, then a copy of its folder resumed from the step ``steps - 2`` checkpoint (the
+    copy leaves out the last checkpoint: at the 0.5B shape each holds ~6 GB of weights and AdamW states)."""
     from grpolab.commands.train import train
     from grpolab.config import load_config
 
     train(load_config(None, args))
     resumed = out / f"{name}_resumed"
-    shutil.copytree(out / name, resumed)
-    shutil.rmtree(resumed / "checkpoints" / f"step_{a.steps}")
+    last = f"step_{a.steps}"
+    shutil.copytree(out / name, resumed, ignore=lambda folder, names: [last] if Path(folder).name == "checkpoints" else [])
     train(load_config(None, [*args, f"log.run_name={name}_resumed"]), resume=True)
 
 
@@ -136,31 +153,41 @@ def final_weights(run_dir: Path, step: int) -> dict:
     if (folder / "dcp").is_dir():
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-        dcp_to_torch_save(folder / "dcp", folder.parent / f"full_{step}.pt")
-        return torch.load(folder.parent / f"full_{step}.pt", weights_only=False)["model"]
+        whole = folder.parent / f"full_{step}.pt"
+        dcp_to_torch_save(folder / "dcp", whole)
+        state = torch.load(whole, weights_only=False)["model"]
+        whole.unlink()
+        return state
     return load_file(str(folder / "model.safetensors"))
 
 
 def check(a, out: Path, name: str, n_params: int, peak: float) -> dict:
-    """The run's table row; raises AssertionError on a non-finite metric or a resume that differs."""
+    """The run's table row, with ``problems``: a non-finite metric, no gradient, or a resume that differs."""
     from grpolab.runtime.logging import read_metrics
 
     rows, again = read_metrics(out / name), read_metrics(out / f"{name}_resumed")
-    assert [r["step"] for r in rows] == [r["step"] for r in again] == list(range(1, a.steps + 1)), name
-    assert max(abs(r["grad_norm"]) for r in rows) > 0, f"{name}: no gradient (all advantages zero): the checks would say nothing"
+    steps = list(range(1, a.steps + 1))
+    if [r["step"] for r in rows] != steps or [r["step"] for r in again] != steps:
+        return {"run": name, "problems": [f"steps logged {[r['step'] for r in rows]} / resumed {[r['step'] for r in again]}"]}
+    problems = []
+    if max(abs(r["grad_norm"]) for r in rows) == 0:
+        problems.append("no gradient (all advantages zero): the checks would say nothing")
     for r in rows:
         bad = [k for k, v in r.items() if v is None or (isinstance(v, float) and not math.isfinite(v))]
         bad = [k for k in bad if not k.startswith(("rewards/", "completions/", "kl"))]  # may be NaN by design
-        assert not bad and math.isfinite(r["loss"]), f"{name} step {r['step']}: not finite: {bad or 'loss'}"
+        if bad or not math.isfinite(r["loss"]):
+            problems.append(f"step {r['step']}: not finite: {bad or 'loss'}")
     rel = 1e-5 if a.device == "cpu" else 1e-3
     for x, y in zip(rows, again, strict=True):
-        for k in x:
-            if k.startswith("sys/") or not isinstance(x[k], float) or not math.isfinite(x[k]):
-                continue
-            assert abs(x[k] - y[k]) <= rel * max(1.0, abs(x[k])), f"{name}: resume differs at step {x['step']} {k}: {x[k]} != {y[k]}"
+        differ = [f"{k}: {x[k]} != {y[k]}" for k in x
+                  if not k.startswith("sys/") and isinstance(x[k], float) and math.isfinite(x[k])
+                  and not abs(x[k] - y.get(k, math.nan)) <= rel * max(1.0, abs(x[k]))]  # fmt: skip
+        if differ:
+            problems.append(f"resume differs at step {x['step']}: " + "; ".join(differ[:4]))
     want, got = final_weights(out / name, a.steps), final_weights(out / f"{name}_resumed", a.steps)
     worst = max(float((want[k].float() - got[k].float()).abs().max()) for k in want)
-    assert worst <= (1e-6 if a.device == "cpu" else 1e-3), f"{name}: resumed weights differ by {worst}"
+    if not worst <= (1e-6 if a.device == "cpu" else 1e-3):
+        problems.append(f"resumed weights differ by {worst}")
     timed = rows[1:] or rows  # the first step warms up
     gen_s = sum(r["sys/time_generation_s"] for r in timed)
     train_s = sum(r["sys/time_training_s"] for r in timed)
@@ -171,7 +198,7 @@ def check(a, out: Path, name: str, n_params: int, peak: float) -> dict:
         "run": name, "gen tok/s": completion / gen_s, "train tok/s": trained / train_s,
         "MFU %": 100 * 6 * n_params * trained / train_s / (peak * 1e12), "loss": rows[-1]["loss"],
         "grad norm": rows[-1]["grad_norm"], "reward": rows[-1]["reward"],
-        "peak MB": rows[-1]["sys/peak_mem_mb"], "mem": mem, "resume max |dw|": worst,
+        "peak MB": rows[-1]["sys/peak_mem_mb"], "mem": mem, "resume max |dw|": worst, "problems": problems,
     }  # fmt: skip
 
 
@@ -181,6 +208,9 @@ def table(rows: list[dict], device: str) -> str:
     head += [f"{p} alloc/res MB" for p in PHASES] if cuda else ["peak RSS MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
+        if "loss" not in r:  # the run failed or was skipped before it logged
+            lines.append("| " + " | ".join([r["run"], *["-"] * (len(head) - 1)]) + " |")
+            continue
         cells = [r["run"], f"{r['gen tok/s']:,.0f}", f"{r['train tok/s']:,.0f}", f"{r['MFU %']:.1f}", f"{r['loss']:.2e}",
                  f"{r['grad norm']:.3f}", f"{r['reward']:.3f}",
                  f"{r['resume max |dw|']:.1e}"]  # fmt: skip
@@ -202,6 +232,9 @@ def parse(argv=None):
     p.add_argument("--micro-batch", type=int, default=None)
     p.add_argument("--only", default="fp32+autocast,bf16,fsdp2,ddp", help="comma-separated runs")
     p.add_argument("--keep", default=None, help="write the runs here and keep them (default: a temporary folder)")
+    p.add_argument("--table", default=None, help="also write the table, its header and any failures to this file")
+    p.add_argument("--budget-s", type=float, default=450.0,
+                   help="start no run that would end past this many seconds, judged by the longest run so far")  # fmt: skip
     for hidden in ("--child", "--model", "--data", "--out", "--extra", "--device"):
         p.add_argument(hidden, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -227,6 +260,8 @@ def main(argv=None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, here)
     a = parse(argv)
+    # train.deterministic's cuBLAS workspace, before the first matmul (the peak below) makes a cuBLAS handle
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if a.child:
         child(a)
         return 0
@@ -238,6 +273,7 @@ def main(argv=None) -> int:
     peak = matmul_peak_tflops(a.device)
     tmp = tempfile.mkdtemp(prefix="gpu_check_") if a.keep is None else a.keep
     out = Path(tmp)
+    failed = ["no run"]
     try:
         model_dir, data = out / "model", out / "data.jsonl"
         n_params = build_model(model_dir, TINY if a.smoke else QWEN_05B)
@@ -245,26 +281,66 @@ def main(argv=None) -> int:
 
         examples = arithmetic_examples(size=256, seed=0, digits=2)
         data.write_text("".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n" for e in examples))
-        rows = []
+        rows, longest = [], 0.0  # the longest run so far: the budget's estimate of the next one
         for name in a.only.split(","):
-            extra, launched = RUNS[name]
             t0 = time.perf_counter()
-            if launched:
-                _torchrun(a, name, model_dir, data, out, extra)
-            else:
-                train_and_resume(a, overrides(a, model_dir, data, out, name, extra), out, name)
-            rows.append(check(a, out, name, n_params, peak))
+            if t0 - t_start + longest > a.budget_s:
+                rows.append({"run": name, "problems": [f"skipped: it would end past --budget-s {a.budget_s:.0f}"]})
+                continue
+            rows.append(run_one(a, name, model_dir, data, out, n_params, peak))
+            longest = max(longest, time.perf_counter() - t0)
             print(f"{name}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
         device = torch.cuda.get_device_name() if a.device == "cuda" else "CPU"
-        print(f"\n{device}, torch {torch.__version__}; {n_params / 1e6:.1f}M parameters; measured bf16 matmul "
-              f"peak {peak:.1f} TFLOP/s; {a.steps} steps of {a.prompts} x {a.generations} completions of up to "
-              f"{a.length} tokens per run; {time.perf_counter() - t_start:.0f} s in all\n")  # fmt: skip
-        print(table(rows, a.device))
-        print("\nall asserts passed: finite loss and metrics; resume == uninterrupted")
+        report = [
+            f"{device}, torch {torch.__version__}; {n_params / 1e6:.1f}M parameters; measured bf16 matmul peak "
+            f"{peak:.1f} TFLOP/s; {a.steps} steps of {a.prompts} x {a.generations} completions of up to {a.length} "
+            f"tokens per run; {time.perf_counter() - t_start:.0f} s in all", "", table(rows, a.device), "",
+        ]  # fmt: skip
+        report += [f"note: {r['run']} {n}" for r in rows for n in r.get("notes", [])]
+        failed = [f"- {r['run']}: {p}" for r in rows for p in r["problems"]]
+        report += ["FAILED:", *failed] if failed else ["all asserts passed: finite loss and metrics; resume == uninterrupted"]
+        print("\n" + "\n".join(report), flush=True)
+        if a.table:
+            Path(a.table).write_text("\n".join(report) + "\n")
     finally:
         if a.keep is None:
             shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return 1 if failed else 0
+
+
+def run_one(a, name: str, model_dir: Path, data: Path, out: Path, n_params: int, peak: float) -> dict:
+    """One run of RUNS and its resume, checked; a run that fails is a row that says so, and the others still
+    run, so that one call always ends with the table."""
+    import torch
+
+    from grpolab.errors import NONDETERMINISTIC_OP
+
+    extra, launched = RUNS[name]
+    notes = []
+    for deterministic in (True, False):  # the same kernels in both runs (resume == uninterrupted) if torch can
+        gc.collect()  # the last in-process run's memory, so that this run's figures are its own
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        torch.use_deterministic_algorithms(False)  # set by an earlier in-process run
+        args = [*extra, f"train.deterministic={str(deterministic).lower()}"]
+        try:
+            if launched:
+                _torchrun(a, name, model_dir, data, out, args)
+            else:
+                train_and_resume(a, overrides(a, model_dir, data, out, name, args), out, name)
+            return {**check(a, out, name, n_params, peak), "notes": notes}
+        except Exception as err:  # the table must still come out
+            traceback.print_exc()
+            text = str(err).strip()
+            if not (deterministic and NONDETERMINISTIC_OP in text):
+                return {"run": name, "notes": notes, "problems": [f"{type(err).__name__}: {text[-1500:]}"]}
+            op = text[: text.index(NONDETERMINISTIC_OP)].split()[-1]  # once more without: its numbers, flagged
+            notes.append(f"ran with train.deterministic=false: {op} has no deterministic kernel here")
+        finally:  # each run writes ~25 GB of checkpoints at the 0.5B shape; the disk holds 64 GB
+            shutil.rmtree(out / name, ignore_errors=True)
+            shutil.rmtree(out / f"{name}_resumed", ignore_errors=True)
+    raise AssertionError("unreachable")
 
 
 def _torchrun(a, name: str, model_dir: Path, data: Path, out: Path, extra: list[str]) -> None:
@@ -274,7 +350,9 @@ def _torchrun(a, name: str, model_dir: Path, data: Path, out: Path, extra: list[
            "--prompts", str(a.prompts), "--generations", str(a.generations), "--length", str(a.length),
            "--micro-batch", str(a.micro_batch)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
-    assert done.returncode == 0, f"torchrun {name} failed:\n{done.stderr[-4000:]}"
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-8000:])
+        raise RuntimeError(f"torchrun {name} exited {done.returncode}: {done.stderr.strip()[-1200:]}")
 
 
 def _free_port() -> int:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from grpolab import __version__
 from grpolab.config import ConfigError, ConfigWarning, load_config
 from grpolab.config.view import SECTIONS, config_view
-from grpolab.errors import GrpolabError, one_line
+from grpolab.errors import NONDETERMINISTIC_OP, GrpolabError, one_line
 
 VERB_MODULES = {
     "train": "grpolab.commands.train",
@@ -197,6 +197,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"grpolab: error: {err.strerror}{where}; free space, fix the permissions or choose another "
             "log.output_dir (a checkpoint already written is intact: checkpoints are written atomically)",
+            file=sys.stderr,
+        )
+        return 2
+    except RuntimeError as err:
+        if NONDETERMINISTIC_OP not in str(err):
+            raise
+        op = str(err).split(NONDETERMINISTIC_OP)[0].strip()
+        print(
+            f"grpolab: error: train.deterministic=true, but {op} has no deterministic kernel on this device; "
+            "set train.deterministic=false (runs then differ in the last bits) or avoid the setting that uses it",
             file=sys.stderr,
         )
         return 2

@@ -29,6 +29,11 @@ class TrainingError(GrpolabError, RuntimeError):
     """Training cannot go on (e.g. too many non-finite losses in a row); the last good checkpoint is kept."""
 
 
+NONDETERMINISTIC_OP = "does not have a deterministic implementation"
+"""In torch's RuntimeError for an op with no deterministic kernel under train.deterministic (the CLI
+turns it into one line naming the op)."""
+
+
 def one_line(err: BaseException) -> str:
     """The message on one line (YAML and tokenizer errors span several)."""
     return " ".join(str(err).split())

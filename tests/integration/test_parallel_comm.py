@@ -1,6 +1,7 @@
 """What the data-parallel wrappers send (gloo, 2 ranks): DDP all-reduces once per optimizer step, not per
 micro-batch (also through update_policy), and its gradients equal the every-micro-batch ones; FSDP2 under bf16 autocast all-gathers
-bf16 (the whole model gathered for sampling is bf16) while its sharded master parameters stay fp32."""
+bf16 (the whole model gathered for sampling is bf16) while its sharded master parameters stay fp32, and
+gathering it for sampling leaves the root unit gathered from its forward to its backward, as FSDP2 sets it."""
 
 from __future__ import annotations
 
@@ -55,12 +56,27 @@ def _worker(rank: int, port: int, out: str) -> None:
         dtype = fsdp_param_dtype("float32", torch.bfloat16)
         sharded = shard_fsdp(copy.deepcopy(model), compute_dtype=dtype)
         stored = {p.dtype for p in sharded.parameters()}
+        root_before = _root_kept_after_forward(sharded)
         with gathered(sharded) as whole:
             sampled = {p.dtype for p in whole.parameters()}
+        root_after = _root_kept_after_forward(sharded)
         step_calls = _update_policy_calls(copy.deepcopy(model), rank)
         if rank == 0:
             torch.save({"every": (every, every_calls), "once": (once, once_calls), "dtypes": (dtype, stored, sampled),
-                        "step": step_calls}, out)  # fmt: skip
+                        "step": step_calls, "root": (root_before, root_after)}, out)  # fmt: skip
+
+
+def _root_kept_after_forward(model) -> bool:
+    """Whether FSDP2's root unit (embeddings, norm, head) stays gathered from its forward to its backward,
+    FSDP2's own choice for the root (it would be gathered again at once for the backward)."""
+    from torch.distributed.tensor import DTensor
+
+    ids = torch.randint(4, 60, (2, 6), generator=torch.Generator().manual_seed(0))
+    loss = model(input_ids=ids).logits.float().logsumexp(-1).mean()
+    kept = not isinstance(model.model.embed_tokens.weight, DTensor)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return kept
 
 
 def _update_policy_calls(model, rank: int) -> int:
@@ -101,6 +117,7 @@ def test_ddp_reduces_once_per_step_and_fsdp_gathers_bf16(tmp_path):
     assert r["step"] == 2 * once_calls  # 2 optimizer steps of 3 micro-batches each: 6 backwards, 2 all-reduces
     dtype, stored, sampled = r["dtypes"]
     assert dtype == torch.bfloat16 and stored == {torch.float32} and sampled == {torch.bfloat16}
+    assert r["root"] == (True, True)  # gathering for sampling leaves the root's no-reshard as FSDP2 set it
     from grpolab.distributed.parallel import fsdp_param_dtype
 
     assert fsdp_param_dtype("float32", None) is None  # full precision stays full precision

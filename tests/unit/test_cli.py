@@ -94,3 +94,27 @@ def test_every_verb_module_imports_and_help_imports_no_torch():
         importlib.import_module(module)
     code = "import sys; from grpolab.cli import build_parser; build_parser(); assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_an_op_without_a_deterministic_kernel_under_train_deterministic_is_one_line(monkeypatch, capsys):
+    """train.deterministic is strict, as TRL's full_determinism: torch raises for an op with no deterministic
+    kernel (put_ here, on a CPU); the command line names the op and the key in one line. Any other
+    RuntimeError keeps its traceback."""
+    import torch
+
+    import grpolab.cli as cli
+
+    def run(args):
+        torch.zeros(4).put_(torch.tensor([0, 0]), torch.tensor([1.0, 2.0]))
+
+    monkeypatch.setattr(cli, "_dispatch", run)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert main(["config"]) == 2
+    finally:
+        torch.use_deterministic_algorithms(False)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("grpolab: error: train.deterministic=true, but put_ has no deterministic kernel") and "\n" not in err
+    monkeypatch.setattr(cli, "_dispatch", lambda args: torch.zeros(2) @ torch.zeros(3))
+    with pytest.raises(RuntimeError, match="size mismatch|shapes cannot be multiplied|inconsistent"):
+        main(["config"])

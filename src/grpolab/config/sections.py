@@ -284,6 +284,12 @@ class TrainConfig:
     """Pack each training micro-batch's rows into one padding-free sequence (position ids restart per row;
     transformers masks across rows; flash-attention takes it as varlen): no compute or activation memory
     on pad tokens. The same log-probs and gradients as the padded forward (grpolab.training.packing)."""
+    deterministic: bool = False
+    """Deterministic kernels: torch.use_deterministic_algorithms (an op with no deterministic version stops
+    the run, naming it), cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG), cuDNN without autotuning,
+    flash-attention's deterministic backward. On CUDA a run and its --resume then give the same numbers, as
+    do two runs of one seed on one GPU kind; some kernels run slower. A CPU run is reproducible without it.
+    TRL's full_determinism."""
     dist_timeout_s: float = 600.0
     """Under torchrun: how long a collective waits for the other ranks before the job fails (the process
     group's timeout). Raise it when one rank's work between collectives (a long rollout, a slow reward,

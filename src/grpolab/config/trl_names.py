@@ -47,6 +47,7 @@ TRL_NAMES: dict[str, str] = {
     "adam_beta1": "optim.betas = [adam_beta1, adam_beta2]",
     "max_grad_norm": "optim.max_grad_norm (0 = off in both)",
     "seed": "seed (top level)",
+    "full_determinism": "train.deterministic (deterministic kernels; not TRL's CUDA_LAUNCH_BLOCKING)",
     "output_dir": "log.output_dir / log.run_name (the run folder)",
     "report_to": "log.report_to (tensorboard, wandb, trackio)",
     "log_completions": "log.samples_every (every logging_steps; 0 = off)",

@@ -157,7 +157,9 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
 
 @contextlib.contextmanager
 def gathered(model: nn.Module) -> Iterator[nn.Module]:
-    """The plain module to sample from: DDP's inner module; an FSDP model with every layer gathered."""
+    """The plain module to sample from: DDP's inner module; an FSDP model with every layer gathered.
+    Afterwards each unit reshards after its forward again, except the root (embeddings, norm, head),
+    which FSDP2 keeps gathered from its forward to its backward (it would be gathered again at once)."""
     if not is_sharded(model):
         yield unwrap(model)
         return
@@ -172,7 +174,7 @@ def gathered(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for m in units:
             m.reshard()
-            m.set_reshard_after_forward(True, recurse=False)
+            m.set_reshard_after_forward(m is not model, recurse=False)
 
 
 def wrap_reference(reference, mode: str, compute_dtype: torch.dtype | None):

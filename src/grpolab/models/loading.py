@@ -86,6 +86,19 @@ def use_tf32(cfg: ModelConfig, device: torch.device) -> bool:
     return True
 
 
+def use_deterministic_kernels() -> None:
+    """train.deterministic: the same numbers from every run of one seed (TRL's full_determinism, without its
+    CUDA_LAUNCH_BLOCKING). Strict, as TRL's: an op with no deterministic kernel raises (the CLI says which
+    in one line) rather than warn, since only then do SDPA's flash and memory-efficient backward kernels
+    take their deterministic paths. Called before the first CUDA matmul, whose cuBLAS handle reads the
+    workspace size."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    os.environ.setdefault("FLASH_ATTENTION_DETERMINISTIC", "1")  # read by transformers' flash-attention calls
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def autocast_context(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
     if dtype is None:
         return contextlib.nullcontext()

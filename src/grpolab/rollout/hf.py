@@ -20,7 +20,9 @@ sampler decodes from a copy of the model whose Linear weights are stored in bf16
 (SDPA's bf16 CPU kernels are slow), and after the prefill each layer's cache moves into buffers
 reserved for the whole completion, written in place (``DynamicCache`` concatenates, copying the
 whole cache at every token). All three compute what autocast computes. Elsewhere (fp32, CUDA) the
-plain ``DynamicCache`` / SDPA path runs.
+plain ``DynamicCache`` / SDPA path runs. On CUDA no decode step waits for the host: "has every row
+stopped?" is asked every ``FINISHED_CHECK_EVERY_CUDA`` tokens, and the attention mask goes in a form
+transformers does not inspect (``decode_mask_mode``).
 """
 
 from __future__ import annotations
@@ -163,11 +165,14 @@ class HFSampler:
         rows = torch.arange(start, stop, device=logits.device) // group - first  # [n] -> prompt
         capacity = attention.shape[1] + self.max_completion_length
         shape = {"rows": stop - start, "q_len": 1, "kv_len": capacity}
-        if wants_eager_attention(self._net, logits.device, self.autocast_dtype, **shape):
+        reserved = wants_eager_attention(self._net, logits.device, self.autocast_dtype, **shape)
+        if reserved:
             _reserve(cache, rows, capacity, self.autocast_dtype)  # measured: pays off with the plain attention only
         else:
             cache.batch_select_indices(rows)
-        return self._decode(logits[rows], cache, attention[rows], generator)
+        padded = len({len(p) for p in prompt_ids[first : last + 1]}) > 1
+        mode = decode_mask_mode(logits.device, self._config, padded=padded, reserved=reserved)
+        return self._decode(logits[rows], cache, attention[rows], generator, mode)
 
     def _prefill(self, prompts: list[list[int]]):
         """Left-padded forward of the prompts; returns the cache, last logits [P, V], mask [P, S]."""
@@ -196,14 +201,17 @@ class HFSampler:
             **extra,
         )
 
-    def _decode(self, logits, cache, prompt_attention, generator):
-        """One token per step for n rows until every row emitted EOS or the length limit."""
+    def _decode(self, logits, cache, prompt_attention, generator, mask_mode: str = "2d"):
+        """One token per step for n rows until every row emitted EOS or the length limit; ``mask_mode`` is
+        how each step passes the attention mask (``decode_mask_mode``)."""
         n, steps, device = logits.shape[0], self.max_completion_length, logits.device
         ids = torch.full((n, steps), self.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device)
         mask = torch.zeros((n, steps), dtype=torch.bool, device=device)
         prompt_width = prompt_attention.shape[1]
         attention = torch.cat([prompt_attention, prompt_attention.new_ones(n, steps)], dim=1)
+        if mask_mode == "4d":
+            attention = attention.bool()[:, None, None, :]  # [n, 1, 1, kv]: SDPA's boolean mask, True = attend
         next_position = prompt_attention.sum(-1, keepdim=True)  # [n, 1]
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         finished = torch.zeros(n, dtype=torch.bool, device=device)
@@ -221,9 +229,8 @@ class HFSampler:
                 # queue stays full (the extra steps' tokens are masked out and trimmed below)
                 if t + 1 == steps or ((t + 1) % check_every == 0 and bool(finished.all())):
                     break
-                out = self._forward(
-                    ids[:, t : t + 1], attention[:, : prompt_width + t + 1], next_position + t, cache
-                )
+                seen = None if mask_mode == "none" else attention[..., : prompt_width + t + 1]
+                out = self._forward(ids[:, t : t + 1], seen, next_position + t, cache)
                 logits = out.logits[:, -1]
         width = t + 1 if check_every == 1 else int(mask.any(0).nonzero().max()) + 1  # nonzero: row 0 always samples
         return ids[:, :width], mask[:, :width], logprobs[:, :width]
@@ -386,6 +393,24 @@ def _concat_right_padded(parts, pad_token_id: int):
     mask = torch.cat([pad(p[1], False) for p in parts])
     logprobs = torch.cat([pad(p[2], 0.0) for p in parts])
     return ids, mask, logprobs
+
+
+def decode_mask_mode(device: torch.device, config, *, padded: bool, reserved: bool) -> str:
+    """How the decode steps pass the attention mask on ``device``.
+
+    "2d", the [n, kv] padding mask, from which transformers builds the attention's mask. Under SDPA it
+    first asks whether any key is masked (``padding_mask.all()``), a host sync at every token: free on a
+    CPU, a stall of the launch queue on CUDA. So on CUDA, where no prompt row is padded, "none" (every key
+    is attended: no mask at all), and where rows are padded under SDPA, "4d": SDPA's own boolean
+    [n, 1, 1, kv] mask, made once per batch and sliced per token, which transformers passes through as it
+    is. The reserved cache (grpolab.rollout.hf._ReservedLayer, CPU only) needs the 2-D mask to hide its
+    unwritten slots; flash-attention unpads a padded batch by itself (its own sync) and takes 2-D masks.
+    """
+    if device.type != "cuda" or reserved:
+        return "2d"
+    if not padded:
+        return "none"
+    return "4d" if getattr(config, "_attn_implementation", None) == "sdpa" else "2d"
 
 
 def finished_check_every(device: torch.device) -> int:

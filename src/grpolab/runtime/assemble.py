@@ -49,6 +49,7 @@ from grpolab.models.loading import (
     load_tokenizer,
     resolve_autocast,
     resolve_device,
+    use_deterministic_kernels,
 )
 from grpolab.rewards import WeightedReward, build_rewards, dry_run, start_workers
 from grpolab.rollout.base import Sampler
@@ -56,7 +57,7 @@ from grpolab.rollout.engines import build_sampler, check_engine
 from grpolab.rollout.multiturn import episode_prompt_ids, episode_sampler
 from grpolab.runtime.guards import BadSteps, NoSignal
 from grpolab.runtime.lock import hold_run_dir_for_job
-from grpolab.runtime.logging import RunLogger, peak_memory_mb
+from grpolab.runtime.logging import RunLogger, memory_before_models_mb
 from grpolab.runtime.preflight import (
     check_context,
     check_model_source,
@@ -147,9 +148,11 @@ def assemble(
     """The run of ``cfg`` (see the module docstring), inside ``session(cfg)``; ``rewards`` / ``examples``
     replace what ``cfg.reward.functions`` / ``cfg.data`` would build."""
     mode, point, rewards, gold_rewards, examples, make_env = _check_inputs(cfg, resume, rewards, examples)
+    if cfg.train.deterministic:
+        use_deterministic_kernels()
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    baseline_mem_mb = peak_memory_mb(resolve_device(cfg.model))  # before any model loads
+    baseline_mem_mb = memory_before_models_mb(resolve_device(cfg.model))
     start_workers([*rewards, *gold_rewards], cfg.reward.timeout_s)  # forked while the process is small
     run = _build(cfg, mode, rewards, gold_rewards, examples, make_env)
     try:

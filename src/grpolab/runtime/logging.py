@@ -25,6 +25,14 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+def memory_before_models_mb(device: torch.device) -> float:
+    """What the process holds before any model loads (run_info's baseline_mem_mb): on a GPU the memory
+    allocated now (the peak counter may hold an earlier run's in this process), on a CPU the peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    return peak_memory_mb(device)
+
+
 class PhaseMemory:
     """Peak memory of each phase of a step (rollout, reference, train), for the step's metrics.
 

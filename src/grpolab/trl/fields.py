@@ -140,7 +140,7 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "max_grad_norm": named(to_key("optim.max_grad_norm")),
     "seed": named(to_key("seed")),
     "data_seed": not_applicable("grpolab's seed orders the data too"),
-    "full_determinism": not_applicable(_SPEED),
+    "full_determinism": named(to_key("train.deterministic")),
     # --- logging, checkpoints, evaluation
     "output_dir": named(output_dir),
     "run_name": read_by("output_dir"),

@@ -250,3 +250,44 @@ def test_asking_whether_all_stopped_every_few_tokens_gives_the_same_completions(
     assert got.completion_mask.tolist() == want.completion_mask.tolist()
     assert got.finish_reasons == want.finish_reasons and got.texts == want.texts
     torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-6, rtol=1e-6)
+
+
+def test_decode_mask_mode_keeps_the_2d_mask_where_it_is_needed_or_free():
+    import grpolab.rollout.hf as hf
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    sdpa, flash = type("C", (), {"_attn_implementation": "sdpa"}), type("C", (), {"_attn_implementation": "flash_attention_2"})
+    assert hf.decode_mask_mode(cpu, sdpa, padded=True, reserved=False) == "2d"  # a CPU's sync is free
+    assert hf.decode_mask_mode(cpu, sdpa, padded=False, reserved=False) == "2d"
+    assert hf.decode_mask_mode(cuda, sdpa, padded=False, reserved=True) == "2d"  # unwritten slots to hide
+    assert hf.decode_mask_mode(cuda, sdpa, padded=False, reserved=False) == "none"
+    assert hf.decode_mask_mode(cuda, flash, padded=False, reserved=False) == "none"
+    assert hf.decode_mask_mode(cuda, sdpa, padded=True, reserved=False) == "4d"
+    assert hf.decode_mask_mode(cuda, flash, padded=True, reserved=False) == "2d"  # flash unpads 2-D masks itself
+
+
+@pytest.mark.parametrize("mode, padded", [("4d", True), ("none", False)])
+def test_the_cuda_decode_masks_give_the_2d_masks_completions_without_asking_for_padding(
+    model, tok, prompts, monkeypatch, mode, padded
+):
+    """On CUDA the decode steps pass SDPA's boolean 4-D mask (padded rows) or none (no row padded), so that
+    transformers never asks ``padding_mask.all()``, a host sync per token; the completions and log-probs
+    are the 2-D mask's. Run here on a CPU by forcing the mode the CUDA device would get."""
+    import transformers.masking_utils as masking
+
+    import grpolab.rollout.hf as hf
+
+    assert model.config._attn_implementation == "sdpa"
+    batch = prompts if padded else [tok.encode("1+2="), tok.encode("9*8="), tok.encode("ab=c")]
+    make = lambda: HFSampler(model, tok, max_completion_length=8, temperature=1.0)  # noqa: E731
+    want = make().sample(batch, num_generations=2, generator=torch.Generator().manual_seed(3))
+    asked = []
+    real_all = masking.fast_all
+    monkeypatch.setattr(masking, "fast_all", lambda m: asked.append(m.shape) or real_all(m))
+    monkeypatch.setattr(hf, "decode_mask_mode", lambda *a, **k: mode)
+    got = make().sample(batch, num_generations=2, generator=torch.Generator().manual_seed(3))
+    assert got.completion_ids.tolist() == want.completion_ids.tolist()
+    assert got.completion_mask.tolist() == want.completion_mask.tolist()
+    torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-5, rtol=1e-5)
+    width = max(map(len, batch))
+    assert all(shape[-1] == width for shape in asked)  # the prefill's own questions, none per decoded token

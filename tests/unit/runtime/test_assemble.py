@@ -154,3 +154,37 @@ def test_the_sampler_takes_the_weights_after_each_update_and_after_a_resume(
     names = [c if isinstance(c, str) else c[0] for c in calls]
     assert names == ["update_weights", "sample", "update_weights", "close"]  # the resumed weights first
     assert all(c[1] is policies[1] for c in calls if not isinstance(c, str))
+
+
+def test_train_deterministic_switches_on_deterministic_kernels_before_the_model_loads(
+    tiny_model_dir, addition_jsonl, tmp_path, monkeypatch
+):
+    """train.deterministic (TRL's full_determinism): deterministic algorithms and cuBLAS's fixed workspace
+    are set before any model loads (cuBLAS reads the workspace size when its first handle is made)."""
+    import os
+
+    import torch
+
+    for name in ("CUBLAS_WORKSPACE_CONFIG", "FLASH_ATTENTION_DETERMINISTIC"):
+        monkeypatch.delenv(name, raising=False)
+    seen = {}
+    load = assemble_mod.load_policy
+
+    def load_policy(*args, **kwargs):
+        seen["at_load"] = (torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(assemble_mod, "load_policy", load_policy)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    try:
+        assembled(load_config(None, overrides(tiny_model_dir, addition_jsonl(16), tmp_path, "algo.beta=0")))
+        assert seen["at_load"] == (False, None)  # off by default
+        assembled(load_config(None, overrides(tiny_model_dir, addition_jsonl(16), tmp_path / "d", "algo.beta=0",
+                                              "train.deterministic=true")))  # fmt: skip
+        assert seen["at_load"] == (True, ":4096:8")
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()  # strict, as TRL: such an op raises
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["FLASH_ATTENTION_DETERMINISTIC"] == "1"
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]

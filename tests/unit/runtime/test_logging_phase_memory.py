@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.runtime.logging import PhaseMemory
+from grpolab.runtime.logging import PhaseMemory, memory_before_models_mb
 
 
 class FakeAllocator:
@@ -33,6 +33,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", alloc.reset)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: alloc.peak_allocated)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: alloc.peak_reserved)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: alloc.allocated)
     return alloc
 
 
@@ -67,3 +68,12 @@ def test_on_a_cpu_the_peak_is_the_process_rss_and_nothing_is_reset(fake_cuda):
         pass
     m = memory.metrics()
     assert list(m) == ["sys/peak_mem_mb"] and m["sys/peak_mem_mb"] > 10 and fake_cuda.resets == 0
+
+
+def test_the_baseline_before_the_models_is_what_is_allocated_then_not_an_earlier_peak(fake_cuda):
+    """run_info's baseline_mem_mb: a second run in one process (an API user's loop) starts after the first
+    one's peak; on CUDA its baseline is what is allocated when it starts."""
+    fake_cuda.use(9000, 12000)  # an earlier run in this process
+    fake_cuda.use(300, 12000)
+    assert memory_before_models_mb(torch.device("cuda")) == 300.0
+    assert memory_before_models_mb(torch.device("cpu")) > 10  # a CPU's: the peak RSS, as before

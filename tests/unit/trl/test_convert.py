@@ -422,6 +422,7 @@ def test_model_device_sharding_and_run_name_fields():
     assert any("run_name='b'" in n for n in out.notes) and not any("disable_dropout" in n for n in out.notes)
     assert "model.device" not in keys() and "train.parallel" not in keys()
     assert any("disable_dropout=False" in n for n in convert_trl({}).notes)
+    assert (keys(full_determinism=True)["train.deterministic"], keys()["train.deterministic"]) == (True, False)
 
 
 def test_trls_named_rewards_build_as_trl_style_rewards():
