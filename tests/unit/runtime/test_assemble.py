@@ -166,7 +166,8 @@ def test_train_deterministic_switches_on_deterministic_kernels_before_the_model_
     import torch
 
     for name in ("CUBLAS_WORKSPACE_CONFIG", "FLASH_ATTENTION_DETERMINISTIC"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)  # undone in reverse: unset again afterwards
     seen = {}
     load = assemble_mod.load_policy
 
