@@ -28,6 +28,7 @@ engine with prefix caching reuses it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -219,26 +220,32 @@ class MultiTurnSampler:
         # one loop for the whole call (clients opened in a step stay usable), in its own thread, so that
         # every wait on the environments' steps is bounded by env.step_timeout_s (envs.contract)
         loop = EnvLoop(self.step_timeout_s)
+        awake = getattr(self.sampler, "awake", contextlib.nullcontext)  # colocated vLLM: one sleep per batch
         try:
-            for turn in range(self.max_turns):
-                running = [e for e in episodes if e.finish is None]
-                if not running:
-                    break
-                self._model_turn(running, generator)
-                acting = [e for e in running if e.finish is None]
-                turns = [e.messages[-1]["content"] for e in acting]
-                steps = loop.run(_step_all([e.env for e in acting], turns), f"step(model_turn) of {env_name(envs[0])}")
-                for e, step in zip(acting, steps, strict=True):
-                    e.record(step)
-                    if step.done:
-                        e.finish = "stop"
-                    elif turn + 1 < self.max_turns:
-                        self._env_turn(e, step.messages)
+            with awake():
+                self._turns(episodes, loop, generator)
         finally:
             loop.close(_close_all(envs))
         for e in episodes:
             e.finish = e.finish or "length"  # max_turns without the environment's done
         return self._package(episodes, num_generations)
+
+    def _turns(self, episodes: list[_Running], loop: EnvLoop, generator) -> None:
+        """Model turn, then environment turn, until every episode is done or max_turns."""
+        for turn in range(self.max_turns):
+            running = [e for e in episodes if e.finish is None]
+            if not running:
+                break
+            self._model_turn(running, generator)
+            acting = [e for e in running if e.finish is None]
+            turns = [e.messages[-1]["content"] for e in acting]
+            steps = loop.run(_step_all([e.env for e in acting], turns), f"step(model_turn) of {env_name(episodes[0].env)}")
+            for e, step in zip(acting, steps, strict=True):
+                e.record(step)
+                if step.done:
+                    e.finish = "stop"
+                elif turn + 1 < self.max_turns:
+                    self._env_turn(e, step.messages)
 
     def _model_turn(self, running: list[_Running], generator) -> None:
         out = self.sampler.sample([e.prompt + e.ids for e in running], num_generations=1, generator=generator)

@@ -117,6 +117,7 @@ class VLLMSampler:
         self.sleep_mode = sleep_mode
         self.timeout_s = timeout_s
         self._pending = weights_from
+        self._held_awake = False
         self.last_sync_s = 0.0
         """Seconds the last weight sync took (gather, merge, load, cache reset)."""
         self.last_generate_s = 0.0
@@ -176,9 +177,23 @@ class VLLMSampler:
         samples = [sample for out in outputs for sample in out.outputs]
         if greedy:
             samples = [s for s in samples for _ in range(num_generations)]
-        if self.sleep_mode:
+        if self.sleep_mode and not self._held_awake:
             self._sleep()
         return self._package(prompt_ids, num_generations, samples)
+
+    @contextlib.contextmanager
+    def awake(self):
+        """Several ``sample`` calls with one sleep at the end (a multi-turn batch's turns, rollout/multiturn.py):
+        with sleep mode each call would otherwise discard the weights and the next reload them, a full sync
+        per turn, and under torchrun FSDP2's gathers, collectives, in as many turns as each rank's episodes
+        last: ranks whose episodes end at different turns would wait for each other forever."""
+        held, self._held_awake = self._held_awake, True
+        try:
+            yield
+        finally:
+            self._held_awake = held
+            if not held and self.sleep_mode and not self.engine.llm_engine.is_sleeping():
+                self._sleep()
 
     def close(self) -> None:
         """Nothing to release: the engine stays for the next sampler of this process (``shutdown_engines``)."""

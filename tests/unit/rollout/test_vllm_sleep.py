@@ -85,3 +85,54 @@ def test_an_engine_never_synced_keeps_its_weights_at_level_1():
     sampler.sample([[5]], num_generations=1)
     sampler.sample([[5]], num_generations=1)
     assert engine.calls == ["generate", "sleep1", "wake:all", "generate", "sleep1"]
+
+
+def test_turns_held_awake_sync_once_and_sleep_once():
+    """A multi-turn batch's turns (rollout/multiturn.py holds the sampler ``awake``): one sync before the first
+    turn, no reload between turns (under torchrun a reload is FSDP2's gathers, collectives, and ranks' episodes
+    end at different turns), one level-2 sleep after the last."""
+    engine = RecordingEngine()
+    engine.calls.append("init")
+    policy = build_tiny_model(build_char_tokenizer(), hidden_size=16, num_layers=1, num_heads=2)
+    sampler, _ = _sampler(engine, weights_from=policy)
+    try:
+        with sampler.awake():
+            for _ in range(3):  # three turns
+                sampler.sample([[5, 6]], num_generations=1)
+        sampler.sample([[5, 6]], num_generations=1)  # the next batch: the weights were discarded, synced again
+    finally:
+        vllm_module._ENGINE_STATE.pop(id(engine), None)
+    assert engine.calls == [
+        "init", "reload", "generate", "generate", "generate", "sleep2",
+        "wake:weights", "reload", "wake:all", "generate", "sleep2",
+    ]  # fmt: skip
+
+
+def test_a_multi_turn_batch_holds_the_sampler_awake():
+    from grpolab.envs.base import EnvStep
+    from grpolab.rollout.multiturn import MultiTurnSampler
+    from grpolab.tasks.tiny import CHAT_TEMPLATE
+    from grpolab.types import Example
+
+    class Nag:
+        """Never done: three model turns per episode."""
+
+        tools: list = []
+
+        def reset(self, example):
+            return [{"role": "user", "content": example.prompt}]
+
+        def step(self, model_turn):
+            return EnvStep([{"role": "user", "content": "again"}])
+
+    engine = RecordingEngine()
+    tok = build_char_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    policy = build_tiny_model(tok, hidden_size=16, num_layers=1, num_heads=2)
+    sampler = VLLMSampler(engine, tok, max_completion_length=4, eos_token_ids=[2], weights_from=policy, sleep_mode=True)
+    turns = MultiTurnSampler(sampler, tok, Nag, max_turns=3, max_episode_tokens=200)
+    try:
+        turns.sample([tok.encode("2*3=")], num_generations=2, examples=[Example("2*3=")])
+    finally:
+        vllm_module._ENGINE_STATE.pop(id(engine), None)
+    assert engine.calls == ["reload", "generate", "generate", "generate", "sleep2"]
