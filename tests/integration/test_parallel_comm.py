@@ -60,10 +60,15 @@ def _worker(rank: int, port: int, out: str) -> None:
         with gathered(sharded) as whole:
             sampled = {p.dtype for p in whole.parameters()}
         root_after = _root_kept_after_forward(sharded)
+        from grpolab.rollout.vllm_sync import policy_weights, weight_metadata
+
+        declared = weight_metadata(sharded, torch.bfloat16)  # from the shards: nothing gathered
+        gathered_meta = [(n, t.dtype, tuple(t.shape)) for n, t in policy_weights(sharded, torch.bfloat16)]
         step_calls = _update_policy_calls(copy.deepcopy(model), rank)
         if rank == 0:
             torch.save({"every": (every, every_calls), "once": (once, once_calls), "dtypes": (dtype, stored, sampled),
-                        "step": step_calls, "root": (root_before, root_after)}, out)  # fmt: skip
+                        "step": step_calls, "root": (root_before, root_after),
+                        "meta": (declared, gathered_meta)}, out)  # fmt: skip
 
 
 def _root_kept_after_forward(model) -> bool:
@@ -117,6 +122,8 @@ def test_ddp_reduces_once_per_step_and_fsdp_gathers_bf16(tmp_path):
     assert r["step"] == 2 * once_calls  # 2 optimizer steps of 3 micro-batches each: 6 backwards, 2 all-reduces
     dtype, stored, sampled = r["dtypes"]
     assert dtype == torch.bfloat16 and stored == {torch.float32} and sampled == {torch.bfloat16}
+    declared, gathered_meta = r["meta"]
+    assert declared == gathered_meta and len(declared) > 3  # the NCCL source's metadata: the whole shapes
     assert r["root"] == (True, True)  # gathering for sampling leaves the root's no-reshard as FSDP2 set it
     from grpolab.distributed.parallel import fsdp_param_dtype
 

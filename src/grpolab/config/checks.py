@@ -18,14 +18,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from grpolab.config.algo_section import ALGO_PRESETS, GROUP_BASELINES, AlgoConfig
+from grpolab.config.server_checks import check_server
 from grpolab.config.templates import resolve_template
 from grpolab.errors import ConfigError
 
@@ -219,7 +218,7 @@ def check_cross_fields(cfg: Config) -> None:
     if a.resolved_advantage == "gae" and a.name != "ppo":
         raise ConfigError("algo.advantage='gae' needs a value model: set algo.name=ppo.")
     _check_attention(cfg)
-    _check_server(cfg)
+    check_server(cfg)
     if a.supervision == "process":
         _check_process(cfg)
 
@@ -263,48 +262,6 @@ def check_attention_runtime(model_cfg, device_type: str) -> None:
             f"transformers then uses), and neither is installed: pip install "
             f"{'flash-attn' if package == 'flash_attn' else 'flash-attn-3'} --no-build-isolation, or use sdpa"
         )
-
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
-
-
-def _check_server(cfg: Config) -> None:
-    """rollout.mode=server's settings, checked before any model loads (docs/server_mode.md)."""
-    r = cfg.rollout
-    if r.mode == "colocated":
-        set_here = [k for k in ("server_url", "max_staleness") if getattr(r, k) != _default(type(r), k)]
-        if set_here:
-            raise ConfigError(
-                f"rollout.{set_here[0]} needs rollout.mode=server (a vLLM server beside the trainer): set "
-                "rollout.mode=server, or leave it out"
-            )
-        return
-    checks = [
-        (r.engine != "vllm", "rollout.mode=server runs vLLM's server: set rollout.engine=vllm (its vllm.* settings start it)"),
-        (r.max_staleness < 0, "rollout.max_staleness must be >= 0 (0 = synchronous)"),
-        (r.sync_timeout_s <= 0, "rollout.sync_timeout_s must be > 0 (seconds per server call)"),
-        (r.server_start_timeout_s <= 0, "rollout.server_start_timeout_s must be > 0"),
-        (r.sync_bucket_mb <= 0, "rollout.sync_bucket_mb must be > 0 (MB per weight bucket)"),
-        (not 0 <= r.server_port < 65536, "rollout.server_port must be in 0..65535 (0 = a free port)"),
-        (
-            cfg.model.lora.enabled and cfg.model.lora.r > 512,
-            "rollout.mode=server loads LoRA adapters of rank <= 512 (vLLM's largest max_lora_rank): lower model.lora.r",
-        ),
-    ]
-    for bad, message in checks:
-        if bad:
-            raise ConfigError(message)
-    url = urlsplit(r.server_url) if r.server_url else None
-    if url is not None and (url.scheme not in ("http", "https") or not url.hostname):
-        raise ConfigError(f"rollout.server_url={r.server_url!r} is not an http(s) URL: e.g. http://127.0.0.1:8000")
-    for key, host in (("server_url", url.hostname if url else None), ("server_host", r.server_host)):
-        if host is not None and host not in LOOPBACK and not (r.allow_remote and os.environ.get(r.api_key_env)):
-            raise ConfigError(
-                f"rollout.{key} names {host}, not loopback: vLLM's RL endpoints let whoever reaches them run "
-                f"engine methods, so a remote server needs rollout.allow_remote=true and an API key in "
-                f"${r.api_key_env} (rollout.api_key_env)"
-            )
-
 
 
 def _check_process(cfg: Config) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -146,16 +147,36 @@ class NcclControl:
         self.client.call("POST", "/finish_weight_update", {"weight_version": weight_version})
 
 
-class ListSource:
-    """A ``WeightSource`` of tensors already gathered (vLLM's NCCL trainer engine iterates it)."""
+class StreamSource:
+    """A one-pass ``WeightSource`` for vLLM's NCCL trainer engine: ``metadata`` (name, dtype, whole shape)
+    given up front, without gathering (rollout/vllm_sync.weight_metadata), and the tensors taken from the
+    iterator one at a time, so that no more than one gathered parameter is held (vLLM asks for a fresh
+    source each round: one is made per sync). ``sent``: the bytes iterated so far."""
 
-    def __init__(self, tensors):
-        self.tensors = tensors
+    def __init__(self, weights, metadata):
+        self.weights, self.params, self.sent = weights, metadata, 0
 
     def metadata(self):
         from vllm.distributed.weight_transfer.base import ParamMeta
 
-        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.tensors]
+        return [ParamMeta(name, dtype, shape) for name, dtype, shape in self.params]
 
     def __iter__(self):
-        return iter(self.tensors)
+        for name, t in self.weights:
+            self.sent += t.numel() * t.element_size()
+            yield name, t
+
+
+def address_towards(host: str) -> str:
+    """This machine's address on its route to ``host``. vLLM's NCCL rendezvous is the trainer's (rank 0 binds
+    it) and the server's workers connect to it: the server's own address would not bind here."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host.strip("[]"), 9))  # no packet is sent: this only picks the outgoing interface
+            return s.getsockname()[0]
+    except OSError as err:
+        raise RolloutServerError(
+            f"could not find this machine's address towards the vLLM server at {host} for the NCCL weight "
+            f"transfer ({err}): set GRPOLAB_NCCL_ADDRESS to an address of this machine the server can reach"
+        ) from None

@@ -13,11 +13,11 @@ import math
 import os
 import signal
 import threading
-from urllib.parse import urlsplit
 
 import torch
 
 from grpolab.config import Config, ConfigError
+from grpolab.config.server_checks import weight_transport
 from grpolab.distributed import dist
 from grpolab.models.loading import resolve_autocast, resolve_device
 from grpolab.models.sources import local_source
@@ -28,20 +28,16 @@ from grpolab.rollout.vllm_client import MODEL_NAME, ServerSampler
 from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
 from grpolab.rollout.vllm_setup import check_vllm, engine_kwargs
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
-
-def transport(cfg: Config) -> str:
-    """rollout.weight_transport, auto resolved: shm for a server on this machine, nccl for one elsewhere."""
-    t = cfg.rollout.weight_transport
-    if t != "auto":
-        return t
-    host = urlsplit(cfg.rollout.server_url).hostname if cfg.rollout.server_url else cfg.rollout.server_host
-    return "shm" if host in LOOPBACK else "nccl"
-
-
-def server_args(cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | None, context: int | None = None):
-    """(vLLM server arguments, environment) for the run's engine settings."""
+def server_args(
+    cfg: Config,
+    *,
+    device_type: str,
+    autocast_dtype: torch.dtype | None,
+    context: int | None = None,
+    serving: bool = False,
+):
+    """(vLLM server arguments, environment) for the run's engine settings (``serving``: for grpolab serve)."""
     kw = engine_kwargs(cfg, device_type=device_type, autocast_dtype=autocast_dtype, context=context)
     args = [
         "--model", kw["model"], "--tokenizer", kw["tokenizer"], "--served-model-name", MODEL_NAME,
@@ -50,7 +46,7 @@ def server_args(cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | 
         "--logprobs-mode", kw["logprobs_mode"], "--seed", str(kw["seed"]),
         "--enable-prefix-caching" if kw["enable_prefix_caching"] else "--no-enable-prefix-caching",
         "--worker-extension-cls", vllm_batch.EXTENSION,
-        "--weight-transfer-config", json.dumps({"backend": vllm_shm.BACKEND if transport(cfg) == "shm" else "nccl"}),
+        "--weight-transfer-config", json.dumps({"backend": vllm_shm.BACKEND if weight_transport(cfg.rollout, serving=serving) == "shm" else "nccl"}),
     ]  # fmt: skip
     if kw.get("revision"):
         args += ["--revision", kw["revision"]]
@@ -86,12 +82,20 @@ def model_context(cfg: Config) -> int | None:
     return getattr(hf, "max_position_embeddings", None)
 
 
-def start_server(cfg: Config, *, device_type: str, autocast_dtype: torch.dtype | None, context: int | None = None):
-    """A healthy server for the run (bound to rollout.server_host:server_port), or one RolloutServerError line."""
+def start_server(
+    cfg: Config,
+    *,
+    device_type: str,
+    autocast_dtype: torch.dtype | None,
+    context: int | None = None,
+    serving: bool = False,
+):
+    """A healthy server for the run (bound to rollout.server_host:server_port), or one RolloutServerError line;
+    ``serving``: the server of grpolab serve, for trainers that may be elsewhere."""
     check_vllm(cfg, device_type=device_type)
     if context is None:  # grpolab serve: the model's context caps the default max_model_len, as in a run
         context = model_context(cfg)
-    args, env = server_args(cfg, device_type=device_type, autocast_dtype=autocast_dtype, context=context)
+    args, env = server_args(cfg, device_type=device_type, autocast_dtype=autocast_dtype, context=context, serving=serving)
     r = cfg.rollout
     server = VLLMServer.start(
         args, host=r.server_host, port=r.server_port, api_key=api_key(cfg), allow_remote=r.allow_remote, env=env
@@ -133,7 +137,7 @@ def build_server_sampler(
         eos_token_ids=_resolve_eos(policy, tokenizer, None),
         weights_from=wrapped if wrapped is not None else policy,
         device=device,
-        transport=transport(cfg),
+        transport=weight_transport(r),
         bucket_bytes=int(r.sync_bucket_mb * 2**20),
         dtype=getattr(torch, dtype),
         lora=cfg.model.lora.enabled,
@@ -146,7 +150,7 @@ def serve(cfg: Config, *, announce=lambda line: print(line, flush=True)) -> int:
     if cfg.rollout.mode != "server":
         raise ConfigError("grpolab serve starts the server of rollout.mode=server: set rollout.mode=server (and rollout.engine=vllm)")
     device = resolve_device(cfg.model)
-    server = start_server(cfg, device_type=device.type, autocast_dtype=resolve_autocast(cfg.model, device))
+    server = start_server(cfg, device_type=device.type, autocast_dtype=resolve_autocast(cfg.model, device), serving=True)
     done = threading.Event()
     previous = {s: signal.signal(s, lambda *_: done.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

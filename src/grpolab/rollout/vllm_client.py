@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import shutil
 import threading
 import time
@@ -53,16 +54,17 @@ from grpolab.distributed import dist, parallel
 from grpolab.rollout import vllm_batch, vllm_shm
 from grpolab.rollout.base import check_prompts, check_sampling, package_completions
 from grpolab.rollout.server_client import (
-    ListSource,
     NcclControl,
     ServerClient,
+    StreamSource,
     adapter_state,
+    address_towards,
     buckets,
     consume,
 )
 from grpolab.rollout.vllm import SEED_MODULUS, _draw_seed
 from grpolab.rollout.vllm_server import RolloutServerError
-from grpolab.rollout.vllm_sync import policy_weights
+from grpolab.rollout.vllm_sync import policy_weights, weight_metadata
 from grpolab.types import Completions
 
 log = logging.getLogger(__name__)
@@ -278,10 +280,7 @@ class ServerSampler:
         with self.lock:
             t0 = time.perf_counter()
             version = 0 if self.version is None else self.version + 1
-            if self.lora:
-                sent = self._sync_adapter(model, version)
-            else:
-                sent = self._sync_or_consume(policy_weights(model, self.dtype), version)
+            sent = self._sync_adapter(model, version) if self.lora else self._sync_or_consume(model, version)
             if dist.world().size > 1:
                 dist.barrier()  # no rank samples before rank 0's sync is done
             self.version = version
@@ -290,17 +289,21 @@ class ServerSampler:
             self.last_sync_bytes = sent
             log.debug("vllm server: version %d sent (%d bytes) in %.3f s", version, sent, self.last_sync_s)
 
-    def _sync_or_consume(self, weights, version: int) -> int:
-        """Rank 0 sends ``weights`` as ``version``; the other ranks take part in the gathers. The bytes sent."""
-        return self._sync(weights, version) if dist.is_main() else consume(weights)
+    def _sync_or_consume(self, model: torch.nn.Module, version: int, *, merge_lora: bool = True) -> int:
+        """Rank 0 sends ``model``'s weights as ``version``; the other ranks take part in the gathers. The bytes sent."""
+        weights = policy_weights(model, self.dtype, merge_lora=merge_lora)
+        if not dist.is_main():
+            return consume(weights)
+        nccl = self.transport == "nccl"  # its engine sizes the receive buffers first, from the metadata
+        return self._sync(weights, version, weight_metadata(model, self.dtype, merge_lora=merge_lora) if nccl else None)
 
-    def _sync(self, weights, version: int) -> int:
+    def _sync(self, weights, version: int, metadata=None) -> int:
         """The sender's half of ``update_weights``: the bytes sent."""
         c = self.client
         c.call("POST", "/pause?mode=wait")
         try:
             if self.transport == "nccl":  # its engine drives start / update / finish itself
-                sent = self._send_nccl(weights)
+                sent = self._send_nccl(weights, metadata)
                 c.call("POST", "/update_weight_version", {"new_version": str(version)})
             else:
                 c.call("POST", "/start_weight_update")
@@ -321,7 +324,7 @@ class ServerSampler:
         the first time, the base weights too (whatever an earlier trainer left in the server)."""
         base = 0
         if self.model_name == MODEL_NAME:
-            base = self._sync_or_consume(policy_weights(model, self.dtype, merge_lora=False), version)
+            base = self._sync_or_consume(model, version, merge_lora=False)
         state = adapter_state(model)  # every rank: FSDP2 gathers
         sent = base + sum(t.numel() * t.element_size() for t in state.values())
         name = f"grpolab-{dist.broadcast_object(self._tag)}-v{version}"
@@ -369,28 +372,25 @@ class ServerSampler:
             sent += sum(t.numel() * t.element_size() for _, t in bucket)  # the tensors', not the alignment's
         return sent
 
-    def _send_nccl(self, weights) -> int:
-        """vLLM's NCCL engine (GPUs only; written against vLLM 0.32's API, not run on this machine)."""
+    def _send_nccl(self, weights, metadata) -> int:
+        """vLLM's NCCL engine (GPUs only; written against vLLM 0.32's API, not run on this machine). The
+        weights stream from the iterator, one gathered parameter at a time, as in the shm path."""
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-        tensors = list(weights)
+        source = StreamSource(weights, metadata)
         if self._nccl is None:
-            import os
-
             host = urllib.parse.urlsplit(self.client.url).hostname or "127.0.0.1"
             init = NCCLTrainerInitInfo(
-                master_address=os.environ.get("GRPOLAB_NCCL_ADDRESS", host),
+                master_address=os.environ.get("GRPOLAB_NCCL_ADDRESS") or address_towards(host),
                 master_port=int(os.environ.get("GRPOLAB_NCCL_PORT", "29555")),
                 world_size=1 + int(self.client.call("GET", "/get_world_size")["world_size"]),
                 rank=0,
             )
-            self._nccl = WeightTransferTrainerFactory.trainer_init(
-                init, client=NcclControl(self.client), source=ListSource(tensors)
-            )
-        self._nccl.source = ListSource(tensors)
+            self._nccl = WeightTransferTrainerFactory.trainer_init(init, client=NcclControl(self.client), source=source)
+        self._nccl.source = source
         self._nccl.send_weights()
-        return sum(t.numel() * t.element_size() for _, t in tensors)
+        return source.sent
 
     def close(self) -> None:
         """Stop the request threads, unload this sampler's adapter, remove the transfer folder, and stop the

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from grpolab.config import Config, ConfigError
+from grpolab.config.server_checks import check_trainer_transport
 from grpolab.distributed import dist
 from grpolab.models.loading import is_peft, resolve_device
 from grpolab.models.sources import local_source
@@ -129,8 +130,9 @@ def check_max_model_len(cfg: Config) -> None:
 
 
 def check_vllm_config(cfg: Config) -> None:
-    """``check_vllm`` on the device the run's model goes to."""
-
+    """``check_vllm`` on the device the run's model goes to; in server mode, the trainer's weight transport."""
+    if cfg.rollout.mode == "server":
+        check_trainer_transport(cfg)
     check_vllm(cfg, device_type=resolve_device(cfg.model).type)
 
 

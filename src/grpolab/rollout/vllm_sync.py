@@ -33,25 +33,27 @@ def policy_weights(model: torch.nn.Module, dtype: torch.dtype | None = None, *, 
     """``(checkpoint name, full tensor)`` of every weight the engine needs (module docstring), cast to
     ``dtype`` (the engine's: vLLM warns on every tensor of another dtype, then casts it itself).
     ``merge_lora=False``: a PEFT model's base weights alone (a server that takes the adapter itself)."""
-    model = parallel.unwrap(model)
-    weights = _merged_lora(model, merge=merge_lora) if is_peft(model) else _plain(model)
+    weights = _gathered(_entries(model, merge_lora))
     return weights if dtype is None else ((name, t.to(dtype)) for name, t in weights)
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of an FSDP2 shard (a collective: every rank calls it), else the tensor."""
-    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+def weight_metadata(
+    model: torch.nn.Module, dtype: torch.dtype | None = None, *, merge_lora: bool = True
+) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """``(name, dtype, whole shape)`` of what ``policy_weights`` yields, in its order, gathering nothing (an
+    FSDP2 DTensor's shape is the whole tensor's): what vLLM's NCCL engine sizes its receive buffers from."""
+    return [(name, dtype or p.dtype, tuple(p.shape)) for name, p, _ in _entries(model, merge_lora)]
 
 
-@torch.no_grad()
-def _plain(model: torch.nn.Module) -> Weights:
-    for name, param in model.named_parameters(remove_duplicate=False):  # a tied head too: see below
-        yield name, _full(param.detach())
-
-
-@torch.no_grad()
-def _merged_lora(model: torch.nn.Module, *, merge: bool = True) -> Weights:
-    """Base weights + the active adapters' deltas (``merge=False``: without them), under the base model's names."""
+def _entries(model: torch.nn.Module, merge_lora: bool):
+    """``(checkpoint name, parameter, LoRA layer whose delta is merged into it or None)`` of every weight sent:
+    a plain model's parameters, a tied head under both names (see the module docstring); a PEFT model's base
+    weights under the base model's names, the adapter parameters left out."""
+    model = parallel.unwrap(model)
+    if not is_peft(model):
+        for name, param in model.named_parameters(remove_duplicate=False):  # a tied head too
+            yield name, param, None
+        return
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
@@ -61,11 +63,22 @@ def _merged_lora(model: torch.nn.Module, *, merge: bool = True) -> Weights:
             continue  # the adapter itself: merged below
         module_name, _, leaf = name.rpartition(".")
         owner = module_name.removesuffix(".base_layer")
-        tensor = _full(param.detach())
         layer = lora_layers.get(owner) if module_name.endswith(".base_layer") else None
-        if merge and layer is not None and leaf == "weight":
-            tensor = tensor + _delta(layer, tensor)
-        yield f"{owner}.{leaf}" if owner != module_name else name, tensor
+        merged = layer if merge_lora and layer is not None and leaf == "weight" else None
+        yield (f"{owner}.{leaf}" if owner != module_name else name), param, merged
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2 shard (a collective: every rank calls it), else the tensor."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+@torch.no_grad()
+def _gathered(entries) -> Weights:
+    """Each entry's whole tensor, its LoRA delta merged in (base + PEFT's get_delta_weight), one at a time."""
+    for name, param, layer in entries:
+        tensor = _full(param.detach())
+        yield name, tensor if layer is None else tensor + _delta(layer, tensor)
 
 
 def _delta(layer, weight: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ metadata, and a call that hangs (cut at its timeout)."""
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import socket
 import subprocess
 import sys
@@ -98,3 +99,42 @@ def test_a_server_that_is_gone_is_one_line():
     with pytest.raises(RolloutServerError, match="cannot be reached") as err:
         ServerClient(f"http://127.0.0.1:{port}", timeout_s=1.0).call("GET", "/weight_info")
     assert "\n" not in str(err.value) and "--resume" in str(err.value)
+
+
+def test_the_nccl_rendezvous_is_this_machines_address_towards_the_server():
+    """vLLM's NCCL rendezvous binds on the trainer (its rank 0) and the server's workers connect to it: the
+    address is this machine's on the route to the server, not the server's own (it would not bind here)."""
+    from grpolab.rollout.server_client import address_towards
+
+    assert address_towards("127.0.0.1") == "127.0.0.1"
+    with socket.socket() as s:
+        s.bind((address_towards("127.0.0.1"), 0))  # an address this machine can bind
+    with pytest.raises(RolloutServerError, match="GRPOLAB_NCCL_ADDRESS") as err:
+        address_towards("no-such-host.invalid")
+    assert "\n" not in str(err.value)
+
+
+def test_the_nccl_source_streams_the_weights_its_metadata_declares():
+    """vLLM's NCCL engine sizes the server's receive buffers from ``metadata()`` before it iterates: the
+    declared names, dtypes and shapes are the iterated ones, for a plain and a LoRA model, and the tensors
+    are taken one at a time (the iterator is not drained ahead)."""
+    from peft import LoraConfig, get_peft_model
+
+    from grpolab.rollout.server_client import StreamSource
+    from grpolab.rollout.vllm_sync import policy_weights, weight_metadata
+    from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
+
+    policy = build_tiny_model(build_char_tokenizer(), hidden_size=16, num_layers=1, num_heads=2)
+    peft = get_peft_model(build_tiny_model(build_char_tokenizer(), hidden_size=16, num_layers=1, num_heads=2),
+                          LoraConfig(r=2, target_modules=["q_proj"]))  # fmt: skip
+    for model, merge in ((policy, True), (peft, True), (peft, False)):
+        taken = []
+        weights = ((taken.append(n) or n, t) for n, t in policy_weights(model, torch.bfloat16, merge_lora=merge))
+        source = StreamSource(weights, weight_metadata(model, torch.bfloat16, merge_lora=merge))
+        declared = [(m.name, m.dtype, tuple(m.shape)) for m in source.metadata()]
+        assert taken == []  # nothing gathered for the metadata
+        got = []
+        for name, t in source:
+            assert taken[-1] == name  # one at a time
+            got.append((name, t.dtype, tuple(t.shape)))
+        assert got == declared and source.sent == sum(2 * math.prod(s) for _, _, s in declared)

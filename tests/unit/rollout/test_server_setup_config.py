@@ -49,3 +49,37 @@ def test_a_remote_server_needs_the_setting_and_a_key(monkeypatch):
 def test_server_mode_with_staleness_is_accepted():
     c = cfg(mode="server", engine="vllm", max_staleness=2)
     assert c.rollout.max_staleness == 2
+
+
+def test_the_weight_transport_auto_resolves_by_where_the_server_is(monkeypatch):
+    from grpolab.config.server_checks import weight_transport
+
+    monkeypatch.setenv("GRPOLAB_VLLM_API_KEY", "secret")
+    base = {"mode": "server", "engine": "vllm", "allow_remote": True}
+    started_here = cfg(**base, server_host="0.0.0.0").rollout
+    assert weight_transport(started_here) == "shm"  # a server this run starts is on this machine, on its GPUs
+    assert weight_transport(started_here, serving=True) == "nccl"  # grpolab serve for trainers elsewhere
+    assert weight_transport(cfg(**base, server_url="http://127.0.0.1:8000").rollout) == "shm"
+    assert weight_transport(cfg(**base, server_url="http://10.1.2.3:8000").rollout) == "nccl"
+    assert weight_transport(cfg(**base, server_url="http://10.1.2.3:8000", weight_transport="nccl").rollout) == "nccl"
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"weight_transport": "nccl"}, "needs a server on GPUs of its own"),
+        ({"weight_transport": "shm", "server_url": "http://10.1.2.3:8000"}, "which the server at http://10.1.2.3:8000 cannot read"),
+        ({"server_url": "http://10.1.2.3:8000", "lora": True}, "loads each adapter version from a folder"),
+    ],
+)
+def test_a_trainers_transport_that_cannot_reach_its_server_is_one_line(monkeypatch, settings, says):
+    from grpolab.config.server_checks import check_trainer_transport
+
+    monkeypatch.setenv("GRPOLAB_VLLM_API_KEY", "secret")
+    lora = settings.pop("lora", False)
+    c = config_from_dict({"model": {"name_or_path": "unused", "lora": {"enabled": lora}},
+                          "rollout": {"mode": "server", "engine": "vllm", "allow_remote": True, **settings}})  # fmt: skip
+    with pytest.raises(ConfigError, match=re.escape(says)) as err:
+        check_trainer_transport(c)
+    assert "\n" not in str(err.value)
+    check_trainer_transport(cfg(mode="server", engine="vllm"))  # a server this run starts: shm, fine
