@@ -16,9 +16,11 @@ class VLLMConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Dtype of the engine's weights: auto = bfloat16 when the trainer autocasts to bf16, else model.dtype.
     float32 makes the engine's log-probs equal the fp32 trainer's (to ~1e-5)."""
-    gpu_memory_utilization: float = 0.3
-    """CUDA: fraction of the device memory the engine may take (weights, activations, KV cache), in
-    (0, 1]; the trainer needs the rest (TRL colocate: 0.3). Unused on CPU, where kv_cache_space_gb rules."""
+    gpu_memory_utilization: float | None = None
+    """CUDA: fraction of the device memory the engine may take (weights, activations, KV cache), in (0, 1].
+    null = 0.3 for an engine beside the trainer on its GPU (colocated, or a server the run starts: the trainer
+    needs the rest; TRL colocate's), 0.9 for grpolab serve's, on GPUs of its own (vLLM's and TRL vllm-serve's).
+    Unused on CPU, where kv_cache_space_gb rules."""
     kv_cache_space_gb: float | None = None
     """KV-cache size in GiB. CPU: null = 1 GiB (vLLM must be told; it cannot measure a CPU's free memory).
     CUDA: null = what gpu_memory_utilization leaves after the weights."""
@@ -41,7 +43,10 @@ class VLLMConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (not 0 < self.gpu_memory_utilization <= 1, "vllm.gpu_memory_utilization must be in (0, 1] (TRL: 0.3)"),
+            (
+                self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1,
+                "vllm.gpu_memory_utilization must be in (0, 1] (TRL: 0.3), or null for the default",
+            ),
             (
                 self.kv_cache_space_gb is not None and self.kv_cache_space_gb <= 0,
                 "vllm.kv_cache_space_gb must be > 0 (GiB), or null for the default",

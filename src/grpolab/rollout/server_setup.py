@@ -38,7 +38,7 @@ def server_args(
     serving: bool = False,
 ):
     """(vLLM server arguments, environment) for the run's engine settings (``serving``: for grpolab serve)."""
-    kw = engine_kwargs(cfg, device_type=device_type, autocast_dtype=autocast_dtype, context=context)
+    kw = engine_kwargs(cfg, device_type=device_type, autocast_dtype=autocast_dtype, context=context, serving=serving)
     args = [
         "--model", kw["model"], "--tokenizer", kw["tokenizer"], "--served-model-name", MODEL_NAME,
         "--dtype", kw["dtype"], "--max-model-len", str(kw["max_model_len"]),

