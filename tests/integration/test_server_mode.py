@@ -121,6 +121,11 @@ def test_samples_carry_the_engine_logprobs_and_the_version(server, model_dir, ba
     client = ServerClient(server.url, timeout_s=60)
     sampler = ServerSampler(client, tok, max_completion_length=6, eos_token_ids=[tok.eos_token_id], weights_from=policy)
     assert sampler.batched  # the server grpolab started has the route
+    assert sampler.info["weight_transfer"] == "grpolab_shm"  # and says how it takes weights
+    wrong = ServerSampler(client, tok, max_completion_length=6, eos_token_ids=[tok.eos_token_id], weights_from=policy,
+                          transport="nccl")  # fmt: skip
+    with pytest.raises(RolloutServerError, match="takes weights over grpolab_shm, this trainer sends them over nccl"):
+        wrong.update_weights(policy)  # refused before any NCCL call
     sampler.batched = batched
     prompts = [tok.encode("1+2="), tok.encode("a")]
     for version in (0, 1):

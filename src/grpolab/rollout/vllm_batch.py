@@ -75,7 +75,8 @@ class BatchEndpoint:
         router = APIRouter()
 
         async def info() -> dict:
-            return {"protocol": PROTOCOL}
+            config = getattr(getattr(self.engine, "vllm_config", None), "weight_transfer_config", None)
+            return {"protocol": PROTOCOL, "weight_transfer": getattr(config, "backend", None)}
 
         async def generate(raw):
             try:

@@ -183,15 +183,31 @@ class ServerSampler:
             self.update_weights(self._pending)
 
     @functools.cached_property
-    def batched(self) -> bool:
-        """Whether the server has grpolab's batch route (a server grpolab starts; rollout/vllm_batch.py)."""
+    def info(self) -> dict:
+        """The server's ``/grpolab/info`` (rollout/vllm_batch.py), {} for a server without it (a plain vllm serve)."""
         try:
-            return self.client.call("GET", vllm_batch.INFO_ROUTE).get("protocol") == vllm_batch.PROTOCOL
+            return self.client.call("GET", vllm_batch.INFO_ROUTE)
         except RolloutServerError as err:
             if " with 404" not in str(err):
                 raise
             log.info("vllm server %s has no %s: one seeded request per sample", self.client.url, vllm_batch.ROUTE)
-            return False
+            return {}
+
+    @functools.cached_property
+    def batched(self) -> bool:
+        """Whether the server has grpolab's batch route (a server grpolab starts; rollout/vllm_batch.py)."""
+        return self.info.get("protocol") == vllm_batch.PROTOCOL
+
+    def _check_transport(self) -> None:
+        """The server takes weights over the transport this trainer sends them by (rollout.weight_transport on
+        both sides: ``auto`` can differ, e.g. a grpolab serve bound to 0.0.0.0 and a trainer's loopback URL)."""
+        served, mine = self.info.get("weight_transfer"), vllm_shm.BACKEND if self.transport == "shm" else "nccl"
+        if served is not None and served != mine:
+            raise RolloutServerError(
+                f"the vLLM server at {self.client.url} takes weights over {served}, this trainer sends them over "
+                f"{mine}: set rollout.weight_transport={'shm' if served == vllm_shm.BACKEND else served} for the "
+                "trainer, or start the server with the trainer's"
+            )
 
     def _batch(self, prompt_ids, per_prompt: int, seed: int | None, finished) -> list[dict]:
         """The whole batch in one call, sampled as the colocated engine samples it (rollout/vllm_batch.py);
@@ -299,6 +315,8 @@ class ServerSampler:
 
     def _sync(self, weights, version: int, metadata=None) -> int:
         """The sender's half of ``update_weights``: the bytes sent."""
+        if version == 0:
+            self._check_transport()
         c = self.client
         c.call("POST", "/pause?mode=wait")
         try:

@@ -33,15 +33,18 @@ def test_every_route_but_health_needs_the_key(app):
     for path in ("/pause", "/collective_rpc", "/v1/models", "/grpolab/info"):
         assert app.get(path).status_code == 401
         assert app.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert app.get("/grpolab/info", headers={"Authorization": "Bearer s3cret"}).json() == {"protocol": 1}
+    assert app.get("/grpolab/info", headers={"Authorization": "Bearer s3cret"}).json()["protocol"] == 1
     assert app.post("/pause", headers={"Authorization": "Bearer s3cret"}).json() == {"ok": True}
 
 
-def test_without_a_key_nothing_is_guarded(monkeypatch):
+def test_without_a_key_nothing_is_guarded_and_info_names_the_weight_transfer(monkeypatch):
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     app = fastapi.FastAPI()
-    BatchEndpoint().attach_router(app)
-    assert TestClient(app).get("/grpolab/info").json() == {"protocol": 1}
+    endpoint = BatchEndpoint()
+    endpoint.attach_router(app)
+    assert TestClient(app).get("/grpolab/info").json() == {"protocol": 1, "weight_transfer": None}  # no engine yet
+    endpoint.engine = SimpleNamespace(vllm_config=SimpleNamespace(weight_transfer_config=SimpleNamespace(backend="nccl")))
+    assert TestClient(app).get("/grpolab/info").json() == {"protocol": 1, "weight_transfer": "nccl"}
 
 
 class FakeQueue:
