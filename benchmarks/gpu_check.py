@@ -26,9 +26,9 @@ weights equal the uninterrupted run's (to float tolerance on a CPU; within 1e-3 
 run sets ``train.deterministic`` so that both use the same kernels (strict, as TRL's full_determinism:
 should an op on the path have no deterministic CUDA kernel, the run is made again without it, and a note
 under the table names the op). Each run's folders (~25 GB of checkpoints at the 0.5B shape) are removed
-once it is checked. A run that fails or fails an assert
-is a row that says so and the others still run; a run that would end past ``--budget-s`` (450) is
-skipped: one call always ends with the table, then the failures, and exits 1 if there were any.
+once it is checked. A run that fails or fails an assert is a row that says so and the others still run;
+a run that would end past ``--budget-s`` (450) is skipped: one call always ends with the table, then the
+failures, and exits 1 if there were any.
 
 On the lent H200 (its image: torch 2.11+cu130, transformers 5.17, peft, accelerate; nothing of
 grpolab's installed), from the repository root, with nothing to install or carry:
@@ -273,7 +273,6 @@ def main(argv=None) -> int:
     peak = matmul_peak_tflops(a.device)
     tmp = tempfile.mkdtemp(prefix="gpu_check_") if a.keep is None else a.keep
     out = Path(tmp)
-    failed = ["no run"]
     try:
         model_dir, data = out / "model", out / "data.jsonl"
         n_params = build_model(model_dir, TINY if a.smoke else QWEN_05B)
@@ -351,8 +350,12 @@ def _torchrun(a, name: str, model_dir: Path, data: Path, out: Path, extra: list[
            "--micro-batch", str(a.micro_batch)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
     if done.returncode != 0:
+        from grpolab.errors import NONDETERMINISTIC_OP
+
         sys.stderr.write(done.stderr[-8000:])
-        raise RuntimeError(f"torchrun {name} exited {done.returncode}: {done.stderr.strip()[-1200:]}")
+        # the child's error line, not torchrun's summary after it (an op without a deterministic kernel: a retry)
+        causes = [line for line in done.stderr.splitlines() if NONDETERMINISTIC_OP in line]
+        raise RuntimeError(f"torchrun {name} exited {done.returncode}: {causes[-1] if causes else done.stderr.strip()[-1200:]}")
 
 
 def _free_port() -> int:
