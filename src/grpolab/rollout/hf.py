@@ -305,10 +305,21 @@ def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Te
     if top_p < 1:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
-        drop_sorted = probs.cumsum(-1) - probs >= top_p  # mass strictly before a token already >= p
+        fixed = probs.is_cuda and torch.are_deterministic_algorithms_enabled()
+        drop_sorted = mass_before(probs, fixed=fixed) >= top_p  # mass strictly before a token already >= p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def mass_before(probs: torch.Tensor, *, fixed: bool = False) -> torch.Tensor:
+    """[n, V] sorted probabilities -> the mass strictly before each. ``fixed``: summed in int64 fixed point
+    (steps of 2^-52, finer than float32's own rounding of these sums), for train.deterministic on CUDA,
+    where torch has no deterministic float cumsum (it raises); an integer sum is exact, so deterministic."""
+    if not fixed:
+        return probs.cumsum(-1) - probs
+    units = (probs.double() * 2.0**52).round().long()
+    return ((units.cumsum(-1) - units).double() / 2.0**52).to(probs.dtype)
 
 
 def _resolve_eos(model, tokenizer, eos_token_ids: Sequence[int] | None) -> list[int]:

@@ -291,3 +291,19 @@ def test_the_cuda_decode_masks_give_the_2d_masks_completions_without_asking_for_
     torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-5, rtol=1e-5)
     width = max(map(len, batch))
     assert all(shape[-1] == width for shape in asked)  # the prefill's own questions, none per decoded token
+
+
+def test_top_p_in_fixed_point_keeps_the_same_nucleus():
+    """Top-p under train.deterministic on CUDA sums the sorted probabilities in int64 fixed point (torch has
+    no deterministic float cumsum there): the mass before each token is the float sum's to 1e-6, and the
+    nucleus kept is the same, here on peaked and on flat rows."""
+    from grpolab.rollout.hf import mass_before
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.cat([4 * torch.randn(6, 500, generator=gen), 0.01 * torch.randn(2, 500, generator=gen)])
+    probs = torch.softmax(logits, -1).sort(-1, descending=True).values
+    exact, fixed = mass_before(probs), mass_before(probs, fixed=True)
+    assert fixed.dtype == probs.dtype and (fixed - exact).abs().max() < 1e-6
+    for p in (0.1, 0.5, 0.9, 0.99):
+        clear = (exact - p).abs() > 1e-5  # away from the threshold by more than either sum's rounding
+        assert clear.float().mean() > 0.99 and torch.equal((fixed >= p)[clear], (exact >= p)[clear])
