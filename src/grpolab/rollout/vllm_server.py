@@ -33,10 +33,10 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from grpolab.config.server_checks import LOOPBACK
 from grpolab.errors import TrainingError
 from grpolab.rollout import vllm_batch, vllm_shm
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 PLUGIN_DIST = "grpolab_vllm_plugin-0.dist-info"
 
 
