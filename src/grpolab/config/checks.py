@@ -20,11 +20,10 @@ import math
 import numbers
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from grpolab.config.algo_section import ALGO_PRESETS, GROUP_BASELINES, AlgoConfig
-from grpolab.config.server_checks import check_server
+from grpolab.config.server_checks import check_server, field_default
 from grpolab.config.templates import resolve_template
 from grpolab.errors import ConfigError
 
@@ -314,7 +313,7 @@ def inert_settings(cfg: Config) -> list[str]:
         )
     if a.ratio_is_one:
         out += [_RATIO_IS_ONE.format(what=what) for what in _inert_clips(a)]
-    if not a.dynamic_sampling and a.max_sampling_rounds != _default(AlgoConfig, "max_sampling_rounds"):
+    if not a.dynamic_sampling and a.max_sampling_rounds != field_default(AlgoConfig, "max_sampling_rounds"):
         out.append(
             f"algo.max_sampling_rounds={a.max_sampling_rounds} has no effect without dynamic sampling: set "
             "algo.dynamic_sampling=true (DAPO) or leave it out"
@@ -323,7 +322,7 @@ def inert_settings(cfg: Config) -> list[str]:
         changed = [
             f"algo.{k}={getattr(a, k)}"
             for k in ("rollout_correction_level", "rollout_correction_cap")
-            if getattr(a, k) != _default(AlgoConfig, k)
+            if getattr(a, k) != field_default(AlgoConfig, k)
         ]
         if changed:
             out.append(
@@ -346,9 +345,6 @@ _RATIO_IS_ONE = (
     "(DAPO: 16 minibatches, GSPO: 4)"
 )
 
-
-def _default(cls, name: str):
-    return next(f.default for f in fields(cls) if f.name == name)
 
 
 def _inert_clips(a: AlgoConfig) -> list[str]:

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from grpolab.config.root import Config
 
 
-def _default(cls, name: str):
+def field_default(cls, name: str):
+    """The default of dataclass ``cls``'s field ``name`` (a setting left as it was)."""
     return next(f.default for f in fields(cls) if f.name == name)
 
 
@@ -64,7 +65,7 @@ def check_server(cfg: Config) -> None:
     """rollout.mode=server's settings, checked before any model loads (docs/server_mode.md)."""
     r = cfg.rollout
     if r.mode == "colocated":
-        set_here = [k for k in ("server_url", "max_staleness") if getattr(r, k) != _default(type(r), k)]
+        set_here = [k for k in ("server_url", "max_staleness") if getattr(r, k) != field_default(type(r), k)]
         if set_here:
             raise ConfigError(
                 f"rollout.{set_here[0]} needs rollout.mode=server (a vLLM server beside the trainer): set "
