@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpolab.api_models import ModelFolder, TrainerState, model_folder, save_model, tokenizer_folder
 from grpolab.commands.train import train as train_loop
-from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, load_config
+from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, load_config, user_settings
 from grpolab.data import DataError, examples_from_rows
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
@@ -281,10 +281,11 @@ def _raw_config(args: Any) -> dict[str, Any]:
     """A nested dict of config sections from any form ``args`` may take."""
     if args is None:
         return {}
-    if isinstance(args, Config):
-        return config_to_dict(args)
+    if isinstance(args, Config):  # what the user set, so a preset left unset stays the preset's to fill
+        settings = user_settings(args)
+        return config_to_dict(args) if settings is None else settings
     if isinstance(args, str | os.PathLike):
-        return config_to_dict(load_config(Path(args)))
+        return dict(load_config(Path(args)).settings)
     if not isinstance(args, Mapping):
         raise ConfigError(f"args is a {type(args).__name__}: give a grpolab Config, a dict, a YAML path or TRL's GRPOConfig")
     raw: dict[str, Any] = {}

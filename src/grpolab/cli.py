@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from grpolab import __version__
 from grpolab.config import ConfigError, ConfigWarning, load_config
-from grpolab.config.view import SECTIONS, config_view
+from grpolab.config.view import SECTIONS, render_view
 from grpolab.errors import NONDETERMINISTIC_OP, GrpolabError, one_line
 
 VERB_MODULES = {
@@ -262,10 +262,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return early
     cfg = load_config(args.config, _overrides(args))
     if args.verb == "config":
-        import yaml
-
         print(f"# the config grpolab {args.for_verb} reads (grpolab config --for VERB shows another verb's)")
-        print(yaml.safe_dump(config_view(cfg, args.for_verb), sort_keys=False), end="")
+        print(render_view(cfg, args.for_verb), end="")
         return 0
     if args.verb in ("train", "claims"):
         return _train(cfg, resume=args.resume) if args.verb == "train" else _claims(cfg)

@@ -30,7 +30,7 @@ def test_compare_cli_writes_a_report_of_models_memory_and_time(
         "log.tensorboard=false",
         f"log.output_dir={tmp_path}",
         "log.run_name=cmp",
-        "algo.advantage=rloo",  # reset to each algorithm's preset
+        "algo.beta=0.02",  # set by the user: both algorithms keep it; the rest is each one's preset
     ]
     assert main(["compare", "--algos", "grpo,ppo", *overrides]) == 0
     out = tmp_path / "cmp"
@@ -41,7 +41,10 @@ def test_compare_cli_writes_a_report_of_models_memory_and_time(
     assert (
         "gae" not in (out / "grpo.yaml").read_text() and "advantage: gae" in (out / "ppo.yaml").read_text()
     )
+    assert all("beta: 0.02" in (out / f"{a}.yaml").read_text() for a in ("grpo", "ppo"))
     report = (out / "report.md").read_text()
+    assert "| grpo | grpo | seq-mean-token-mean | clip | token | loss | k3 | 0.02 | 0.2 | 0.2 | 1 | 1 |" in report
+    assert "| ppo | gae | seq-mean-token-mean | clip | token | reward | k1 | 0.02 | 0.2 | 0.2 | 1 | 2 |" in report
     assert "| grpo | policy, reference |" in report and "| ppo | policy, reference, value |" in report
     assert "value model adds" in report
     for plot in ("reward_vs_step", "reward_vs_samples", "time_per_step"):

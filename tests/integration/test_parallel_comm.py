@@ -89,13 +89,13 @@ def _update_policy_calls(model, rank: int) -> int:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    from grpolab.config import AlgoConfig, Config, OptimConfig, RolloutConfig, TrainConfig
+    from grpolab.config import Config, OptimConfig, RolloutConfig, TrainConfig, preset_algo
     from grpolab.training.step import PolicyLossSpec, update_policy
     from grpolab.types import RolloutBatch
 
     ddp, calls = DistributedDataParallel(model), []
     ddp.register_comm_hook(None, lambda state, bucket: calls.append(1) or allreduce_hook(None, bucket))
-    cfg = Config(optim=OptimConfig(lr=0.1), algo=AlgoConfig(num_minibatches=2), rollout=RolloutConfig(num_generations=3),
+    cfg = Config(optim=OptimConfig(lr=0.1), algo=preset_algo(num_minibatches=2), rollout=RolloutConfig(num_generations=3),
                  train=TrainConfig(prompts_per_step=2, micro_batch_size=1))  # fmt: skip
     gen = torch.Generator().manual_seed(rank)
     ids = torch.randint(4, 60, (6, 5), generator=gen)

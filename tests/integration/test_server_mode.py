@@ -291,7 +291,7 @@ def test_a_forced_lag_of_1_changes_the_loss_as_the_hand_computed_correction(serv
     loss, stats = policy_loss(lp1, lp1, mb, spec, total_seqs=4.0, total_tokens=float(mask.sum()))
     w = torch.exp(lp1 - out.logprobs).clamp(max=2.0) * mask
     want = -sum(float((w[i] * adv[i]).sum() / mask[i].sum()) for i in range(4)) / 4
-    assert cfg.algo.resolved_loss_agg == "seq-mean-token-mean"
+    assert cfg.algo.loss_agg == "seq-mean-token-mean"
     assert float(loss) == pytest.approx(want, abs=1e-5)
     unweighted = -sum(float(adv[i] * mask[i].sum() / mask[i].sum()) for i in range(4)) / 4
     assert abs(want - unweighted) > 1e-3  # the lag moved the weights off 1: the check can fail

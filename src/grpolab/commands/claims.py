@@ -42,7 +42,7 @@ from grpolab.commands.compare import AlgoRun, algo_config, summarise, train_in_c
 from grpolab.commands.eval import evaluate
 from grpolab.commands.hacking import finished, grid_configs, hacking
 from grpolab.commands.train_rm import PreferencePair, train_reward_model, write_pairs
-from grpolab.config import ClaimsConfig, Config, ConfigError, RewardSpec
+from grpolab.config import Config, ConfigError, config_to_dict, derive
 from grpolab.config.view import config_view
 from grpolab.data import DataError, load_examples, split_eval, tokenize_prompts
 from grpolab.eval.kl import measure_kl
@@ -95,21 +95,24 @@ def check_claims(cfg: Config) -> None:
 
 
 def hard_data(cfg: Config) -> Config:
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, params=dict(cfg.claims.hard_params)))
+    return derive(cfg, {"data.params": dict(cfg.claims.hard_params)})
+
+
+def _gold(cfg: Config) -> list[dict[str, Any]]:
+    """reward.gold as settings: the config's gold reward, or its rule reward when it names none."""
+    return config_to_dict(cfg.reward.gold or cfg.reward.functions)
 
 
 def training_configs(cfg: Config, out: Path) -> dict[str, Config]:
-    """Claims 1 and 2: GRPO (rollout.num_generations), PPO, GRPO at the other G; the rule reward as gold."""
-    gold = dataclasses.replace(cfg.reward, gold=cfg.reward.gold or cfg.reward.functions)
-    log_cfg = dataclasses.replace(cfg.log, checkpoint_every=0, keep_last=1)
-    base = dataclasses.replace(cfg, reward=gold, log=log_cfg, claims=ClaimsConfig())  # what train reads, no more
+    """Claims 1 and 2: GRPO (rollout.num_generations), PPO, GRPO at the other G; the rule reward as gold.
+    Each is derived from the user's settings with algo.name switched (compare.algo_config), so PPO runs its
+    own preset wherever the user left a field unset."""
+    base = derive(cfg, {"reward.gold": _gold(cfg), "log.checkpoint_every": 0, "log.keep_last": 1, "claims": {}})
     runs = {"grpo": algo_config(base, "grpo", out), "ppo": algo_config(base, "ppo", out)}
     for g in cfg.claims.group_sizes:
         if g != cfg.rollout.num_generations:
-            run = algo_config(base, "grpo", out)
-            log_cfg = dataclasses.replace(run.log, run_name=grpo_name(g))
-            runs[grpo_name(g)] = dataclasses.replace(
-                run, rollout=dataclasses.replace(run.rollout, num_generations=g), log=log_cfg
+            runs[grpo_name(g)] = algo_config(
+                base, "grpo", out, {"rollout.num_generations": g, "log.run_name": grpo_name(g)}
             )
     return runs
 
@@ -117,19 +120,19 @@ def training_configs(cfg: Config, out: Path) -> dict[str, Config]:
 def hacking_config(cfg: Config, rm_dir: Path) -> Config:
     """Claim 5: GRPO on the reward model alone, the rule reward as gold, from the starting model."""
     c = cfg.claims
-    reward = dataclasses.replace(
-        cfg.reward,
-        functions=(RewardSpec(name="reward_model", kwargs={"path": str(rm_dir)}),),
-        gold=cfg.reward.gold or cfg.reward.functions,
-    )
     out = cfg.run_dir / "hacking"
-    return dataclasses.replace(
+    return derive(
         cfg,
-        claims=ClaimsConfig(),
-        reward=reward,
-        optim=dataclasses.replace(cfg.optim, lr=c.hacking_lr or cfg.optim.lr),
-        train=dataclasses.replace(cfg.train, num_steps=c.hacking_steps or cfg.train.num_steps),
-        log=dataclasses.replace(cfg.log, output_dir=str(out.parent), run_name=out.name, checkpoint_every=0),
+        {
+            "claims": {},
+            "reward.functions": [{"name": "reward_model", "kwargs": {"path": str(rm_dir)}}],
+            "reward.gold": _gold(cfg),
+            "optim.lr": c.hacking_lr or cfg.optim.lr,
+            "train.num_steps": c.hacking_steps or cfg.train.num_steps,
+            "log.output_dir": str(out.parent),
+            "log.run_name": out.name,
+            "log.checkpoint_every": 0,
+        },
     )
 
 
@@ -225,25 +228,23 @@ def _eval(cfg: Config, model: str, label: str, folder: Path) -> ModelEval:
 
 def _evaluate_kinds(cfg: Config, data: ClaimsData, model: str, label: str) -> None:
     """Claim 4: Pass@K / Maj@K on claims.eval_prompts prompts of each kind (A: the task, B: hard_params)."""
-    ev = dataclasses.replace(cfg.eval, max_prompts=cfg.claims.eval_prompts, greedy=True)
-    kinds = {"A": dataclasses.replace(cfg, eval=ev)}
+    ev = {"eval.max_prompts": cfg.claims.eval_prompts, "eval.greedy": True}
+    kinds = {"A": derive(cfg, ev)}
     if cfg.claims.hard_params:
-        kinds["B"] = dataclasses.replace(hard_data(cfg), eval=ev)
+        kinds["B"] = derive(cfg, {**ev, "data.params": dict(cfg.claims.hard_params)})
     for kind, kind_cfg in kinds.items():
         data.evals[f"{kind}/{label}"] = _eval(kind_cfg, model, label, cfg.run_dir / "eval" / f"{kind}_{label}")
 
 
 def _greedy(cfg: Config, data: ClaimsData, model: str, label: str) -> None:
     """Claim 2: greedy accuracy on every held-out prompt of the task (one sample each, for the record)."""
-    ev = dataclasses.replace(cfg.eval, num_samples=1, ks=(1,), greedy=True, max_prompts=0)
-    data.evals[f"greedy/{label}"] = _eval(
-        dataclasses.replace(cfg, eval=ev), model, label, cfg.run_dir / "eval" / f"greedy_{label}"
-    )
+    ev = {"eval.num_samples": 1, "eval.ks": [1], "eval.greedy": True, "eval.max_prompts": 0}
+    data.evals[f"greedy/{label}"] = _eval(derive(cfg, ev), model, label, cfg.run_dir / "eval" / f"greedy_{label}")
 
 
 def _train(run_cfg: Config, out: Path) -> AlgoRun:
     """A finished run of this exact config (overwrite included: it is what the child saved) is read back."""
-    run_cfg = dataclasses.replace(run_cfg, log=dataclasses.replace(run_cfg.log, overwrite=True))
+    run_cfg = derive(run_cfg, {"log.overwrite": True})
     wall_file = out / f"{run_cfg.log.run_name}.wall_s"
     if finished(run_cfg) and wall_file.is_file() and latest_checkpoint(run_cfg.run_dir) is not None:
         info = json.loads((run_cfg.run_dir / "run_info.json").read_text())
@@ -322,11 +323,14 @@ def preference_pairs(cfg: Config, model_path: str) -> tuple[list[PreferencePair]
 def _reward_model(cfg: Config, data: ClaimsData) -> Path:
     """Pairs from the starting model's samples, then train-rm from the starting model."""
     folder = cfg.run_dir / "reward_model"
-    rm_cfg = dataclasses.replace(
-        cfg.reward_model, base_model=data.start_model, data_path=str(cfg.run_dir / "rm_pairs.jsonl"),
-        output_dir=str(folder),
+    rm_full = derive(
+        cfg,
+        {
+            "reward_model.base_model": data.start_model,
+            "reward_model.data_path": str(cfg.run_dir / "rm_pairs.jsonl"),
+            "reward_model.output_dir": str(folder),
+        },
     )
-    rm_full = dataclasses.replace(cfg, reward_model=rm_cfg)
     stats_path = cfg.run_dir / "rm_pairs.json"
     c = cfg.claims
     text = _stage_text(cfg, config_view(rm_full, "train-rm"), c.rm_prompts, c.rm_pairs_per_prompt)
@@ -339,7 +343,7 @@ def _reward_model(cfg: Config, data: ClaimsData) -> Path:
             f"claims: only {stats['prompts_with_both']} of {stats['prompts']} prompts had a right and a wrong sample "
             "of the starting model; raise claims.rm_prompts or rollout.num_generations"
         )
-    write_pairs(rm_cfg.data_path, pairs)
+    write_pairs(rm_full.reward_model.data_path, pairs)
     result = train_reward_model(rm_full)
     stats |= {"history": result.history, "path": str(folder)}
     jsonio.write_whole(stats_path, jsonio.dumps(stats, indent=1) + "\n")

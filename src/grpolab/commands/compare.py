@@ -2,9 +2,9 @@
 
 Each algorithm trains in its own ``grpolab train`` subprocess, one after another, so the peak memory a
 run reports (process RSS on CPU, max allocated on a GPU; ``sys/peak_mem_mb``) is that algorithm's
-alone. Everything but ``algo.name`` is the caller's config; the fields an algorithm preset fills
-(``algo.advantage``, ``algo.loss_agg``, ``algo.kl_in`` and the ``algo.kl_estimator`` that goes with
-where the KL sits) are reset to null so each one runs as its preset defines it. Runs go to ``<log.output_dir>/<log.run_name>/<algo>/``, the report beside them.
+alone. Each algorithm's config is derived from the settings the user wrote with ``algo.name`` changed
+(``derive``), so every field its preset fills takes that preset's value unless the user set it: the
+same config as ``grpolab train`` with ``algo.name=<algo>`` on the same file and overrides. Runs go to ``<log.output_dir>/<log.run_name>/<algo>/``, the report beside them.
 
 Signals: each child runs in its own session, so a Ctrl-C at the terminal reaches only this process,
 which forwards SIGINT / SIGTERM to the running child and waits for it: the child finishes its step,
@@ -17,7 +17,6 @@ before it could write its checkpoint.)
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import signal
@@ -27,13 +26,15 @@ import sys
 import threading
 import time
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from grpolab.commands.compare_report import write_report
-from grpolab.config import AlgoName, Config, ConfigError, dump_config
+from grpolab.config import AlgoName, Config, ConfigError, derive, dump_config
 from grpolab.errors import GrpolabError
 from grpolab.runtime.logging import read_metrics
 
@@ -74,11 +75,13 @@ class Comparison:
     summary: list[dict[str, Any]]
 
 
-def algo_config(cfg: Config, algo: str, out: Path) -> Config:
-    """cfg with algo.name=algo (preset fields reset), written under out/<algo>, without a progress bar."""
-    algo_cfg = dataclasses.replace(cfg.algo, name=algo, advantage=None, loss_agg=None, kl_in=None, kl_estimator=None)
-    log_cfg = dataclasses.replace(cfg.log, output_dir=str(out), run_name=algo, progress=False)
-    return dataclasses.replace(cfg, algo=algo_cfg, log=log_cfg)
+def algo_config(cfg: Config, algo: str, out: Path, changes: Mapping[str, Any] | None = None) -> Config:
+    """cfg derived with algo.name=algo and ``changes`` (dotted keys), written under out/<algo> (or the
+    ``log.run_name`` of ``changes``), without a progress bar: the preset's fields the user left unset take
+    ``algo``'s values, the ones the user set keep theirs (config/resolve.py)."""
+    return derive(
+        cfg, {"algo.name": algo, "log.output_dir": str(out), "log.run_name": algo, "log.progress": False, **(changes or {})}
+    )
 
 
 def validate_algos(cfg: Config, algos: Sequence[str]) -> dict[str, Config]:
@@ -163,6 +166,19 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+SETTINGS_SHOWN = (
+    "advantage", "loss_agg", "policy_loss", "importance_level", "kl_in", "kl_estimator", "beta", "clip_low",
+    "clip_high", "mu", "num_minibatches", "dynamic_sampling", "mask_truncated",
+)  # fmt: skip
+"""The algo fields a preset fills: what the report shows of each algorithm's resolved config."""
+
+
+def ran_settings(run_dir: Path) -> dict[str, Any]:
+    """The resolved algo fields of the config the run saved (config.yaml): what actually trained."""
+    algo = yaml.safe_load((run_dir / "config.yaml").read_text()).get("algo", {})
+    return {k: algo.get(k) for k in SETTINGS_SHOWN}
+
+
 def summarise(run: AlgoRun) -> dict[str, Any]:
     """One row of the report: models and parameters, peak memory, mean time per step by phase, reward.
 
@@ -176,6 +192,7 @@ def summarise(run: AlgoRun) -> dict[str, Any]:
     value_update = _mean(steady, "sys/time_value_update_s") or 0.0
     return {
         "algo": run.algo,
+        "settings": ran_settings(run.run_dir),
         "models_loaded": [k for k, v in loaded.items() if v is not None],
         **{f"params_{k}": v for k, v in loaded.items()},
         "params_total": sum(v for v in loaded.values() if v),

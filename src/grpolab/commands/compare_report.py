@@ -12,6 +12,8 @@ from grpolab.config import Config
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "-"
+    if isinstance(v, bool):
+        return str(v).lower()
     if isinstance(v, float):
         return f"{v:.{digits}g}" if abs(v) < 1000 else f"{v:,.0f}"
     if isinstance(v, int):
@@ -40,6 +42,11 @@ def _models_table(summary) -> list[str]:
         for s in summary
     ]
     return _table(header, rows)
+
+
+def _settings_table(summary) -> list[str]:
+    keys = list(summary[0]["settings"]) if summary else []
+    return _table(["algo", *keys], [[s["algo"], *(s["settings"][k] for k in keys)] for s in summary])
 
 
 def _memory_table(summary) -> list[str]:
@@ -125,11 +132,17 @@ def write_report(out: Path, cfg: Config, runs, summary: list[dict[str, Any]]) ->
         f"Model `{cfg.model.name_or_path}`, data {_data_desc(cfg)}, "
         f"seed {cfg.seed}, {cfg.train.num_steps} steps of {cfg.train.prompts_per_step} prompts x "
         f"{cfg.rollout.num_generations} completions ({cfg.completions_per_step} samples per step), "
-        f"max {cfg.rollout.max_completion_length} completion tokens, beta {cfg.algo.beta}, mu {cfg.algo.mu}.",
+        f"max {cfg.rollout.max_completion_length} completion tokens.",
         "Each algorithm ran in its own process, one after another. Peak memory is process RSS on a CPU and "
         "max allocated memory on a GPU; 'before models' is the same measure before any model was loaded.",
         "Times are seconds per step, means over steps 2 onwards.",
         "",
+        "## What each algorithm ran",
+        "",
+        "Each algorithm's resolved settings, read from the config.yaml its run saved: its preset's values "
+        "wherever the user left a field unset (`grpolab config algo.name=NAME` prints the same).",
+        "",
+        *_settings_table(summary),
         "## Models and parameters",
         "",
         *_models_table(summary),

@@ -13,7 +13,6 @@ with the size preset's overrides and the caller's on top; only the model path ch
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from grpolab.commands.eval import evaluate
 from grpolab.commands.packaged import final_checkpoint, packaged_config, stop_if_interrupted, with_model
 from grpolab.commands.sft import sft
 from grpolab.commands.train import train
-from grpolab.config import Config
+from grpolab.config import Config, derive
 from grpolab.eval.report import summary_sentence, write_report
 from grpolab.eval.results import ModelEval
 from grpolab.models.loading import count_parameters
@@ -107,7 +106,7 @@ def own_config(cfg: Config, kind: str) -> Config:
     """``cfg`` after claiming its run folder (run/demo_folder.py): the demo's own earlier run there is
     started over (log.overwrite), any other run refused unless log.overwrite=true was given."""
     claim(cfg.run_dir, kind, overwrite=cfg.log.overwrite)
-    return dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, overwrite=True))
+    return derive(cfg, {"log.overwrite": True})
 
 
 def _task_name(cfg: Config) -> str:

@@ -9,7 +9,6 @@ not a separate evaluation of checkpoints: the same samples the proxy scored, at 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from pathlib import Path
 from grpolab.commands.hacking_analysis import effective_beta
 from grpolab.commands.hacking_report import write_report
 from grpolab.commands.train import train
-from grpolab.config import Config, ConfigError, dump_config
+from grpolab.config import Config, ConfigError, derive, dump_config
 from grpolab.runtime.logging import read_metrics
 
 log = logging.getLogger(__name__)
@@ -71,9 +70,10 @@ def grid_configs(cfg: Config, betas: Sequence[float] = (), seeds: Sequence[int] 
     for seed in seeds:  # seed-major: a grid stopped early has every beta for the seeds it ran
         for beta in betas:
             name = run_name(beta, seed)
-            log_cfg = dataclasses.replace(cfg.log, output_dir=str(cfg.run_dir), run_name=name)
-            algo = dataclasses.replace(cfg.algo, beta=float(beta))
-            out[name] = dataclasses.replace(cfg, algo=algo, seed=int(seed), log=log_cfg)
+            out[name] = derive(
+                cfg,
+                {"log.output_dir": str(cfg.run_dir), "log.run_name": name, "algo.beta": float(beta), "seed": int(seed)},
+            )
     return out
 
 

@@ -16,7 +16,6 @@ extended, without the minutes of SFT and reward-model training.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -27,9 +26,10 @@ from typing import Any
 from grpolab import jsonio
 from grpolab.commands.demo import SIZES, demo_config
 from grpolab.commands.hacking import grid_configs, hacking
+from grpolab.commands.packaged import with_model
 from grpolab.commands.sft import sft
 from grpolab.commands.train_rm import train_reward_model
-from grpolab.config import Config
+from grpolab.config import Config, config_to_dict, derive
 from grpolab.data import load_examples, split_eval
 from grpolab.runtime.logging import read_metrics
 from grpolab.tasks.preferences import length_shortcut_pairs
@@ -84,15 +84,8 @@ def run_miniature(
     t1 = time.perf_counter()
     rm_dir, rm_note = _reward_model_stage(base, sft_dir)
     seconds["reward model"] = time.perf_counter() - t1
-    proxy = dataclasses.replace(
-        base.reward,
-        functions=(
-            dataclasses.replace(base.reward.gold[0], name="reward_model", kwargs={"path": str(rm_dir)}),
-        ),
-    )
-    cfg = dataclasses.replace(
-        base, model=dataclasses.replace(base.model, name_or_path=str(sft_dir)), reward=proxy
-    )
+    proxy = {**config_to_dict(base.reward.gold[0]), "name": "reward_model", "kwargs": {"path": str(rm_dir)}}
+    cfg = derive(base, {"model.name_or_path": str(sft_dir), "reward.functions": [proxy]})
     grid_configs(cfg, betas, seeds)  # a bad grid fails before the GRPO runs
     setup = {"SFT": sft_note, "reward model": rm_note, **_grpo_lines(cfg)}
     t2 = time.perf_counter()
@@ -110,7 +103,7 @@ def _sft_stage(base: Config) -> tuple[Path, str]:
         log.warning("reusing the SFT model in %s (delete it to train it again)", base.sft_dir)
     else:
         init = save_tiny(base.run_dir / "init_model", seed=base.seed, **SIZES["full"][0])
-        done = sft(dataclasses.replace(base, model=dataclasses.replace(base.model, name_or_path=init)), resume=True)
+        done = sft(with_model(base, init), resume=True)
         if done.stopped_by is not None:  # Ctrl-C: the SFT checkpoint is saved; a rerun continues it
             raise KeyboardInterrupt
     return base.sft_dir, _sft_note(base.sft_dir)
@@ -137,8 +130,7 @@ def _reward_model_stage(base: Config, sft_dir: Path) -> tuple[Path, str]:
     pairs = length_shortcut_pairs(examples[:NUM_PAIRS], seed=base.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(jsonio.dumps(p) + "\n" for p in pairs))
-    rm_cfg = dataclasses.replace(rm_cfg, base_model=str(sft_dir), data_path=str(path))
-    train_reward_model(dataclasses.replace(base, reward_model=rm_cfg))
+    train_reward_model(derive(base, {"reward_model.base_model": str(sft_dir), "reward_model.data_path": str(path)}))
     return out, _rm_note(out, path, rm_cfg.epochs)
 
 

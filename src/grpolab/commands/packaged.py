@@ -3,14 +3,13 @@ its size preset and output folder, a config pointed at another model folder, a r
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.resources
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from grpolab.commands.train import TrainResult
-from grpolab.config import Config, load_config
+from grpolab.config import Config, derive, load_config
 from grpolab.runtime.checkpoint import checkpoint_root
 
 Sizes = Mapping[str, tuple[dict[str, int], list[str]]]
@@ -30,7 +29,7 @@ def packaged_config(name: str, sizes: Sizes, out_dir: str | Path, size: str, ove
 
 def with_model(cfg: Config, path: str | Path) -> Config:
     """The same config with model.name_or_path set (re-validated like any loaded config)."""
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=str(path)))
+    return derive(cfg, {"model.name_or_path": str(path)})
 
 
 def final_checkpoint(trained: TrainResult) -> Path:

@@ -14,10 +14,24 @@ or do less than expected; building a ``Config`` warns each as a ``ConfigWarning`
 
 from __future__ import annotations
 
-from grpolab.config.algo_section import ALGO_PRESETS, AdvantageName, AlgoConfig, AlgoName, LossAgg  # noqa: F401
+from grpolab.config.algo_section import (  # noqa: F401
+    ALGO_PRESETS,
+    AdvantageName,
+    AlgoConfig,
+    AlgoName,
+    LossAgg,
+    preset_algo,
+)
 from grpolab.config.checks import ConfigWarning, inert_settings  # noqa: F401
 from grpolab.config.engine import VLLMConfig  # noqa: F401
-from grpolab.config.loading import config_from_dict, config_to_dict, dump_config, load_config  # noqa: F401
+from grpolab.config.loading import (  # noqa: F401
+    config_from_dict,
+    config_to_dict,
+    derive,
+    dump_config,
+    load_config,
+    user_settings,
+)
 from grpolab.config.root import Config  # noqa: F401
 from grpolab.config.sections import (  # noqa: F401 - re-exported
     DataConfig,

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from grpolab.config.presets import ALGO_PRESETS
+from grpolab.config.resolve import fill_preset
+from grpolab.errors import ConfigError
 
 AlgoName = Literal[
     "grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "online_rft", "reinforce_pp", "reinforce_pp_baseline", "ppo"
@@ -26,8 +28,9 @@ LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"
 class AlgoConfig:
     name: AlgoName = "grpo"
     """Algorithm preset: the paper's recipe (ALGO_PRESETS) fills every field below marked "null = preset"
-    that is left null, once, when the config is built; a value set explicitly always wins. The config
-    printed by ``grpolab config`` and written to the run's config.yaml holds the resolved values."""
+    that the user left unset, before the config is built (config/resolve.py); a value set explicitly always
+    wins, also when a study switches algo.name (``derive``). The config printed by ``grpolab config`` and
+    written to the run's config.yaml holds the resolved values."""
     advantage: AdvantageName | None = None
     """Advantage estimator (null = from the preset)."""
     std: Literal["unbiased", "population"] = "unbiased"
@@ -106,41 +109,18 @@ class AlgoConfig:
     """Entropy bonus: the per-token loss gets -entropy_coef * entropy, aggregated like the policy loss. 0 = off."""
 
     def __post_init__(self) -> None:
-        # Fill the preset's values into the fields left null, once, at construction: after this every field
-        # holds its effective value (what code reads, what config.yaml holds, what a reload rebuilds).
-        if self.name not in ALGO_PRESETS:
-            return  # the loader reports an unknown name with a suggestion
-        filled = [key for key in ALGO_PRESETS[self.name] if getattr(self, key) is None]
-        for key in filled:
-            object.__setattr__(self, key, ALGO_PRESETS[self.name][key])
-        object.__setattr__(self, "_from_preset", frozenset(filled))  # not a field: neither dumped nor compared
-        if self.clip_high is None:
-            object.__setattr__(self, "clip_high", self.clip_low)
+        # Presets are filled before an AlgoConfig is built (config/resolve.py), so a built one holds every
+        # effective value and is never changed; a null here means it was built around that step.
+        unfilled = [key for key in _PRESET_KEYS if getattr(self, key) is None]
+        if unfilled and self.name in ALGO_PRESETS:
+            raise ConfigError(
+                f"AlgoConfig(name={self.name!r}) leaves {', '.join(unfilled)} null: build configs with "
+                "grpolab.config.load_config / config_from_dict (or preset_algo), which fill the preset's values"
+            )
 
     @property
     def preset(self) -> dict[str, Any]:
         return ALGO_PRESETS[self.name]
-
-    def from_preset(self, key: str) -> bool:
-        """True when ``key`` was left null and the preset filled it (False when set explicitly)."""
-        return key in getattr(self, "_from_preset", ())
-
-    # Kept for callers written before presets resolved into the fields: each is now the field itself.
-    @property
-    def resolved_advantage(self) -> str:
-        return self.advantage
-
-    @property
-    def resolved_loss_agg(self) -> str:
-        return self.loss_agg
-
-    @property
-    def resolved_kl_in(self) -> str:
-        return self.kl_in
-
-    @property
-    def resolved_clip_high(self) -> float:
-        return self.clip_high
 
     @property
     def ratio_is_one(self) -> bool:
@@ -159,4 +139,15 @@ class AlgoConfig:
     @property
     def needs_critic(self) -> bool:
         """True for PPO: GAE needs a learned value model."""
-        return self.resolved_advantage == "gae"
+        return self.advantage == "gae"
+
+
+_PRESET_KEYS: tuple[str, ...] = (*ALGO_PRESETS["grpo"], "clip_high")
+"""The fields every preset fills (each preset states every one)."""
+
+
+def preset_algo(name: str = "grpo", **explicit: Any) -> AlgoConfig:
+    """The AlgoConfig of preset ``name`` with ``explicit`` fields set, for code that builds one directly (a run
+    config comes from load_config / config_from_dict, which also fit the minibatch count to the batch)."""
+    values, _ = fill_preset({"name": name, **explicit})
+    return AlgoConfig(**values)

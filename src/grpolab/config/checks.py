@@ -19,10 +19,11 @@ import dataclasses
 import math
 import numbers
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from grpolab.config.algo_section import ALGO_PRESETS, GROUP_BASELINES, AlgoConfig
+from grpolab.config.resolve import config_fields
 from grpolab.config.server_checks import check_server, field_default
 from grpolab.config.templates import resolve_template
 from grpolab.errors import ConfigError
@@ -40,7 +41,7 @@ class ConfigWarning(UserWarning):
 def numeric_fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
     """(dotted key, value) of every int / float reachable from a config dataclass (bools excluded)."""
     if dataclasses.is_dataclass(obj):
-        for f in dataclasses.fields(obj):
+        for f in config_fields(obj):
             yield from numeric_fields(getattr(obj, f.name), f"{prefix}{f.name}.")
     elif isinstance(obj, tuple | list):
         for i, v in enumerate(obj):
@@ -123,7 +124,7 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         (a.mu < 1, "algo.mu must be >= 1 (1 = a single update per generation batch)"),
         (a.num_minibatches < 1, "algo.num_minibatches must be >= 1"),
         (a.beta < 0, "algo.beta must be >= 0 (0 = no KL and no reference model)"),
-        (a.clip_low < 0 or a.resolved_clip_high < 0, "algo.clip_low and algo.clip_high must be >= 0"),
+        (a.clip_low < 0 or a.clip_high < 0, "algo.clip_low and algo.clip_high must be >= 0"),
         (a.dual_clip is not None and a.dual_clip <= 1, "algo.dual_clip must be > 1 (verl uses 3.0), or null"),
         (a.max_sampling_rounds < 1, "algo.max_sampling_rounds must be >= 1 (verl: 10)"),
         (a.rollout_correction_cap <= 0, "algo.rollout_correction_cap must be > 0 (TIS: 2.0)"),
@@ -190,7 +191,7 @@ def check_cross_fields(cfg: Config) -> None:
     """Combinations of settings: greedy groups, the template, group size, the minibatch split, GAE's value
     model, process supervision. Runs after ``check_ranges`` (and after the preset's minibatches are fitted)."""
     a, r, t = cfg.algo, cfg.rollout, cfg.train
-    if r.temperature == 0 and a.resolved_advantage in GROUP_BASELINES and r.num_generations > 1:
+    if r.temperature == 0 and a.advantage in GROUP_BASELINES and r.num_generations > 1:
         raise ConfigError(
             f"rollout.temperature=0 samples greedily, so the {r.num_generations} completions of a group are "
             f"identical and algo '{a.name}' gets zero advantage everywhere: nothing would be learned. "
@@ -200,7 +201,7 @@ def check_cross_fields(cfg: Config) -> None:
         resolve_template(cfg.data.template)
     except ValueError as err:
         raise ConfigError(f"data.template: {err}") from err
-    needs_group = a.resolved_advantage in GROUP_BASELINES
+    needs_group = a.advantage in GROUP_BASELINES
     if (needs_group or a.dynamic_sampling) and r.num_generations < 2:
         raise ConfigError(
             f"rollout.num_generations={r.num_generations}: algo '{a.name}' compares completions within a "
@@ -214,7 +215,7 @@ def check_cross_fields(cfg: Config) -> None:
             f"({t.prompts_per_step}) divisible by algo.num_minibatches, or set algo.num_minibatches "
             f"(the '{a.name}' preset uses {ALGO_PRESETS[a.name]['num_minibatches']})."
         )
-    if a.resolved_advantage == "gae" and a.name != "ppo":
+    if a.advantage == "gae" and a.name != "ppo":
         raise ConfigError("algo.advantage='gae' needs a value model: set algo.name=ppo.")
     _check_attention(cfg)
     check_server(cfg)
@@ -277,7 +278,7 @@ def _check_process(cfg: Config) -> None:
         )
     if spec is not None and not spec.delimiter:
         raise ConfigError("reward.process.delimiter is empty: give the text that ends a step, e.g. '\\n'")
-    if a.resolved_advantage != "grpo" or a.resolved_kl_in != "loss":
+    if a.advantage != "grpo" or a.kl_in != "loss":
         raise ConfigError(
             "algo.supervision=process implements GRPO with process supervision (DeepSeekMath Sec. 4.1.3): "
             "use algo.name=grpo (or dapo) with algo.advantage=grpo and the KL in the loss"
@@ -367,10 +368,10 @@ def _inert_clips(a: AlgoConfig) -> list[str]:
     return out
 
 
-def warn_config(cfg: Config, notes: Iterable[str] = ()) -> None:
-    """``notes`` (what the config changed itself) and every ``inert_settings`` line, each a ConfigWarning.
+def warn_config(cfg: Config) -> None:
+    """Every ``inert_settings`` line, each a ConfigWarning.
 
     Called from ``Config.__post_init__``; stacklevel 4 names the line that built the Config. Python shows
-    a warning once per place and message, so a config rebuilt with ``dataclasses.replace`` says it once."""
-    for message in [*notes, *inert_settings(cfg)]:
+    a warning once per place and message, so a config rebuilt with ``derive`` says it once."""
+    for message in inert_settings(cfg):
         warnings.warn(message, ConfigWarning, stacklevel=4)

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import re
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from grpolab.config.checks import ConfigWarning
+from grpolab.config.resolve import config_fields, resolve_settings
 from grpolab.config.root import Config
 from grpolab.config.trl_names import trl_hint
 from grpolab.errors import ConfigError
@@ -86,18 +90,51 @@ def _line_of(err: ConfigError, path: Path, overridden: Sequence[str]) -> int | N
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> Config:
+    """The Config resolved from the settings ``raw`` (nested plain data, as a YAML file holds them), which it
+    keeps as ``Config.settings``: the one way a run config is built (``derive`` goes through it too)."""
+    settings = copy.deepcopy(dict(raw))
+    resolved, notes = resolve_settings(settings)
     try:
-        return _build(Config, raw, prefix="")
+        cfg = _build(Config, resolved, prefix="", extra={"settings": settings})
     except ConfigError:
         raise
     except (TypeError, ValueError) as err:  # a constructor check that is not a ConfigError
         raise ConfigError(str(err)) from err
+    for note in notes:  # what resolution changed by itself (a preset's minibatch count fitted to the batch)
+        warnings.warn(note, ConfigWarning, stacklevel=3)
+    return cfg
+
+
+def derive(cfg: Config, changes: Mapping[str, Any]) -> Config:
+    """``cfg`` with the dotted ``changes`` applied to the settings the user wrote, resolved afresh: what a
+    study (compare, claims, hacking, recipe) uses for each run it derives. A preset field the user left unset
+    takes the new ``algo.name``'s value; one the user set keeps it. The result equals ``load_config`` of the
+    same file with ``changes`` as overrides."""
+    settings = user_settings(cfg)
+    if settings is None:  # deriving from it would take values the user never set for theirs
+        raise ConfigError(
+            "derive: the config no longer matches the settings it was built from (was it built directly, or "
+            "changed with dataclasses.replace?); build it with load_config / config_from_dict / derive"
+        )
+    for key, value in changes.items():
+        _set_dotted(settings, key, value)
+    return config_from_dict(settings)
+
+
+def user_settings(cfg: Config) -> dict[str, Any] | None:
+    """A copy of the settings ``cfg`` was resolved from, or None when they no longer describe it (a Config
+    built directly, or changed with ``dataclasses.replace`` after it was built)."""
+    with warnings.catch_warnings():  # the rebuild's warnings were given when cfg was built
+        warnings.simplefilter("ignore")
+        if config_from_dict(cfg.settings) != cfg:
+            return None
+    return copy.deepcopy(dict(cfg.settings))
 
 
 def config_to_dict(cfg: Any) -> Any:
-    """Plain data (dicts, lists, scalars) for YAML / JSON output."""
+    """Plain data (dicts, lists, scalars) for YAML / JSON output; fields that are not config keys left out."""
     if dataclasses.is_dataclass(cfg):
-        return {f.name: config_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+        return {f.name: config_to_dict(getattr(cfg, f.name)) for f in config_fields(cfg)}
     if isinstance(cfg, Mapping):
         return {k: config_to_dict(v) for k, v in cfg.items()}
     if isinstance(cfg, tuple | list):
@@ -207,11 +244,11 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _build(cls: type, raw: Any, prefix: str) -> Any:
+def _build(cls: type, raw: Any, prefix: str, extra: Mapping[str, Any] | None = None) -> Any:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config key '{prefix.rstrip('.') or '<top>'}' must be a mapping, got {raw!r}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in config_fields(cls)]
     for key in raw:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
@@ -219,7 +256,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
             hint = trl_hint(str(key)) or hint
             raise ConfigError(f"unknown config key '{prefix}{key}'{hint}")
     values = {k: _coerce(hints[k], v, f"{prefix}{k}") for k, v in raw.items()}
-    return cls(**values)
+    return cls(**values, **(extra or {}))
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:  # noqa: C901 - one branch per kind of type

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from functools import cache
 from typing import Any
 
+from grpolab.config.resolve import config_fields
 from grpolab.config.root import Config
 
 COMMAND = "python -m grpolab.config.reference > docs/config.md"
@@ -78,7 +79,7 @@ def _sections(cls: type, prefix: str) -> Iterator[tuple[str, type, str]]:
     if leaves:
         yield prefix, cls, _class_doc(cls)
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in config_fields(cls):
         inner, suffix = _nested(hints[f.name])
         if inner is not None:
             yield from _sections(inner, f"{prefix}{f.name}{suffix}" if not prefix else f"{prefix}.{f.name}{suffix}")
@@ -86,7 +87,7 @@ def _sections(cls: type, prefix: str) -> Iterator[tuple[str, type, str]]:
 
 def _leaf_fields(cls: type) -> list[dataclasses.Field]:
     hints = typing.get_type_hints(cls)
-    return [f for f in dataclasses.fields(cls) if _nested(hints[f.name])[0] is None]
+    return [f for f in config_fields(cls) if _nested(hints[f.name])[0] is None]
 
 
 def _nested(tp: Any) -> tuple[type | None, str]:

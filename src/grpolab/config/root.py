@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from grpolab.config.algo_section import AlgoConfig
+from grpolab.config.algo_section import AlgoConfig, preset_algo
 from grpolab.config.checks import check_cross_fields, check_ranges, warn_config
 from grpolab.config.engine import VLLMConfig
+from grpolab.config.resolve import NOT_A_KEY, from_preset
 from grpolab.config.sections import (
     DataConfig,
     EnvConfig,
@@ -29,7 +31,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    algo: AlgoConfig = field(default_factory=preset_algo)
     reward: RewardConfig = field(default_factory=RewardConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -43,12 +45,18 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     seed: int = 0
     """Seeds every RNG (python, torch, sampling, data order)."""
+    settings: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False, metadata=NOT_A_KEY)
+    """What the user wrote (the file with its overrides applied, nested plain data) and this config was resolved
+    from: ``derive`` builds every other config from it. Not a config key: never read from or written to YAML."""
 
     def __post_init__(self) -> None:
         check_ranges(self)  # every number finite and in range, first: NaN passes every comparison below
-        fitted = _fit_preset_minibatches(self)
         check_cross_fields(self)
-        warn_config(self, fitted)  # the settings that do less than they say (config/checks.py)
+        warn_config(self)  # the settings that do less than they say (config/checks.py)
+
+    def from_preset(self, key: str) -> bool:
+        """True when the dotted ``algo.<field>`` ``key`` holds the preset's value because the user left it unset."""
+        return from_preset(self.settings, key)
 
     @property
     def completions_per_step(self) -> int:
@@ -86,23 +94,4 @@ class Config:
             "optimizer_steps_per_generation": self.optimizer_steps_per_generation,
             "max_completion_tokens_per_step": self.completions_per_step * self.rollout.max_completion_length,
         }
-
-
-def _fit_preset_minibatches(cfg: Config) -> list[str]:
-    """A preset's minibatch count (DAPO, CISPO: 16) that does not divide train.prompts_per_step into whole
-    groups becomes the largest count that does, with one warning (returned); a count set explicitly is never
-    changed."""
-    a, prompts = cfg.algo, cfg.train.prompts_per_step
-    if not a.from_preset("num_minibatches") or prompts < 1 or a.num_minibatches < 1:
-        return []
-    if prompts % a.num_minibatches == 0:
-        return []
-    fit = max(d for d in range(1, a.num_minibatches + 1) if prompts % d == 0)
-    n = a.num_minibatches
-    object.__setattr__(cfg, "algo", dataclasses.replace(a, num_minibatches=fit))
-    return [
-        f"algo.name={a.name}: the preset's {n} minibatches per step need train.prompts_per_step divisible by {n}; "
-        f"with {prompts} prompts per step it runs {fit} (set train.prompts_per_step={n} for the paper's {n} "
-        "updates per rollout)"
-    ]
 

@@ -6,7 +6,10 @@ to the same run: the values filled in are the ones the nulls stand for.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+import yaml
 
 from grpolab.config.loading import config_to_dict
 from grpolab.config.root import Config
@@ -53,3 +56,20 @@ def config_view(cfg: Config, verb: str = "train") -> dict[str, Any]:
         rm["tokenizer"] = cfg.reward_model.tokenizer or cfg.reward_model.base_model
         rm["output_dir"] = str(cfg.reward_model_dir)
     return view
+
+
+_ALGO_KEY = re.compile(r"^  (\w+):")
+
+
+def render_view(cfg: Config, verb: str = "train") -> str:
+    """``config_view`` as YAML, each algo field the preset filled (the user left it unset) marked
+    ``# algo.name=<name> preset``."""
+    lines, in_algo = [], False
+    for line in yaml.safe_dump(config_view(cfg, verb), sort_keys=False).splitlines():
+        if not line.startswith(" "):
+            in_algo = line == "algo:"
+        key = _ALGO_KEY.match(line) if in_algo else None
+        if key and cfg.from_preset(f"algo.{key.group(1)}"):
+            line += f"  # algo.name={cfg.algo.name} preset"
+        lines.append(line)
+    return "\n".join(lines) + "\n"

@@ -204,7 +204,7 @@ class NoSignal:
         rewards, which these outcome metrics do not see)."""
         return cls(
             cfg.train.max_no_signal_steps,
-            group_baseline=cfg.algo.resolved_advantage in GROUP_BASELINES,
+            group_baseline=cfg.algo.advantage in GROUP_BASELINES,
             enabled=cfg.algo.supervision != "process",
         )
 

@@ -183,7 +183,7 @@ def build_rollout_batch(
     ref_logprobs = reference_logprobs(reference, ctx, ids, completions)
     sampler_logprobs = completions.logprobs.to(device)
     token_kl = None
-    if cfg.algo.resolved_kl_in == "reward" and ref_logprobs is not None:
+    if cfg.algo.kl_in == "reward" and ref_logprobs is not None:
         # algo.kl_estimator per token (k1 = log(pi/pi_ref) in the presets), with the sampling log-probs as pi
         # (no grad): summed into the sequence reward (RLOO) or into every token's reward (REINFORCE++).
         kl = KL_ESTIMATORS[cfg.algo.kl_estimator](sampler_logprobs, ref_logprobs)

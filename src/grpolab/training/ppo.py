@@ -241,7 +241,7 @@ def build_ppo_batch(
         old_values,
         mask,
         loss_mask,
-        beta=a.beta if a.resolved_kl_in == "reward" else 0.0,
+        beta=a.beta if a.kl_in == "reward" else 0.0,
         gamma=a.gamma,
         lam=a.lam,
         whiten=a.whiten_advantages,

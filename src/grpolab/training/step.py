@@ -56,7 +56,7 @@ class PolicyLossSpec:
     @classmethod
     def from_config(cls, cfg: Config) -> PolicyLossSpec:
         a = cfg.algo
-        kl_in_loss = a.resolved_kl_in == "loss" and a.beta > 0
+        kl_in_loss = a.kl_in == "loss" and a.beta > 0
         correction = None
         if a.rollout_correction != "none":
             correction = functools.partial(
@@ -68,11 +68,11 @@ class PolicyLossSpec:
         return cls(
             kl_fn=KL_ESTIMATORS[a.kl_estimator] if kl_in_loss else None,
             beta=a.beta,
-            agg_mode=a.resolved_loss_agg,
+            agg_mode=a.loss_agg,
             # Dr. GRPO's constant: the longest a completion can be (an episode: its token budget)
             norm_len=cfg.env.max_episode_tokens if cfg.env.name is not None else cfg.rollout.max_completion_length,
             clip_low=a.clip_low,
-            clip_high=a.resolved_clip_high,
+            clip_high=a.clip_high,
             dual_clip=a.dual_clip,
             level=a.importance_level,
             loss_fn=POLICY_LOSSES[a.policy_loss],

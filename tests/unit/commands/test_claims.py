@@ -65,3 +65,15 @@ def test_bad_claims_settings_fail_before_any_model_loads(cfg, tiny_model_dir, ov
 def test_out_of_range_claims_keys_are_config_errors(override):
     with pytest.raises(ConfigError, match="claims."):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize("user", [[], ["algo.mu=2", "algo.beta=0.02"]])
+def test_each_training_run_is_its_algorithms_fresh_load(tiny_model_dir, tmp_path, user):
+    """PPO runs PPO's preset (2 minibatches) where the user left a field unset, and keeps what the user set."""
+    common = [f"model.name_or_path={tiny_model_dir}", f"log.output_dir={tmp_path}", *BASE, *user]
+    runs = training_configs(load_config(None, common), tmp_path)
+    for run_name, algo in (("grpo", "grpo"), ("ppo", "ppo"), ("grpo_G2", "grpo")):
+        assert runs[run_name].algo == load_config(None, [*common, f"algo.name={algo}"]).algo, run_name
+    assert runs["ppo"].algo.num_minibatches == 2
+    if user:
+        assert {(r.algo.mu, r.algo.beta) for r in runs.values()} == {(2, 0.02)}

@@ -63,8 +63,8 @@ def test_reinforce_pp_needs_no_group():
 def test_presets_resolve(name):
     overrides = [f"algo.name={name}", "train.prompts_per_step=16"]
     cfg = load_config(None, overrides)
-    assert cfg.algo.resolved_advantage == ALGO_PRESETS[name]["advantage"]
-    assert cfg.algo.resolved_loss_agg == ALGO_PRESETS[name]["loss_agg"]
+    assert cfg.algo.advantage == ALGO_PRESETS[name]["advantage"]
+    assert cfg.algo.loss_agg == ALGO_PRESETS[name]["loss_agg"]
 
 
 def test_explicit_fields_win_over_presets_and_derived_values():
@@ -80,7 +80,7 @@ def test_explicit_fields_win_over_presets_and_derived_values():
             "algo.num_minibatches=1",
         ],
     )
-    assert cfg.algo.resolved_loss_agg == "seq-mean-token-mean"
-    assert cfg.algo.resolved_clip_high == 0.28 and cfg.algo.clip_low == 0.2
+    assert cfg.algo.loss_agg == "seq-mean-token-mean"
+    assert cfg.algo.clip_high == 0.28 and cfg.algo.clip_low == 0.2
     assert cfg.derived()["completions_per_step"] == 64
     assert cfg.derived()["optimizer_steps_per_generation"] == 2

@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from grpolab.config import AlgoConfig, Config, OptimConfig, TrainConfig
+from grpolab.config import Config, OptimConfig, TrainConfig, preset_algo
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.training.batch import LogprobContext
 from grpolab.training.microbatch import split_rows
@@ -54,7 +54,7 @@ def test_token_budget_update_equals_the_one_forward_update():
     tok, batch = _batch()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=3)
     for name in ("grpo", "dapo"):  # sequence- and token-level normalisers
-        base = {"optim": OptimConfig(lr=1.0, max_grad_norm=0.0), "algo": AlgoConfig(name=name, num_minibatches=1)}
+        base = {"optim": OptimConfig(lr=1.0, max_grad_norm=0.0), "algo": preset_algo(name, num_minibatches=1)}
         whole = Config(**base, train=TrainConfig(prompts_per_step=3, micro_batch_size=64))
         split = Config(**base, train=TrainConfig(prompts_per_step=3, micro_batch_size=64, max_tokens_per_micro_batch=24))
         want_metrics, want = _one_update(copy.deepcopy(model), batch, whole)

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from grpolab.config import AlgoConfig, Config, OptimConfig, TrainConfig
+from grpolab.config import Config, OptimConfig, TrainConfig, preset_algo
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.training import logprobs as logprobs_module
 from grpolab.training.logprobs import completion_logprobs
@@ -71,7 +71,7 @@ def test_an_update_with_padding_free_micro_batches_equals_the_padded_update():
     batch = RolloutBatch(rows, ids, mask, mask, advantages, old_logprobs=old, ref_logprobs=old - 0.1)
     moved = []
     for padding_free in (False, True):
-        cfg = Config(optim=OptimConfig(lr=1.0, max_grad_norm=0.0), algo=AlgoConfig(num_minibatches=1),
+        cfg = Config(optim=OptimConfig(lr=1.0, max_grad_norm=0.0), algo=preset_algo(num_minibatches=1),
                      train=TrainConfig(prompts_per_step=3, micro_batch_size=4, padding_free=padding_free))  # fmt: skip
         m = copy.deepcopy(model)
         sgd = torch.optim.SGD(m.parameters(), lr=1.0)
