@@ -269,7 +269,7 @@ def _final(run_dir: Path) -> str:
 def _kl(cfg: Config, start: str, policy_path: str, path: Path) -> dict[str, float]:
     """Claim 3 on one trained policy: k1, k3 and the exact KL against the starting model."""
     c = cfg.claims
-    text = _stage_text(cfg, start, policy_path, c.kl_prompts, c.kl_samples)
+    text = _stage_text(cfg, start, policy_path, c.kl_prompts, c.kl_samples, "exact moments")
     if _stamped(path.parent / path.stem, text) and path.is_file():
         return json.loads(path.read_text())
     torch.manual_seed(cfg.seed)

@@ -51,16 +51,24 @@ def test_the_group_claim_reads_the_price_and_the_signal_and_names_the_best_g():
 
 
 def _kl(**kw):
+    var = {"positions": 500, "kl_mean": 0.01, "k1_var": 0.02, "k3_var": 0.005}
     m = {"tokens": 1000, "exact_mean": 0.010, "k1_mean": 0.011, "k3_mean": 0.0102, "k1_bias_se": 0.001,
-         "k3_bias_se": 0.0005, "k1_negative_share": 0.4, "k3_min": 0.0, "k1_min": -0.3}
+         "k3_bias_se": 0.0005, "k1_negative_share": 0.4, "k3_min": 0.0, "k1_min": -0.3, "k1_bias_max": 1e-15,
+         "k3_bias_max": 3e-14, "bias_rel_max": 2e-12, "clamp_bias_mean": 0.0, "k3_vocab_min": 0.0,
+         "variance": {"near": var, "middle": {**var, "positions": 0}, "far": {**var, "kl_mean": 0.5, "k3_var": 40.0},
+                      "all": var}}
     return {**m, **kw}
 
 
-def test_the_kl_claim_holds_within_three_standard_errors_and_fails_beyond():
-    assert kl_verdict({"GRPO": _kl()}).word == HELD
-    v = kl_verdict({"GRPO": _kl(k3_mean=0.012)})  # 0.002 off, 4 standard errors of 0.0005
-    assert v.word == NOT_HELD and "mean k3 is +2.00e-03 from the exact KL" in v.sentence
-    assert kl_verdict({"GRPO": _kl(k1_negative_share=0.0)}).word == NOT_HELD
+def test_the_kl_claim_is_judged_on_exact_expectations_not_on_sample_means():
+    held = kl_verdict({"GRPO": _kl(k3_mean=0.002)})  # a sample mean 16 standard errors short: variance, not bias
+    assert held.word == HELD
+    assert "Var k1 0.02, Var k3 40" in held.sentence and "middle" not in held.sentence  # empty bins left out
+    v = kl_verdict({"GRPO": _kl(k3_bias_max=2e-9)})  # an expectation off by more than rounding: a real bias
+    assert v.word == NOT_HELD and "E_pi[k3] differs from the exact KL by up to 2.00e-09 nats" in v.sentence
+    assert kl_verdict({"GRPO": _kl(k3_vocab_min=-1e-6)}).word == NOT_HELD  # negative somewhere in the vocabulary
+    assert kl_verdict({"GRPO": _kl(k3_min=-1e-12)}).word == NOT_HELD  # negative on a sampled token
+    assert kl_verdict({"GRPO": _kl(k1_negative_share=0.0)}).word == HELD  # k1's sign is reported, not the claim
 
 
 def iv(value, low, high):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from grpolab.config import Config, load_config
-from grpolab.eval.kl import measure_kl, token_kls
+from grpolab.eval.kl import measure_kl, position_moments, token_kls
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 
 
@@ -31,7 +32,7 @@ def test_the_exact_kl_and_the_estimators_match_a_full_logits_computation(models)
     ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]])
     mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
     with torch.no_grad():
-        k1, k3, exact = token_kls(policy, reference, prompt, ids, mask)
+        k1, k3, exact, _ = token_kls(policy, reference, prompt, ids, mask)
         want_k1, want_exact = [], []
         for row in range(2):
             n = int(mask[row].sum())
@@ -42,9 +43,9 @@ def test_the_exact_kl_and_the_estimators_match_a_full_logits_computation(models)
             want_k1.append(lp.gather(-1, tokens[:, None])[:, 0] - lq.gather(-1, tokens[:, None])[:, 0])
             want_exact.append((lp.exp() * (lp - lq)).sum(-1))
     want_k1 = torch.cat(want_k1)
-    torch.testing.assert_close(k1, want_k1, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(exact, torch.cat(want_exact), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(k3, torch.expm1(-want_k1) + want_k1, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k1.float(), want_k1, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(exact.float(), torch.cat(want_exact), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k3.float(), torch.expm1(-want_k1) + want_k1, atol=1e-5, rtol=1e-5)
     assert bool((exact >= 0).all()) and bool((k3 >= 0).all())
 
 
@@ -65,3 +66,42 @@ def test_a_policy_equal_to_its_reference_has_no_kl(models):
     tok, policy, _ = models
     m = measure_kl(policy, policy, tok, [tok("1+1=")["input_ids"]], _cfg(), num_generations=8, seed=0)
     assert abs(m.exact_mean) < 1e-6 and abs(m.k1_mean) < 1e-6 and m.k3_mean < 1e-6
+
+
+def test_exact_moments_by_hand():
+    """Two tokens, pi = (0.75, 0.25), ref = (0.5, 0.5): every moment computed by hand."""
+    logp = torch.tensor([[0.75, 0.25]]).log()
+    logq = torch.tensor([[0.5, 0.5]]).log()
+    m = position_moments(logp, logq)
+    k1 = torch.tensor([math.log(1.5), math.log(0.5)], dtype=torch.float64)
+    r = torch.tensor([0.5 / 0.75, 0.5 / 0.25], dtype=torch.float64)
+    k3 = r - r.log() - 1
+    p = torch.tensor([0.75, 0.25], dtype=torch.float64)
+    kl = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
+    assert m["kl"].item() == pytest.approx(kl, rel=1e-6)
+    assert m["e1"].item() == pytest.approx(kl, rel=1e-6)
+    assert m["e3"].item() == pytest.approx(kl, rel=1e-6)  # sum ref - 1 + KL
+    assert m["v1"].item() == pytest.approx(float((p * k1**2).sum()) - kl**2, rel=1e-5)
+    assert m["v3"].item() == pytest.approx(float((p * k3**2).sum()) - kl**2, rel=1e-5)
+    assert m["k3_min"].item() == pytest.approx(float(k3.min()), rel=1e-5)
+
+
+def test_a_clamped_ratio_biases_the_implemented_k3_and_not_the_formula():
+    """ref puts 0.5 on a token pi gives e^-30: beyond kl_k3's clamp of 20 the implementation loses most of it."""
+    logp = torch.tensor([[math.log1p(-math.exp(-30)), -30.0]], dtype=torch.float64)
+    logq = torch.tensor([[0.5, 0.5]], dtype=torch.float64).log()
+    m = position_moments(logp, logq)
+    assert m["e3"].item() == pytest.approx(m["kl"].item(), abs=1e-12)
+    assert m["e3_impl"].item() < m["kl"].item() - 0.4  # the clamped ratio e^20 * e^-30 instead of 0.5
+
+
+def test_on_the_policy_s_samples_the_exact_expectations_are_the_kl(models):
+    tok, policy, reference = models
+    prompts = [tok(f"{a}+{b}=")["input_ids"] for a, b in [(1, 2), (33, 4)]]
+    m = measure_kl(policy, reference, tok, prompts, _cfg(), num_generations=16, seed=0)
+    assert m.exact_mean > 0.01
+    assert m.k1_bias_max < 1e-12 and m.k3_bias_max < 1e-12 and m.bias_rel_max < 1e-9
+    assert m.k3_vocab_min >= 0.0 and abs(m.clamp_bias_mean) < 1e-12
+    assert m.variance["all"]["positions"] == m.tokens
+    assert sum(m.variance[b]["positions"] for b in ("near", "middle", "far")) == m.tokens
+    assert m.variance["all"]["k1_var"] > 0 and m.variance["all"]["k3_var"] > 0
