@@ -33,11 +33,15 @@ def engine_kwargs(
     context: int | None = None,
     untie_head: bool = False,
     serving: bool = False,
+    colocated: bool = False,
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments of a run (cfg.vllm; docs/vllm.md); ``context``: the model's
     max_position_embeddings, which caps the default max_model_len. ``untie_head``: LoRA trains the LM head
     of a model whose head is tied to its embedding (``lora_on_tied_head``). ``serving``: grpolab serve's
-    server, on GPUs of its own (the default gpu_memory_utilization)."""
+    server, on GPUs of its own (the default gpu_memory_utilization). ``colocated``: the engine beside the
+    trainer, whose sampler sends every weight before its first sample, so the engine starts with dummy
+    weights instead of reading the checkpoint (which it would cast, tensor by tensor with a warning each,
+    when the checkpoint's dtype is not the engine's: an fp32 folder into a bf16 engine)."""
 
     v, cpu = cfg.vllm, device_type == "cpu"
     share = v.gpu_memory_utilization
@@ -66,6 +70,8 @@ def engine_kwargs(
         kwargs["enable_sleep_mode"] = True
     if dist.world().size > 1:
         kwargs["distributed_executor_backend"] = "external_launcher"  # one engine per torchrun rank
+    if colocated:
+        kwargs["load_format"] = "dummy"
     if untie_head:
         # vLLM ties the head to the embedding and ignores a sent lm_head.weight, so the adapter's update of
         # the head never reached it (the engine/trainer gap grew every step). An untied engine holds both;
@@ -218,7 +224,9 @@ def build_vllm_sampler(
     check_vllm(cfg, device_type=device.type)
     context = getattr(policy.config, "max_position_embeddings", None)
     untie = lora_on_tied_head(policy)
-    kwargs = engine_kwargs(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context, untie_head=untie)
+    kwargs = engine_kwargs(
+        cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context, untie_head=untie, colocated=True
+    )
     try:
         engine = start_engine(**kwargs)
     except ValueError as err:  # vLLM's settings checks (pydantic) and its "not enough memory" family

@@ -72,8 +72,25 @@ def chunked_engine(model_dir):
     """A second engine, bf16 as a CPU run's under autocast, whose steps hold 16 tokens: a longer prompt's
     prefill is split over steps and the token sampled after a partial chunk is discarded, which crashed
     vLLM 0.32 on CPU for a request with a seed of its own ("CPU Generator does not use offset")."""
-    kwargs = engine_kwargs(run_config(model_dir, dtype="bfloat16"), device_type="cpu", autocast_dtype=None)
-    return start_engine(**kwargs, max_num_batched_tokens=CHUNK)
+    kwargs = engine_kwargs(run_config(model_dir, dtype="bfloat16"), device_type="cpu", autocast_dtype=None, colocated=True)
+    assert kwargs["load_format"] == "dummy"  # the sync before the first sample sends every weight
+    lines = _VLLMLines()
+    logging.getLogger("vllm").addHandler(lines)
+    try:
+        llm = start_engine(**kwargs, max_num_batched_tokens=CHUNK)
+    finally:
+        logging.getLogger("vllm").removeHandler(lines)
+    llm.start_lines = lines.lines  # what vLLM said while it started, for the test of the fp32 checkpoint
+    return llm
+
+
+class _VLLMLines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
 
 
 CHUNK = 16
@@ -188,16 +205,8 @@ def test_an_fp32_policy_is_sent_to_a_bf16_engine_in_bf16(chunked_engine, tok, po
             sent.append(tensor.dtype)
             yield name, tensor
 
-    class Lines(logging.Handler):
-        def __init__(self):
-            super().__init__(logging.DEBUG)
-            self.lines: list[str] = []
-
-        def emit(self, record):
-            self.lines.append(record.getMessage())
-
     monkeypatch.setattr(module, "policy_weights", recording)
-    lines = Lines()
+    lines = _VLLMLines()
     vllm_log = logging.getLogger("vllm")
     vllm_log.addHandler(lines)
     try:
@@ -208,6 +217,8 @@ def test_an_fp32_policy_is_sent_to_a_bf16_engine_in_bf16(chunked_engine, tok, po
     assert next(policy.parameters()).dtype == torch.float32 and sent
     assert set(sent) == {torch.bfloat16}
     assert [line for line in lines.lines if "Attempted to load weight" in line] == []
+    # nor at the engine's start: it does not read the fp32 checkpoint into its bf16 weights (dummy load)
+    assert [line for line in chunked_engine.start_lines if "Attempted to load weight" in line] == []
 
 
 def test_update_weights_syncs_a_changed_policy(engine, tok, policy, prompts):
