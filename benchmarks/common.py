@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -113,3 +118,32 @@ def dtype_name(dtype: torch.dtype | None) -> str:
 
 def median(xs) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+@contextlib.contextmanager
+def checkout_of(rev: str | None) -> Iterator[Path | None]:
+    """The ``src`` folder of a detached git worktree of ``rev`` (removed afterwards), or None for no rev: a
+    child of that checkout started with PYTHONPATH=<that folder> runs that commit's grpolab instead of
+    today's, so one benchmark run times both (--before-rev)."""
+    if rev is None:
+        yield None
+        return
+    repo = Path(__file__).resolve().parent.parent
+    folder = Path(tempfile.mkdtemp(prefix="grpolab-before-"))
+    try:
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(folder), rev], check=True,
+                       capture_output=True, text=True)
+    except subprocess.CalledProcessError as err:
+        sys.exit(f"--before-rev {rev}: git worktree add failed: {err.stderr.strip()}")
+    try:
+        yield folder / "src"
+    finally:
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(folder)], capture_output=True)
+
+
+def child_env(src: Path | None) -> dict[str, str]:
+    """The environment of a benchmark child: offline, and importing grpolab from ``src`` when given."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
+    return env

@@ -12,7 +12,10 @@ vLLM), grpolab with its own sampler. Then the starting model and both results ar
 way by grpolab's evaluator: greedy accuracy, and pass@1 / maj@8 from 8 samples at T=1, on the
 recipe's held-out problems.
 
-    .venv/bin/python benchmarks/real_model.py [--steps 40] [--eval-prompts 200] [--seeds 0,1]
+    .venv/bin/python benchmarks/real_model.py [--steps 40] [--eval-prompts 200] [--seeds 0,1] [--before-rev REV]
+
+--before-rev REV also trains with grpolab as it was at commit REV (a temporary git worktree: its own child
+script, recipe and src/), evaluated with the others: the row "grpolab @REV" beside today's.
 
 Smoke run: --steps 2 --eval-prompts 8. Writes <out>/results.json and <out>/reward.png.
 """
@@ -27,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import auto_threads, set_threads
+from common import auto_threads, checkout_of, child_env, set_threads
 
 HERE = Path(__file__).parent
 RECIPE = HERE.parent / "configs" / "smollm2_arithmetic.yaml"
@@ -43,11 +46,13 @@ def step_prompts(cfg, steps: int) -> list[dict[str, str]]:
     return [{"prompt": train[i].prompt, "answer": train[i].answer} for i in rows]
 
 
-def run_child(args: list[str]) -> dict:
-    cmd = [sys.executable, str(HERE / "real_model_child.py"), *args]
-    print(f"  running: {' '.join(args[:1])} ...", flush=True)
+def run_child(args: list[str], src: Path | None = None) -> dict:
+    """real_model_child.py's JSON line; ``src``: an older commit's checkout, whose own child runs."""
+    root = HERE.parent if src is None else src.parent
+    cmd = [sys.executable, str(root / "benchmarks" / "real_model_child.py"), *args]
+    print(f"  running: {' '.join(args[:1])}{'' if src is None else ' (older commit)'} ...", flush=True)
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE.parent)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=child_env(src))
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         sys.exit(f"real_model_child.py {args[0]} failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -56,7 +61,7 @@ def run_child(args: list[str]) -> dict:
     return result
 
 
-def run_seed(cfg, folder: str, seed: int, a: argparse.Namespace, threads: int) -> dict[str, dict]:
+def run_seed(cfg, folder: str, seed: int, a: argparse.Namespace, threads: int, before: Path | None) -> dict[str, dict]:
     from grpolab.models.loading import cpu_has_bf16_matmul
 
     out = Path(a.out) / f"seed{seed}"
@@ -79,6 +84,13 @@ def run_seed(cfg, folder: str, seed: int, a: argparse.Namespace, threads: int) -
     if "grpolab" in a.trainers:
         runs["grpolab"] = run_child(["grpolab", "--config", str(RECIPE), "--overrides", json.dumps(overrides), *common])
         (out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")  # each run kept as soon as it ends
+    if before is not None:  # the same work by an older commit's grpolab, its own recipe file, its own folder
+        old = [*overrides[:-2], "log.run_name=grpolab_before", "log.progress=false"]
+        recipe = before.parent / "configs" / RECIPE.name
+        runs[f"grpolab @{a.before_rev}"] = run_child(
+            ["grpolab", "--config", str(recipe), "--overrides", json.dumps(old), *common], before
+        )
+        (out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
     if "trl" in a.trainers:
         trl = ["--model", folder, "--prompts", str(prompts), "--trl-args", json.dumps(shared)]
         runs["TRL"] = run_child(["trl", *trl, *common])
@@ -143,7 +155,13 @@ def main() -> None:
     p.add_argument("--trainers", default="grpolab,trl")
     p.add_argument("--threads", default="auto", help="intra-op threads for every run, or auto")
     p.add_argument("--out", default="runs/real_model_bench")
+    p.add_argument("--before-rev", help="also train with grpolab at this git commit (a worktree), same work")
     a = p.parse_args()
+    with checkout_of(a.before_rev) as before:
+        run_all(a, before)
+
+
+def run_all(a: argparse.Namespace, before: Path | None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # eval progress lines
     from grpolab.config import load_config
     from grpolab.models.sources import local_source
@@ -157,7 +175,7 @@ def main() -> None:
     print(f"model folder {folder}; {a.steps} steps; threads {threads}", flush=True)
     rows = []
     for seed in [int(s) for s in a.seeds.split(",")]:
-        runs = run_seed(cfg, folder, seed, a, threads)
+        runs = run_seed(cfg, folder, seed, a, threads, before)
         evals = evaluate_all(cfg, folder, runs, a)
         base = evals["base"]
         for name, run in runs.items():

@@ -10,7 +10,11 @@ common.bench_dtype), also in bf16 autocast (gradient checkpointing off, use_vllm
 TRL run is the one grpolab is compared with. On a CPU without bf16 everything runs in fp32 (emulated
 bf16 runs ~20x slower than fp32 there: hours for the TRL bf16 run).
 
-    .venv/bin/python benchmarks/vs_trl.py [--threads N] [--rounds R]
+    .venv/bin/python benchmarks/vs_trl.py [--threads N] [--rounds R] [--before-rev REV [--no-trl]]
+
+--before-rev REV also times grpolab as it was at commit REV (a temporary git worktree: its own
+grpolab_child.py against its own src/), interleaved with today's in every round, and prints today's ratio to it by phase: a
+speed regression is one command away (docs/speed.md keeps the dated table per CPU kind).
 
 --threads auto (the default) uses the cores that the machine's load average leaves idle (at least
 one): on a shared machine, more OpenMP threads than free cores makes every thread wait at each
@@ -35,6 +39,8 @@ from common import (
     bench_dtype,
     bench_prompts,
     bf16_speed_ratio,
+    checkout_of,
+    child_env,
     dtype_name,
     median,
     peak_gflops,
@@ -45,15 +51,12 @@ from common import (
 HERE = Path(__file__).parent
 
 
-def run_child(script: str, args: list[str]) -> dict:
-    cmd = [sys.executable, str(HERE / script), *args]
-    env = {
-        **os.environ,
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=HERE.parent)
+def run_child(script: str, args: list[str], src: Path | None = None) -> dict:
+    """A child's JSON line; ``src``: an older commit's checkout, whose own child script (same arguments, same
+    JSON line) runs against its own grpolab."""
+    root = HERE.parent if src is None else src.parent
+    cmd = [sys.executable, str(root / "benchmarks" / script), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(src), cwd=root)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         sys.exit(f"{script} failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -94,7 +97,13 @@ def print_report(results: list[dict], *, threads: int, peak: float, dtype: str, 
             f"{r['gen']:6.2f} {r['ref']:6.2f} {r['train']:6.2f} {r['peak_rss_mb']:7.0f}"
         )
     ours, trl = results[0], [r for r in results if r["name"].startswith("TRL")]
-    best = max(trl, key=lambda r: r["completions_per_s"])
+    for r in (r for r in results if r["name"].startswith("grpolab @")):
+        print(
+            f"grpolab today / {r['name']}: completions/s x{ours['completions_per_s'] / r['completions_per_s']:.2f}, "
+            f"generation x{r['gen'] / ours['gen']:.2f}, reference x{r['ref'] / ours['ref']:.2f}, "
+            f"training x{r['train'] / ours['train']:.2f}, peak RSS x{ours['peak_rss_mb'] / r['peak_rss_mb']:.2f} "
+            "(above 1: today is faster, or uses more memory for RSS)"
+        )
     print(f"\ngenerated tokens per step: {sorted({t for r in results for t in r['tokens']})} (all runners)")
     for r in trl:
         print(
@@ -102,11 +111,13 @@ def print_report(results: list[dict], *, threads: int, peak: float, dtype: str, 
             f"generation x{r['gen'] / ours['gen']:.2f}, reference x{r['ref'] / ours['ref']:.2f}, "
             f"training x{r['train'] / ours['train']:.2f}, peak RSS x{ours['peak_rss_mb'] / r['peak_rss_mb']:.2f}"
         )
-    ratio = ours["completions_per_s"] / best["completions_per_s"]
-    rss_ok = ours["peak_rss_mb"] <= best["peak_rss_mb"]
-    print(
-        f"against the faster TRL ({best['name']}): x{ratio:.2f} completions/s; peak RSS {'<=' if rss_ok else '>'} TRL's"
-    )
+    if trl:
+        best = max(trl, key=lambda r: r["completions_per_s"])
+        ratio = ours["completions_per_s"] / best["completions_per_s"]
+        rss_ok = ours["peak_rss_mb"] <= best["peak_rss_mb"]
+        print(
+            f"against the faster TRL ({best['name']}): x{ratio:.2f} completions/s; peak RSS {'<=' if rss_ok else '>'} TRL's"
+        )
     mfu = {k: flops[k] / ours[k] / (peak * 1e9) for k in ("gen", "ref", "train")}
     total = sum(flops.values()) / ours["step"] / (peak * 1e9)
     print(
@@ -131,7 +142,14 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--micro-batch", type=int, default=16, help="grpolab's train.micro_batch_size")
     p.add_argument("--no-trl-fp32", action="store_true", help="skip TRL's fp32 run where TRL also runs bf16")
+    p.add_argument("--before-rev", help="also time grpolab at this git commit (a worktree), in the same run")
+    p.add_argument("--no-trl", action="store_true", help="skip TRL (with --before-rev: grpolab against itself)")
     a = p.parse_args()
+    with checkout_of(a.before_rev) as before:
+        run_all(a, before)
+
+
+def run_all(a: argparse.Namespace, before: Path | None) -> None:
     threads = auto_threads() if a.threads == "auto" else int(a.threads)
     print(f"machine: {machine()}; threads per runner: {threads}", flush=True)
     set_threads(threads)
@@ -152,16 +170,21 @@ def main() -> None:
         "--warmup",
         str(a.warmup),
     ]
-    runners = [("grpolab_child.py", ["--micro-batch", str(a.micro_batch)])]
+    ours = ["--micro-batch", str(a.micro_batch)]
+    runners: list[tuple[str, list[str], Path | None]] = [("grpolab_child.py", ours, None)]
+    runners += [] if before is None else [("grpolab_child.py", ours, before)]
     bf16 = dtype == torch.bfloat16
-    runners += [] if a.no_trl_fp32 and bf16 else [("trl_child.py", [])]
-    runners += [("trl_child.py", ["--bf16"])] if bf16 else []
+    if not a.no_trl:
+        runners += [] if a.no_trl_fp32 and bf16 else [("trl_child.py", [], None)]
+        runners += [("trl_child.py", ["--bf16"], None)] if bf16 else []
     runs: list[list[dict]] = [[] for _ in runners]
-    for round_ in range(a.rounds):
-        for i, (script, extra) in enumerate(runners):
-            print(f"round {round_ + 1}/{a.rounds}: {script} {' '.join(extra)}", flush=True)
-            runs[i].append(run_child(script, common_args + extra))
+    for round_ in range(a.rounds):  # interleaved, so a change in the machine's load hits every runner alike
+        for i, (script, extra, src) in enumerate(runners):
+            print(f"round {round_ + 1}/{a.rounds}: {script} {' '.join(extra)}{' @' + a.before_rev if src else ''}", flush=True)
+            runs[i].append(run_child(script, common_args + extra, src))
     results = [merge(r) for r in runs]
+    if before is not None:
+        results[1]["name"] = f"grpolab @{a.before_rev}"
     from safetensors import safe_open
 
     with safe_open(str(folder / "model" / "model.safetensors"), "pt") as f:
