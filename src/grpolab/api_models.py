@@ -35,7 +35,7 @@ _WRAPPERS = {
     "DeepSpeedEngine": "DeepSpeed",
     "OptimizedModule": "torch.compile",
 }
-# what a checkpoint holds beside the model (run/checkpoint.py): left out of save_model's folder
+# what a checkpoint holds beside the model (runtime/checkpoint.py): left out of save_model's folder
 _NOT_MODEL = ("trainer_state", "manifest.json", "config.yaml")
 
 

@@ -103,7 +103,7 @@ def run_demo(
 
 
 def own_config(cfg: Config, kind: str) -> Config:
-    """``cfg`` after claiming its run folder (run/demo_folder.py): the demo's own earlier run there is
+    """``cfg`` after claiming its run folder (runtime/demo_folder.py): the demo's own earlier run there is
     started over (log.overwrite), any other run refused unless log.overwrite=true was given."""
     claim(cfg.run_dir, kind, overwrite=cfg.log.overwrite)
     return derive(cfg, {"log.overwrite": True})

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from grpolab import jsonio
+from grpolab.algo.preference import bradley_terry_loss
 from grpolab.config import Config, ConfigError, ModelConfig
 from grpolab.data import DataError
 from grpolab.models.loading import count_parameters, resolve_autocast, resolve_device
@@ -114,11 +115,6 @@ def pair_scores(model, tok, pairs: Sequence[PreferencePair], max_length: int, de
     texts = [rm_text(p.prompt, p.chosen) for p in pairs] + [rm_text(p.prompt, p.rejected) for p in pairs]
     scores = forward_scores(model, encode_texts(tok, texts, max_length, device), amp)
     return torch.stack(scores.chunk(2), dim=1)
-
-
-def bradley_terry_loss(scores: torch.Tensor) -> torch.Tensor:
-    """Mean of -log sigmoid(r_chosen - r_rejected) over [n, 2] scores."""
-    return -torch.nn.functional.logsigmoid(scores[:, 0] - scores[:, 1]).mean()
 
 
 @torch.no_grad()

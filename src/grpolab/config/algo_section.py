@@ -1,6 +1,6 @@
 """The ``algo`` section of a run config: the algorithm preset and every choice of the loss, the
 advantage, the KL and the rollout correction (its ``Literal`` choices are held to ``grpolab.algo``'s
-registries by tests/unit/config/test_sections.py)."""
+registries by tests/unit/config/test_algo_section.py)."""
 
 from __future__ import annotations
 

@@ -160,10 +160,6 @@ def all_reduce_sum(value: float) -> float:
     return _reduce([value], tdist.ReduceOp.SUM)[0]
 
 
-def all_reduce_mean(value: float) -> float:
-    return all_reduce_sum(value) / _WORLD.size
-
-
 def all_reduce_max(value: float) -> float:
     return _reduce([value], tdist.ReduceOp.MAX)[0]
 

@@ -108,7 +108,7 @@ class MasterWeightOptimizer:
             self.scaler.load_state_dict(state["scaler"])
 
 
-    # torch.distributed.checkpoint (run/sharded.py): DCP's get/set_optimizer_state_dict map an optimizer's
+    # torch.distributed.checkpoint (runtime/sharded.py): DCP's get/set_optimizer_state_dict map an optimizer's
     # parameters to the model's names, and this one steps fp32 copies the model does not hold. Under DDP
     # the masters and states are the same on every rank: DCP writes each once and every rank reads it.
     def dcp_state_dict(self, model: torch.nn.Module) -> dict:
