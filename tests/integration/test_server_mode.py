@@ -156,6 +156,41 @@ def test_samples_carry_the_engine_logprobs_and_the_version(server, model_dir, ba
     assert server.alive()  # a sampler that did not start the server leaves it running
 
 
+def test_a_trainer_of_another_model_is_refused_and_a_load_that_leaves_layers_out_stops_the_sync(server, model_dir, monkeypatch):
+    """The reported case: a trainer of a 1-layer model against this 2-layer server, same vocabulary and width,
+    trained three steps on its samples (the server only logged that the weights failed to load). Now the first
+    sync refuses it before any weight goes; and a sync that leaves layer 1 out is stopped by the server's
+    load report (its weights for layer 1 were kept, as vLLM's reload keeps a layer it is given nothing for)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    import grpolab.rollout.vllm_client as vllm_client
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(model_dir)
+    config.num_hidden_layers = 1
+    other = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+    def sampler_of(policy):
+        return ServerSampler(ServerClient(server.url, timeout_s=60), tok, max_completion_length=6,
+                             eos_token_ids=[tok.eos_token_id], weights_from=policy)  # fmt: skip
+
+    before = finished_updates(server)
+    with pytest.raises(RolloutServerError, match="serves another model than this trainer's: its model has 'model.layers.1."):
+        sampler_of(other).sample([tok.encode("1+")], num_generations=2)
+    assert finished_updates(server) == before  # nothing was sent
+
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    sent = vllm_client.policy_weights
+    monkeypatch.setattr(vllm_client, "policy_weights", lambda *a, **kw: ((n, t) for n, t in sent(*a, **kw) if ".layers.1." not in n))
+    with pytest.raises(RolloutServerError, match=r"loaded none of this trainer's weights into \d+ of its parameters \(model.layers.1.") as err:
+        sampler_of(policy).update_weights(policy)
+    assert "\n" not in str(err.value)
+    monkeypatch.undo()
+    whole = sampler_of(policy)  # the whole model loads, and the server samples on
+    assert whole.sample([tok.encode("1+")], num_generations=2).num_sequences == 2
+    whole.close()
+
+
 def test_lora_sends_the_adapter_itself_per_version(server, model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer

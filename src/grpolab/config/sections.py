@@ -143,8 +143,10 @@ class RolloutConfig:
     come from weights up to k updates old (0 = synchronous: every sample from the current weights). The engine's
     log-probs are the old log-probs; set algo.rollout_correction=tis (or mis) to correct for the lag."""
     sync_timeout_s: float = 120.0
-    """server mode: the longest wait for any one server call (a completion request, a weight update, a
-    health check) before the run stops with one error line; raise it for long completions on a slow engine."""
+    """server mode: the longest any one server call (a completion request, a weight update, a version check)
+    may take as a whole, however its bytes trickle in, before the run stops with one error line; on the
+    batch route, the longest wait for each prompt's samples. At most 86400 (a day); raise it for long
+    completions on a slow engine."""
     server_start_timeout_s: float = 600.0
     """server mode: how long a server grpolab starts may take to answer /health."""
     weight_transport: Literal["auto", "shm", "nccl"] = "auto"

@@ -3,6 +3,7 @@ transport a trainer's server takes, resolved here once for the trainer, its serv
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import fields
 from typing import TYPE_CHECKING
@@ -19,7 +20,11 @@ def field_default(cls, name: str):
     return next(f.default for f in fields(cls) if f.name == name)
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+MAX_TIMEOUT_S = 86400.0
+"""The longest rollout.sync_timeout_s / server_start_timeout_s: a day (a longer wait is a hang; past ~1e9 s the
+waits of the socket and threading modules overflow)."""
 
 
 def weight_transport(r, *, serving: bool = False) -> str:
@@ -75,8 +80,15 @@ def check_server(cfg: Config) -> None:
     checks = [
         (r.engine != "vllm", "rollout.mode=server runs vLLM's server: set rollout.engine=vllm (its vllm.* settings start it)"),
         (r.max_staleness < 0, "rollout.max_staleness must be >= 0 (0 = synchronous)"),
-        (r.sync_timeout_s <= 0, "rollout.sync_timeout_s must be > 0 (seconds per server call)"),
-        (r.server_start_timeout_s <= 0, "rollout.server_start_timeout_s must be > 0"),
+        (
+            not 0 < r.sync_timeout_s <= MAX_TIMEOUT_S,
+            f"rollout.sync_timeout_s must be > 0 and at most {MAX_TIMEOUT_S:g} (a day), got {r.sync_timeout_s:g}: "
+            "the seconds a whole server call may take",
+        ),
+        (
+            not 0 < r.server_start_timeout_s <= MAX_TIMEOUT_S,
+            f"rollout.server_start_timeout_s must be > 0 and at most {MAX_TIMEOUT_S:g} (a day), got {r.server_start_timeout_s:g}",
+        ),
         (r.sync_bucket_mb <= 0, "rollout.sync_bucket_mb must be > 0 (MB per weight bucket)"),
         (not 0 <= r.server_port < 65536, "rollout.server_port must be in 0..65535 (0 = a free port)"),
         (
@@ -87,9 +99,25 @@ def check_server(cfg: Config) -> None:
     for bad, message in checks:
         if bad:
             raise ConfigError(message)
-    url = urlsplit(r.server_url) if r.server_url else None
-    if url is not None and (url.scheme not in ("http", "https") or not url.hostname):
-        raise ConfigError(f"rollout.server_url={r.server_url!r} is not an http(s) URL: e.g. http://127.0.0.1:8000")
+    _check_addresses(r)
+
+
+def _check_addresses(r) -> None:
+    """rollout.server_host and server_url: well formed, and loopback unless remote access is set up."""
+    if not _bindable(r.server_host):
+        raise ConfigError(
+            f"rollout.server_host={r.server_host!r} is not an address to bind: write an IP address or a host name, "
+            "without brackets, scheme or port (e.g. 127.0.0.1, or ::1 for IPv6; the port is rollout.server_port)"
+        )
+    url = None
+    if r.server_url:
+        try:
+            url = urlsplit(r.server_url)
+            url.port  # noqa: B018 - read here: a bad port (or IPv6 bracket) is a ValueError
+        except ValueError:
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.hostname:
+            raise ConfigError(f"rollout.server_url={r.server_url!r} is not an http(s) URL: e.g. http://127.0.0.1:8000")
     for key, host in (("server_url", url.hostname if url else None), ("server_host", r.server_host)):
         if host is not None and host not in LOOPBACK and not (r.allow_remote and os.environ.get(r.api_key_env)):
             raise ConfigError(
@@ -97,3 +125,12 @@ def check_server(cfg: Config) -> None:
                 f"engine methods, so a remote server needs rollout.allow_remote=true and an API key in "
                 f"${r.api_key_env} (rollout.api_key_env)"
             )
+
+
+def _bindable(host: str) -> bool:
+    """An IP address, or a host name (no brackets, scheme, port or path)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(host) and not any(c in host for c in "[]/:@ ")

@@ -1,25 +1,140 @@
-"""The HTTP side of server mode: one vLLM server's JSON calls, each bounded by a timeout, and the pieces of a
-weight sync that do not depend on the sampler (buckets, a LoRA adapter's tensors, vLLM's NCCL control
-protocol over HTTP). rollout/vllm_client.py is the sampler built on them."""
+"""The HTTP side of server mode: one vLLM server's calls, each bounded as a whole by a deadline, and the
+pieces of a weight sync that do not depend on the sampler (buckets, a LoRA adapter's tensors, vLLM's NCCL
+control protocol over HTTP). rollout/vllm_client.py is the sampler built on them.
+
+The server is input the trainer does not trust: whatever it sends (a page of another kind of server,
+bytes of another protocol, an answer cut short, a stream dropped mid-line, JSON of another shape, a
+trickle of one byte a second) ends as one ``RolloutServerError`` line naming the server and the route.
+HTTP is httpcore's (httpx's transport: connections kept and reused, chunked streams, h11's parsing).
+Its timeouts, like httpx's, bound each socket operation, not a call (encode/httpx#1450), so its network
+backend is wrapped here: every connect, read and write of a call gets at most the time left before the
+call's deadline (``rollout.sync_timeout_s`` after it started), and a call past its deadline fails at once.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import socket
-import urllib.error
-import urllib.request
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpcore
 import torch
 
 from grpolab.distributed import parallel
 from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
 
+KEEPALIVE_S = 2.0
+"""How long an idle connection is kept for the next call: less than the 5 s after which vLLM's server
+(uvicorn, VLLM_HTTP_TIMEOUT_KEEP_ALIVE) closes it, so no call goes out on a connection being closed."""
+MAX_ANSWER_BYTES = 64 * 2**20
+"""The largest JSON answer read (a server's answers are a few KB; the batch route's lines: MAX_LINE_BYTES)."""
+MAX_LINE_BYTES = 512 * 2**20
+"""The largest line of the batch route read (a prompt's G samples: ~30 bytes a token)."""
+
+_call = threading.local()
+"""``deadline``: the ``time.monotonic()`` by which the call this thread is making must be done (httpcore's
+sync pool does a call's I/O on the calling thread)."""
+
+
+@contextlib.contextmanager
+def _until(deadline: float) -> Iterator[None]:
+    previous = getattr(_call, "deadline", None)
+    _call.deadline = deadline
+    try:
+        yield
+    finally:
+        _call.deadline = previous
+
+
+def _left(timeout: float | None, expired: type[Exception]) -> float | None:
+    """``timeout`` cut to the time left before this thread's call deadline; ``expired`` once it has passed."""
+    deadline = getattr(_call, "deadline", None)
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise expired("the call's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every operation ends by the deadline of the call using it."""
+
+    def __init__(self, inner: httpcore.NetworkStream):
+        self.inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.inner.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.inner.write(buffer, _left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def start_tls(self, ssl_context, server_hostname=None, timeout=None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self.inner.start_tls(ssl_context, server_hostname, _left(timeout, httpcore.ConnectTimeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's own socket backend, each connection a ``_DeadlineStream``."""
+
+    def __init__(self):
+        self.inner = httpcore.SyncBackend()
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None) -> httpcore.NetworkStream:
+        timeout = _left(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self.inner.connect_tcp(host, port, timeout, local_address, socket_options))
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self.inner.connect_unix_socket(path, _left(timeout, httpcore.ConnectTimeout), socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self.inner.sleep(seconds)
+
+
+TRANSPORT_ERRORS = (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError,
+                    httpcore.UnsupportedProtocol, OSError)  # fmt: skip
+"""What a call to a server can fail with below HTTP (``_errors`` says which is which)."""
+
+
+class ServerStatusError(RolloutServerError):
+    """The server answered with an HTTP error status (``status``)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+RESUME = "the last checkpoint is kept; restart the server and resume the run (grpolab train --resume)"
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """A short one-line view of what a server sent (for error messages)."""
+    if isinstance(value, bytes | bytearray):
+        text = value.decode(errors="replace")
+    else:
+        text = value if isinstance(value, str) else repr(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def bad_answer(url: str, path: str, what: str) -> RolloutServerError:
+    """The one line for an answer grpolab cannot use."""
+    return RolloutServerError(
+        f"the vLLM server at {url} answered {path} with {what}: grpolab cannot use it (is rollout.server_url a "
+        "vLLM server of this run's model? grpolab serve starts one)"
+    )
+
 
 class ServerClient:
-    """JSON over HTTP to one vLLM server, every call bounded by ``timeout_s``."""
+    """HTTP to one vLLM server (module docstring); every call is done within ``timeout_s`` or is one line."""
 
     def __init__(self, url: str, *, timeout_s: float, api_key: str | None = None, server: VLLMServer | None = None):
         self.url = url.rstrip("/")
@@ -27,61 +142,125 @@ class ServerClient:
         self.api_key = api_key
         self.server = server
         """The server process when this run started it (its death is then named in errors)."""
+        self._pool = httpcore.ConnectionPool(
+            network_backend=_DeadlineBackend(), max_connections=None, keepalive_expiry=KEEPALIVE_S
+        )  # thread-safe: the per-request sampler calls from a pool of threads
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None, timeout_s: float | None = None) -> Any:
-        timeout = timeout_s or self.timeout_s
-        with self._errors(path, timeout), urllib.request.urlopen(self._request(method, path, body), timeout=timeout) as r:
-            text = r.read()
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """The answer's JSON, or its text (the LoRA routes answer in plain text)."""
+        with self._errors(path), _until(time.monotonic() + self.timeout_s), self._send(method, path, body) as r:
+            self._check_status(path, r)
+            raw = bytearray()
+            for chunk in r.iter_stream():
+                raw += chunk
+                if len(raw) > MAX_ANSWER_BYTES:
+                    raise bad_answer(self.url, path, f"more than {MAX_ANSWER_BYTES} bytes")
         try:
-            return json.loads(text) if text else None
-        except json.JSONDecodeError:  # a few endpoints (LoRA loading) answer in plain text
-            return text.decode(errors="replace")
+            return json.loads(raw) if raw else None
+        except (ValueError, RecursionError):  # not JSON (or nested past Python's stack)
+            return raw.decode(errors="replace")
+
+    def call_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The answer, which must be a JSON object."""
+        answer = self.call(method, path, body)
+        if not isinstance(answer, dict):
+            raise bad_answer(self.url, path, f"{shown(answer)}, not a JSON object")
+        return answer
+
+    def field(self, path: str, answer: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+        """``answer[key]``, which must be of ``kind`` (a bool is no int here)."""
+        if key not in answer:
+            raise bad_answer(self.url, path, f"no {key!r} in {shown(answer)}")
+        value = answer[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise bad_answer(self.url, path, f"{key!r} = {shown(value)}, not {names}")
+        return value
 
     def stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """POST ``body`` and yield each line of the newline-delimited JSON answer as it comes; every wait for
-        the next line is bounded by the timeout, and an ``{"error": ...}`` line is a RolloutServerError."""
-        with self._errors(path, self.timeout_s), urllib.request.urlopen(self._request("POST", path, body), timeout=self.timeout_s) as r:
-            for raw in r:
-                if not raw.strip():
+        """POST ``body`` and yield each line of the newline-delimited JSON answer, each a JSON object, as it
+        comes. Each line must be whole within ``timeout_s`` of the one before (of the call's start for the
+        first), however its bytes trickle in; an ``{"error": ...}`` line is a RolloutServerError."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._errors(path), contextlib.ExitStack() as held:
+            with _until(deadline):
+                r = held.enter_context(self._send("POST", path, body))
+                self._check_status(path, r)
+            chunks, buf, scanned = r.iter_stream(), bytearray(), 0
+            while True:
+                end = buf.find(b"\n", scanned)
+                if end < 0:  # no whole line yet: read on
+                    if len(buf) > MAX_LINE_BYTES:
+                        raise bad_answer(self.url, path, f"a line of more than {MAX_LINE_BYTES} bytes")
+                    scanned = len(buf)
+                    with _until(deadline):
+                        chunk = next(chunks, None)
+                    if chunk is None:
+                        break
+                    buf += chunk
                     continue
-                try:
-                    line = json.loads(raw)
-                except ValueError:
-                    raise RolloutServerError(f"the vLLM server at {self.url} sent a line that is not JSON at {path}") from None
-                if "error" in line:
-                    raise RolloutServerError(f"the vLLM server at {self.url} failed at {path}: {line['error']}")
-                yield line
+                raw, buf, scanned = bytes(buf[:end]), buf[end + 1 :], 0
+                if raw.strip():
+                    yield self._line(path, raw)
+                    deadline = time.monotonic() + self.timeout_s
+            if buf.strip():  # the last line, without its newline
+                yield self._line(path, bytes(buf))
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None) -> urllib.request.Request:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"}
+    def _line(self, path: str, raw: bytes) -> dict[str, Any]:
+        try:
+            line = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise bad_answer(self.url, path, f"a line that is not JSON ({shown(raw)})") from None
+        if not isinstance(line, dict):
+            raise bad_answer(self.url, path, f"a line that is not a JSON object ({shown(raw)})")
+        if "error" in line:
+            raise RolloutServerError(f"the vLLM server at {self.url} failed at {path}: {shown(line['error'], 600)}")
+        return line
+
+    def _send(self, method: str, path: str, body: dict[str, Any] | None):
+        """httpcore's streamed call (a context manager: the response, its body not yet read)."""
+        headers = [(b"Content-Type", b"application/json")]
         if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+            headers.append((b"Authorization", f"Bearer {self.api_key}".encode()))
+        content = json.dumps(body).encode() if body is not None else (b"" if method != "GET" else None)
+        t = self.timeout_s  # each operation's own bound; the call's deadline cuts it (_DeadlineStream)
+        timeouts = {"connect": t, "read": t, "write": t, "pool": t}
+        return self._pool.stream(method, self.url + path, headers=headers, content=content, extensions={"timeout": timeouts})
+
+    def _check_status(self, path: str, r) -> None:
+        """An HTTP error status as one line, with the start of what the server said."""
+        if 200 <= r.status < 300:
+            return
+        said = bytearray()
+        for chunk in r.iter_stream():
+            said += chunk
+            if len(said) > 2048:
+                break
+        log = f" (its log ends: {self.server.log_tail()})" if self.server is not None and r.status >= 500 else ""
+        raise ServerStatusError(
+            f"the vLLM server at {self.url} answered {path} with {r.status}: {shown(bytes(said), 300)}{log}", r.status
+        )
 
     @contextlib.contextmanager
-    def _errors(self, path: str, timeout: float) -> Iterator[None]:
-        """Any failure of an HTTP call to ``path`` as one RolloutServerError line."""
+    def _errors(self, path: str) -> Iterator[None]:
+        """A failure below HTTP of a call to ``path`` as one RolloutServerError line."""
         try:
             yield
-        except urllib.error.HTTPError as err:
-            said = " ".join(err.read().decode(errors="replace").split())[:300]
-            raise RolloutServerError(f"the vLLM server at {self.url} answered {path} with {err.code}: {said}") from err
-        except TimeoutError as err:
+        except httpcore.TimeoutException as err:
             raise RolloutServerError(
-                f"the vLLM server at {self.url} did not answer {path} within {timeout:g} s (rollout.sync_timeout_s)"
-                f"{self._dead()}"
+                f"the vLLM server at {self.url} did not answer {path} within {self.timeout_s:g} s "
+                f"(rollout.sync_timeout_s){self._dead()}"
             ) from err
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            if isinstance(reason, TimeoutError):
-                raise RolloutServerError(
-                    f"the vLLM server at {self.url} did not answer {path} within {timeout:g} s "
-                    f"(rollout.sync_timeout_s){self._dead()}"
-                ) from err
+        except httpcore.ConnectError as err:
             raise RolloutServerError(
-                f"the vLLM server at {self.url} cannot be reached ({reason}) at {path}{self._dead()}: "
-                "the last checkpoint is kept; restart the server and resume the run (grpolab train --resume)"
+                f"the vLLM server at {self.url} cannot be reached ({shown(str(err), 200)}) at {path}"
+                f"{self._dead()}: {RESUME}"
+            ) from err
+        except TRANSPORT_ERRORS as err:  # cut short, dropped mid-answer, or not HTTP at all
+            raise RolloutServerError(
+                f"the vLLM server at {self.url} broke off its answer to {path} or did not answer in HTTP "
+                f"({type(err).__name__}: {shown(str(err), 200)}){self._dead()}: {RESUME}"
             ) from err
 
     def _dead(self) -> str:
@@ -90,7 +269,13 @@ class ServerClient:
         return ""
 
     def version(self) -> str | None:
-        return self.call("GET", "/weight_info")["weight_version"]
+        """The weight version the server reports."""
+        answer = self.call_json("GET", "/weight_info")
+        return self.field("/weight_info", answer, "weight_version", (str, int, type(None)))
+
+    def close(self) -> None:
+        """Close the kept connections."""
+        self._pool.close()
 
 
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

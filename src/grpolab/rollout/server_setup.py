@@ -141,6 +141,7 @@ def build_server_sampler(
         bucket_bytes=int(r.sync_bucket_mb * 2**20),
         dtype=getattr(torch, dtype),
         lora=cfg.model.lora.enabled,
+        vocab_size=getattr(policy.config, "vocab_size", None),  # the embedding's rows: ids the trainer can index
     )
 
 

@@ -2,9 +2,10 @@
 
 A server grpolab starts carries two vLLM plugins of grpolab's (vLLM's own extension points):
 
-* ``SeedExtension``, the worker extension (``--worker-extension-cls``): ``grpolab_seed(seed)`` seeds the
+* ``WorkerExtension``, the worker extension (``--worker-extension-cls``): ``grpolab_seed(seed)`` seeds the
   worker's torch (and numpy) generators, the ones vLLM draws requests without a seed of their own from
-  (rollout/vllm.py, ``engine_seeded``, says where);
+  (rollout/vllm.py, ``engine_seeded``, says where), and ``grpolab_missing_weights()`` names the
+  parameters the last weight update left out (rollout/vllm_shm.py);
 * ``BatchEndpoint``, an endpoint plugin (``vllm.endpoint_plugins``, allowed by name in ``VLLM_PLUGINS``):
   ``POST /grpolab/generate`` takes the whole batch, G samples of each prompt, and runs it as the
   colocated engine does: the scheduler paused once in-flight requests are done (its KV and prefix cache
@@ -16,7 +17,12 @@ A server grpolab starts carries two vLLM plugins of grpolab's (vLLM's own extens
   time (a lock): two trainer ranks' batches are run one after the other, each as its own rank's
   colocated engine would.
 
-``GET /grpolab/info`` tells a client the route is there; a server without it (a plain ``vllm serve``) is
+``GET /grpolab/info`` tells a client the route is there, how the server takes weights, and which model it
+serves: its dtype and the ``[name, shape]`` of every parameter of the Hugging Face model its config
+describes (built once on the meta device, so it costs no memory), the names and shapes a trainer of
+that model sends; a trainer checks them at its first sync (rollout/server_answers.py). ``GET
+/grpolab/loaded`` names the parameters the last weight update left out (``{"missing": [...]}``, null
+when the transport does not track them). A server without these routes (a plain ``vllm serve``) is
 sampled with a seed per request instead (rollout/vllm_client.py).
 
 With an API key (``VLLM_API_KEY``, set by ``rollout.api_key_env``), the plugin also guards every route but
@@ -36,16 +42,18 @@ import uuid
 
 ROUTE = "/grpolab/generate"
 INFO_ROUTE = "/grpolab/info"
+LOADED_ROUTE = "/grpolab/loaded"
 PLUGIN = "grpolab_batch"
 """The endpoint plugin's entry-point name (``VLLM_PLUGINS`` must name it)."""
-EXTENSION = "grpolab.rollout.vllm_batch.SeedExtension"
+EXTENSION = "grpolab.rollout.vllm_batch.WorkerExtension"
 PROTOCOL = 1
 HEARTBEAT_S = 5.0
 """Seconds between the ``{"queued": true}`` lines of a batch waiting for another one."""
 
 
-class SeedExtension:
-    """Mixed into vLLM's worker: the engine's unseeded sampling from a given seed."""
+class WorkerExtension:
+    """Mixed into vLLM's worker: the engine's unseeded sampling from a given seed, and what its last weight
+    update left out."""
 
     def grpolab_seed(self, seed: int) -> None:
         import numpy as np
@@ -55,6 +63,11 @@ class SeedExtension:
         if torch.cuda.is_available():
             torch.cuda.manual_seed(seed)
         np.random.seed(seed % 2**32)
+
+    def grpolab_missing_weights(self) -> list[str] | None:
+        """The parameters the last update of grpolab's shm transport left out; None for another transport."""
+        missing = getattr(getattr(self, "weight_transfer_engine", None), "missing", None)
+        return None if missing is None else list(missing)
 
 
 class BatchEndpoint:
@@ -67,6 +80,8 @@ class BatchEndpoint:
         self.engine = None
         self.models = None
         self.lock: asyncio.Lock | None = None
+        self.weights: list | None = None
+        """The served model's ``[name, shape]`` list (module docstring), made at the first /grpolab/info."""
 
     def attach_router(self, app) -> None:
         from fastapi import APIRouter, Request
@@ -75,8 +90,25 @@ class BatchEndpoint:
         router = APIRouter()
 
         async def info() -> dict:
-            config = getattr(getattr(self.engine, "vllm_config", None), "weight_transfer_config", None)
-            return {"protocol": PROTOCOL, "weight_transfer": getattr(config, "backend", None)}
+            vllm_config = getattr(self.engine, "vllm_config", None)
+            model_config = getattr(vllm_config, "model_config", None)
+            if self.weights is None and model_config is not None:
+                self.weights = await asyncio.to_thread(served_weights, model_config)
+            dtype = getattr(model_config, "dtype", None)
+            return {
+                "protocol": PROTOCOL,
+                "weight_transfer": getattr(getattr(vllm_config, "weight_transfer_config", None), "backend", None),
+                "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+                "weights": self.weights or None,
+            }
+
+        async def loaded() -> dict:
+            if self.engine is None:
+                return {"missing": None}
+            reports = await self.engine.collective_rpc("grpolab_missing_weights")  # one per worker
+            if any(r is None for r in reports):
+                return {"missing": None}
+            return {"missing": sorted({name for r in reports for name in r})}
 
         async def generate(raw):
             try:
@@ -88,6 +120,7 @@ class BatchEndpoint:
 
         generate.__annotations__ = {"raw": Request}  # FastAPI reads it; a string (this module's future import) it cannot resolve
         router.add_api_route(INFO_ROUTE, info, methods=["GET"])
+        router.add_api_route(LOADED_ROUTE, loaded, methods=["GET"])
         router.add_api_route(ROUTE, generate, methods=["POST"])
         app.include_router(router)
         key = os.environ.get("VLLM_API_KEY")
@@ -194,6 +227,23 @@ class KeyGuard:
                 await send({"type": "http.response.body", "body": b'{"error": "Unauthorized"}'})
                 return
         await self.app(scope, receive, send)
+
+
+def served_weights(model_config) -> list:
+    """``[name, shape]`` of every parameter (a tied head under both names, as a trainer sends it) of the
+    Hugging Face model ``model_config`` describes, built on the meta device; [] when transformers cannot
+    build it (an architecture it lacks: the trainer then relies on /grpolab/loaded)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                model_config.hf_config, trust_remote_code=bool(getattr(model_config, "trust_remote_code", False))
+            )
+    except Exception:  # noqa: BLE001 - whatever transformers raises for a config it cannot build
+        return []
+    return [[name, list(p.shape)] for name, p in model.named_parameters(remove_duplicate=False)]
 
 
 async def _finished(queue) -> list[dict]:

@@ -15,8 +15,11 @@ under FSDP2: rollout/vllm_sync.py), /finish_weight_update with the new version, 
 then /weight_info must report that version, then /resume. Before every sample the server's version is
 checked too: a server that restarted (with its own weights) stops the run instead of sampling from them.
 Transports: ``shm`` (rollout/vllm_shm.py: files in shared memory; any device, same machine) and ``nccl``
-(vLLM's NCCL engine; GPUs; written, not tested here). Every call has a timeout (rollout.sync_timeout_s),
-and any failure is one RolloutServerError line (the HTTP calls: rollout/server_client.py).
+(vLLM's NCCL engine; GPUs; written, not tested here). Every call is bounded as a whole (rollout.sync_timeout_s),
+and any failure is one RolloutServerError line (the HTTP calls: rollout/server_client.py). What the server
+sends is checked before it is used (rollout/server_protocol.py): every sample, and, at the first sync, that
+it serves this model (its parameters' names, shapes and dtype); after every sync it must have loaded all
+of its parameters.
 
 LoRA (``lora=True``): the adapter itself goes, not a merge; the base weights go once, at the first sync
 (a server keeps what an earlier trainer sent). Each version's adapter (PEFT's own state dict,
@@ -38,9 +41,7 @@ import os
 import shutil
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
@@ -51,11 +52,12 @@ from typing import Any
 import torch
 
 from grpolab.distributed import dist, parallel
-from grpolab.rollout import vllm_batch, vllm_shm
+from grpolab.rollout import server_protocol, vllm_batch, vllm_shm
 from grpolab.rollout.base import check_prompts, check_sampling, package_completions
 from grpolab.rollout.server_client import (
     NcclControl,
     ServerClient,
+    ServerStatusError,
     StreamSource,
     adapter_state,
     address_towards,
@@ -97,6 +99,7 @@ class ServerSampler:
         dtype: torch.dtype | None = None,
         max_concurrency: int = 64,
         lora: bool = False,
+        vocab_size: int | None = None,
     ) -> None:
         check_sampling(max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k)
         if not eos_token_ids:
@@ -106,6 +109,8 @@ class ServerSampler:
         self.client = client
         self.tokenizer = tokenizer
         self.max_completion_length = max_completion_length
+        self.vocab_size = int(vocab_size or len(tokenizer))
+        """Token ids the server sends must be below it (the model's embedding rows)."""
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.eos_token_ids = [int(i) for i in eos_token_ids]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
@@ -186,9 +191,9 @@ class ServerSampler:
     def info(self) -> dict:
         """The server's ``/grpolab/info`` (rollout/vllm_batch.py), {} for a server without it (a plain vllm serve)."""
         try:
-            return self.client.call("GET", vllm_batch.INFO_ROUTE)
-        except RolloutServerError as err:
-            if " with 404" not in str(err):
+            return self.client.call_json("GET", vllm_batch.INFO_ROUTE)
+        except ServerStatusError as err:
+            if err.status != 404:
                 raise
             log.info("vllm server %s has no %s: one seeded request per sample", self.client.url, vllm_batch.ROUTE)
             return {}
@@ -198,40 +203,27 @@ class ServerSampler:
         """Whether the server has grpolab's batch route (a server grpolab starts; rollout/vllm_batch.py)."""
         return self.info.get("protocol") == vllm_batch.PROTOCOL
 
-    def _check_transport(self) -> None:
-        """The server takes weights over the transport this trainer sends them by (rollout.weight_transport on
-        both sides: ``auto`` can differ, e.g. a grpolab serve bound to 0.0.0.0 and a trainer's loopback URL)."""
-        served, mine = self.info.get("weight_transfer"), vllm_shm.BACKEND if self.transport == "shm" else "nccl"
-        if served is not None and served != mine:
-            raise RolloutServerError(
-                f"the vLLM server at {self.client.url} takes weights over {served}, this trainer sends them over "
-                f"{mine}: set rollout.weight_transport={'shm' if served == vllm_shm.BACKEND else served} for the "
-                "trainer, or start the server with the trainer's"
-            )
+    def _check_server(self, model: torch.nn.Module) -> None:
+        """The first sync, on every rank (each raises, none waits in a gather): the server takes weights by this
+        trainer's transport and serves this model (rollout/server_protocol.py)."""
+        server_protocol.check_transport(self.client.url, self.info, self.transport)
+        metadata = weight_metadata(model, self.dtype, merge_lora=False)  # the names and shapes sent, merged or not
+        server_protocol.check_model(self.client.url, self.info, metadata)
 
     def _batch(self, prompt_ids, per_prompt: int, seed: int | None, finished) -> list[dict]:
         """The whole batch in one call, sampled as the colocated engine samples it (rollout/vllm_batch.py);
         ``finished(p, samples)`` as each prompt's samples come back."""
-        body = {
-            "model": self.model_name, "prompts": [[int(t) for t in ids] for ids in prompt_ids], "n": per_prompt,
-            "seed": seed, "sampling": {
-                "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k if self.top_k > 0 else -1,
-                "max_tokens": self.max_completion_length, "stop_token_ids": self.eos_token_ids,
-            },
-        }  # fmt: skip
+        body = server_protocol.batch_request(self.model_name, prompt_ids, per_prompt, seed, self._sampling())
         outputs: dict[int, list[dict]] = {}
         for line in self.client.stream(vllm_batch.ROUTE, body):
             if "done" in line:
                 break
             if "queued" in line:  # another rank's batch holds the engine; the wait for the next line restarts
                 continue
-            try:
-                p, samples = int(line["prompt"]), line["samples"]
-                got = [{"token_ids": c["token_ids"], "logprobs": {"token_logprobs": c["logprobs"]}} for c in samples]
-            except (KeyError, TypeError, ValueError) as err:
-                raise RolloutServerError(f"the vLLM server at {self.client.url} sent a line grpolab cannot read: {err!r}") from None
-            if p in outputs or not 0 <= p < len(prompt_ids) or len(got) != per_prompt:
-                raise RolloutServerError(f"the vLLM server at {self.client.url} returned another batch than asked")
+            p, got = server_protocol.batch_line(
+                self.client.url, vllm_batch.ROUTE, line, prompts=len(prompt_ids), per_prompt=per_prompt, seen=outputs,
+                **self._limits(),
+            )  # fmt: skip
             outputs[p] = got
             finished(p, outputs[p])
         if len(outputs) != len(prompt_ids):
@@ -246,25 +238,22 @@ class ServerSampler:
         for p, ids in enumerate(prompt_ids):
             for g in range(per_prompt):
                 seed = None if base is None else (base + p * group + g) % SEED_MODULUS
-                bodies.append(self._body(ids, seed))
-        return list(self._pool.map(lambda b: self.client.call("POST", "/v1/completions", b)["choices"][0], bodies))
+                bodies.append(server_protocol.completion_request(self.model_name, ids, seed, self._sampling()))
+        return list(self._pool.map(self._complete, bodies))
 
-    def _body(self, ids: Sequence[int], seed: int | None) -> dict[str, Any]:
-        body = {
-            "model": self.model_name,
-            "prompt": [int(t) for t in ids],
-            "max_tokens": self.max_completion_length,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k if self.top_k > 0 else -1,
-            "stop_token_ids": self.eos_token_ids,
-            "logprobs": 0,  # the sampled token's only
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-        }
-        if seed is not None:
-            body["seed"] = seed
-        return body
+    def _complete(self, body: dict[str, Any]) -> dict:
+        answer = self.client.call_json("POST", "/v1/completions", body)
+        return server_protocol.completion(self.client.url, "/v1/completions", answer, **self._limits())
+
+    def _limits(self) -> dict[str, int]:
+        """What every sample the server sends is checked against (rollout/server_protocol.py)."""
+        return {"vocab_size": self.vocab_size, "max_tokens": self.max_completion_length}
+
+    def _sampling(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k if self.top_k > 0 else -1,
+            "max_tokens": self.max_completion_length, "stop_token_ids": self.eos_token_ids,
+        }  # fmt: skip
 
     def _check_version(self) -> None:
         served = self.client.version()
@@ -276,13 +265,8 @@ class ServerSampler:
             )
 
     def _package(self, prompt_ids, group: int, choices: list[dict], *, device=None, texts=None) -> Completions:
-        tokens = [list(c["token_ids"]) for c in choices]
-        logprobs = []
-        for toks, c in zip(tokens, choices, strict=True):
-            lps = c["logprobs"]["token_logprobs"]
-            if len(lps) != len(toks):
-                raise RolloutServerError(f"the vLLM server returned {len(lps)} log-probs for {len(toks)} tokens")
-            logprobs.append(lps)
+        tokens = [list(c["token_ids"]) for c in choices]  # checked as they came (rollout/server_protocol.py)
+        logprobs = [c["logprobs"] for c in choices]
         return package_completions(
             prompt_ids, group, tokens, logprobs, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
             tokenizer=self.tokenizer, device=self.device if device is None else device, min_width=1, texts=texts,
@@ -296,6 +280,8 @@ class ServerSampler:
         with self.lock:
             t0 = time.perf_counter()
             version = 0 if self.version is None else self.version + 1
+            if version == 0:
+                self._check_server(model)
             sent = self._sync_adapter(model, version) if self.lora else self._sync_or_consume(model, version)
             if dist.world().size > 1:
                 dist.barrier()  # no rank samples before rank 0's sync is done
@@ -315,8 +301,6 @@ class ServerSampler:
 
     def _sync(self, weights, version: int, metadata=None) -> int:
         """The sender's half of ``update_weights``: the bytes sent."""
-        if version == 0:
-            self._check_transport()
         c = self.client
         c.call("POST", "/pause?mode=wait")
         try:
@@ -328,14 +312,24 @@ class ServerSampler:
                 sent = self._send(weights)
                 c.call("POST", "/finish_weight_update", {"weight_version": str(version)})
             c.call("POST", "/reset_prefix_cache")  # cached prompt KV was computed with the old weights
+            self._check_loaded()
             served = c.version()
             if served != str(version):
                 raise RolloutServerError(
                     f"the vLLM server at {c.url} reports weight version {served!r} after the trainer sent {version}"
                 )
-        finally:
-            c.call("POST", "/resume")
+        except BaseException:
+            with contextlib.suppress(RolloutServerError):  # the first failure is the one to tell
+                c.call("POST", "/resume")
+            raise
+        c.call("POST", "/resume")
         return sent
+
+    def _check_loaded(self) -> None:
+        """The server loaded every parameter of its model (a server with grpolab's routes says so)."""
+        if self.info:
+            report = self.client.call_json("GET", vllm_batch.LOADED_ROUTE)
+            server_protocol.check_loaded(self.client.url, report)
 
     def _sync_adapter(self, model: torch.nn.Module, version: int) -> int:
         """LoRA: this version's adapter as a PEFT folder, loaded as ``grpolab-<tag>-v<N>`` (module docstring);
@@ -402,13 +396,17 @@ class ServerSampler:
             init = NCCLTrainerInitInfo(
                 master_address=os.environ.get("GRPOLAB_NCCL_ADDRESS") or address_towards(host),
                 master_port=int(os.environ.get("GRPOLAB_NCCL_PORT", "29555")),
-                world_size=1 + int(self.client.call("GET", "/get_world_size")["world_size"]),
+                world_size=1 + self._server_world_size(),
                 rank=0,
             )
             self._nccl = WeightTransferTrainerFactory.trainer_init(init, client=NcclControl(self.client), source=source)
         self._nccl.source = source
         self._nccl.send_weights()
         return source.sent
+
+    def _server_world_size(self) -> int:
+        answer = self.client.call_json("GET", "/get_world_size")
+        return self.client.field("/get_world_size", answer, "world_size", int)
 
     def close(self) -> None:
         """Stop the request threads, unload this sampler's adapter, remove the transfer folder, and stop the
@@ -419,5 +417,6 @@ class ServerSampler:
                 self.client.call("POST", "/v1/unload_lora_adapter", {"lora_name": self.model_name})
         if self._shm_dir is not None:
             shutil.rmtree(self._shm_dir, ignore_errors=True)
+        self.client.close()
         if self.client.server is not None:
             self.client.server.stop()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import http.client
 import os
 import signal
 import socket
@@ -45,10 +46,15 @@ class RolloutServerError(TrainingError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on now (the server binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nobody listens on now (the server binds it a moment later), on ``host`` (IPv4 or IPv6)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            return s.getsockname()[1]
+    except OSError as err:
+        raise RolloutServerError(
+            f"cannot bind a vLLM server to {host} ({err}): set rollout.server_host to an address of this machine"
+        ) from None
 
 
 def check_bind(host: str, *, allow_remote: bool, api_key: str | None) -> None:
@@ -142,7 +148,11 @@ class VLLMServer:
                 raise RolloutServerError(
                     f"the vLLM server exited with status {self.proc.returncode} while starting: {self.log_tail()}"
                 )
-            with contextlib.suppress(OSError, urllib.error.URLError), urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+            # not up yet, or (a port taken by something else) not HTTP: asked again until the deadline
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError, http.client.HTTPException),
+                urllib.request.urlopen(f"{self.url}/health", timeout=2) as r,
+            ):
                 if r.status == 200:
                     self.shm_files = self._mapped_shm()
                     return

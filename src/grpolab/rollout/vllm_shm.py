@@ -15,6 +15,13 @@ a server that grpolab starts also gets the entry point through a metadata folder
 
 Only files in the folder named at ``/init_weight_transfer_engine``, itself under the shared-memory
 root and named ``grpolab-*``, are read: a request cannot make the server read any other file.
+
+A load that leaves parameters out is never silent: vLLM's reload keeps a layer it was given nothing for
+as it was and only logs "Failed to load weights" (a trainer of a 1-layer model once trained three steps
+on a 2-layer server that way). The engine keeps the names the model's ``load_weights`` reports loaded
+during an update, and at its end the parameters left out (``unloaded``: vLLM's own check after a
+checkpoint load, DefaultModelLoader's ``track_weights_loading``); the trainer asks for them after every
+sync (``/grpolab/loaded``, rollout/vllm_batch.py) and stops the run in one line when any is.
 """
 
 from __future__ import annotations
@@ -86,6 +93,16 @@ def read_bucket(info: dict[str, Any], allowed: Path) -> list[tuple[str, torch.Te
     return out
 
 
+def unloaded(model: torch.nn.Module, loaded: set[str] | None) -> list[str] | None:
+    """The names of ``model``'s parameters not in ``loaded`` (None: not tracked, a model whose
+    ``load_weights`` does not say what it loaded)."""
+    if loaded is None:
+        return None
+    # vLLM's LoRA wrappers (--enable-lora) hold a layer as ``base_layer`` and load it under the layer's own name
+    names = (name.replace(".base_layer.", ".") for name, _ in model.named_parameters())
+    return sorted(name for name in names if name not in loaded)
+
+
 def transfer_dir(allowed_root: Path, name: str) -> Path:
     """The transfer folder named at init, checked: directly under the shared-memory root, named grpolab-*."""
     path = (allowed_root / name).resolve()
@@ -132,6 +149,10 @@ def engine_class():
         def __init__(self, config, vllm_config, device, model) -> None:
             super().__init__(config, vllm_config, device, model)
             self.folder: Path | None = None
+            self.loaded: set[str] | None = None
+            """The parameters ``load_weights`` loaded in this update (None: it does not say)."""
+            self.missing: list[str] | None = None
+            """The parameters the last finished update left out (module docstring); None: not known."""
 
         def init_transfer_engine(self, init_info: ShmInitInfo) -> None:
             self.folder = transfer_dir(SHM_ROOT, init_info.folder)
@@ -140,11 +161,14 @@ def engine_class():
             from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
             initialize_layerwise_reload(self.model)
+            quantized = getattr(self.model_config, "quantization", None) is not None  # vLLM's check skips these
+            self.loaded, self.missing = (None if quantized else set()), None
 
         def finish_weight_update(self) -> None:
             from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
             finalize_layerwise_reload(self.model, self.model_config)
+            self.missing = unloaded(self.model, self.loaded)
 
         def update_weights(self, update_info: dict[str, Any]) -> None:
             self.receive_weights(self.parse_update_info(update_info))
@@ -155,7 +179,8 @@ def engine_class():
             if self.folder is None:
                 raise RuntimeError("grpolab_shm: /init_weight_transfer_engine was not called")
             weights = read_bucket(vars(update_info), self.folder)
-            self.model.load_weights([(n, t.to(self.device)) for n, t in weights])
+            got = self.model.load_weights([(n, t.to(self.device)) for n, t in weights])
+            self.loaded = None if got is None or self.loaded is None else self.loaded | set(got)
 
         def shutdown(self) -> None:
             self.folder = None

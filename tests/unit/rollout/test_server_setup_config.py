@@ -29,6 +29,13 @@ def test_colocated_stays_the_default():
         ({"mode": "server", "engine": "vllm", "server_url": "ftp://x"}, "is not an http(s) URL"),
         ({"mode": "server", "engine": "vllm", "server_url": "http://10.1.2.3:8000"}, "rollout.allow_remote=true"),
         ({"mode": "server", "engine": "vllm", "server_host": "0.0.0.0"}, "rollout.server_host names 0.0.0.0"),
+        # a wait past ~1e9 s overflowed the socket and threading modules: a traceback (NaN, inf: the loader's line)
+        ({"mode": "server", "engine": "vllm", "sync_timeout_s": 1e10}, "rollout.sync_timeout_s must be > 0 and at most 86400 (a day), got 1e+10"),
+        ({"mode": "server", "engine": "vllm", "server_start_timeout_s": 1e10}, "server_start_timeout_s must be > 0 and at most 86400"),
+        ({"mode": "server", "engine": "vllm", "server_host": "[::1]"}, "rollout.server_host='[::1]' is not an address to bind"),
+        ({"mode": "server", "engine": "vllm", "server_host": "127.0.0.1:8000"}, "without brackets, scheme or port"),
+        ({"mode": "server", "engine": "vllm", "server_url": "http://[::1"}, "rollout.server_url='http://[::1' is not an http(s) URL"),
+        ({"mode": "server", "engine": "vllm", "server_url": "http://127.0.0.1:99999"}, "is not an http(s) URL"),
     ],
 )
 def test_bad_combinations_are_one_line(rollout, says):
@@ -44,6 +51,14 @@ def test_a_remote_server_needs_the_setting_and_a_key(monkeypatch):
         cfg(**remote)
     monkeypatch.setenv("GRPOLAB_VLLM_API_KEY", "secret")
     assert cfg(**remote).rollout.server_url == "http://10.1.2.3:8000"
+
+
+def test_ipv6_loopback_is_loopback_and_a_day_is_the_longest_timeout():
+    from grpolab.config.server_checks import weight_transport
+
+    c = cfg(mode="server", engine="vllm", server_host="::1", sync_timeout_s=86400)
+    assert (c.rollout.server_host, weight_transport(c.rollout, serving=True)) == ("::1", "shm")
+    assert weight_transport(cfg(mode="server", engine="vllm", server_url="http://[::1]:8000").rollout) == "shm"
 
 
 def test_server_mode_with_staleness_is_accepted():

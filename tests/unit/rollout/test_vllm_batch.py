@@ -37,14 +37,54 @@ def test_every_route_but_health_needs_the_key(app):
     assert app.post("/pause", headers={"Authorization": "Bearer s3cret"}).json() == {"ok": True}
 
 
-def test_without_a_key_nothing_is_guarded_and_info_names_the_weight_transfer(monkeypatch):
+def test_without_a_key_nothing_is_guarded_and_info_names_the_weight_transfer_and_the_model(monkeypatch):
+    import torch
+
+    from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
+
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     app = fastapi.FastAPI()
     endpoint = BatchEndpoint()
     endpoint.attach_router(app)
-    assert TestClient(app).get("/grpolab/info").json() == {"protocol": 1, "weight_transfer": None}  # no engine yet
-    endpoint.engine = SimpleNamespace(vllm_config=SimpleNamespace(weight_transfer_config=SimpleNamespace(backend="nccl")))
-    assert TestClient(app).get("/grpolab/info").json() == {"protocol": 1, "weight_transfer": "nccl"}
+    nothing = {"protocol": 1, "weight_transfer": None, "dtype": None, "weights": None}
+    assert TestClient(app).get("/grpolab/info").json() == nothing  # no engine yet
+    served = build_tiny_model(build_char_tokenizer(), hidden_size=16, num_layers=1, num_heads=2)
+    model_config = SimpleNamespace(hf_config=served.config, dtype=torch.bfloat16, trust_remote_code=False)
+    endpoint.engine = SimpleNamespace(vllm_config=SimpleNamespace(
+        weight_transfer_config=SimpleNamespace(backend="nccl"), model_config=model_config))  # fmt: skip
+    info = TestClient(app).get("/grpolab/info").json()
+    assert (info["protocol"], info["weight_transfer"], info["dtype"]) == (1, "nccl", "bfloat16")
+    assert info["weights"] == [[n, list(p.shape)] for n, p in served.named_parameters(remove_duplicate=False)]
+    model_config.hf_config = SimpleNamespace()  # no architecture transformers can build: the server does not say
+    endpoint.weights = None
+    assert TestClient(app).get("/grpolab/info").json()["weights"] is None
+
+
+def test_loaded_names_what_any_worker_left_out(monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    app = fastapi.FastAPI()
+    endpoint = BatchEndpoint()
+    endpoint.attach_router(app)
+    assert TestClient(app).get("/grpolab/loaded").json() == {"missing": None}  # no engine yet
+    reports = [["b", "a"], ["a"]]
+
+    async def collective_rpc(method, args=()):
+        assert method == "grpolab_missing_weights"
+        return reports
+
+    endpoint.engine = SimpleNamespace(collective_rpc=collective_rpc)
+    assert TestClient(app).get("/grpolab/loaded").json() == {"missing": ["a", "b"]}
+    reports[1] = None  # a worker whose transport does not track them
+    assert TestClient(app).get("/grpolab/loaded").json() == {"missing": None}
+
+
+def test_the_worker_extension_reports_what_its_transfer_engine_left_out():
+    from grpolab.rollout.vllm_batch import WorkerExtension
+
+    worker = WorkerExtension()
+    assert worker.grpolab_missing_weights() is None  # no transfer engine
+    worker.weight_transfer_engine = SimpleNamespace(missing=("x.weight",))
+    assert worker.grpolab_missing_weights() == ["x.weight"]
 
 
 class FakeQueue:

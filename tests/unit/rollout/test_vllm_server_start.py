@@ -1,0 +1,42 @@
+"""rollout/vllm_server.py's start on an IPv6 loopback address: the port is found on that address and the URL
+brackets it (a fake Popen stands for vLLM's server, whose own bind takes IPv6 addresses)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from grpolab.rollout import vllm_server
+
+
+def test_a_server_on_ipv6_loopback_gets_a_port_there_and_a_bracketed_url(monkeypatch, tmp_path):
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("::1 cannot be bound here")
+    started = []
+
+    class FakePopen:
+        def __init__(self, cmd, **kw):
+            started.append(cmd)
+            self.pid, self.returncode = -1, 0
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr(vllm_server.subprocess, "Popen", FakePopen)
+    server = vllm_server.VLLMServer.start(["--model", "m"], host="::1", log_path=tmp_path / "log")
+    (cmd,) = started
+    port = int(cmd[cmd.index("--port") + 1])
+    assert cmd[cmd.index("--host") + 1] == "::1" and server.url == f"http://[::1]:{port}"
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", port))  # a port free on ::1 (it was an IPv4 socket's, and ::1 a traceback, before)
+    vllm_server.atexit.unregister(server.stop)
+
+
+def test_an_address_this_machine_cannot_bind_is_one_line():
+    with pytest.raises(vllm_server.RolloutServerError, match=r"cannot bind a vLLM server to no-such-host.invalid \(") as err:
+        vllm_server.free_port("no-such-host.invalid")
+    assert "rollout.server_host" in str(err.value) and "\n" not in str(err.value)
