@@ -20,7 +20,7 @@ A server grpolab starts carries two vLLM plugins of grpolab's (vLLM's own extens
 ``GET /grpolab/info`` tells a client the route is there, how the server takes weights, and which model it
 serves: its dtype and the ``[name, shape]`` of every parameter of the Hugging Face model its config
 describes (built once on the meta device, so it costs no memory), the names and shapes a trainer of
-that model sends; a trainer checks them at its first sync (rollout/server_answers.py). ``GET
+that model sends; a trainer checks them at its first sync (rollout/server_protocol.py). ``GET
 /grpolab/loaded`` names the parameters the last weight update left out (``{"missing": [...]}``, null
 when the transport does not track them). A server without these routes (a plain ``vllm serve``) is
 sampled with a seed per request instead (rollout/vllm_client.py).
