@@ -1,11 +1,12 @@
-"""What stops a training run cleanly: SIGINT / SIGTERM, and steps whose loss or gradient is not finite.
+"""What stops a training run cleanly: SIGINT / SIGTERM / SIGHUP, and steps whose loss or gradient is not finite.
 
-Signals. While ``train()`` runs (and only then, and only in the main thread), SIGINT and SIGTERM set a
-flag instead of killing the process: the current step finishes, a checkpoint is written, and
-``train()`` returns with ``stopped_by`` set; the command line then exits with 128 + the signal number
-(130 for SIGINT, 143 for SIGTERM), the shell convention. A second signal acts at once, as it would
-have without grpolab (KeyboardInterrupt for SIGINT, termination for SIGTERM); the last checkpoint
-written is intact either way, since checkpoints are written atomically.
+Signals. While ``train()`` runs (and only then, and only in the main thread), SIGINT, SIGTERM and SIGHUP
+(the terminal hung up: an ssh session closed) set a flag instead of killing the process: the current
+step finishes, a checkpoint is written, and ``train()`` returns with ``stopped_by`` set; the command
+line then exits with 128 + the signal number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP), the
+shell convention. A second signal acts at once, as it would have without grpolab (KeyboardInterrupt for
+SIGINT, termination for the others); the last checkpoint written is intact either way, since
+checkpoints are written atomically.
 
 Non-finite steps. An update whose loss or gradient norm is NaN or infinite is skipped (the optimizer
 and weights are left as they were; see step.py). A step with a skipped update is "bad"; after
@@ -38,11 +39,12 @@ from grpolab.runtime.checkpoint import latest_checkpoint
 
 log = logging.getLogger(__name__)
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a run at the end of its step (and that compare passes to its training process)."""
 
 
 class GracefulStop:
-    """Context manager: SIGINT / SIGTERM request a stop at the end of the current step."""
+    """Context manager: SIGINT / SIGTERM / SIGHUP request a stop at the end of the current step."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -55,7 +57,7 @@ class GracefulStop:
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
-            for sig in _SIGNALS:
+            for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -1,14 +1,15 @@
-"""The no-signal guard (runtime/guards.py)."""
+"""The no-signal guard and the stop signals (runtime/guards.py)."""
 
 from __future__ import annotations
 
 import logging
+import signal
 
 import pytest
 
 from grpolab.config import load_config
 from grpolab.errors import TrainingError
-from grpolab.runtime.guards import NoSignal
+from grpolab.runtime.guards import GracefulStop, NoSignal
 
 FLAT = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 1.0, "reward_std": 0.0}
 SIGNAL = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 0.5, "reward_std": 0.4}
@@ -51,3 +52,13 @@ def test_no_signal_from_config_picks_the_baseline_and_skips_process_supervision(
     for step in range(1, 200):
         process.observe(step, FLAT)  # outcome metrics do not see the step rewards: never judged
     assert process.in_a_row == 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_asks_for_a_checkpoint_and_the_handlers_are_restored(signum):
+    """SIGHUP too (a closed ssh session): the run saves and stops as on Ctrl-C, instead of dying mid-step."""
+    before = signal.getsignal(signum)
+    with GracefulStop() as stop:
+        signal.raise_signal(signum)  # the Python handler runs before raise_signal returns
+        assert stop.signum == signum
+    assert signal.getsignal(signum) == before
