@@ -336,7 +336,7 @@ class LogConfig:
     output_dir: str = "runs"
     """Parent folder of run directories."""
     run_name: str = "run"
-    """Run directory name: output_dir/run_name."""
+    """Run directory name: output_dir/run_name; a plain folder name (no "/", not "." or "..")."""
     checkpoint_every: int = 50
     """Save a checkpoint every N steps (and at the end); 0 = only at the end."""
     keep_last: int = 2
@@ -364,6 +364,13 @@ class LogConfig:
     def __post_init__(self) -> None:
         if self.report_to is not None and len(set(self.report_to)) != len(self.report_to):
             raise ValueError(f"log.report_to lists a tracker twice: {list(self.report_to)}; name each once")
+        # the run directory is output_dir/run_name, and log.overwrite deletes in it: "", "." or ".." (or a
+        # path) would make it output_dir itself, or a folder beside it, and other runs' checkpoints with it
+        if self.run_name.strip() in ("", ".", "..") or "/" in self.run_name or "\\" in self.run_name:
+            raise ValueError(
+                f"log.run_name={self.run_name!r} is not a folder name: the run directory is log.output_dir/log.run_name; "
+                "give a plain name (no '/', not '.' or '..'), and put the parent folder in log.output_dir"
+            )
 
     @property
     def trackers(self) -> tuple[str, ...]:

@@ -65,3 +65,15 @@ def test_bad_claims_settings_fail_before_any_model_loads(cfg, tiny_model_dir, ov
 def test_out_of_range_claims_keys_are_config_errors(override):
     with pytest.raises(ConfigError, match="claims."):
         load_config(None, [override])
+
+
+def test_overwrite_deletes_nothing_before_every_check_passed(tiny_model_dir, tmp_path):
+    from grpolab.commands.claims import run_claims
+
+    out = tmp_path / "claims"
+    (out / "grpo" / "checkpoints" / "step_2").mkdir(parents=True)  # the previous run's
+    bad = load_config(None, [f"model.name_or_path={tiny_model_dir}", f"log.output_dir={tmp_path}", "log.run_name=claims",
+                             "log.overwrite=true", *BASE, "claims.group_sizes=[2, 8]"])  # fmt: skip
+    with pytest.raises(ConfigError, match="must hold rollout.num_generations"):
+        run_claims(bad)
+    assert (out / "grpo" / "checkpoints" / "step_2").is_dir()
