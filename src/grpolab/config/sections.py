@@ -42,7 +42,7 @@ class ModelConfig:
     """transformers' attention kernel for the policy, its reference and PPO's critic: null = transformers'
     default (sdpa where the model has it), eager, sdpa, flash_attention_2 / flash_attention_3 (CUDA, the
     flash-attn package; padding-free micro-batches then run as varlen), flex_attention, or a kernels-hub
-    id ("kernels-community/flash-attn"). The vLLM engine picks its own."""
+    id ("kernels-community/flash-attn"; the kernels package). The vLLM engine picks its own."""
     gradient_checkpointing: bool | Literal["auto"] = "auto"
     """Trade compute for memory in the training forward (generation keeps its KV cache). auto = on with
     CUDA, where activations, not compute, bound the batch (as in TRL's and verl's GPU recipes); off on a
