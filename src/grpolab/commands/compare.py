@@ -35,7 +35,7 @@ from typing import Any
 from grpolab.commands.compare_report import write_report
 from grpolab.config import AlgoName, Config, ConfigError, dump_config
 from grpolab.errors import GrpolabError
-from grpolab.runtime.guards import STOP_SIGNALS
+from grpolab.runtime.guards import STOP_SIGNALS, detach_from_terminal
 from grpolab.runtime.logging import read_metrics
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,8 @@ def _forward_signals(child: subprocess.Popen) -> Iterator[list[int]]:
 
     def forward(signum: int, frame: object) -> None:
         received.append(signum)
+        if signum == signal.SIGHUP:  # the closing line must not fail on the terminal that hung up
+            detach_from_terminal()
         log.warning("compare: %s received, passing it to the running training process", signal.Signals(signum).name)
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(signum)

@@ -62,3 +62,41 @@ def test_a_stop_signal_asks_for_a_checkpoint_and_the_handlers_are_restored(signu
         signal.raise_signal(signum)  # the Python handler runs before raise_signal returns
         assert stop.signum == signum
     assert signal.getsignal(signum) == before
+
+
+HUNG_UP = """
+import sys, time
+from grpolab.runtime.guards import GracefulStop
+with GracefulStop() as stop:
+    print("ready", flush=True)
+    while not stop.requested:
+        time.sleep(0.01)
+    for _ in range(50):
+        print("a progress line, to the terminal that hung up", flush=True)
+    open(sys.argv[1], "w").write("the checkpoint")
+sys.exit(128 + stop.signum)
+"""
+
+
+def test_after_sighup_the_step_still_ends_and_saves_though_the_terminal_is_gone(tmp_path):
+    """A write to a hung-up terminal fails (EIO): the progress lines after SIGHUP must not end the run."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, terminal = pty.openpty()
+    saved = tmp_path / "saved"
+    run = subprocess.Popen([sys.executable, "-c", HUNG_UP, str(saved)], stdin=terminal, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    try:
+        seen = b""
+        while b"ready" not in seen:
+            seen += os.read(master, 1024)
+        os.close(master)  # the terminal goes: every write to it fails from now on
+        run.send_signal(signal.SIGHUP)
+        assert run.wait(timeout=60) == 128 + signal.SIGHUP
+        assert saved.read_text() == "the checkpoint"
+    finally:
+        run.kill()
+        run.wait()
