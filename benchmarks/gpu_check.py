@@ -26,7 +26,8 @@ weights equal the uninterrupted run's (to float tolerance on a CPU; within 1e-3 
 run sets ``train.deterministic`` so that both use the same kernels (strict, as TRL's full_determinism:
 should an op on the path have no deterministic CUDA kernel, the run is made again without it, and a note
 under the table names the op). Each run's folders (~25 GB of checkpoints at the 0.5B shape) are removed
-once it is checked. A run that fails or fails an assert is a row that says so and the others still run;
+once it is checked, unless ``--keep DIR`` asks to keep them there (mind the disk). ``--table`` and ``--keep``
+are checked to be writable before any work. A run that fails or fails an assert is a row that says so and the others still run;
 a run that would end past ``--budget-s`` (450) is skipped: one call always ends with the table, then the
 failures, and exits 1 if there were any.
 
@@ -231,7 +232,9 @@ def parse(argv=None):
     p.add_argument("--length", type=int, default=None)
     p.add_argument("--micro-batch", type=int, default=None)
     p.add_argument("--only", default="fp32+autocast,bf16,fsdp2,ddp", help="comma-separated runs")
-    p.add_argument("--keep", default=None, help="write the runs here and keep them (default: a temporary folder)")
+    p.add_argument("--keep", default=None,
+                   help="write the runs here and keep them, ~25 GB each at the 0.5B shape (default: a temporary "
+                        "folder, each run removed once checked)")  # fmt: skip
     p.add_argument("--table", default=None, help="also write the table, its header and any failures to this file")
     p.add_argument("--budget-s", type=float, default=450.0,
                    help="start no run that would end past this many seconds, judged by the longest run so far")  # fmt: skip
@@ -260,6 +263,8 @@ def main(argv=None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     sys.path.insert(0, here)
     a = parse(argv)
+    if not a.child and not writable(a):
+        return 2
     # train.deterministic's cuBLAS workspace, before the first matmul (the peak below) makes a cuBLAS handle
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if a.child:
@@ -307,6 +312,22 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
+def writable(a) -> bool:
+    """--table and --keep can be written, checked before any work (a table that cannot be written would
+    otherwise be a traceback at the end, the work lost); False after one line saying which."""
+    try:
+        if a.keep is not None:
+            Path(a.keep).mkdir(parents=True, exist_ok=True)
+        if a.table:
+            with open(a.table, "a"):  # creates it, or leaves what is there until the table replaces it
+                pass
+    except OSError as err:
+        print(f"gpu_check: error: {err.filename}: {err.strerror}; give a writable --table file and --keep folder",
+              file=sys.stderr)  # fmt: skip
+        return False
+    return True
+
+
 def run_one(a, name: str, model_dir: Path, data: Path, out: Path, n_params: int, peak: float) -> dict:
     """One run of RUNS and its resume, checked; a run that fails is a row that says so, and the others still
     run, so that one call always ends with the table."""
@@ -317,6 +338,7 @@ def run_one(a, name: str, model_dir: Path, data: Path, out: Path, n_params: int,
     extra, launched = RUNS[name]
     notes = []
     for deterministic in (True, False):  # the same kernels in both runs (resume == uninterrupted) if torch can
+        _remove_run(out, name)  # what a try before this one (or an earlier call with this --keep) left
         gc.collect()  # the last in-process run's memory, so that this run's figures are its own
         if a.device == "cuda":
             torch.cuda.empty_cache()
@@ -337,9 +359,14 @@ def run_one(a, name: str, model_dir: Path, data: Path, out: Path, n_params: int,
             op = text[: text.index(NONDETERMINISTIC_OP)].split()[-1]  # once more without: its numbers, flagged
             notes.append(f"ran with train.deterministic=false: {op} has no deterministic kernel here")
         finally:  # each run writes ~25 GB of checkpoints at the 0.5B shape; the disk holds 64 GB
-            shutil.rmtree(out / name, ignore_errors=True)
-            shutil.rmtree(out / f"{name}_resumed", ignore_errors=True)
+            if a.keep is None:
+                _remove_run(out, name)
     raise AssertionError("unreachable")
+
+
+def _remove_run(out: Path, name: str) -> None:
+    shutil.rmtree(out / name, ignore_errors=True)
+    shutil.rmtree(out / f"{name}_resumed", ignore_errors=True)
 
 
 def _torchrun(a, name: str, model_dir: Path, data: Path, out: Path, extra: list[str]) -> None:

@@ -8,9 +8,12 @@ loads a folder, sees the same weights. A ``PeftModel`` is written as its base mo
 the adapter is trained (``model.lora.enabled``). The run's config.yaml names the temporary folder; its
 checkpoints hold the trained weights.
 
-What cannot be taken from an object is refused with the reason: a model already wrapped for parallel
-training (DDP, FSDP, DeepSpeed: grpolab wraps the policy itself, ``train.parallel``), a compiled one, a
-quantized one, one on the meta device, and PEFT adapters other than one LoRA adapter.
+What cannot be taken from an object is refused with the reason, when the trainer is made: a model already
+wrapped for parallel training (DDP, FSDP, DeepSpeed: grpolab wraps the policy itself, ``train.parallel``), a
+compiled one, a quantized one or one whose config carries a quantization config (the run would load it
+quantized: grpolab does not train quantized weights), one on the meta device, and PEFT adapters other
+than one LoRA adapter. ``save_model`` refuses a folder inside the run's own checkpoints folder, which the
+next training of the run prunes or deletes.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from grpolab.errors import ConfigError, GrpolabError
-from grpolab.runtime.checkpoint import latest_intact
+from grpolab.runtime.checkpoint import checkpoint_root, latest_intact
 from grpolab.runtime.sharded import export
 
 _DTYPES = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
@@ -107,6 +110,14 @@ def _check_object(model: Any) -> None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(base, "is_quantized", False) or getattr(base, "hf_quantizer", None) is not None:
         raise ConfigError("model is quantized: grpolab trains float32 / bfloat16 / float16 weights; load it unquantized")
+    quant = getattr(base.config, "quantization_config", None)
+    if quant:  # written with the weights, it makes the run load them quantized, which fails in train()
+        method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+        raise ConfigError(
+            f"model's config carries a quantization config ({method or type(quant).__name__}), with which the run "
+            "would load it quantized, and grpolab trains float32 / bfloat16 / float16 weights: load it unquantized "
+            "(or, if its weights are plain, delete model.config.quantization_config)"
+        )
     if any(p.device.type == "meta" for p in base.parameters()):
         raise ConfigError("model has weights on the meta device (not loaded): load its weights first")
     if not callable(getattr(base, "get_output_embeddings", None)) or base.get_output_embeddings() is None:
@@ -180,6 +191,14 @@ class TrainerState:
 
 def save_model(run_dir: Path, out: Path, base_name: str | None) -> Path:
     """The latest checkpoint of ``run_dir`` as a ``from_pretrained`` folder (or a PEFT adapter) at ``out``."""
+    root = checkpoint_root(Path(run_dir)).resolve()
+    target = Path(out).expanduser().resolve()
+    if target == root or root in target.parents:  # keep_last would prune it, log.overwrite delete it
+        raise GrpolabError(
+            f"save_model: {out} is inside the run's checkpoints folder {root}, which the next training of this run "
+            "prunes (log.keep_last) or deletes (log.overwrite); save the model outside it, e.g. the default (the run "
+            "folder's model)"
+        )
     checkpoint, damaged = latest_intact(run_dir)
     if checkpoint is None:
         extra = f" ({len(damaged)} damaged)" if damaged else ""

@@ -4,9 +4,10 @@ A bad config fails here, before any model loads. The errors a user is expected t
 DataError, ModelLoadError, RewardError, TrainingError: any grpolab.errors.GrpolabError) print as one
 line, ``grpolab: error: ...``, with exit status 2; any other exception keeps its traceback.
 
-Exit status of ``grpolab train``: 0 when done; 2 for a known error; 130 (SIGINT) or 143 (SIGTERM)
-when a signal stopped it after saving a checkpoint at the end of the current step (128 + signal
+Exit status of ``grpolab train``: 0 when done; 2 for a known error; 130 (SIGINT), 143 (SIGTERM) or 129
+(SIGHUP) when a signal stopped it after saving a checkpoint at the end of the current step (128 + signal
 number, the shell convention): ``grpolab train --resume`` with the same config continues it exactly.
+``compare`` and ``claims`` exit the same way when a signal stops the training process they run.
 """
 
 from __future__ import annotations
@@ -233,7 +234,10 @@ def _dispatch_without_config(args: argparse.Namespace) -> int | None:
         demo.print_summary(demo.run_demo(out, args.size, args.overrides))
         return 0
     if args.verb == "hacking":
-        return _module("hacking").run_hacking(args)
+        try:
+            return _module("hacking").run_hacking(args)
+        except _module("compare").CompareStopped as stopped:
+            return _stopped("hacking", stopped, "; its finished runs are kept: the same command continues the grid")
     if args.verb == "export":
         print(f"grpolab: exported {_module('export').export(args.checkpoint, args.out, dtype=args.dtype)}")
         return 0
@@ -342,6 +346,8 @@ def _claims(cfg) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         report, data = _module("claims").run_claims(cfg)
+    except _module("compare").CompareStopped as stopped:  # a signal while a training stage ran
+        return _stopped("claims", stopped, "; every finished stage is kept and read back: run the same command again")
     except KeyboardInterrupt:
         print(
             "grpolab: claims interrupted; every finished stage is kept and read back: run the same command again",
@@ -367,6 +373,16 @@ def _recipe(cfg, *, resume: bool) -> int:
     return 0
 
 
+def _stopped(verb: str, stopped, then: str = "") -> int:
+    """A signal stopped a training run of ``verb`` (compare.CompareStopped): one line, exit 128 + the signal."""
+    last = _module("checkpoint").latest_checkpoint(stopped.run_dir)
+    saved = f"its checkpoint: {last}" if last else "it had written no checkpoint yet"
+    skipped = f"; not started: {', '.join(stopped.skipped)}" if stopped.skipped else ""
+    name = signal.Signals(stopped.signum).name
+    print(f"grpolab: {verb} stopped by {name} during {stopped.algo} ({saved}){skipped}{then}", file=sys.stderr)
+    return 128 + stopped.signum
+
+
 def _compare(cfg, algos_arg: str) -> int:
     commands = _module("compare")
     algos = [a.strip() for a in algos_arg.split(",") if a.strip()]
@@ -374,15 +390,7 @@ def _compare(cfg, algos_arg: str) -> int:
     try:
         result = commands.compare(cfg, algos)
     except commands.CompareStopped as stopped:
-        last = _module("checkpoint").latest_checkpoint(stopped.run_dir)
-        saved = f"its checkpoint: {last}" if last else "it had written no checkpoint yet"
-        skipped = f"; not started: {', '.join(stopped.skipped)}" if stopped.skipped else ""
-        print(
-            f"grpolab: compare stopped by {signal.Signals(stopped.signum).name} during {stopped.algo} ({saved})"
-            f"{skipped}",
-            file=sys.stderr,
-        )
-        return 128 + stopped.signum
+        return _stopped("compare", stopped)
     print(f"grpolab: compared {', '.join(algos)}; report written to {result.report}")
     return 0
 

@@ -139,3 +139,11 @@ def test_what_cannot_be_taken_from_an_object_is_refused_with_the_reason(tiny_mod
     one = peft.get_peft_model(transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir), peft.LoraConfig(r=2))
     with pytest.raises(ConfigError, match="peft_config is given: its adapter is trained; drop peft_config"):
         GRPOTrainer(one, reward_funcs=reward_len, train_dataset=ROWS, peft_config=peft.LoraConfig(r=2))
+
+
+def test_a_model_whose_config_carries_a_quantization_config_is_refused_when_the_trainer_is_made(tiny_model_dir):
+    """Saved with it, the run would load the weights quantized and fail in train(): refused at construction."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    with pytest.raises(ConfigError, match=r"model's config carries a quantization config \(bitsandbytes\).*load it unquantized"):
+        GRPOTrainer(model, reward_funcs=reward_len, train_dataset=ROWS)

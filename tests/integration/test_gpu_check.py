@@ -1,7 +1,8 @@
 """benchmarks/gpu_check.py, the one prepared GPU check, keeps starting: a --smoke run (the same script, a
 tiny model on this CPU) passes its asserts into the table, a run that fails is a row of the table and not
 the end of the call, and a run that meets an op with no deterministic kernel is made again without
-train.deterministic, with a note naming the op."""
+train.deterministic, with a note naming the op. --keep keeps the runs; a --table that cannot be written
+stops the call before any work."""
 
 from __future__ import annotations
 
@@ -51,9 +52,19 @@ def test_a_failed_run_is_a_row_and_an_op_without_a_deterministic_kernel_a_retry(
     assert gpu_check.main(argv) == 1
     out = capsys.readouterr().out
     assert table.read_text() in out
-    assert sorted(p.name for p in runs.iterdir()) == ["data.jsonl", "model"]  # each run removed once checked
+    assert sorted(p.name for p in runs.iterdir()) == ["bf16", "bf16_resumed", "data.jsonl", "model"]  # --keep kept
     assert "| fp32+autocast | - |" in out
     bf16 = next(line for line in out.splitlines() if line.startswith("| bf16 | "))
     assert " - " not in bf16 and "0.0e+00" in bf16  # its numbers, and its resume equals the run left alone
     assert "note: bf16 ran with train.deterministic=false: put_ has no deterministic kernel here" in out
     assert out.rstrip().endswith("FAILED:\n- fp32+autocast: RuntimeError: out of memory")
+
+
+@pytest.mark.parametrize("where", ["missing/gpu_check.md", "a_file/gpu_check.md"])
+def test_a_table_that_cannot_be_written_stops_before_any_work(gpu_check, monkeypatch, capsys, tmp_path, where):
+    (tmp_path / "a_file").write_text("a file, not a folder")
+    monkeypatch.setattr(gpu_check, "matmul_peak_tflops", lambda device: pytest.fail("work started"))
+    assert gpu_check.main(["--smoke", "--table", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gpu_check: error: {tmp_path / where}: ")
+    assert err[0].endswith("give a writable --table file and --keep folder")

@@ -198,3 +198,13 @@ def test_a_trl_grpo_config_is_converted_with_its_reward_weights_and_the_datasets
     assert (cfg.train.num_steps, cfg.train.prompts_per_step, cfg.optim.lr, cfg.algo.beta) == (3, 2, 5e-6, 0.04)
     assert [s.weight for s in cfg.reward.functions] == [2.0]
     assert (cfg.log.output_dir, cfg.log.run_name) == ("runs", "trl-out")
+
+
+def test_save_model_refuses_the_run_s_own_checkpoints_folder(tmp_path):
+    """The next training of the run prunes it (log.keep_last) or deletes it (log.overwrite): refused, nothing written."""
+    trainer = _trainer(args={"log.output_dir": str(tmp_path), "log.run_name": "run"})
+    root = tmp_path / "run" / "checkpoints"
+    for target in (root, root / "mine", root / "step_9" / "model"):
+        with pytest.raises(GrpolabError, match=r"save_model: .* is inside the run's checkpoints folder .*save the model outside"):
+            trainer.save_model(target)
+    assert not root.exists()

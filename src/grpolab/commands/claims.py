@@ -16,7 +16,8 @@ what differs (configs/smollm2_claims.yaml; docs/claims.md says how the real run 
    reward.gold, for each ``claims.hacking_betas`` (commands/hacking.py); its KL measured as in 4.
 6. ``claims.md`` with a section, figure and verdict per claim (commands/claims_report.py).
 
-A stage whose result is on disk for the same config is read back, not redone, so an interrupted run
+A stage whose result is on disk for the same config, made from the same weights (a retrained model upstream
+is another model: its evaluations and KL are measured again), is read back, not redone, so an interrupted run
 continues where it stopped (``grpolab claims`` again); ``log.overwrite=true`` starts over.
 """
 
@@ -40,11 +41,12 @@ from grpolab import jsonio
 from grpolab.commands.claims_report import ClaimsData, write_claims_report
 from grpolab.commands.compare import AlgoRun, algo_config, summarise, train_in_child
 from grpolab.commands.eval import evaluate
-from grpolab.commands.hacking import finished, grid_configs, hacking
+from grpolab.commands.hacking import HackingResult, finished, grid_configs, hacking
 from grpolab.commands.train_rm import PreferencePair, train_reward_model, write_pairs
 from grpolab.config import Config, ConfigError, config_to_dict, derive
 from grpolab.config.view import config_view
 from grpolab.data import DataError, load_examples, split_eval, tokenize_prompts
+from grpolab.errors import GrpolabError, one_line
 from grpolab.eval.kl import measure_kl
 from grpolab.eval.results import ModelEval, load_evals
 from grpolab.eval.runner import Grader
@@ -52,15 +54,20 @@ from grpolab.models.sources import local_source
 from grpolab.rewards import build_rewards
 from grpolab.rollout.engines import build_sampler
 from grpolab.runtime.assemble import load_model, split_examples
-from grpolab.runtime.checkpoint import latest_checkpoint
+from grpolab.runtime.checkpoint import latest_checkpoint, weights_id
 from grpolab.runtime.logging import read_metrics
 from grpolab.runtime.preflight import check_model_source
 
 log = logging.getLogger(__name__)
 
 STAMP = "stage_config.yaml"
-"""Beside a stage's output: the config sections it read; a rerun with the same sections reads the output back
-(so a change to another experiment's settings does not redo this one)."""
+"""Beside a stage's output: the config sections it read and the weights it loaded (weights_id); a rerun with the
+same sections and weights reads the output back (so a change to another experiment's settings does not redo
+this one, and a model retrained upstream is measured again)."""
+
+
+class ClaimsError(GrpolabError, RuntimeError):
+    """A stage failed with advice that claims cannot follow as given; the message says what to do instead."""
 
 
 def grpo_name(g: int) -> str:
@@ -132,6 +139,7 @@ def hacking_config(cfg: Config, rm_dir: Path) -> Config:
             "log.output_dir": str(out.parent),
             "log.run_name": out.name,
             "log.checkpoint_every": 0,
+            "log.overwrite": True,  # claims' own runs: a changed setting retrains them (commands/claims.py, _hacking)
         },
     )
 
@@ -148,8 +156,8 @@ def run_claims(cfg: Config) -> tuple[Path, ClaimsData]:
         _evaluate_kinds(cfg, data, data.start_model, "base")
         _greedy(cfg, data, data.start_model, "base")
     for name, run_cfg in training_configs(cfg, out).items():
-        with _timed(data, f"train {name}"):
-            data.runs[name] = _summary(_train(run_cfg, out))
+        with _timed(data, f"train {name}"), _claims_advice():
+            data.runs[name] = _summary(_train(run_cfg, out, weights_id(data.start_model)))
     for name in data.runs:
         if name.startswith("grpo_G") or name == "grpo":
             with _timed(data, f"greedy eval {name}"):
@@ -160,10 +168,8 @@ def run_claims(cfg: Config) -> tuple[Path, ClaimsData]:
         data.kl["GRPO (rule reward)"] = _kl(cfg, data.start_model, _final(out / "grpo"), out / "kl" / "grpo.json")
     with _timed(data, "reward model"):
         rm_dir = _reward_model(cfg, data)
-    hack = hacking_config(cfg, rm_dir)
-    with _timed(data, "GRPO on the reward model"):
-        title = f"claims: GRPO on a reward model made from {cfg.model.name_or_path}"
-        result = hacking(hack, cfg.claims.hacking_betas, [cfg.seed], title=title)
+    with _timed(data, "GRPO on the reward model"), _claims_advice():
+        result = _hacking(cfg, data, rm_dir)
     for name, run_dir in result.run_dirs.items():
         data.hacking_runs[f"reward model, {name}"] = str(run_dir)
         with _timed(data, f"KL of {name}"):
@@ -200,6 +206,20 @@ def _timed(data: ClaimsData, name: str) -> Iterator[None]:
     jsonio.write_whole(path, jsonio.dumps(saved, indent=1) + "\n")
 
 
+@contextlib.contextmanager
+def _claims_advice() -> Iterator[None]:
+    """A training run's refusal may advise ``grpolab train --resume``, which claims does not take: what to do here."""
+    try:
+        yield
+    except GrpolabError as err:
+        if "--resume" not in str(err):
+            raise
+        raise ClaimsError(
+            f"{one_line(err)} [in grpolab claims, which takes no --resume: change the setting in the claims config "
+            "and run the same command again; every stage that reads it is redone, the others are read back]"
+        ) from err
+
+
 def _stage_text(cfg: Config, *extra: Any) -> str:
     """What an evaluation-like stage reads: the sections ``grpolab eval`` reads, and ``extra``."""
     return yaml.safe_dump({"config": config_view(cfg, "eval"), "extra": [str(x) for x in extra]}, sort_keys=False)
@@ -217,7 +237,7 @@ def _stamp(folder: Path, text: str) -> None:
 
 def _eval(cfg: Config, model: str, label: str, folder: Path) -> ModelEval:
     """evaluate() of one model into ``folder``, or its eval.json read back when made with this config."""
-    text = _stage_text(cfg, model, label)
+    text = _stage_text(cfg, weights_id(model), label)
     if _stamped(folder, text) and (folder / "eval.json").is_file():
         [result] = load_evals(folder / "eval.json")
         return result
@@ -242,16 +262,33 @@ def _greedy(cfg: Config, data: ClaimsData, model: str, label: str) -> None:
     data.evals[f"greedy/{label}"] = _eval(derive(cfg, ev), model, label, cfg.run_dir / "eval" / f"greedy_{label}")
 
 
-def _train(run_cfg: Config, out: Path) -> AlgoRun:
-    """A finished run of this exact config (overwrite included: it is what the child saved) is read back."""
+def _train(run_cfg: Config, out: Path, start: str) -> AlgoRun:
+    """A finished run of this exact config (overwrite included: it is what the child saved) from the same starting
+    weights (``start``: their weights_id) is read back."""
     run_cfg = derive(run_cfg, {"log.overwrite": True})
     wall_file = out / f"{run_cfg.log.run_name}.wall_s"
-    if finished(run_cfg) and wall_file.is_file() and latest_checkpoint(run_cfg.run_dir) is not None:
+    done = finished(run_cfg) and wall_file.is_file() and latest_checkpoint(run_cfg.run_dir) is not None
+    if done and _stamped(run_cfg.run_dir, start):
         info = json.loads((run_cfg.run_dir / "run_info.json").read_text())
         return AlgoRun(run_cfg.log.run_name, run_cfg.run_dir, float(wall_file.read_text()), info, read_metrics(run_cfg.run_dir))
     run = train_in_child(run_cfg, out)
     wall_file.write_text(f"{run.wall_s}\n")
+    _stamp(run_cfg.run_dir, start)
     return run
+
+
+def _hacking(cfg: Config, data: ClaimsData, rm_dir: Path) -> HackingResult:
+    """Claim 5's runs. They are claims' own, so a changed setting retrains them (log.overwrite); runs trained
+    from other weights (a retrained reward model, another starting model) are neither read back nor resumed."""
+    hack = hacking_config(cfg, rm_dir)
+    text = yaml.safe_dump({"start": weights_id(data.start_model), "reward_model": weights_id(str(rm_dir))})
+    if not _stamped(hack.run_dir, text):
+        for run_cfg in grid_configs(hack, cfg.claims.hacking_betas, [cfg.seed]).values():
+            (run_cfg.run_dir / "config.yaml").unlink(missing_ok=True)  # so not finished, not resumed: trained again
+    title = f"claims: GRPO on a reward model made from {cfg.model.name_or_path}"
+    result = hacking(hack, cfg.claims.hacking_betas, [cfg.seed], title=title)
+    _stamp(hack.run_dir, text)
+    return result
 
 
 def _summary(run: AlgoRun) -> dict[str, Any]:
@@ -269,7 +306,7 @@ def _final(run_dir: Path) -> str:
 def _kl(cfg: Config, start: str, policy_path: str, path: Path) -> dict[str, float]:
     """Claim 3 on one trained policy: k1, k3 and the exact KL against the starting model."""
     c = cfg.claims
-    text = _stage_text(cfg, start, policy_path, c.kl_prompts, c.kl_samples, "exact moments")
+    text = _stage_text(cfg, weights_id(start), weights_id(policy_path), c.kl_prompts, c.kl_samples, "exact moments")
     if _stamped(path.parent / path.stem, text) and path.is_file():
         return json.loads(path.read_text())
     torch.manual_seed(cfg.seed)
@@ -333,7 +370,7 @@ def _reward_model(cfg: Config, data: ClaimsData) -> Path:
     )
     stats_path = cfg.run_dir / "rm_pairs.json"
     c = cfg.claims
-    text = _stage_text(cfg, config_view(rm_full, "train-rm"), c.rm_prompts, c.rm_pairs_per_prompt)
+    text = _stage_text(cfg, config_view(rm_full, "train-rm"), weights_id(data.start_model), c.rm_prompts, c.rm_pairs_per_prompt)
     if _stamped(cfg.run_dir / "rm_stamp", text) and (folder / "eval.json").is_file() and stats_path.is_file():
         data.reward_model = json.loads(stats_path.read_text())
         return folder

@@ -7,9 +7,9 @@ alone. Each algorithm's config is derived from the settings the user wrote with 
 same config as ``grpolab train`` with ``algo.name=<algo>`` on the same file and overrides. Runs go to ``<log.output_dir>/<log.run_name>/<algo>/``, the report beside them.
 
 Signals: each child runs in its own session, so a Ctrl-C at the terminal reaches only this process,
-which forwards SIGINT / SIGTERM to the running child and waits for it: the child finishes its step,
-saves a checkpoint and exits (130 / 143), then ``compare`` raises CompareStopped and the algorithms
-after it do not start. A second signal is forwarded too and stops the child at once, as it would a
+which forwards SIGINT / SIGTERM / SIGHUP (the terminal hung up) to the running child and waits for it:
+the child finishes its step, saves a checkpoint and exits (130 / 143 / 129), then ``compare`` raises
+CompareStopped and the algorithms after it do not start. A second signal is forwarded too and stops the child at once, as it would a
 ``grpolab train`` run alone. (Without this, ``subprocess.run`` killed the child on KeyboardInterrupt,
 before it could write its checkpoint.)
 """
@@ -36,6 +36,7 @@ import yaml
 from grpolab.commands.compare_report import write_report
 from grpolab.config import AlgoName, Config, ConfigError, derive, dump_config
 from grpolab.errors import GrpolabError
+from grpolab.runtime.guards import STOP_SIGNALS, detach_from_terminal
 from grpolab.runtime.logging import read_metrics
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ def train_in_child(cfg: Config, out: Path) -> AlgoRun:
 
 @contextlib.contextmanager
 def _forward_signals(child: subprocess.Popen) -> Iterator[list[int]]:
-    """While the block runs, SIGINT / SIGTERM go to ``child`` (recorded in the yielded list) instead of here."""
+    """While the block runs, SIGINT / SIGTERM / SIGHUP go to ``child`` (recorded in the yielded list) instead of here."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
@@ -149,11 +150,13 @@ def _forward_signals(child: subprocess.Popen) -> Iterator[list[int]]:
 
     def forward(signum: int, frame: object) -> None:
         received.append(signum)
+        if signum == signal.SIGHUP:  # the closing line must not fail on the terminal that hung up
+            detach_from_terminal()
         log.warning("compare: %s received, passing it to the running training process", signal.Signals(signum).name)
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
         yield received
     finally:

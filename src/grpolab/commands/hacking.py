@@ -5,6 +5,9 @@ One run per (algo.beta, seed) of the grid, one after another in this process, ea
 ``<log.output_dir>/<log.run_name>/beta<beta>_seed<seed>/``; ``report.md`` and ``plots/`` beside them
 (commands/hacking_report.py). The gold curve is the train-time gold score of each step's on-policy samples,
 not a separate evaluation of checkpoints: the same samples the proxy scored, at every step, for free.
+
+The same command again trains only what is missing: a finished run of the same config is read back, and a
+run a signal stopped (exit 128 + the signal, compare.CompareStopped) continues from its checkpoint.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpolab.commands.compare import CompareStopped
 from grpolab.commands.hacking_analysis import effective_beta
 from grpolab.commands.hacking_report import write_report
 from grpolab.commands.train import train
 from grpolab.config import Config, ConfigError, derive, dump_config
+from grpolab.runtime.checkpoint import list_checkpoints
 from grpolab.runtime.logging import read_metrics
 
 log = logging.getLogger(__name__)
@@ -40,6 +45,24 @@ def finished(cfg: Config) -> bool:
         return False
     rows = read_metrics(cfg.run_dir)
     return bool(rows) and rows[-1].get("step") == cfg.train.num_steps
+
+
+def _continues(name: str, cfg: Config) -> bool:
+    """True when cfg's run folder holds checkpoints of a run of this exact config that a signal stopped: it is
+    resumed. Checkpoints of another config are replaced with log.overwrite=true, else refused (this verb has no
+    --resume for train's own refusal to suggest)."""
+    if not list_checkpoints(cfg.run_dir):
+        return False
+    saved = cfg.run_dir / "config.yaml"
+    if saved.is_file() and saved.read_text() == dump_config(cfg):
+        log.warning("%s: continuing the run a signal stopped (%s)", name, cfg.run_dir)
+        return True
+    if not cfg.log.overwrite:
+        raise ConfigError(
+            f"{name}: {cfg.run_dir} holds checkpoints of a run with another config; set log.overwrite=true to "
+            "train it again (the finished runs of this config are kept), or choose another log.run_name"
+        )
+    return False
 
 
 def run_name(beta: float, seed: int) -> str:
@@ -89,14 +112,14 @@ def hacking(
 
     configs = grid_configs(cfg, betas, seeds)
     run_dirs = {}
-    for name, run_cfg in configs.items():
+    for i, (name, run_cfg) in enumerate(configs.items()):
         if finished(run_cfg):
             log.warning("%s: already trained with this config (%s), not run again", name, run_cfg.run_dir)
             run_dirs[name] = run_cfg.run_dir
             continue
-        result = train(run_cfg)
+        result = train(run_cfg, resume=_continues(name, run_cfg))
         if result.stopped_by is not None:
-            raise KeyboardInterrupt
+            raise CompareStopped(result.stopped_by, name, result.run_dir, list(configs)[i + 1 :])
         run_dirs[name] = result.run_dir
     report = write_report(cfg.run_dir, run_dirs, title=title, setup=setup)
     return HackingResult(report=report, run_dirs=run_dirs)

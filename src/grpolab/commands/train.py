@@ -40,7 +40,7 @@ class TrainResult:
     final_step: int
     last_metrics: dict[str, float]
     stopped_by: int | None = None
-    """The signal (SIGINT, SIGTERM) that stopped the run before train.num_steps, after a checkpoint."""
+    """The signal (SIGINT, SIGTERM, SIGHUP) that stopped the run before train.num_steps, after a checkpoint."""
 
 
 def train(

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from grpolab.config.algo_section import ALGO_PRESETS, GROUP_BASELINES, AlgoConfig
+from grpolab.config.env_checks import check_env_kwargs
 from grpolab.config.resolve import config_fields
 from grpolab.config.server_checks import check_server, field_default
 from grpolab.config.templates import resolve_template
@@ -218,6 +219,7 @@ def check_cross_fields(cfg: Config) -> None:
     if a.advantage == "gae" and a.name != "ppo":
         raise ConfigError("algo.advantage='gae' needs a value model: set algo.name=ppo.")
     _check_attention(cfg)
+    check_env_kwargs(cfg.env.name, cfg.env.kwargs)
     check_server(cfg)
     if a.supervision == "process":
         _check_process(cfg)
@@ -245,11 +247,16 @@ def _check_attention(cfg: Config) -> None:
 
 
 def check_attention_runtime(model_cfg, device_type: str) -> None:
-    """Flash attention on this machine (``model_cfg``: the model section): a CUDA device and its package,
-    before any model loads."""
+    """Flash attention on this machine (``model_cfg``: the model section): a CUDA device and its package, and
+    for a kernels-hub id the ``kernels`` package that transformers loads it with, before any model loads."""
     import importlib.util
 
     name = model_cfg.attn_implementation
+    if name and "/" in name and importlib.util.find_spec("kernels") is None:
+        raise ConfigError(
+            f"model.attn_implementation={name} is a kernels-hub id, which transformers loads with the `kernels` "
+            "package, and it is not installed: pip install kernels, or use sdpa"
+        )
     package = FLASH_PACKAGES.get(name or "")
     if package is None:
         return

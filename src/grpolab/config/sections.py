@@ -42,7 +42,7 @@ class ModelConfig:
     """transformers' attention kernel for the policy, its reference and PPO's critic: null = transformers'
     default (sdpa where the model has it), eager, sdpa, flash_attention_2 / flash_attention_3 (CUDA, the
     flash-attn package; padding-free micro-batches then run as varlen), flex_attention, or a kernels-hub
-    id ("kernels-community/flash-attn"). The vLLM engine picks its own."""
+    id ("kernels-community/flash-attn"; the kernels package). The vLLM engine picks its own."""
     gradient_checkpointing: bool | Literal["auto"] = "auto"
     """Trade compute for memory in the training forward (generation keeps its KV cache). auto = on with
     CUDA, where activations, not compute, bound the batch (as in TRL's and verl's GPU recipes); off on a
@@ -338,7 +338,7 @@ class LogConfig:
     output_dir: str = "runs"
     """Parent folder of run directories."""
     run_name: str = "run"
-    """Run directory name: output_dir/run_name."""
+    """Run directory name: output_dir/run_name; a plain folder name (no "/", not "." or "..")."""
     checkpoint_every: int = 50
     """Save a checkpoint every N steps (and at the end); 0 = only at the end."""
     keep_last: int = 2
@@ -366,6 +366,13 @@ class LogConfig:
     def __post_init__(self) -> None:
         if self.report_to is not None and len(set(self.report_to)) != len(self.report_to):
             raise ValueError(f"log.report_to lists a tracker twice: {list(self.report_to)}; name each once")
+        # the run directory is output_dir/run_name, and log.overwrite deletes in it: "", "." or ".." (or a
+        # path) would make it output_dir itself, or a folder beside it, and other runs' checkpoints with it
+        if self.run_name.strip() in ("", ".", "..") or "/" in self.run_name or "\\" in self.run_name:
+            raise ValueError(
+                f"log.run_name={self.run_name!r} is not a folder name: the run directory is log.output_dir/log.run_name; "
+                "give a plain name (no '/', not '.' or '..'), and put the parent folder in log.output_dir"
+            )
 
     @property
     def trackers(self) -> tuple[str, ...]:

@@ -86,7 +86,7 @@ def build_environment(name: str, kwargs: Mapping[str, Any], limits: ToolLimits) 
     try:
         make_env = factory(**dict(kwargs))
         env = make_env()  # built once now: a bad argument fails before any model loads
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # a missing or unknown argument, or one out of range
         raise ConfigError(f"env.kwargs={dict(kwargs)} do not fit env.name={name!r}: {exc}") from exc
     missing = [m for m in ("reset", "step") if not callable(getattr(env, m, None))]
     if missing or not isinstance(getattr(env, "tools", None), list | tuple):

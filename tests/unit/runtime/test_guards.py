@@ -1,14 +1,15 @@
-"""The no-signal guard (runtime/guards.py)."""
+"""The no-signal guard and the stop signals (runtime/guards.py)."""
 
 from __future__ import annotations
 
 import logging
+import signal
 
 import pytest
 
 from grpolab.config import load_config
 from grpolab.errors import TrainingError
-from grpolab.runtime.guards import NoSignal
+from grpolab.runtime.guards import GracefulStop, NoSignal
 
 FLAT = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 1.0, "reward_std": 0.0}
 SIGNAL = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 0.5, "reward_std": 0.4}
@@ -51,3 +52,51 @@ def test_no_signal_from_config_picks_the_baseline_and_skips_process_supervision(
     for step in range(1, 200):
         process.observe(step, FLAT)  # outcome metrics do not see the step rewards: never judged
     assert process.in_a_row == 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_asks_for_a_checkpoint_and_the_handlers_are_restored(signum):
+    """SIGHUP too (a closed ssh session): the run saves and stops as on Ctrl-C, instead of dying mid-step."""
+    before = signal.getsignal(signum)
+    with GracefulStop() as stop:
+        signal.raise_signal(signum)  # the Python handler runs before raise_signal returns
+        assert stop.signum == signum
+    assert signal.getsignal(signum) == before
+
+
+HUNG_UP = """
+import sys, time
+from grpolab.runtime.guards import GracefulStop
+with GracefulStop() as stop:
+    print("ready", flush=True)
+    while not stop.requested:
+        time.sleep(0.01)
+    for _ in range(50):
+        print("a progress line, to the terminal that hung up", flush=True)
+    open(sys.argv[1], "w").write("the checkpoint")
+sys.exit(128 + stop.signum)
+"""
+
+
+def test_after_sighup_the_step_still_ends_and_saves_though_the_terminal_is_gone(tmp_path):
+    """A write to a hung-up terminal fails (EIO): the progress lines after SIGHUP must not end the run."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    master, terminal = pty.openpty()
+    saved = tmp_path / "saved"
+    run = subprocess.Popen([sys.executable, "-c", HUNG_UP, str(saved)], stdin=terminal, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    try:
+        seen = b""
+        while b"ready" not in seen:
+            seen += os.read(master, 1024)
+        os.close(master)  # the terminal goes: every write to it fails from now on
+        run.send_signal(signal.SIGHUP)
+        assert run.wait(timeout=60) == 128 + signal.SIGHUP
+        assert saved.read_text() == "the checkpoint"
+    finally:
+        run.kill()
+        run.wait()

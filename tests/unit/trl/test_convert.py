@@ -419,6 +419,8 @@ def test_model_device_sharding_and_run_name_fields():
     k = out.keys
     assert (k["model.trust_remote_code"], k["model.device"], k["train.parallel"]) == (True, "cpu", "fsdp")
     assert (k["log.output_dir"], k["log.run_name"]) == ("runs", "a")
+    here = Path.cwd()  # TRL writes into output_dir itself; log.run_name is a plain name
+    assert (keys(output_dir=".")["log.output_dir"], keys(output_dir=".")["log.run_name"]) == (str(here.parent), here.name)
     assert any("run_name='b'" in n for n in out.notes) and not any("disable_dropout" in n for n in out.notes)
     assert "model.device" not in keys() and "train.parallel" not in keys()
     assert any("disable_dropout=False" in n for n in convert_trl({}).notes)
