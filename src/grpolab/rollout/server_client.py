@@ -16,6 +16,7 @@ import torch
 
 from grpolab.distributed import parallel
 from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
+from grpolab.types import Failure
 
 
 class ServerClient:
@@ -91,6 +92,28 @@ class ServerClient:
 
     def version(self) -> str | None:
         return self.call("GET", "/weight_info")["weight_version"]
+
+
+def read_batch_line(line: dict, url: str, prompts: int, per_prompt: int) -> tuple[int, list[dict | Failure]]:
+    """(prompt index, its samples) of one line of grpolab's batch route (rollout/vllm_batch.py), checked before
+    any of it is used: a line that cannot be read, or names another batch, is a RolloutServerError."""
+    try:
+        p, samples = int(line["prompt"]), line["samples"]
+        got = [{"token_ids": c["token_ids"], "logprobs": {"token_logprobs": c["logprobs"]}} for c in samples]
+    except (KeyError, TypeError, ValueError) as err:
+        raise RolloutServerError(f"the vLLM server at {url} sent a line grpolab cannot read: {err!r}") from None
+    if not 0 <= p < prompts or len(got) != per_prompt:
+        raise RolloutServerError(f"the vLLM server at {url} returned another batch than asked")
+    return p, [checked_choice(c, url) for c in got]
+
+
+def checked_choice(choice: dict, url: str) -> dict | Failure:
+    """A sample as the server returned it (OpenAI's ``choices[i]`` layout), or an engine_error when its log-probs
+    do not match its tokens one for one."""
+    toks, lps = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    if len(lps) != len(toks):
+        return Failure("engine_error", f"the vLLM server at {url} returned {len(lps)} log-probs for {len(toks)} tokens")
+    return choice
 
 
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
