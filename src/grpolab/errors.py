@@ -22,7 +22,11 @@ class ConfigError(GrpolabError, ValueError):
 class RewardError(GrpolabError, RuntimeError):
     """A reward failed, returned a bad value, or took too long. The message says how to fix it.
 
-    It lives here, below both, because the sandbox (which rewards call) raises it too."""
+    It lives here, below both, because the sandbox (which rewards call) raises it too. During training a
+    reward failure fails the samples it hit (docs/training.md, "Failed samples"); ``failure_kind`` is how it
+    is counted there (``failures/<kind>``), set by the subclasses that say more."""
+
+    failure_kind = "reward_error"
 
 
 class TrainingError(GrpolabError, RuntimeError):

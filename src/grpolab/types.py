@@ -19,11 +19,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
 FinishReason = Literal["stop", "length"]
+
+FailureKind = Literal[
+    "engine_error", "env_error", "env_timeout", "sandbox_error",
+    "reward_error", "reward_timeout", "reward_nan", "reward_invalid",
+]  # fmt: skip
+"""Why a sample failed (docs/training.md, "Failed samples"): the inference engine or server answered it with an
+error; its environment raised, broke its contract or did not answer in time; a sandbox could not run; a reward
+raised, timed out, returned a non-finite value, or returned nothing usable (not a list, too few values, a
+value that is not a number). Each is counted as ``failures/<kind>`` in metrics.jsonl."""
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A sample that failed after its retries: never scored, its whole group is dropped from the step."""
+
+    kind: FailureKind
+    message: str
+    """One line naming what failed and on which example, as an error would say it."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,8 @@ class Episode:
     """Per model turn, the index in the completion of its last token (process supervision's step ends)."""
     turn_rewards: tuple[float | None, ...] = ()
     """Per model turn, the reward the environment gave for it (None: none, or the turn was cut)."""
+    retries: int = 0
+    """Times the episode was run again from a fresh environment after a failure (env.max_retries)."""
 
 
 @dataclass
@@ -106,6 +127,14 @@ class Completions:
     weight_versions: list[int] | None = None
     """[N] the weight version each row was sampled with (rollout.mode=server: 0 = the first sync, +1 per
     update); None = the current weights (a colocated engine)."""
+    failures: list[Failure | None] | None = None
+    """[N] why each row failed (its engine request, its environment), None where it did not; None = no row
+    failed. A failed row's tokens are whatever came back (maybe none): it is never scored or trained on."""
+
+    @property
+    def first_failure(self) -> Failure | None:
+        """The first row's failure, in row order; None when every row succeeded."""
+        return next((f for f in self.failures or () if f is not None), None)
 
     @property
     def model_mask(self) -> torch.Tensor:
@@ -152,6 +181,7 @@ class Completions:
             sampled_mask=None if self.sampled_mask is None else self.sampled_mask[index],
             episodes=None if self.episodes is None else [self.episodes[i] for i in seqs],
             weight_versions=None if self.weight_versions is None else [self.weight_versions[i] for i in seqs],
+            failures=None if self.failures is None else [self.failures[i] for i in seqs],
         )
 
 

@@ -300,6 +300,12 @@ CASES = {
         ["log.overwrite=true", "model.name_or_path={tmp}/nope"], "model.name_or_path: {tmp}/nope does not exist",
         ModelLoadError, from_run=True, kept=f"{CKPT}/step_1/model.safetensors",
     ),
+    "reward fails during training": Case(
+        ["reward.functions=[{name: 'bad_rewards:raises'}]", "reward.dry_run_examples=0"],
+        "step 1: 2 of 2 groups (100%) were dropped for failed samples (reward_error 2; the first: reward 'raises' "
+        "raised ZeroDivisionError on example 0 (prompt: ",
+        TrainingError, early=False,
+    ),
     "constant reward": Case(
         ["reward.functions=[{name: 'bad_rewards:constant'}]", "train.num_steps=4", "train.max_no_signal_steps=1"],
         "steps 1-1: 1 steps in a row carried no learning signal: every completion of every group got the same reward",

@@ -21,3 +21,10 @@ def digit_fraction_half_flat(completion, example) -> float:
     """``digit_fraction`` on half the prompts (by the parity of their characters' sum), 0 on the others:
     the others' groups are all equal, so DAPO's dynamic sampling drops them and samples more rounds."""
     return digit_fraction(completion, example) if sum(map(ord, example.prompt)) % 2 else 0.0
+
+
+def digit_fraction_failing_on(completion, example, prompt: str) -> float:
+    """``digit_fraction``, but the judge behind it is gone for the example whose prompt holds ``prompt``."""
+    if prompt in example.prompt:
+        raise ConnectionResetError("[Errno 104] Connection reset by peer")
+    return digit_fraction(completion, example)

@@ -29,6 +29,7 @@ from grpolab.config import Config
 from grpolab.data import load_examples, split_eval
 from grpolab.envs.setup import environment_from_config
 from grpolab.jsonio import write_whole
+from grpolab.rollout.base import without_failures
 from grpolab.rollout.hf import HFSampler
 from grpolab.rollout.multiturn import ChatDelta, MultiTurnSampler, episode_prompt_ids
 from grpolab.runtime.logging import read_metrics
@@ -167,10 +168,11 @@ def evaluate_agent(cfg: Config, path: str, examples, label: str) -> AgentEval:
         inner = HFSampler(model, tok, max_completion_length=cfg.rollout.max_completion_length, temperature=temperature)
         sampler = MultiTurnSampler(
             inner, tok, make_env, max_turns=cfg.env.max_turns, max_episode_tokens=cfg.env.max_episode_tokens,
-            step_timeout_s=cfg.env.step_timeout_s,
+            step_timeout_s=cfg.env.step_timeout_s, max_retries=cfg.env.max_retries,
         )
         prompts = episode_prompt_ids(examples, tok, make_env)
         out = sampler.sample(prompts, num_generations=1, generator=torch.Generator().manual_seed(cfg.seed), examples=examples)
+        without_failures(out, f"agent demo ({name})")
         rewards = [e.env_reward or 0.0 for e in out.episodes]
         results[name] = (sum(rewards) / len(rewards), sum(e.tool_calls > 0 for e in out.episodes) / len(rewards))
     return AgentEval(label, results["sampled"][0], results["sampled"][1], results["no_tool"][0], results["greedy"][0])

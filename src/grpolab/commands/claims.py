@@ -52,6 +52,7 @@ from grpolab.eval.results import ModelEval, load_evals
 from grpolab.eval.runner import Grader
 from grpolab.models.sources import local_source
 from grpolab.rewards import build_rewards
+from grpolab.rollout.base import without_failures
 from grpolab.rollout.engines import build_sampler
 from grpolab.runtime.assemble import load_model, split_examples
 from grpolab.runtime.checkpoint import latest_checkpoint, weights_id
@@ -339,7 +340,9 @@ def preference_pairs(cfg: Config, model_path: str) -> tuple[list[PreferencePair]
     try:
         for start in range(0, len(examples), cfg.eval.prompts_per_batch):
             batch = examples[start : start + cfg.eval.prompts_per_batch]
-            comps = sampler.sample(prompt_ids[start : start + len(batch)], num_generations=g, generator=generator)
+            comps = without_failures(
+                sampler.sample(prompt_ids[start : start + len(batch)], num_generations=g, generator=generator), "claims eval"
+            )
             correct, _ = grader.grade(comps, batch)
             right += sum(correct)
             for p, example in enumerate(batch):

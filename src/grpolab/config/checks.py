@@ -103,6 +103,13 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         (o.warmup_steps < 0, "optim.warmup_steps must be >= 0"),
         (not 0.0 <= o.min_lr_ratio < 1.0, "optim.min_lr_ratio must be in [0, 1) (a fraction of optim.lr)"),
         (t.max_no_signal_steps < 0, "train.max_no_signal_steps must be >= 0 (0 = never stop)"),
+        (
+            not 0 <= t.max_failed_group_share <= 1,
+            "train.max_failed_group_share must be in [0, 1] (a share of the step's groups; 0.5 = stop when more "
+            "than half were dropped for failed samples, 1 = never stop for it)",
+        ),
+        (cfg.reward.max_retries < 0, "reward.max_retries must be >= 0 (0 = no retry)"),
+        (env.max_retries < 0, "env.max_retries must be >= 0 (0 = no retry)"),
         (e.every < 0 or e.max_prompts < 0, "eval.every and eval.max_prompts must be >= 0"),
         (e.temperature < 0, "eval.temperature must be >= 0 (0 = greedy)"),
         (lg.samples_every < 0, "log.samples_every must be >= 0 (0 = never)"),

@@ -2,7 +2,7 @@
 range (``retries: -1``) or unknown is one line before any model loads, not a traceback at set-up.
 
 The config layer sits below ``grpolab.envs``, so the table here restates each built-in factory's arguments;
-tests/unit/envs/test_env_kwargs_table.py holds it to the factories' signatures and their own refusals.
+tests/unit/config/test_env_checks_table.py holds it to the factories' signatures and their own refusals.
 """
 
 from __future__ import annotations

@@ -177,9 +177,14 @@ class EnvConfig:
     tool_timeout_s: float = 10.0
     """A tool call is cut off here; the model reads an error instead."""
     step_timeout_s: float = 300.0
-    """The most the rollout waits for the environments' steps (or their closing) on one turn (all episodes
-    together); past it the run stops with one line, since a hung step (even one that blocks its event
-    loop) leaves every episode of the batch stuck. Tool calls inside a step are cut at tool_timeout_s."""
+    """The most an environment's step may take; past it the episode fails (env_timeout) and is run again or its
+    group dropped (docs/training.md, "Failed samples"). A step that blocks its event loop (a sync hang,
+    time.sleep in an async def) fails every episode still running in that loop. Tool calls inside a step
+    are cut at tool_timeout_s."""
+    max_retries: int = 1
+    """How often an episode whose environment raised (make, reset, step: a remote service gone), broke the
+    contract or timed out is run again from a fresh environment; when they are spent its group is dropped
+    from the step, never scored 0 (docs/training.md, "Failed samples"). 0 = no retry."""
     max_tool_output_chars: int = 2000
     """A tool's output is cut to this many characters before it is tokenized."""
     on_tool_error: Literal["message", "end"] = "message"
@@ -227,6 +232,11 @@ class RewardConfig:
     finish, docs/server_mode.md)."""
     dry_run_examples: int = 4
     """Examples each reward is tried on before training starts (0 = skip)."""
+    max_retries: int = 1
+    """How often a reward call that failed during training (it raised, timed out, or returned NaN or nothing
+    usable) is made again, on each group of the failed call alone; a group whose calls all fail is dropped
+    from the step, never scored 0 (docs/training.md, "Failed samples"). 0 = no retry: every group of the
+    failed call is dropped."""
     process: ProcessRewardSpec | None = None
     """The step-level reward used when algo.supervision=process; null otherwise."""
     gold: tuple[RewardSpec, ...] = ()
@@ -276,6 +286,13 @@ class TrainConfig:
     max_no_signal_steps: int = 50
     """Stop (TrainingError) after this many steps in a row that carry no learning signal: every group's
     rewards equal (zero std) or no valid reward at all. A warning comes after 3 such steps; 0 = never stop."""
+    max_failed_group_share: float = 0.5
+    """Stop (TrainingError, one line naming each kind of failure and the first one's message) when more than
+    this share of a step's groups (all ranks, all of DAPO's rounds) were dropped for a failed sample: an
+    engine error, an environment or sandbox that crashed or hung, a reward that raised, timed out or returned
+    NaN or nothing, after their retries (docs/training.md, "Failed samples"). The step trains on the groups
+    left. 0 = stop at the first dropped group; 1 = never stop for the share (a step left with no group on
+    some rank still stops). NeMo-RL's max_generation_failures, as a share."""
     parallel: Literal["auto", "none", "ddp", "fsdp"] = "auto"
     """Under torchrun: "ddp" (each rank holds the model; gradients all-reduced), "fsdp" (FSDP2: parameters,
     gradients and optimizer state sharded; DCP checkpoints), "auto" (ddp when WORLD_SIZE > 1, else none).

@@ -19,7 +19,8 @@ A tool is a Python callable (sync or async) run through ``run_tool``: it is cut 
 ``ToolLimits.timeout_s`` (it runs in a daemon thread that is abandoned, as rewards/base.py does; an
 async tool in an event loop of its own there, so one that blocks its loop is cut too), its output is cut to ``max_output_chars``, and an exception becomes an error message. Each
 failure is logged; the episode then goes on with the message, or ends with reward 0
-(``on_error="end"``). A run never crashes on a tool and a prompt never grows without bound.
+(``on_error="end"``). A run never crashes on a tool and a prompt never grows without bound. Only a sandbox
+that cannot run a tool's code (``SandboxError``, the machine's failure, not the model's) fails the episode.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from grpolab.sandbox.runner import SandboxError
 from grpolab.types import Example
 
 log = logging.getLogger(__name__)
@@ -109,7 +111,8 @@ class Tool:
 
 
 async def run_tool(tool: Tool | None, arguments: Mapping[str, Any], limits: ToolLimits) -> ToolResult:
-    """Call ``tool(**arguments)`` within ``limits``; never raises for the tool's own failures."""
+    """Call ``tool(**arguments)`` within ``limits``; never raises for the tool's own failures. A sandbox that could
+    not run the tool's code (SandboxError: not the model's doing) is raised: its episode fails (docs/training.md)."""
     if tool is None:
         return _failed("unknown_tool", "error: no such tool")
     try:
@@ -120,6 +123,8 @@ async def run_tool(tool: Tool | None, arguments: Mapping[str, Any], limits: Tool
     except TimeoutError:
         _log_failure(tool.name, "timeout", f"timed out after {limits.timeout_s:g} s")
         return _failed("timeout", f"error: the tool {tool.name} timed out after {limits.timeout_s:g} s")
+    except SandboxError:
+        raise
     except TypeError as exc:  # wrong or missing arguments from the model
         return _failed("bad_arguments", _bounded(clean_text(f"error: {exc}"), limits.max_output_chars))
     except Exception as exc:  # the tool's bug or the model's bad input: the model reads it, the run goes on

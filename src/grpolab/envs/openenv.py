@@ -11,8 +11,10 @@ observations, no environment package needed):
 * ``step(model_turn)`` sends ``{action_field: model_turn}``; the observation's ``observation_field``
   (the whole observation as JSON when it has no such field) goes back as a ``role`` message, cut to
   ``max_chars``; the reward and done are the server's.
-* A server that fails or answers past ``timeout_s`` ends the episode with reward 0 (logged): never a
-  crashed run.
+* A server that fails (its WebSocket closes: it exited mid-episode) raises ConnectionError, and one that
+  answers past ``timeout_s`` TimeoutError, after the session is dropped: the episode fails, and is run
+  again on a fresh session or its group is dropped (docs/training.md, "Failed samples"). It is never scored
+  0: a server's failure says nothing of the policy.
 """
 
 from __future__ import annotations
@@ -61,11 +63,13 @@ class OpenEnvAdapter:
     async def step(self, model_turn: str) -> EnvStep:
         try:
             return await asyncio.wait_for(self._step(model_turn), self.timeout_s)
-        except Exception as exc:  # noqa: BLE001 - whatever the client raises (websockets' ConnectionClosed when
-            # the server exits mid-episode, a bad JSON answer, a timeout) is the server's failure, not the run's
-            log.warning("OpenEnv server %s failed (%s: %s); the episode ends with reward 0", self.base_url, type(exc).__name__, exc)
+        except TimeoutError:
             await self._drop_client()
-            return EnvStep(reward=0.0, done=True, tool_errors=1)
+            raise TimeoutError(f"OpenEnv server {self.base_url} did not answer within {self.timeout_s:g} s") from None
+        except Exception as exc:  # whatever the client raises (websockets' ConnectionClosed when the server exits
+            # mid-episode, a bad JSON answer) is the server's failure: one error type, the session dropped first
+            await self._drop_client()
+            raise ConnectionError(f"OpenEnv server {self.base_url} failed ({type(exc).__name__}: {exc})") from exc
 
     async def _step(self, model_turn: str) -> EnvStep:
         if self.client is None:

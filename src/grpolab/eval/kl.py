@@ -38,6 +38,7 @@ from grpolab.algo.kl import kl_k1, kl_k3
 from grpolab.config import Config
 from grpolab.eval.intervals import mean_and_se
 from grpolab.models.chunked_head import output_head
+from grpolab.rollout.base import without_failures
 from grpolab.rollout.engines import build_sampler
 
 POSITIONS_PER_CHUNK = 64
@@ -162,7 +163,7 @@ def measure_kl(
     generator = torch.Generator(device=device).manual_seed(seed)
     k1s, k3s, exact, seq_kl, moments = [], [], [], [], []
     try:
-        comps = sampler.sample(list(prompts), num_generations=num_generations, generator=generator)
+        comps = without_failures(sampler.sample(list(prompts), num_generations=num_generations, generator=generator), "the KL measure")
     finally:
         sampler.close()
     ids, mask = comps.completion_ids.to(device), comps.model_mask.to(device)

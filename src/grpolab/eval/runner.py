@@ -31,7 +31,7 @@ from grpolab.models.loading import resolve_autocast
 from grpolab.progress import Progress
 from grpolab.rewards import WeightedReward, build_rewards, score_batch
 from grpolab.rewards.math_answer import prediction_text
-from grpolab.rollout.base import NonFiniteLogits
+from grpolab.rollout.base import NonFiniteLogits, without_failures
 from grpolab.rollout.engines import build_sampler
 from grpolab.training.gold import build_gold_rewards
 from grpolab.types import Completions, Example
@@ -116,7 +116,7 @@ def greedy_decode(
     correct: list[bool] = []
     texts: list[str] = []
     for start in range(0, len(prompt_ids), batch):
-        comps = sampler.sample(prompt_ids[start : start + batch], num_generations=1)
+        comps = without_failures(sampler.sample(prompt_ids[start : start + batch], num_generations=1), "greedy eval")
         c, _ = grader.grade(comps, examples[start : start + batch])
         correct += c
         texts += comps.texts
@@ -141,7 +141,7 @@ def evaluate_model(
     for start in range(mine.start, mine.stop, chunk):
         stop = min(start + chunk, mine.stop)
         try:
-            comps = sampler.sample(prompt_ids[start:stop], num_generations=n, generator=generator)
+            comps = without_failures(sampler.sample(prompt_ids[start:stop], num_generations=n, generator=generator), f"eval of {label}")
         except NonFiniteLogits as err:  # the model and what is evaluated, on one line
             raise NonFiniteLogits(f"eval of {label} ({path}): {err}; no eval.json entry was written for it") from err
         correct, total = grader.grade(comps, examples[start:stop])

@@ -17,6 +17,10 @@ scores it 0) says how long a whole batch may take, ``time_budget_s(completions, 
 is then bounded by the larger of that and ``timeout_s``, so slow items never stop the run, only a
 reward that hangs as a whole. An in-process reward may also leave ``counts`` (``{key: number}``) after
 each call; they are summed over the step and logged as ``rewards/<name>/<key>``.
+
+``score_batch`` raises the first failure as a RewardError (its subclass says the kind: rewards.errors). Training
+scores whole groups through rewards.isolate, which retries a failed call group by group and keeps a failure to
+the groups it hit (docs/training.md, "Failed samples").
 """
 
 from __future__ import annotations
@@ -31,10 +35,16 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol, runtime_checkable
 
 from grpolab.errors import ConfigError, RewardError
-from grpolab.rewards.errors import SampleError, describe_example
+from grpolab.rewards.errors import (
+    RewardMalformed,
+    RewardNotFinite,
+    RewardTimedOut,
+    SampleError,
+    describe_example,
+)
 from grpolab.rewards.timeouts import TimedOut, Unsendable, call_bounded, gather_bounded
 from grpolab.rewards.worker import WorkerDied
-from grpolab.types import Completion, Example
+from grpolab.types import Completion, Example, Failure
 
 SampleFn = Callable[[Completion, Example], "float | None"]
 
@@ -117,6 +127,11 @@ class ScoreResult:
     """Per reward name, wall-clock seconds of its call."""
     counts: dict[str, float] = field(default_factory=dict)
     """``rewards/<name>/<key>``: the ``counts`` rewards left after their call (e.g. code_tests' timed_out)."""
+    failures: list[Failure | None] | None = None
+    """[N] why each row failed (its group's failure, rewards.isolate), None where it did not; None = no row
+    failed. A failed row has no total and no component: it is never scored 0."""
+    retries: int = 0
+    """Reward calls made again on one group alone after a call failed (reward.max_retries)."""
 
 
 def _call(reward: Reward, completions: list, examples: list, timeout_s: float | None, first_index: int):
@@ -134,7 +149,7 @@ def _call(reward: Reward, completions: list, examples: list, timeout_s: float | 
 def _bound_error(err: Exception, label: str, examples: list, timeout_s, first_index: int) -> RewardError:
     where = f"a batch of {len(examples)} completions (first {describe_example(examples[0], first_index)})"
     if isinstance(err, TimedOut):
-        return RewardError(
+        return RewardTimedOut(
             f"reward {label} took longer than {timeout_s:g} s on {where}; raise reward.timeout_s or make it faster"
         )
     if isinstance(err, WorkerDied):
@@ -150,13 +165,13 @@ def _bound_error(err: Exception, label: str, examples: list, timeout_s, first_in
 
 def _checked_values(name: str, values: object, examples: Sequence[Example], first_index: int) -> list:
     if isinstance(values, str | bytes | Mapping) or not hasattr(values, "__len__"):
-        raise RewardError(
+        raise RewardMalformed(
             f"reward '{name}' returned {type(values).__name__}; a batched reward must return a list "
             f"with one float (or None) per completion"
         )
     values = list(values)  # type: ignore[call-overload]
     if len(values) != len(examples):
-        raise RewardError(
+        raise RewardMalformed(
             f"reward '{name}' returned {len(values)} values for {len(examples)} completions; it must "
             "return exactly one value (or None) per completion, in order"
         )
@@ -167,14 +182,14 @@ def _checked_values(name: str, values: object, examples: Sequence[Example], firs
             continue
         where = describe_example(examples[i], first_index + i)
         if not isinstance(value, numbers.Real):
-            raise RewardError(
+            raise RewardMalformed(
                 f"reward '{name}' returned {value!r} ({type(value).__name__}) for {where}; "
                 "return a float, or None when the reward does not apply"
             )
         number = _as_float(value)  # an int beyond float's range (about 1.8e308) is inf
         if not math.isfinite(number):
             shown = repr(value) if len(repr(value)) <= 40 else f"an int of {len(str(abs(value)))} digits"
-            raise RewardError(
+            raise RewardNotFinite(
                 f"reward '{name}' returned {shown} for {where}; return a finite float "
                 "(guard divisions and logs), or None when the reward does not apply"
             )
@@ -242,8 +257,8 @@ def _score_async(
 
 
 def merge_scores(parts: Sequence[ScoreResult]) -> ScoreResult:
-    """The scores of consecutive parts of one batch (groups scored as they finished) as the batch's: values
-    concatenated in order, seconds and counts summed."""
+    """The scores of consecutive parts of one batch (groups scored as they finished) as the batch's: values and
+    failures concatenated in order, seconds, counts and retries summed."""
     names = list(parts[0].components) if parts else []
     seconds: dict[str, float] = {}
     counts: dict[str, float] = {}
@@ -252,11 +267,14 @@ def merge_scores(parts: Sequence[ScoreResult]) -> ScoreResult:
             seconds[k] = seconds.get(k, 0.0) + v
         for k, v in part.counts.items():
             counts[k] = counts.get(k, 0.0) + v
+    failed = any(part.failures is not None for part in parts)
     return ScoreResult(
         total=[t for part in parts for t in part.total],
         components={n: [v for part in parts for v in part.components[n]] for n in names},
         seconds=seconds,
         counts=counts,
+        failures=[f for part in parts for f in part.failures or [None] * len(part.total)] if failed else None,
+        retries=sum(part.retries for part in parts),
     )
 
 
@@ -315,7 +333,7 @@ def _total(rewards: Sequence[WeightedReward], components: dict, i: int, example:
     total = sum(wr.weight * v for wr, v in parts)
     if not math.isfinite(total):
         terms = " + ".join(f"{wr.weight:g} x {v:g} ('{wr.name}')" for wr, v in parts)
-        raise RewardError(
+        raise RewardNotFinite(
             f"the total reward of {describe_example(example, i)} is {total} ({terms}): a weight or a reward "
             "value is too large; scale the reward (return values near [-1, 1]) or lower its weight"
         )

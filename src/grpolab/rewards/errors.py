@@ -1,4 +1,5 @@
-"""The error of one sample's reward, and how an example is named in messages.
+"""The errors of a reward (one sample's, and the kinds of failure they are counted as), and how an example is
+named in messages.
 
 Apart from the contract (rewards/base.py) so that the worker that runs rewards in another process
 (rewards/worker.py), which base.py itself uses, can rebuild the error it sends back.
@@ -34,3 +35,21 @@ class SampleError(RewardError):
 
     def __reduce__(self):  # pickled by its fields (sent back from a reward's worker process)
         return (type(self), (self.name, self.index, self.example, self.exc), {"__notes__": getattr(self, "__notes__", [])})
+
+
+class RewardTimedOut(RewardError):
+    """A reward call took longer than its bound (reward.timeout_s, or the reward's own time budget)."""
+
+    failure_kind = "reward_timeout"
+
+
+class RewardNotFinite(RewardError):
+    """A reward returned NaN or an infinity (or a total too large for a float)."""
+
+    failure_kind = "reward_nan"
+
+
+class RewardMalformed(RewardError):
+    """A reward returned nothing usable: not a list, the wrong number of values, or a value that is no number."""
+
+    failure_kind = "reward_invalid"

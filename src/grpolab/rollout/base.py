@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from grpolab.errors import TrainingError
+from grpolab.errors import GrpolabError, TrainingError
 from grpolab.types import Completions, FinishReason
 
 
@@ -41,6 +41,19 @@ class EngineDied(SamplerFailed):
     )
 
 
+class SampleFailed(GrpolabError, RuntimeError):
+    """A sample failed where its group cannot be dropped (evaluation: the missing answers would bias pass@k)."""
+
+
+def without_failures(completions: Completions, what: str) -> Completions:
+    """``completions``, or SampleFailed naming ``what`` was sampled and the first failed row's failure. Training
+    drops a failed sample's group instead (docs/training.md, "Failed samples"); other callers stop here."""
+    failure = completions.first_failure
+    if failure is not None:
+        raise SampleFailed(f"{what}: a sample failed ({failure.kind}): {failure.message}")
+    return completions
+
+
 @runtime_checkable
 class Sampler(Protocol):
     """Samples G completions for each of P prompts.
@@ -52,6 +65,10 @@ class Sampler(Protocol):
     A sampler that needs the task items of the prompts (an environment sampler,
     grpolab.rollout.multiturn) sets ``takes_examples = True`` and accepts ``examples=`` [P] in
     ``sample``; the loop passes them only to such a sampler, so every other one keeps this signature.
+
+    A sample that failed (its engine request, its environment, after the sampler's own retries) is a row of
+    its group like the others, named in ``Completions.failures``; the caller drops its group
+    (training/sampling.py) or stops (``without_failures``).
     """
 
     def sample(

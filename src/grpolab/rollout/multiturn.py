@@ -19,6 +19,12 @@ An episode is laid out as one completion after its prompt::
 * Rewards: the environment's per-turn rewards are summed into ``Episode.env_reward``; each turn's own
   reward and last token are kept (``Episode.turn_rewards``, ``turn_ends``: process supervision's steps).
 * A group is G episodes of the same prompt (rows prompt-major, as every Sampler).
+* Failures (docs/training.md, "Failed samples"): an episode whose environment raised (``make_env``,
+  ``reset``, ``step``: a ConnectionResetError from a remote service that is gone), broke the contract or
+  did not answer within ``step_timeout_s``, or whose model turn the engine failed, is run again from a
+  fresh environment, up to ``max_retries`` times (tinker-cookbook's retry); then it fails
+  (``Completions.failures``) and the trainer drops its whole group. A step that blocks the event loop
+  stops every episode still running in it: they fail at once, with no retry (the loop is stuck).
 
 Each turn calls the inner sampler on every running episode's full context (prompt + episode so far,
 one sample each): any Sampler that continues given token ids works (hf re-prefills the context; an
@@ -38,9 +44,9 @@ import torch
 
 from grpolab.config.sections import EnvConfig
 from grpolab.envs.base import Environment, EnvStep, Message
-from grpolab.envs.contract import EnvLoop, checked_reset, checked_step, env_name
-from grpolab.errors import ConfigError
-from grpolab.types import Completions, Episode, Example, FinishReason
+from grpolab.envs.contract import EnvLoop, EnvTimedOut, checked_reset, env_failure, env_name, guarded_step
+from grpolab.errors import ConfigError, one_line
+from grpolab.types import Completions, Episode, Example, Failure, FinishReason
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +116,9 @@ class _Running:
     """One episode while it runs."""
 
     prompt: list[int]
-    env: Environment
-    messages: list[Message]
+    example: Example
+    env: Environment | None = None
+    messages: list[Message] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     sampled: list[bool] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -122,6 +129,15 @@ class _Running:
     turn_ends: list[int] = field(default_factory=list)
     turn_rewards: list[float | None] = field(default_factory=list)
     finish: FinishReason | None = None
+    failure: Failure | None = None
+    """Why the episode failed, once its retries are spent (it is then finished)."""
+    retries: int = 0
+
+    def restart(self, env: Environment, messages: list[Message]) -> None:
+        """Start (again) with ``env``, reset to ``messages``: whatever an earlier attempt sampled is dropped."""
+        self.env, self.messages = env, messages
+        self.ids, self.sampled, self.logprobs, self.turn_ends, self.turn_rewards = [], [], [], [], []
+        self.reward, self.turns, self.tool_calls, self.tool_errors, self.finish = None, 0, 0, 0, None
 
     def add(self, ids: list[int], logprobs: list[float] | None) -> None:
         self.ids += ids
@@ -160,12 +176,14 @@ class MultiTurnSampler:
         max_turns: int,
         max_episode_tokens: int,
         step_timeout_s: float = 300.0,
+        max_retries: int = 1,
     ) -> None:
-        """``step_timeout_s``: the most the rollout waits for the environments' steps (and their closing)
-        (env.step_timeout_s; envs.contract.EnvLoop)."""
-        if max_turns < 1 or max_episode_tokens < 1:
+        """``step_timeout_s``: the most an environment's step (and their closing) may take (env.step_timeout_s;
+        envs.contract). ``max_retries``: how often a failed episode is run again (env.max_retries)."""
+        if max_turns < 1 or max_episode_tokens < 1 or max_retries < 0:
             raise ValueError(
-                f"max_turns and max_episode_tokens must be >= 1, got {max_turns}, {max_episode_tokens}"
+                f"max_turns and max_episode_tokens must be >= 1 and max_retries >= 0, got {max_turns}, "
+                f"{max_episode_tokens}, {max_retries}"
             )
         self.sampler = sampler
         self.tokenizer = tokenizer
@@ -173,6 +191,7 @@ class MultiTurnSampler:
         self.max_turns = max_turns
         self.max_episode_tokens = max_episode_tokens
         self.step_timeout_s = step_timeout_s
+        self.max_retries = max_retries
         self.delta = ChatDelta(tokenizer, make_env().tools)
         self.pad_token_id = getattr(sampler, "pad_token_id", tokenizer.pad_token_id)
         self._device = torch.device("cpu")
@@ -211,48 +230,81 @@ class MultiTurnSampler:
             raise ValueError(
                 "a multi-turn sampler needs examples=[...], one per prompt, to reset the environments"
             )
-        episodes = []
-        for prompt, example in zip(prompt_ids, examples, strict=True):
-            for _ in range(num_generations):
-                env = self.make_env()  # reset here, outside any event loop, as before: it may run its own
-                episodes.append(_Running(list(prompt), env, checked_reset(env, env.reset(example))))
-        envs = [e.env for e in episodes]
+        envs: list[Environment] = []  # every one made in this call (retries make more), each closed at its end
+        episodes = [_Running(list(prompt), example) for prompt, example in zip(prompt_ids, examples, strict=True)
+                    for _ in range(num_generations)]  # fmt: skip
+        for e in episodes:
+            self._begin(e, envs)  # reset here, outside any event loop, as before: it may run its own
         # one loop for the whole call (clients opened in a step stay usable), in its own thread, so that
-        # every wait on the environments' steps is bounded by env.step_timeout_s (envs.contract)
+        # every wait on the environments' steps is bounded (envs.contract)
         loop = EnvLoop(self.step_timeout_s)
         awake = getattr(self.sampler, "awake", contextlib.nullcontext)  # colocated vLLM: one sleep per batch
         try:
             with awake():
-                self._turns(episodes, loop, generator)
+                self._turns(episodes, loop, generator, envs)
         finally:
             loop.close(_close_all(envs))
-        for e in episodes:
-            e.finish = e.finish or "length"  # max_turns without the environment's done
         return self._package(episodes, num_generations)
 
-    def _turns(self, episodes: list[_Running], loop: EnvLoop, generator) -> None:
-        """Model turn, then environment turn, until every episode is done or max_turns."""
-        for turn in range(self.max_turns):
-            running = [e for e in episodes if e.finish is None]
-            if not running:
-                break
-            self._model_turn(running, generator)
-            acting = [e for e in running if e.finish is None]
-            turns = [e.messages[-1]["content"] for e in acting]
-            steps = loop.run(_step_all([e.env for e in acting], turns), f"step(model_turn) of {env_name(episodes[0].env)}")
+    def _begin(self, e: _Running, envs: list[Environment]) -> None:
+        """Start episode ``e`` from a fresh environment; one that cannot be made or reset fails the attempt."""
+        env = None
+        try:
+            env = self.make_env()
+            envs.append(env)
+            messages = checked_reset(env, env.reset(e.example))
+        except Exception as exc:  # noqa: BLE001 - a custom environment's failure fails its episode only
+            self._fail(e, env_failure(env, "reset(example)", exc), envs)
+            return
+        e.restart(env, messages)
+
+    def _fail(self, e: _Running, failure: Failure, envs: list[Environment]) -> None:
+        """Run episode ``e`` again from a fresh environment (max_retries), or fail it for good."""
+        if e.retries >= self.max_retries:
+            e.failure, e.finish = failure, "length"
+            return
+        e.retries += 1
+        log.debug("episode run again (%d of %d): %s", e.retries, self.max_retries, failure.message)
+        self._begin(e, envs)
+
+    def _turns(self, episodes: list[_Running], loop: EnvLoop, generator, envs: list[Environment]) -> None:
+        """Model turn, then environment turn, until every episode is done, failed or at max_turns (an episode run
+        again counts its turns afresh)."""
+        while running := [e for e in episodes if e.finish is None]:
+            acting = self._model_turn(running, generator, envs)
+            if not acting:
+                continue
+            try:
+                steps = loop.run(_step_all(acting, self.step_timeout_s), f"step(model_turn) of {env_name(acting[0].env)}")
+            except EnvTimedOut as err:  # the event loop is stuck: no episode can step in it again
+                for e in episodes:
+                    if e.finish is None:
+                        e.failure, e.finish = Failure("env_timeout", one_line(err)), "length"
+                return
             for e, step in zip(acting, steps, strict=True):
+                if isinstance(step, Failure):
+                    self._fail(e, step, envs)
+                    continue
                 e.record(step)
                 if step.done:
                     e.finish = "stop"
-                elif turn + 1 < self.max_turns:
+                elif e.turns < self.max_turns:
                     self._env_turn(e, step.messages)
+                else:
+                    e.finish = "length"  # max_turns without the environment's done
 
-    def _model_turn(self, running: list[_Running], generator) -> None:
+    def _model_turn(self, running: list[_Running], generator, envs: list[Environment]) -> list[_Running]:
+        """One model turn of every running episode; returns those that now wait for their environment."""
         out = self.sampler.sample([e.prompt + e.ids for e in running], num_generations=1, generator=generator)
         self._device = out.completion_ids.device
         lengths = out.lengths.tolist()
         ids, logprobs = out.completion_ids.tolist(), out.logprobs.float().tolist()
+        failures = out.failures or [None] * len(running)
+        acting = []
         for i, e in enumerate(running):
+            if failures[i] is not None:  # the engine failed this turn (rollout.mode=server)
+                self._fail(e, failures[i], envs)
+                continue
             room = self.max_episode_tokens - len(e.ids)
             n = min(lengths[i], room)
             e.add(ids[i][:n], logprobs[i][:n])
@@ -261,6 +313,9 @@ class MultiTurnSampler:
             e.messages.append({"role": "assistant", "content": text})
             if out.finish_reasons[i] == "length" or n < lengths[i]:
                 e.finish = "length"  # the turn was cut: no complete action to answer
+            else:
+                acting.append(e)
+        return acting
 
     def _env_turn(self, e: _Running, messages: list[Message]) -> None:
         ids = self.delta.ids(messages)
@@ -296,11 +351,12 @@ class MultiTurnSampler:
             episodes=[
                 Episode(
                     tuple(e.messages), e.reward, e.turns, e.tool_calls, e.tool_errors,
-                    tuple(e.turn_ends), tuple(e.turn_rewards),
+                    tuple(e.turn_ends), tuple(e.turn_rewards), e.retries,
                 )  # fmt: skip
                 for e in episodes
             ],
             weight_versions=_versions(self.version, len(episodes)),
+            failures=[e.failure for e in episodes] if any(e.failure for e in episodes) else None,
         )
 
 
@@ -310,14 +366,10 @@ def _versions(version: int | None, n: int) -> list[int] | None:
     return None if version is None else [int(version)] * n
 
 
-async def _step_all(envs: Sequence[Environment], turns: Sequence[str]) -> list[EnvStep]:
-    """Every environment's step on its model turn, awaited together (async steps overlap)."""
-
-    async def one(env: Environment, turn: str) -> EnvStep:
-        result = env.step(turn)
-        return checked_step(env, await result if inspect.isawaitable(result) else result)
-
-    return list(await asyncio.gather(*(one(env, turn) for env, turn in zip(envs, turns, strict=True))))
+async def _step_all(episodes: Sequence[_Running], timeout_s: float) -> list[EnvStep | Failure]:
+    """Every episode's step on its last model turn, awaited together (async steps overlap); a step that fails
+    is its episode's Failure (envs.contract.guarded_step)."""
+    return list(await asyncio.gather(*(guarded_step(e.env, e.messages[-1]["content"], timeout_s) for e in episodes)))
 
 
 async def _close_all(envs: Sequence[Environment]) -> None:
@@ -341,5 +393,5 @@ def episode_sampler(sampler, tokenizer, make_env: Callable[[], Environment] | No
         return sampler
     return MultiTurnSampler(
         sampler, tokenizer, make_env, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
-        step_timeout_s=env.step_timeout_s,
+        step_timeout_s=env.step_timeout_s, max_retries=env.max_retries,
     )

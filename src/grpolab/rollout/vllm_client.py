@@ -27,6 +27,12 @@ FSDP2 shards gathered) is written as a PEFT folder in shared memory and loaded w
 /v1/load_lora_adapter as ``grpolab-<tag>-v<N>`` (the previous one unloaded), the server's version label set
 with /update_weight_version, and every request names that adapter.
 
+A request the server answers with an error, or a batch whose stream breaks off (an error line, a lost
+connection, a timeout), fails the samples that did not come back (``engine_error`` in
+``Completions.failures``): the trainer drops their groups and trains on the others (docs/training.md,
+"Failed samples"). A server that cannot be reached before sampling, or serves other weights, stops the run:
+nothing could be sampled from it.
+
 Under torchrun the ranks share one server: every rank takes part in the gathers (FSDP2 collectives),
 rank 0 alone sends, and a barrier keeps every rank from sampling before the new version is served;
 each rank then samples its own groups with its own seeds.
@@ -52,6 +58,7 @@ from typing import Any
 import torch
 
 from grpolab.distributed import dist, parallel
+from grpolab.errors import one_line
 from grpolab.rollout import server_protocol, vllm_batch, vllm_shm
 from grpolab.rollout.base import check_prompts, check_sampling, package_completions
 from grpolab.rollout.server_client import (
@@ -67,12 +74,14 @@ from grpolab.rollout.server_client import (
 from grpolab.rollout.vllm import SEED_MODULUS, _draw_seed
 from grpolab.rollout.vllm_server import RolloutServerError
 from grpolab.rollout.vllm_sync import policy_weights, weight_metadata
-from grpolab.types import Completions
+from grpolab.types import Completions, Failure
 
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "grpolab"
 """The name the server serves the model under (``--served-model-name``)."""
+_NOTHING = {"token_ids": [], "logprobs": []}
+"""A failed sample's tokens: none (its row is never scored or trained on)."""
 
 
 class ServerSampler:
@@ -214,22 +223,31 @@ class ServerSampler:
         """The whole batch in one call, sampled as the colocated engine samples it (rollout/vllm_batch.py);
         ``finished(p, samples)`` as each prompt's samples come back."""
         body = server_protocol.batch_request(self.model_name, prompt_ids, per_prompt, seed, self._sampling())
-        outputs: dict[int, list[dict]] = {}
-        for line in self.client.stream(vllm_batch.ROUTE, body):
-            if "done" in line:
-                break
-            if "queued" in line:  # another rank's batch holds the engine; the wait for the next line restarts
-                continue
-            p, got = server_protocol.batch_line(
-                self.client.url, vllm_batch.ROUTE, line, prompts=len(prompt_ids), per_prompt=per_prompt, seen=outputs,
-                **self._limits(),
-            )  # fmt: skip
-            outputs[p] = got
-            finished(p, outputs[p])
-        if len(outputs) != len(prompt_ids):
-            raise RolloutServerError(
-                f"the vLLM server at {self.client.url} returned {len(outputs)} of {len(prompt_ids)} prompts' samples"
-            )
+        outputs: dict[int, list[dict | Failure]] = {}
+        try:
+            for line in self.client.stream(vllm_batch.ROUTE, body):
+                if "done" in line:
+                    break
+                if "queued" in line:  # another rank's batch holds the engine; the wait for the next line restarts
+                    continue
+                p, got = server_protocol.batch_line(
+                    self.client.url, vllm_batch.ROUTE, line, prompts=len(prompt_ids), per_prompt=per_prompt,
+                    seen=outputs, **self._limits(),
+                )  # fmt: skip
+                outputs[p] = got
+                finished(p, got)
+            if len(outputs) != len(prompt_ids):
+                raise RolloutServerError(
+                    f"the vLLM server at {self.client.url} returned {len(outputs)} of {len(prompt_ids)} prompts' samples"
+                )
+        except RolloutServerError as err:  # the samples not back fail; those back are kept (module docstring)
+            failure = Failure("engine_error", one_line(err))
+            missing = [p for p in range(len(prompt_ids)) if p not in outputs]
+            if not missing:
+                log.warning("%s (after every prompt's samples had come back, checked: they are kept)", failure.message)
+            for p in missing:
+                outputs[p] = [failure] * per_prompt
+                finished(p, outputs[p])
         return [c for p in range(len(prompt_ids)) for c in outputs[p]]
 
     def _per_request(self, prompt_ids, per_prompt: int, group: int, base: int | None) -> list[dict]:
@@ -239,7 +257,14 @@ class ServerSampler:
             for g in range(per_prompt):
                 seed = None if base is None else (base + p * group + g) % SEED_MODULUS
                 bodies.append(server_protocol.completion_request(self.model_name, ids, seed, self._sampling()))
-        return list(self._pool.map(self._complete, bodies))
+        return list(self._pool.map(self._request, bodies))
+
+    def _request(self, body: dict[str, Any]) -> dict | Failure:
+        """One sample from /v1/completions, or its failure (an error answer, no answer in time, a bad answer)."""
+        try:
+            return self._complete(body)
+        except RolloutServerError as err:
+            return Failure("engine_error", one_line(err))
 
     def _complete(self, body: dict[str, Any]) -> dict:
         answer = self.client.call_json("POST", "/v1/completions", body)
@@ -264,13 +289,17 @@ class ServerSampler:
                 "resume the run (grpolab train --resume) to send it this run's weights"
             )
 
-    def _package(self, prompt_ids, group: int, choices: list[dict], *, device=None, texts=None) -> Completions:
+    def _package(self, prompt_ids, group: int, choices: list[dict | Failure], *, device=None, texts=None) -> Completions:
+        failures = [c if isinstance(c, Failure) else None for c in choices]
+        choices = [_NOTHING if isinstance(c, Failure) else c for c in choices]
         tokens = [list(c["token_ids"]) for c in choices]  # checked as they came (rollout/server_protocol.py)
         logprobs = [c["logprobs"] for c in choices]
-        return package_completions(
+        out = package_completions(
             prompt_ids, group, tokens, logprobs, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
             tokenizer=self.tokenizer, device=self.device if device is None else device, min_width=1, texts=texts,
         )  # fmt: skip
+        out.failures = failures if any(failures) else None
+        return out
 
     # ------------------------------------------------------------------ weights
 

@@ -15,6 +15,9 @@ and weights are left as they were; see step.py). A step with a skipped update is
 non-finite despite finite gradients (a huge learning rate) stop the run at once, before they could be
 checkpointed: the last checkpoint on disk is then the last good one.
 
+Failed samples. Too many of a step's groups dropped for failed samples (train.max_failed_group_share,
+training/failures.py) stop the run with one line naming the step and the last good checkpoint.
+
 Non-finite sampling. A model whose logits are NaN (NaN weights loaded from a damaged file, an fp16
 overflow) stops the run when it samples, with one line naming the model and the step
 (``sampling_guard``); nothing from that step is logged or checkpointed.
@@ -39,6 +42,7 @@ from grpolab.distributed import dist
 from grpolab.errors import TrainingError
 from grpolab.rollout.base import SamplerFailed
 from grpolab.runtime.checkpoint import latest_checkpoint
+from grpolab.training.failures import FailedGroups
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +117,14 @@ def last_good(run_dir: Path) -> str:
 @contextlib.contextmanager
 def sampling_guard(model: str, step: int, run_dir: Path) -> Iterator[None]:
     """A SamplerFailed inside (NaN logits, a dead engine) becomes one TrainingError naming ``model``,
-    ``step`` and the last good checkpoint."""
+    ``step`` and the last good checkpoint; too many failed groups (FailedGroups) name the step and that
+    checkpoint too."""
     try:
         yield
+    except FailedGroups as err:
+        raise TrainingError(
+            f"step {step}: {err}; nothing of this step was logged or saved, and {last_good(run_dir)}"
+        ) from err
     except SamplerFailed as err:
         raise TrainingError(
             f"step {step}: {err} in model '{model}'; nothing of this step was logged or saved, and "

@@ -85,7 +85,10 @@ _LDD_PATH = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x")
 
 
 class SandboxError(RewardError):
-    """The sandbox itself could not be set up (not the code's fault); the message says why."""
+    """The sandbox itself could not be set up (not the code's fault); the message says why. During training the
+    sample it was running for fails (``sandbox_error``; docs/training.md, "Failed samples"), never scores 0."""
+
+    failure_kind = "sandbox_error"
 
 
 @dataclass(frozen=True)

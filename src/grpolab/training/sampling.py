@@ -16,6 +16,11 @@ Where the code departs from the paper, and why:
 * Resume is exact with no state of its own: every round draws from the prompt sampler and the sampling
   generator, which checkpoints already hold.
 
+Failed samples (training/failures.py, docs/training.md): a group with a sample that failed after its retries
+is dropped like a group without a signal, with or without dynamic sampling, and with dynamic sampling the
+rounds go on to fill its place. The fallback of spent rounds takes the last round's whole groups only. The
+step's failures are counted over all ranks, and too many stop the run (train.max_failed_group_share).
+
 Distributed (torchrun): each rank draws and filters its share of every round's prompts. Rounds go on
 until every rank has kept its share (one all-reduce, so every rank runs the same rounds), and each rank
 then trains on as many groups as the rank that kept fewest, so the ranks' batches stay equal (DDP and
@@ -36,10 +41,11 @@ import torch
 from grpolab.config import Config
 from grpolab.data import PromptOrder
 from grpolab.distributed import dist
-from grpolab.rewards import score_batch
 from grpolab.rewards.base import ScoreResult, merge_scores
+from grpolab.rewards.isolate import score_groups
 from grpolab.training.batch import rewards_tensor
-from grpolab.types import Completions, Example
+from grpolab.training.failures import FailureTally, group_failures
+from grpolab.types import Completions, Example, Failure
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +63,28 @@ class StepGroups:
     rewards: torch.Tensor
     """[P', G] total rewards (0 where not applicable)."""
     valid: torch.Tensor
-    """[P', G] bool, False where no reward applies."""
+    """[P', G] bool, False where no reward applies (and in a failed group)."""
     metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[Failure | None]:
+        """[P'] each group's first failure (None: the group is whole; training/failures.py)."""
+        return group_failures(self.scores.failures, self.completions.num_generations) or [None] * len(self.rows)
+
+    def whole(self) -> list[int]:
+        """Indices of the groups with no failed sample."""
+        return [p for p, failure in enumerate(self.failures) if failure is None]
 
     def select(self, groups: Sequence[int]) -> StepGroups:
         """The sub-step of the given group indices, in that order."""
         g = self.completions.num_generations
         seqs = [p * g + j for p in groups for j in range(g)]
+        failures = self.scores.failures
         scores = ScoreResult(
             total=[self.scores.total[i] for i in seqs],
             components={k: [v[i] for i in seqs] for k, v in self.scores.components.items()},
             seconds=self.scores.seconds,
+            failures=None if failures is None else [failures[i] for i in seqs],
         )
         index = torch.tensor(list(groups), dtype=torch.long)
         return StepGroups(
@@ -105,25 +122,34 @@ def sample_step(
 ) -> StepGroups:
     """Draw, sample and score one step's groups; with ``algo.dynamic_sampling``, repeat rounds until enough
     groups have a signal. Metrics: ``train/sampling_rounds``, ``train/groups_drawn``, ``train/groups_kept``,
-    ``train/reward_mean_drawn`` (over every completion drawn) and the generation / scoring times."""
+    ``train/reward_mean_drawn`` (over every completion drawn), the generation / scoring times, and the failed
+    samples' counts (``failures/*``, training/failures.py). Raises FailedGroups when too many groups failed."""
     target = cfg.train.prompts_per_step // dist.world().size  # this rank's share (distributed/dist.py shard)
     dynamic = bool(cfg.algo.dynamic_sampling)
     kept: list[StepGroups] = []
     drawn = n_kept = rounds = 0
     drawn_rewards: list[torch.Tensor] = []
+    tally = FailureTally()
     seconds = {"sys/time_generation_s": 0.0, "sys/time_scoring_s": 0.0}
     last = None
     for rounds in range(1, (cfg.algo.max_sampling_rounds if dynamic else 1) + 1):  # noqa: B007 - read below
         last = _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
         drawn += len(last.rows)
-        drawn_rewards.append(last.rewards[last.valid])
-        part = last.select(groups_with_signal(last.rewards, last.valid)) if dynamic else last
+        drawn_rewards.append(last.rewards[last.valid])  # a failed group's rows are not valid
+        tally.add(last.failures, last.scores.retries + _episode_retries(last.completions))
+        whole = last.whole()
+        keep = [p for p in groups_with_signal(last.rewards, last.valid) if p in whole] if dynamic else whole
+        part = last if len(keep) == len(last.rows) else last.select(keep)
         kept.append(part)
         n_kept += len(part.rows)
         if dist.all_reduce_max(float(max(target - n_kept, 0))) == 0:  # every rank has its share
             break
+    failures = tally.metrics()
     common = int(-dist.all_reduce_max(-float(n_kept)))  # the fewest kept on any rank: equal batches
-    step = _concat(kept).select(range(min(common, target))) if common else last
+    # none kept somewhere: the last round's whole groups, as many on every rank (0: nothing to train on)
+    left = common or int(-dist.all_reduce_max(-float(len(last.whole()))))
+    tally.check(failures, cfg.train.max_failed_group_share, left)
+    step = _concat(kept).select(range(min(common, target))) if common else last.select(last.whole()[:left])
     if dynamic and n_kept < target:
         log.info(
             "dynamic sampling: %d of %d groups with a signal after %d rounds (algo.max_sampling_rounds); "
@@ -143,12 +169,17 @@ def sample_step(
         # ``reward``, which dynamic sampling takes over the kept groups only
         "train/reward_mean_drawn": _mean(torch.cat(drawn_rewards)),
         **seconds,
+        **failures,
     }
     return step
 
 
 def _mean(x: torch.Tensor) -> float:
     return float(x.mean()) if x.numel() else float("nan")
+
+
+def _episode_retries(completions: Completions) -> int:
+    return sum(e.retries for e in completions.episodes) if completions.episodes is not None else 0
 
 
 def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds) -> StepGroups:
@@ -166,7 +197,10 @@ def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
         completions = sampler.sample(prompts, num_generations=group_size, generator=generator, **items)
         t1 = time.perf_counter()
         repeated = [examples[i] for i in rows for _ in range(completions.num_generations)]
-        scores = score_batch(rewards, completions.items(), repeated, timeout_s=cfg.reward.timeout_s)
+        scores = score_groups(
+            rewards, completions.items(), repeated, group_size=completions.num_generations, failed=completions.failures,
+            **_bounds(cfg),
+        )  # fmt: skip
         seconds["sys/time_generation_s"] += t1 - t0
         seconds["sys/time_scoring_s"] += time.perf_counter() - t1
     reward_t, valid = rewards_tensor(scores.total, len(rows), completions.num_generations)
@@ -175,12 +209,17 @@ def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
     return StepGroups(rows, completions, scores, reward_t, valid)
 
 
+def _bounds(cfg: Config) -> dict:
+    """How a reward call is bounded and retried (rewards.isolate.score_groups)."""
+    return {"timeout_s": cfg.reward.timeout_s, "max_retries": cfg.reward.max_retries}
+
+
 def _sample_scoring_groups(cfg, sampler, rewards, prompts, examples, generator, seconds) -> tuple[Completions, ScoreResult]:
     """Sample, scoring the groups as they finish (``GroupScorer``) while the rest generate.
     ``sys/time_scoring_s`` is then the scoring's own time, mostly hidden behind the generation;
     ``sys/time_scoring_wait_s`` the part that was not (the wait after the last group came back)."""
     t0 = time.perf_counter()
-    scorer = GroupScorer(rewards, examples, cfg.rollout.num_generations, cfg.reward.timeout_s)
+    scorer = GroupScorer(rewards, examples, cfg.rollout.num_generations, _bounds(cfg))
     try:
         completions = sampler.sample(prompts, num_generations=cfg.rollout.num_generations, generator=generator, on_group=scorer.put)
     except BaseException:
@@ -198,10 +237,11 @@ class GroupScorer:
     """One thread that scores the groups handed to it (``put(p, group)``, in the order they finish): each
     turn, every group waiting is scored in one ``score_batch`` call, so a reward that batches (a reward
     model's forward, a sandbox pool) gets one group while scoring keeps up with the generation and more
-    when it falls behind. ``close`` returns the step's scores in prompt order (a failure is raised there)."""
+    when it falls behind. ``close`` returns the step's scores in prompt order (a failure of a group is in its
+    scores, rewards.isolate; any other error is raised there). ``bounds``: score_groups' timeout and retries."""
 
-    def __init__(self, rewards, examples: Sequence[Example], group_size: int, timeout_s: float | None) -> None:
-        self.rewards, self.examples, self.g, self.timeout_s = rewards, examples, group_size, timeout_s
+    def __init__(self, rewards, examples: Sequence[Example], group_size: int, bounds: dict) -> None:
+        self.rewards, self.examples, self.g, self.bounds = rewards, examples, group_size, bounds
         self.queue: queue.Queue = queue.Queue()
         self.results: dict[int, ScoreResult] = {}
         self.busy = 0.0
@@ -244,8 +284,12 @@ class GroupScorer:
         start = time.perf_counter()
         items = [c for _, group in batch for c in group.items()]
         repeated = [self.examples[p] for p, _ in batch for _ in range(self.g)]
+        failed = [f for _, group in batch for f in group.failures or [None] * group.num_sequences]  # engine errors
         # first_index names the right row in an error about the first group (the others follow it in order)
-        got = score_batch(self.rewards, items, repeated, timeout_s=self.timeout_s, first_index=batch[0][0] * self.g)
+        got = score_groups(
+            self.rewards, items, repeated, group_size=self.g, failed=failed, first_index=batch[0][0] * self.g,
+            **self.bounds,
+        )  # fmt: skip
         self.busy += time.perf_counter() - start
         for j, (p, _) in enumerate(batch):
             rows = slice(j * self.g, (j + 1) * self.g)
@@ -254,6 +298,8 @@ class GroupScorer:
                 components={k: v[rows] for k, v in got.components.items()},
                 seconds=got.seconds if j == 0 else {},  # the call's, once: merge_scores sums them
                 counts=got.counts if j == 0 else {},
+                failures=None if got.failures is None else got.failures[rows],
+                retries=got.retries if j == 0 else 0,
             )
 
 
@@ -279,7 +325,7 @@ def _concat(parts: list[StepGroups]) -> StepGroups:
         sampled_mask=None if cs[0].sampled_mask is None else torch.cat([pad(c.sampled_mask, False) for c in cs]),
         episodes=None if cs[0].episodes is None else [e for c in cs for e in c.episodes],
         weight_versions=None if cs[0].weight_versions is None else [v for c in cs for v in c.weight_versions],
-    )
+    )  # the kept groups, none failed: no failures to carry
     scores = ScoreResult(
         total=[t for p in parts for t in p.scores.total],
         components={k: [v for p in parts for v in p.scores.components[k]] for k in parts[0].scores.components},

@@ -33,6 +33,10 @@ def _text(caught) -> str:
         (["rollout.top_p=0"], "rollout.top_p must be in (0, 1]"),
         (["algo.dual_clip=0.5"], "algo.dual_clip must be > 1"),
         (["algo.advantage=gae"], "needs a value model"),
+        (["train.max_failed_group_share=1.5"], "train.max_failed_group_share must be in [0, 1]"),
+        (["train.max_failed_group_share=-0.1"], "train.max_failed_group_share must be in [0, 1]"),
+        (["reward.max_retries=-1"], "reward.max_retries must be >= 0 (0 = no retry)"),
+        (["env.max_retries=-1"], "env.max_retries must be >= 0 (0 = no retry)"),
     ],
 )
 def test_bad_configs_name_the_key_and_the_fix(overrides, message):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -110,11 +111,10 @@ def test_openenv_episodes_over_a_loopback_server(server_url):
     assert env_text == " <user>lower <assistant>"  # the server's observation, laid out by the template
 
 
-def test_a_dead_server_ends_the_episode_with_reward_zero():
-    make_env = build_environment("openenv", {"base_url": f"http://127.0.0.1:{free_port()}"}, ToolLimits(timeout_s=5))
-    import asyncio
-
-    env = make_env()
+def test_a_dead_server_fails_the_step_never_a_zero_reward():
+    """The episode then fails (run again, or its group dropped: docs/training.md), not scored 0."""
+    url = f"http://127.0.0.1:{free_port()}"
+    env = build_environment("openenv", {"base_url": url}, ToolLimits(timeout_s=5))()
     env.reset(Example("x"))
-    step = asyncio.run(env.step("40"))
-    assert step.done and step.reward == 0.0 and step.tool_errors == 1
+    with pytest.raises(ConnectionError, match=rf"^OpenEnv server {url} failed \(ConnectionError: Failed to connect"):
+        asyncio.run(env.step("40"))

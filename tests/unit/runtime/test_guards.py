@@ -1,4 +1,4 @@
-"""The no-signal guard and the stop signals (runtime/guards.py)."""
+"""The no-signal guard, the stop signals and the sampling guard (runtime/guards.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from grpolab.config import load_config
 from grpolab.errors import TrainingError
-from grpolab.runtime.guards import GracefulStop, NoSignal
+from grpolab.runtime.guards import GracefulStop, NoSignal, sampling_guard
+from grpolab.training.failures import FailedGroups
 
 FLAT = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 1.0, "reward_std": 0.0}
 SIGNAL = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 0.5, "reward_std": 0.4}
@@ -100,3 +101,12 @@ def test_after_sighup_the_step_still_ends_and_saves_though_the_terminal_is_gone(
     finally:
         run.kill()
         run.wait()
+
+
+def test_too_many_failed_groups_name_the_step_and_the_last_good_checkpoint(tmp_path):
+    with pytest.raises(TrainingError) as err, sampling_guard("tiny", 7, tmp_path):
+        raise FailedGroups("5 of 8 groups (62%) were dropped for failed samples (env_error 5; the first: x)")
+    assert str(err.value) == (
+        "step 7: 5 of 8 groups (62%) were dropped for failed samples (env_error 5; the first: x); nothing of this "
+        "step was logged or saved, and no checkpoint was written yet"
+    )
