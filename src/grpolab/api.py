@@ -40,13 +40,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from grpolab.api_models import ModelFolder, TrainerState, model_folder, save_model, tokenizer_folder
 from grpolab.commands.train import train as train_loop
 from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, load_config
 from grpolab.data import DataError, examples_from_rows
+from grpolab.distributed import dist
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
 from grpolab.rewards.trl_style import check_columns
+from grpolab.runtime.assemble import Models, load_models
 from grpolab.runtime.logging import read_metrics
 from grpolab.trl.convert import TrlConversion, convert_trl
 from grpolab.types import Example
@@ -75,7 +79,10 @@ class GRPOTrainer:
         processing_class: the tokenizer's folder or hub id (``model.tokenizer``).
         reward_weights: one weight per reward (TRL's ``GRPOConfig.reward_weights``); None = 1 each.
 
-    Everything is checked here, before any model loads; ``train()`` runs it.
+    Everything that needs no model is checked first; then, as in TRL, the models load (``model``,
+    ``processing_class``, ``ref_model`` when ``algo.beta`` > 0; a reward model loads with its reward), on
+    the device they train on, and ``train()`` trains those very objects: a change made to them before it
+    counts. Under torchrun they load in ``train()`` instead and are None until then (module docstring).
     """
 
     def __init__(
@@ -108,6 +115,15 @@ class GRPOTrainer:
             _set(raw, "model", "lora", _lora(peft_config))
         self.args, self.reward_funcs, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset)
         self._result: TrainResult | None = None
+        self._models = None if dist.launched() else load_models(self.args)
+        self.model: torch.nn.Module | None = self._models.policy if self._models else None
+        """The policy being trained (a PeftModel under LoRA); under torchrun None (it loads in ``train()``)."""
+        self.processing_class = self._models.tokenizer if self._models else None
+        """The policy's tokenizer."""
+        reference = self._models.reference if self._models else None
+        self.ref_model: torch.nn.Module | None = reference.frozen_model if reference is not None else None
+        """The frozen reference (algo.beta > 0, full fine-tuning); None with beta = 0 and under LoRA (the policy
+        with its adapter disabled is the reference there), as in TRL."""
 
     def train(self, resume_from_checkpoint: bool = False) -> TrainResult:
         """Train to ``train.num_steps``; True continues the run directory's latest checkpoint."""
@@ -116,7 +132,9 @@ class GRPOTrainer:
                 f"resume_from_checkpoint={resume_from_checkpoint!r}: grpolab resumes the latest checkpoint of "
                 f"{self.args.run_dir} (log.output_dir/log.run_name); pass True"
             )
-        self._result = _train_with(self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint)
+        self._result = _train_with(
+            self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint, models=self._models
+        )
         return self._result
 
     @property
@@ -154,9 +172,9 @@ def train(
     return _train_with(cfg, rewards, examples, resume=resume)
 
 
-def _train_with(cfg: Config, rewards, examples, *, resume: bool) -> TrainResult:
+def _train_with(cfg: Config, rewards, examples, *, resume: bool, models: Models | None = None) -> TrainResult:
     show_progress_logs()
-    return train_loop(cfg, resume=resume, rewards=rewards, examples=examples)
+    return train_loop(cfg, resume=resume, rewards=rewards, examples=examples, models=models)
 
 
 def show_progress_logs() -> None:
@@ -190,7 +208,9 @@ def _assemble(
     elif reward_weights is not None:
         raise ConfigError("reward_weights needs reward_funcs (in a config, give each reward.functions entry a weight)")
     rows = None
-    if train_dataset is not None:
+    if train_dataset is None:
+        _check_data_named(raw.get("data", {}))
+    else:
         if raw.get("data", {}).get("path"):
             raise ConfigError("the data is given twice, as train_dataset and in the config's data.path: keep one")
         rows = dataset_rows(train_dataset)
@@ -202,6 +222,16 @@ def _assemble(
     if rows is not None and any(isinstance(r.reward, TrlReward) for r in rewards or ()):
         check_columns(list(dict.fromkeys(k for r in rows for k in r)), "train_dataset")
     return cfg, rewards, examples
+
+
+def _check_data_named(data: Mapping[str, Any]) -> None:
+    """train_dataset=None takes the config's data section; one that names no data is refused here, as TRL
+    refuses a missing train_dataset, before any model loads."""
+    if data.get("source", DataConfig.source) in ("jsonl", "hf") and not data.get("path"):
+        raise DataError(
+            "train_dataset is None and the config names no data (data.path is empty): give train_dataset (a "
+            "datasets.Dataset or a list of dicts), or data.path, or a built-in data.source such as arithmetic"
+        )
 
 
 def build_reward_funcs(

@@ -24,7 +24,7 @@ from grpolab.config import Config
 from grpolab.distributed import dist, parallel
 from grpolab.progress import Progress
 from grpolab.rewards import WeightedReward
-from grpolab.runtime.assemble import Run, assemble, session
+from grpolab.runtime.assemble import Models, Run, assemble, session
 from grpolab.runtime.guards import GracefulStop, SamplerGap, sampling_guard
 from grpolab.runtime.logging import PhaseMemory
 from grpolab.training.ahead import AheadSampling, staleness_metrics
@@ -49,16 +49,17 @@ def train(
     resume: bool = False,
     rewards: Sequence[WeightedReward] | None = None,
     examples: Sequence[Example] | None = None,
+    models: Models | None = None,
 ) -> TrainResult:
     """Run GRPO (or a variant chosen by cfg.algo) and return where the run was written.
 
-    ``rewards`` / ``examples``: already built, in place of what ``cfg.reward.functions`` / ``cfg.data``
-    would build (runtime/assemble.py). SIGINT / SIGTERM while it runs: the current step finishes, a
+    ``rewards`` / ``examples`` / ``models``: already built, in place of what ``cfg.reward.functions`` /
+    ``cfg.data`` / ``cfg.model`` would build (runtime/assemble.py). SIGINT / SIGTERM while it runs: the current step finishes, a
     checkpoint is saved, and the result has ``stopped_by`` set (guards.py). Bad input fails before the
     model loads where it can.
     """
     with GracefulStop() as stop, session(cfg):
-        run = assemble(cfg, resume=resume, rewards=rewards, examples=examples)
+        run = assemble(cfg, resume=resume, rewards=rewards, examples=examples, models=models)
         try:
             return _loop(run, stop)
         finally:
