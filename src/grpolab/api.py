@@ -36,13 +36,21 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from grpolab.api_models import ModelFolder, TrainerState, model_folder, save_model, tokenizer_folder
+from grpolab.api_models import (
+    ModelFolder,
+    TrainerState,
+    model_folder,
+    save_model,
+    tokenizer_folder,
+    train_summary,
+)
 from grpolab.commands.train import train as train_loop
 from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, load_config
 from grpolab.data import DataError, examples_from_rows
@@ -97,6 +105,8 @@ class GRPOTrainer:
         reward_weights: Sequence[float] | None = None,
     ) -> None:
         raw, reward_weights, self.trl_conversion = _raw_args(args, train_dataset, reward_weights)
+        if isinstance(args, Mapping) or self.trl_conversion is not None:
+            _no_stop_without_signal(raw)
         self.model_folder: ModelFolder | None = None
         if isinstance(model, str | os.PathLike):
             _set(raw, "model", "name_or_path", os.fspath(model))
@@ -115,6 +125,7 @@ class GRPOTrainer:
             _set(raw, "model", "lora", _lora(peft_config))
         self.args, self.reward_funcs, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset)
         self._result: TrainResult | None = None
+        self._summary: dict[str, Any] | None = None
         self._models = None if dist.launched() else load_models(self.args)
         self.model: torch.nn.Module | None = self._models.policy if self._models else None
         """The policy being trained (a PeftModel under LoRA); under torchrun None (it loads in ``train()``)."""
@@ -132,17 +143,24 @@ class GRPOTrainer:
                 f"resume_from_checkpoint={resume_from_checkpoint!r}: grpolab resumes the latest checkpoint of "
                 f"{self.args.run_dir} (log.output_dir/log.run_name); pass True"
             )
+        started, self._summary = time.perf_counter(), None
         self._result = _train_with(
             self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint, models=self._models
         )
+        rows = read_metrics(self.args.run_dir)
+        per_step = self.args.train.prompts_per_step * self.args.rollout.num_generations
+        elapsed = time.perf_counter() - started
+        self._summary = train_summary(rows, self._result.start_step + 1, self._result.final_step, elapsed, per_step)
         return self._result
 
     @property
     def state(self) -> TrainerState:
         """TRL's ``trainer.state``: ``global_step`` and ``log_history``, one dict per step (the run's
-        metrics.jsonl, each row with its "step"; grpolab logs every step, TRL every logging_steps)."""
+        metrics.jsonl, each row with its "step"; grpolab logs every step, TRL every logging_steps), then
+        after ``train()`` the end-of-training row with ``train_loss``, as transformers' Trainer logs it."""
         history = read_metrics(self.args.run_dir)
-        return TrainerState(global_step=history[-1]["step"] if history else 0, log_history=history)
+        step = history[-1]["step"] if history else 0
+        return TrainerState(global_step=step, log_history=history + ([self._summary] if self._summary else []))
 
     def save_model(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
         """The trained policy as a ``from_pretrained`` folder (the adapter alone under LoRA), with its tokenizer,
@@ -222,6 +240,15 @@ def _assemble(
     if rows is not None and any(isinstance(r.reward, TrlReward) for r in rewards or ()):
         check_columns(list(dict.fromkeys(k for r in rows for k in r)), "train_dataset")
     return cfg, rewards, examples
+
+
+def _no_stop_without_signal(raw: dict[str, Any]) -> None:
+    """train.max_no_signal_steps=0 unless the args set it: TRL's trainer goes on through steps without
+    learning signal (all rewards of every group equal), so a script written for it is warned, not stopped
+    (runtime/guards.py). A Config object or YAML file holds every field, so it keeps its own value."""
+    train = raw.get("train", {})
+    if not isinstance(train, Mapping) or "max_no_signal_steps" not in train:
+        _set(raw, "train", "max_no_signal_steps", 0)
 
 
 def _check_data_named(data: Mapping[str, Any]) -> None:

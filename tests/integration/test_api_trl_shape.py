@@ -32,6 +32,14 @@ def _args(out, steps=2, **model):
     }
 
 
+TRL_STEP_KEYS = {  # what TRL 1.16's GRPOTrainer logs under these names, for the same quantities
+    "loss", "policy_loss", "entropy", "entropy_coef", "kl", "grad_norm", "learning_rate", "num_tokens", "reward",
+    "reward_std", "frac_reward_zero_std", "rewards/reward_len/mean", "rewards/reward_len/std", "completions/mean_length",
+    "completions/min_length", "completions/max_length", "completions/clipped_ratio", "clip_ratio/low_mean",
+    "clip_ratio/high_mean", "clip_ratio/region_mean",
+}
+
+
 def _halve_the_final_norm(model) -> None:
     """The policy then differs from the reference (loaded before), so the KL term moves every other weight."""
     with torch.no_grad():
@@ -107,3 +115,19 @@ def test_a_custom_code_model_loads_only_with_trust_remote_code(tmp_path):
         GRPOTrainer(source, reward_len, args=_args(tmp_path), train_dataset=ROWS)
     trainer = GRPOTrainer(source, reward_len, args={**_args(tmp_path), "model.trust_remote_code": True}, train_dataset=ROWS)
     assert type(trainer.model).__name__ == "RemoteForCausalLM"
+
+
+def test_log_history_has_trls_names_and_ends_with_the_train_loss_row(tiny_model_dir, tmp_path):
+    args = {**_args(tmp_path, steps=3), "algo.entropy_coef": 0.01}
+    trainer = GRPOTrainer(tiny_model_dir, reward_len, args=args, train_dataset=ROWS)
+    result = trainer.train()
+
+    *steps, last = trainer.state.log_history
+    assert [r["step"] for r in steps] == [1, 2, 3] and trainer.state.global_step == 3
+    assert all(set(r) >= TRL_STEP_KEYS for r in steps)
+    assert steps[0]["entropy_coef"] == 0.01
+    assert set(last) == {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "step"}
+    assert last["step"] == result.final_step == 3
+    assert last["train_loss"] == pytest.approx(sum(r["loss"] for r in steps) / 3, rel=1e-12)
+    assert last["train_steps_per_second"] == pytest.approx(3 / last["train_runtime"])
+    assert last["train_samples_per_second"] == pytest.approx(3 * 2 * 2 / last["train_runtime"])  # completions

@@ -204,4 +204,12 @@ def test_a_trl_grpo_config_is_converted_with_its_reward_weights_and_the_datasets
     cfg = trainer.args
     assert (cfg.train.num_steps, cfg.train.prompts_per_step, cfg.optim.lr, cfg.algo.beta) == (3, 2, 5e-6, 0.04)
     assert [s.weight for s in cfg.reward.functions] == [2.0]
+    assert cfg.train.max_no_signal_steps == 0  # TRL has no such stop
     assert (cfg.log.output_dir, cfg.log.run_name) == ("runs", "trl-out")
+
+
+def test_steps_without_signal_warn_but_do_not_stop_unless_the_args_say_so(make_trainer):
+    """TRL goes on through steps whose groups all have equal rewards; grpolab's CLI stops after 50."""
+    assert make_trainer(args={"train.num_steps": 3}).args.train.max_no_signal_steps == 0
+    assert make_trainer(args={"train": {"max_no_signal_steps": 7}}).args.train.max_no_signal_steps == 7
+    assert make_trainer(args=Config()).args.train.max_no_signal_steps == Config().train.max_no_signal_steps == 50

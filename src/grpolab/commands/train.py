@@ -41,6 +41,8 @@ class TrainResult:
     last_metrics: dict[str, float]
     stopped_by: int | None = None
     """The signal (SIGINT, SIGTERM) that stopped the run before train.num_steps, after a checkpoint."""
+    start_step: int = 0
+    """The last step done before this call: the resumed checkpoint's, 0 for a fresh run."""
 
 
 def train(
@@ -145,7 +147,9 @@ def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None) -> TrainRe
     progress.close()
     run.logger.close()
     stopped_by = stop.signum if last_step < cfg.train.num_steps else None
-    return TrainResult(run_dir=cfg.run_dir, final_step=last_step, last_metrics=metrics, stopped_by=stopped_by)
+    return TrainResult(
+        run_dir=cfg.run_dir, final_step=last_step, last_metrics=metrics, stopped_by=stopped_by, start_step=run.start
+    )
 
 
 def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
