@@ -131,3 +131,23 @@ def test_log_history_has_trls_names_and_ends_with_the_train_loss_row(tiny_model_
     assert last["train_loss"] == pytest.approx(sum(r["loss"] for r in steps) / 3, rel=1e-12)
     assert last["train_steps_per_second"] == pytest.approx(3 / last["train_runtime"])
     assert last["train_samples_per_second"] == pytest.approx(3 * 2 * 2 / last["train_runtime"])  # completions
+
+
+def progress_reward(completions, trainer_state, log_metric, log_extra, **kwargs):
+    """Reads the run's progress, logs a metric (and one named like grpolab's own) and a sample column."""
+    log_metric("progress", trainer_state.global_step / trainer_state.max_steps)
+    log_metric("reward", 7.0)
+    log_extra("first_char", [c[:1] for c in completions])
+    return [float(len(c)) for c in completions]
+
+
+def test_trl_rewards_get_trainer_state_and_their_logs_reach_metrics_and_samples(tiny_model_dir, tmp_path):
+    args = {**_args(tmp_path, steps=2), "log.samples_every": 1}
+    trainer = GRPOTrainer(tiny_model_dir, progress_reward, args=args, train_dataset=ROWS)
+    result = trainer.train()
+
+    rows = trainer.state.log_history[:-1]
+    assert [r["progress"] for r in rows] == [0 / 2, 1 / 2]  # global_step: the steps done before each
+    assert [r["log_metric/reward"] for r in rows] == [7.0, 7.0] and rows[0]["reward"] != 7.0
+    samples = [json.loads(line) for line in (result.run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 * 2 * 2 and all(s["first_char"] == s["completion"][:1] for s in samples)

@@ -53,6 +53,7 @@ from grpolab.models.loading import (
     use_deterministic_kernels,
 )
 from grpolab.rewards import WeightedReward, build_rewards, dry_run, start_workers
+from grpolab.rewards.trl_hooks import TrlHooks, attach_hooks
 from grpolab.rollout.base import Sampler
 from grpolab.rollout.engines import build_sampler, check_engine
 from grpolab.rollout.multiturn import episode_prompt_ids, episode_sampler
@@ -126,6 +127,8 @@ class Run:
     bad_steps: BadSteps
     no_signal: NoSignal
     resumable: Resumable
+    reward_hooks: TrlHooks
+    """What TRL-style rewards log through ``log_metric`` / ``log_extra``, and the ``trainer_state`` they read."""
     start: int = 0
     """The last step already done: the resumed checkpoint's, 0 for a fresh run."""
     logger: RunLogger | None = None
@@ -192,12 +195,12 @@ def assemble(
     ``models`` replace what ``cfg.reward.functions`` / ``cfg.data`` / ``cfg.model`` would build."""
     if models is not None and dist.launched():
         raise ConfigError("assemble: models loaded beforehand are for one process; under torchrun let assemble load them")
-    mode, point, rewards, gold_rewards, examples, make_env = _check_inputs(cfg, resume, rewards, examples)
+    mode, point, rewards, gold_rewards, examples, make_env, hooks = _check_inputs(cfg, resume, rewards, examples)
     _seed(cfg)
     device = resolve_device(cfg.model)
     baseline_mem_mb = memory_before_models_mb(device) if models is None else models.baseline_mem_mb
     start_workers([*rewards, *gold_rewards], cfg.reward.timeout_s)  # forked while the process is small
-    run = _build(cfg, mode, rewards, gold_rewards, examples, make_env, models)
+    run = _build(cfg, mode, rewards, gold_rewards, examples, make_env, models, hooks)
     try:
         run.start = _start(cfg, point, run.resumable, run.sampler)
         if point is None and models is not None:  # they may have been changed since they loaded
@@ -217,7 +220,7 @@ def assemble(
     return run
 
 
-def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, models: Models | None) -> Run:
+def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, models: Models | None, hooks: TrlHooks) -> Run:
     """The models, then the parts of a step, at step 0 (``_start`` restores a checkpoint into them)."""
     from_rank0 = parallel.loads_on_rank0(mode)  # FSDP2: no GPU holds the whole model
     device = resolve_device(cfg.model)
@@ -266,13 +269,13 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
         tokenizer=tok, device=device, autocast_dtype=amp, reference=reference, critic=critic, process_supervision=process,
         sampler=sampler, optimizer=optimizer, scheduler=scheduler, policy_loss=spec, logprob_context=ctx, build_batch=make_batch,
         gold=gold, prompt_order=data, sampling_generator=sample_gen, minibatch_generator=minibatch_gen, bad_steps=bad_steps,
-        no_signal=no_signal, resumable=resumable,
+        no_signal=no_signal, resumable=resumable, reward_hooks=hooks,
     )  # fmt: skip
 
 
 def _check_inputs(cfg: Config, resume: bool, rewards, examples):
-    """(parallel mode, resume point, rewards, gold rewards, training examples, make_env or None): every check that needs no
-    model, in the order a user meets them. Nothing is deleted here."""
+    """(parallel mode, resume point, rewards, gold rewards, training examples, make_env or None, the TRL rewards'
+    hooks): every check that needs no model, in the order a user meets them. Nothing is deleted here."""
     mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
     dist.check_divisible(cfg.train.prompts_per_step)
     # rank 0 checks the run dir (checkpoint verified, config changes checked) and tells the others
@@ -283,11 +286,13 @@ def _check_inputs(cfg: Config, resume: bool, rewards, examples):
     check_engine(cfg.rollout.engine, cfg)  # vllm: installed, the architecture, the KV cache's size
     make_env = environment_from_config(cfg.env)  # None: one completion per prompt (docs/multiturn.md)
     gold_rewards = build_gold_rewards(cfg)  # logged, never in the advantages (training/gold.py)
+    hooks = TrlHooks(cfg.train.num_steps)  # TRL's trainer_state / log_extra / log_metric, from the dry run on
+    attach_hooks([*rewards, *gold_rewards], hooks)
     examples = training_examples(cfg, examples)
     _dry_run(cfg, rewards, examples)
     _dry_run(cfg, gold_rewards, examples)
     check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)  # a 30 MB prompt: an error, before the model
-    return mode, point, rewards, gold_rewards, examples, make_env
+    return mode, point, rewards, gold_rewards, examples, make_env, hooks
 
 
 def split_examples(
