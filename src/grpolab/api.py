@@ -33,11 +33,13 @@ Where this departs from TRL, and why:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +54,7 @@ from grpolab.api_models import (
     train_summary,
 )
 from grpolab.commands.train import train as train_loop
-from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, load_config
+from grpolab.config import Config, ConfigWarning, DataConfig, config_from_dict, config_to_dict, load_config
 from grpolab.data import DataError, examples_from_rows
 from grpolab.distributed import dist
 from grpolab.errors import ConfigError, GrpolabError
@@ -104,8 +106,25 @@ class GRPOTrainer:
         processing_class: str | os.PathLike[str] | None = None,
         reward_weights: Sequence[float] | None = None,
     ) -> None:
+        with _config_warnings_logged():
+            self._configure(model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights)
+        self._result: TrainResult | None = None
+        self._summary: dict[str, Any] | None = None
+        self._models = None if dist.launched() else load_models(self.args)
+        self.model: torch.nn.Module | None = self._models.policy if self._models else None
+        """The policy being trained (a PeftModel under LoRA); under torchrun None (it loads in ``train()``)."""
+        self.processing_class = self._models.tokenizer if self._models else None
+        """The policy's tokenizer."""
+        reference = self._models.reference if self._models else None
+        self.ref_model: torch.nn.Module | None = reference.frozen_model if reference is not None else None
+        """The frozen reference (algo.beta > 0, full fine-tuning); None with beta = 0 and under LoRA (the policy
+        with its adapter disabled is the reference there), as in TRL."""
+
+    def _configure(self, model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights) -> None:
+        """``args``, the rewards and the data as a Config, reward objects and examples; a model object or a
+        tokenizer object written to a folder (api_models)."""
         raw, reward_weights, self.trl_conversion = _raw_args(args, train_dataset, reward_weights)
-        if isinstance(args, Mapping) or self.trl_conversion is not None:
+        if not isinstance(args, Config | str | os.PathLike):  # a dict, TRL's GRPOConfig or None
             _no_stop_without_signal(raw)
         self.model_folder: ModelFolder | None = None
         if isinstance(model, str | os.PathLike):
@@ -124,17 +143,6 @@ class GRPOTrainer:
         if peft_config is not None:
             _set(raw, "model", "lora", _lora(peft_config))
         self.args, self.reward_funcs, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset)
-        self._result: TrainResult | None = None
-        self._summary: dict[str, Any] | None = None
-        self._models = None if dist.launched() else load_models(self.args)
-        self.model: torch.nn.Module | None = self._models.policy if self._models else None
-        """The policy being trained (a PeftModel under LoRA); under torchrun None (it loads in ``train()``)."""
-        self.processing_class = self._models.tokenizer if self._models else None
-        """The policy's tokenizer."""
-        reference = self._models.reference if self._models else None
-        self.ref_model: torch.nn.Module | None = reference.frozen_model if reference is not None else None
-        """The frozen reference (algo.beta > 0, full fine-tuning); None with beta = 0 and under LoRA (the policy
-        with its adapter disabled is the reference there), as in TRL."""
 
     def train(self, resume_from_checkpoint: bool = False) -> TrainResult:
         """Train to ``train.num_steps``; True continues the run directory's latest checkpoint."""
@@ -185,8 +193,9 @@ def train(
     ``config`` as GRPOTrainer's ``args``; ``reward_funcs`` and ``train_dataset`` replace the config's
     ``reward.functions`` and ``data`` when given. ``resume``: continue the latest checkpoint (``--resume``).
     """
-    raw, reward_weights, _ = _raw_args(config, train_dataset, reward_weights)
-    cfg, rewards, examples = _assemble(raw, reward_funcs, reward_weights, train_dataset)
+    with _config_warnings_logged():
+        raw, reward_weights, _ = _raw_args(config, train_dataset, reward_weights)
+        cfg, rewards, examples = _assemble(raw, reward_funcs, reward_weights, train_dataset)
     return _train_with(cfg, rewards, examples, resume=resume)
 
 
@@ -235,11 +244,26 @@ def _assemble(
         default = DataConfig.answer_field
         if raw.get("data", {}).get("answer_field", default) == default and not any(default in r for r in rows):
             _set(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
-    cfg = config_from_dict(raw)  # warns each setting that does less than it says (config/checks.py)
+    cfg = config_from_dict(raw)  # each setting that does less than it says warns (config/checks.py)
     examples = None if rows is None else examples_from_rows(rows, cfg.data, origin="train_dataset")
     if rows is not None and any(isinstance(r.reward, TrlReward) for r in rewards or ()):
         check_columns(list(dict.fromkeys(k for r in rows for k in r)), "train_dataset")
     return cfg, rewards, examples
+
+
+@contextlib.contextmanager
+def _config_warnings_logged() -> Iterator[None]:
+    """Each setting that does less than it says (config/checks.py), found while the config is built, logged once
+    as a warning, as TRL logs its own, rather than raised as a ConfigWarning: a script's logging (or a test's
+    caplog) sees it. Other warnings pass on as they came."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, ConfigWarning)):
+        log.warning("%s", message)
+    for w in caught:  # outside the block: they meet the caller's filters, as they would have
+        if not issubclass(w.category, ConfigWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def _no_stop_without_signal(raw: dict[str, Any]) -> None:

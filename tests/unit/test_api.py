@@ -213,3 +213,30 @@ def test_steps_without_signal_warn_but_do_not_stop_unless_the_args_say_so(make_t
     assert make_trainer(args={"train.num_steps": 3}).args.train.max_no_signal_steps == 0
     assert make_trainer(args={"train": {"max_no_signal_steps": 7}}).args.train.max_no_signal_steps == 7
     assert make_trainer(args=Config()).args.train.max_no_signal_steps == Config().train.max_no_signal_steps == 50
+
+
+@pytest.mark.parametrize(("agg", "warned"), [("token-mean", True), ("seq-mean-token-mean", False)])
+def test_settings_that_do_less_are_logged_as_trl_logs_its_warnings(make_trainer, caplog, agg, warned):
+    import warnings
+
+    from grpolab.config import ConfigWarning
+
+    args = {"algo.importance_level": "sequence", "algo.loss_agg": agg}
+    with caplog.at_level("WARNING"), warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always")
+        make_trainer(args=args)
+    logged = [r.getMessage() for r in caplog.records if "weights each sequence by its completion length" in r.getMessage()]
+    assert len(logged) == int(warned) and not [w for w in raised if issubclass(w.category, ConfigWarning)]
+
+
+def test_trls_sequence_level_warning_for_a_loss_that_sums_tokens(make_trainer, caplog):
+    trl = pytest.importorskip("trl", reason="TRL's GRPOConfig object needs trl installed")
+    for loss_type, warned in (("grpo", False), ("dapo", True), ("dr_grpo", True)):
+        caplog.clear()
+        args = trl.GRPOConfig(
+            output_dir="runs/trl-out", use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2,
+            importance_sampling_level="sequence", loss_type=loss_type,
+        )
+        with caplog.at_level("WARNING"):
+            make_trainer(args=args)
+        assert ("weights each sequence by its completion length" in caplog.text) == warned, loss_type
