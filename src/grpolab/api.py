@@ -16,12 +16,20 @@ reward model's folder or hub id. Dataset rows are read as a data file's rows are
 (``"prompt"`` text) or conversational (``"prompt"`` a list of chat messages), every column passed to
 TRL-style rewards.
 
+As in TRL, GRPOTrainer loads the models when it is made (``trainer.model``, ``processing_class``,
+``ref_model``; runtime.assemble.load_models) and ``train()`` trains those very objects.
+
 Where this departs from TRL, and why:
 
+* Under torchrun the models load in ``train()`` and are None before: each rank's device is chosen when the
+  process group starts, in ``train()``, and FSDP2 reads the weights on rank 0 only.
 * ``model`` is a folder, a hub id, or a loaded ``PreTrainedModel`` / ``PeftModel`` (its adapter is trained),
   which is written to a temporary folder and loaded from there (grpolab.api_models says why, and what is
-  refused: DDP / FSDP-wrapped, compiled, quantized models). ``save_model(dir)`` writes the trained policy
-  (or adapter) as a ``from_pretrained`` folder; ``state.log_history`` is the run's metrics, one dict a step.
+  refused: DDP / FSDP-wrapped, compiled, quantized models): ``trainer.model`` is that copy, not the object.
+  ``save_model(dir)`` writes the trained policy (or adapter) as a ``from_pretrained`` folder;
+  ``state.log_history`` is the run's metrics, one dict a step, then transformers' end-of-training row.
+* Steps without learning signal warn rather than stop (``train.max_no_signal_steps`` 0 unless ``args`` sets
+  it; TRL has no such stop), and the config's warnings are logged, as TRL logs its own.
 * ``args`` may be TRL's ``GRPOConfig``: it is converted in place by ``grpolab convert-trl``'s rules
   (grpolab.trl.convert), with the world size from ``WORLD_SIZE`` and the run length from the
   dataset's rows; a field grpolab cannot reproduce is a ConfigError naming it and why. The conversion
@@ -33,18 +41,24 @@ Where this departs from TRL, and why:
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import logging
 import os
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpolab.api_args import (
+    check_data_named,
+    config_warnings_logged,
+    lora_section,
+    model_source,
+    no_stop_without_signal,
+    raw_args,
+    set_key,
+)
 from grpolab.api_models import (
     ModelFolder,
     TrainerState,
@@ -54,7 +68,7 @@ from grpolab.api_models import (
     train_summary,
 )
 from grpolab.commands.train import train as train_loop
-from grpolab.config import Config, ConfigWarning, DataConfig, config_from_dict, config_to_dict, load_config
+from grpolab.config import Config, DataConfig, config_from_dict
 from grpolab.data import DataError, examples_from_rows
 from grpolab.distributed import dist
 from grpolab.errors import ConfigError, GrpolabError
@@ -62,14 +76,10 @@ from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, re
 from grpolab.rewards.trl_style import check_columns
 from grpolab.runtime.assemble import Models, load_models
 from grpolab.runtime.logging import read_metrics
-from grpolab.trl.convert import TrlConversion, convert_trl
 from grpolab.types import Example
 
 if TYPE_CHECKING:
     from grpolab.commands.train import TrainResult
-
-log = logging.getLogger(__name__)
-
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # as ``grpolab`` (cli.py) writes its log
 
@@ -106,7 +116,7 @@ class GRPOTrainer:
         processing_class: str | os.PathLike[str] | None = None,
         reward_weights: Sequence[float] | None = None,
     ) -> None:
-        with _config_warnings_logged():
+        with config_warnings_logged():
             self._configure(model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights)
         self._result: TrainResult | None = None
         self._summary: dict[str, Any] | None = None
@@ -123,25 +133,25 @@ class GRPOTrainer:
     def _configure(self, model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights) -> None:
         """``args``, the rewards and the data as a Config, reward objects and examples; a model object or a
         tokenizer object written to a folder (api_models)."""
-        raw, reward_weights, self.trl_conversion = _raw_args(args, train_dataset, reward_weights)
+        raw, reward_weights, self.trl_conversion = raw_args(args, train_dataset, reward_weights)
         if not isinstance(args, Config | str | os.PathLike):  # a dict, TRL's GRPOConfig or None
-            _no_stop_without_signal(raw)
+            no_stop_without_signal(raw)
         self.model_folder: ModelFolder | None = None
         if isinstance(model, str | os.PathLike):
-            _set(raw, "model", "name_or_path", os.fspath(model))
+            set_key(raw, "model", "name_or_path", os.fspath(model))
             if processing_class is not None and hasattr(processing_class, "save_pretrained"):
                 self.model_folder = tokenizer_folder(processing_class, self)
                 processing_class = self.model_folder.keys["tokenizer"]
             if processing_class is not None:
-                _set(raw, "model", "tokenizer", _model_source(processing_class, "processing_class"))
+                set_key(raw, "model", "tokenizer", model_source(processing_class, "processing_class"))
         else:
             if peft_config is not None and hasattr(model, "peft_config"):
                 raise ConfigError("model is a PeftModel and peft_config is given: its adapter is trained; drop peft_config")
             self.model_folder = model_folder(model, processing_class, self)
             for key, value in self.model_folder.keys.items():
-                _set(raw, "model", key, value)
+                set_key(raw, "model", key, value)
         if peft_config is not None:
-            _set(raw, "model", "lora", _lora(peft_config))
+            set_key(raw, "model", "lora", lora_section(peft_config))
         self.args, self.reward_funcs, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset)
 
     def train(self, resume_from_checkpoint: bool = False) -> TrainResult:
@@ -193,8 +203,8 @@ def train(
     ``config`` as GRPOTrainer's ``args``; ``reward_funcs`` and ``train_dataset`` replace the config's
     ``reward.functions`` and ``data`` when given. ``resume``: continue the latest checkpoint (``--resume``).
     """
-    with _config_warnings_logged():
-        raw, reward_weights, _ = _raw_args(config, train_dataset, reward_weights)
+    with config_warnings_logged():
+        raw, reward_weights, _ = raw_args(config, train_dataset, reward_weights)
         cfg, rewards, examples = _assemble(raw, reward_funcs, reward_weights, train_dataset)
     return _train_with(cfg, rewards, examples, resume=resume)
 
@@ -231,58 +241,24 @@ def _assemble(
                 "the rewards are given twice, as reward_funcs and in the config's reward.functions: keep one"
             )
         rewards = build_reward_funcs(reward_funcs, reward_weights)
-        _set(raw, "reward", "functions", [_recorded_spec(f, r) for f, r in zip(_as_list(reward_funcs), rewards, strict=True)])
+        set_key(raw, "reward", "functions", [_recorded_spec(f, r) for f, r in zip(_as_list(reward_funcs), rewards, strict=True)])
     elif reward_weights is not None:
         raise ConfigError("reward_weights needs reward_funcs (in a config, give each reward.functions entry a weight)")
     rows = None
     if train_dataset is None:
-        _check_data_named(raw.get("data", {}))
+        check_data_named(raw.get("data", {}))
     else:
         if raw.get("data", {}).get("path"):
             raise ConfigError("the data is given twice, as train_dataset and in the config's data.path: keep one")
         rows = dataset_rows(train_dataset)
         default = DataConfig.answer_field
         if raw.get("data", {}).get("answer_field", default) == default and not any(default in r for r in rows):
-            _set(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
+            set_key(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
     cfg = config_from_dict(raw)  # each setting that does less than it says warns (config/checks.py)
     examples = None if rows is None else examples_from_rows(rows, cfg.data, origin="train_dataset")
     if rows is not None and any(isinstance(r.reward, TrlReward) for r in rewards or ()):
         check_columns(list(dict.fromkeys(k for r in rows for k in r)), "train_dataset")
     return cfg, rewards, examples
-
-
-@contextlib.contextmanager
-def _config_warnings_logged() -> Iterator[None]:
-    """Each setting that does less than it says (config/checks.py), found while the config is built, logged once
-    as a warning, as TRL logs its own, rather than raised as a ConfigWarning: a script's logging (or a test's
-    caplog) sees it. Other warnings pass on as they came."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield
-    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, ConfigWarning)):
-        log.warning("%s", message)
-    for w in caught:  # outside the block: they meet the caller's filters, as they would have
-        if not issubclass(w.category, ConfigWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-
-
-def _no_stop_without_signal(raw: dict[str, Any]) -> None:
-    """train.max_no_signal_steps=0 unless the args set it: TRL's trainer goes on through steps without
-    learning signal (all rewards of every group equal), so a script written for it is warned, not stopped
-    (runtime/guards.py). A Config object or YAML file holds every field, so it keeps its own value."""
-    train = raw.get("train", {})
-    if not isinstance(train, Mapping) or "max_no_signal_steps" not in train:
-        _set(raw, "train", "max_no_signal_steps", 0)
-
-
-def _check_data_named(data: Mapping[str, Any]) -> None:
-    """train_dataset=None takes the config's data section; one that names no data is refused here, as TRL
-    refuses a missing train_dataset, before any model loads."""
-    if data.get("source", DataConfig.source) in ("jsonl", "hf") and not data.get("path"):
-        raise DataError(
-            "train_dataset is None and the config names no data (data.path is empty): give train_dataset (a "
-            "datasets.Dataset or a list of dicts), or data.path, or a built-in data.source such as arithmetic"
-        )
 
 
 def build_reward_funcs(
@@ -356,111 +332,6 @@ def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
     if not rows:
         raise DataError("train_dataset holds no rows")
     return [dict(r) for r in rows]
-
-
-def _raw_config(args: Any) -> dict[str, Any]:
-    """A nested dict of config sections from any form ``args`` may take."""
-    if args is None:
-        return {}
-    if isinstance(args, Config):
-        return config_to_dict(args)
-    if isinstance(args, str | os.PathLike):
-        return config_to_dict(load_config(Path(args)))
-    if not isinstance(args, Mapping):
-        raise ConfigError(f"args is a {type(args).__name__}: give a grpolab Config, a dict, a YAML path or TRL's GRPOConfig")
-    raw: dict[str, Any] = {}
-    for key, value in args.items():
-        if not isinstance(key, str):
-            raise ConfigError(f"config key {key!r} must be a str")
-        *sections, leaf = key.split(".")
-        node = raw
-        for section in sections:
-            node = node.setdefault(section, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"config key {key!r}: {section!r} is given both as a value and as a section")
-        node[leaf] = _merge(node.get(leaf), copy.deepcopy(value))
-    return raw
-
-
-def _raw_args(args: Any, train_dataset: Any, reward_weights):
-    """The config sections, the reward weights (a GRPOConfig's own when the call gives none) and, for TRL's
-    GRPOConfig, its conversion."""
-    if not _is_trl_config(args):
-        return _raw_config(args), reward_weights, None
-    conversion = _convert_trl_args(args, train_dataset)
-    if reward_weights is None and args.reward_weights is not None:
-        reward_weights = args.reward_weights
-    return conversion.config_dict(), reward_weights, conversion
-
-
-def _is_trl_config(args: Any) -> bool:
-    """TRL's GRPOConfig (or a subclass), told by its class without importing TRL."""
-    return any(c.__name__ == "GRPOConfig" and c.__module__.startswith("trl") for c in type(args).__mro__)
-
-
-def _convert_trl_args(args: Any, train_dataset: Any) -> TrlConversion:
-    """TRL's GRPOConfig through convert-trl's rules; its report is logged as ``grpolab convert-trl`` writes it.
-
-    The world size is torchrun's (``WORLD_SIZE``, as ``accelerate launch`` sets it for TRL): TRL's batch sizes
-    are per device. The dataset's length turns ``num_train_epochs`` into ``train.num_steps``.
-    """
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        world = 1
-    rows = len(train_dataset) if train_dataset is not None and hasattr(train_dataset, "__len__") else None
-    try:
-        conversion = convert_trl(args, num_processes=world, dataset_rows=rows or None)
-    except ConfigError as err:
-        raise ConfigError(f"args (TRL's GRPOConfig; world size {world}, from WORLD_SIZE as torchrun sets it): {err}") from err
-    for title, items in (("differs from TRL", conversion.notes), ("ignored (not applicable)", conversion.ignored)):
-        for item in items:
-            log.info("args (TRL's GRPOConfig) %s: %s", title, item)
-    for item in conversion.todo:
-        if not item.startswith(tuple(_GIVEN_BY_THE_CALL)):
-            log.warning("args (TRL's GRPOConfig): to fill in: %s", item)
-    return conversion
-
-
-_GIVEN_BY_THE_CALL = ("model.name_or_path", "data.source", "reward.functions")
-"""convert-trl's to-fill items that GRPOTrainer's own arguments (model, train_dataset, reward_funcs) fill."""
-
-
-def _merge(old: Any, new: Any) -> Any:
-    if isinstance(old, dict) and isinstance(new, Mapping):
-        return {**old, **{k: _merge(old.get(k), v) for k, v in new.items()}}
-    return new
-
-
-def _set(raw: dict[str, Any], section: str, key: str, value: Any) -> None:
-    node = raw.setdefault(section, {})
-    if not isinstance(node, dict):
-        raise ConfigError(f"config section {section!r} must be a mapping, got {type(node).__name__}")
-    node[key] = value
-
-
-def _model_source(obj: Any, arg: str) -> str:
-    if isinstance(obj, str | os.PathLike):
-        return os.fspath(obj)
-    raise ConfigError(f"{arg} is a {type(obj).__name__}: give a tokenizer object, its folder or hub id")
-
-
-def _lora(peft_config: Any) -> dict[str, Any]:
-    """A peft.LoraConfig as the model.lora section."""
-    if not all(hasattr(peft_config, a) for a in ("r", "lora_alpha", "lora_dropout", "target_modules")):
-        raise ConfigError(f"peft_config is a {type(peft_config).__name__}: grpolab trains LoRA adapters; give a peft.LoraConfig")
-    targets = peft_config.target_modules
-    if targets is None:
-        targets = "all-linear"
-    elif not isinstance(targets, str):
-        targets = sorted(targets)
-    return {
-        "enabled": True,
-        "r": peft_config.r,
-        "alpha": peft_config.lora_alpha,
-        "dropout": peft_config.lora_dropout,
-        "target_modules": targets,
-    }
 
 
 def _as_list(reward_funcs: RewardFunc | Sequence[RewardFunc]) -> list[RewardFunc]:
