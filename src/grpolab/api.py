@@ -16,12 +16,20 @@ reward model's folder or hub id. Dataset rows are read as a data file's rows are
 (``"prompt"`` text) or conversational (``"prompt"`` a list of chat messages), every column passed to
 TRL-style rewards.
 
+As in TRL, GRPOTrainer loads the models when it is made (``trainer.model``, ``processing_class``,
+``ref_model``; runtime.assemble.load_models) and ``train()`` trains those very objects.
+
 Where this departs from TRL, and why:
 
+* Under torchrun the models load in ``train()`` and are None before: each rank's device is chosen when the
+  process group starts, in ``train()``, and FSDP2 reads the weights on rank 0 only.
 * ``model`` is a folder, a hub id, or a loaded ``PreTrainedModel`` / ``PeftModel`` (its adapter is trained),
   which is written to a temporary folder and loaded from there (grpolab.api_models says why, and what is
-  refused: DDP / FSDP-wrapped, compiled, quantized models). ``save_model(dir)`` writes the trained policy
-  (or adapter) as a ``from_pretrained`` folder; ``state.log_history`` is the run's metrics, one dict a step.
+  refused: DDP / FSDP-wrapped, compiled, quantized models): ``trainer.model`` is that copy, not the object.
+  ``save_model(dir)`` writes the trained policy (or adapter) as a ``from_pretrained`` folder;
+  ``state.log_history`` is the run's metrics, one dict a step, then transformers' end-of-training row.
+* Steps without learning signal warn rather than stop (``train.max_no_signal_steps`` 0 unless ``args`` sets
+  it; TRL has no such stop), and the config's warnings are logged, as TRL logs its own.
 * ``args`` may be TRL's ``GRPOConfig``: it is converted in place by ``grpolab convert-trl``'s rules
   (grpolab.trl.convert), with the world size from ``WORLD_SIZE`` and the run length from the
   dataset's rows; a field grpolab cannot reproduce is a ConfigError naming it and why. The conversion
@@ -33,29 +41,45 @@ Where this departs from TRL, and why:
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpolab.api_models import ModelFolder, TrainerState, model_folder, save_model, tokenizer_folder
+import torch
+
+from grpolab.api_args import (
+    check_data_named,
+    config_warnings_logged,
+    lora_section,
+    model_source,
+    no_stop_without_signal,
+    raw_args,
+    set_key,
+)
+from grpolab.api_models import (
+    ModelFolder,
+    TrainerState,
+    model_folder,
+    save_model,
+    tokenizer_folder,
+    train_summary,
+)
 from grpolab.commands.train import train as train_loop
-from grpolab.config import Config, DataConfig, config_from_dict, config_to_dict, load_config, user_settings
+from grpolab.config import Config, DataConfig, config_from_dict
 from grpolab.data import DataError, examples_from_rows
+from grpolab.distributed import dist
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
 from grpolab.rewards.trl_style import check_columns
+from grpolab.runtime.assemble import Models, load_models
 from grpolab.runtime.logging import read_metrics
-from grpolab.trl.convert import TrlConversion, convert_trl
 from grpolab.types import Example
 
 if TYPE_CHECKING:
     from grpolab.commands.train import TrainResult
-
-log = logging.getLogger(__name__)
-
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # as ``grpolab`` (cli.py) writes its log
 
@@ -75,7 +99,10 @@ class GRPOTrainer:
         processing_class: the tokenizer's folder or hub id (``model.tokenizer``).
         reward_weights: one weight per reward (TRL's ``GRPOConfig.reward_weights``); None = 1 each.
 
-    Everything is checked here, before any model loads; ``train()`` runs it.
+    Everything that needs no model is checked first; then, as in TRL, the models load (``model``,
+    ``processing_class``, ``ref_model`` when ``algo.beta`` > 0; a reward model loads with its reward), on
+    the device they train on, and ``train()`` trains those very objects: a change made to them before it
+    counts. Under torchrun they load in ``train()`` instead and are None until then (module docstring).
     """
 
     def __init__(
@@ -89,25 +116,43 @@ class GRPOTrainer:
         processing_class: str | os.PathLike[str] | None = None,
         reward_weights: Sequence[float] | None = None,
     ) -> None:
-        raw, reward_weights, self.trl_conversion = _raw_args(args, train_dataset, reward_weights)
+        with config_warnings_logged():
+            self._configure(model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights)
+        self._result: TrainResult | None = None
+        self._summary: dict[str, Any] | None = None
+        self._models = None if dist.launched() else load_models(self.args)
+        self.model: torch.nn.Module | None = self._models.policy if self._models else None
+        """The policy being trained (a PeftModel under LoRA); under torchrun None (it loads in ``train()``)."""
+        self.processing_class = self._models.tokenizer if self._models else None
+        """The policy's tokenizer."""
+        reference = self._models.reference if self._models else None
+        self.ref_model: torch.nn.Module | None = reference.frozen_model if reference is not None else None
+        """The frozen reference (algo.beta > 0, full fine-tuning); None with beta = 0 and under LoRA (the policy
+        with its adapter disabled is the reference there), as in TRL."""
+
+    def _configure(self, model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights) -> None:
+        """``args``, the rewards and the data as a Config, reward objects and examples; a model object or a
+        tokenizer object written to a folder (api_models)."""
+        raw, reward_weights, self.trl_conversion = raw_args(args, train_dataset, reward_weights)
+        if not isinstance(args, Config | str | os.PathLike):  # a dict, TRL's GRPOConfig or None
+            no_stop_without_signal(raw)
         self.model_folder: ModelFolder | None = None
         if isinstance(model, str | os.PathLike):
-            _set(raw, "model", "name_or_path", os.fspath(model))
+            set_key(raw, "model", "name_or_path", os.fspath(model))
             if processing_class is not None and hasattr(processing_class, "save_pretrained"):
                 self.model_folder = tokenizer_folder(processing_class, self)
                 processing_class = self.model_folder.keys["tokenizer"]
             if processing_class is not None:
-                _set(raw, "model", "tokenizer", _model_source(processing_class, "processing_class"))
+                set_key(raw, "model", "tokenizer", model_source(processing_class, "processing_class"))
         else:
             if peft_config is not None and hasattr(model, "peft_config"):
                 raise ConfigError("model is a PeftModel and peft_config is given: its adapter is trained; drop peft_config")
             self.model_folder = model_folder(model, processing_class, self)
             for key, value in self.model_folder.keys.items():
-                _set(raw, "model", key, value)
+                set_key(raw, "model", key, value)
         if peft_config is not None:
-            _set(raw, "model", "lora", _lora(peft_config))
+            set_key(raw, "model", "lora", lora_section(peft_config))
         self.args, self.reward_funcs, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset)
-        self._result: TrainResult | None = None
 
     def train(self, resume_from_checkpoint: bool = False) -> TrainResult:
         """Train to ``train.num_steps``; True continues the run directory's latest checkpoint."""
@@ -116,15 +161,24 @@ class GRPOTrainer:
                 f"resume_from_checkpoint={resume_from_checkpoint!r}: grpolab resumes the latest checkpoint of "
                 f"{self.args.run_dir} (log.output_dir/log.run_name); pass True"
             )
-        self._result = _train_with(self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint)
+        started, self._summary = time.perf_counter(), None
+        self._result = _train_with(
+            self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint, models=self._models
+        )
+        rows = read_metrics(self.args.run_dir)
+        per_step = self.args.train.prompts_per_step * self.args.rollout.num_generations
+        elapsed = time.perf_counter() - started
+        self._summary = train_summary(rows, self._result.start_step + 1, self._result.final_step, elapsed, per_step)
         return self._result
 
     @property
     def state(self) -> TrainerState:
         """TRL's ``trainer.state``: ``global_step`` and ``log_history``, one dict per step (the run's
-        metrics.jsonl, each row with its "step"; grpolab logs every step, TRL every logging_steps)."""
+        metrics.jsonl, each row with its "step"; grpolab logs every step, TRL every logging_steps), then
+        after ``train()`` the end-of-training row with ``train_loss``, as transformers' Trainer logs it."""
         history = read_metrics(self.args.run_dir)
-        return TrainerState(global_step=history[-1]["step"] if history else 0, log_history=history)
+        step = history[-1]["step"] if history else 0
+        return TrainerState(global_step=step, log_history=history + ([self._summary] if self._summary else []))
 
     def save_model(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
         """The trained policy as a ``from_pretrained`` folder (the adapter alone under LoRA), with its tokenizer,
@@ -149,14 +203,15 @@ def train(
     ``config`` as GRPOTrainer's ``args``; ``reward_funcs`` and ``train_dataset`` replace the config's
     ``reward.functions`` and ``data`` when given. ``resume``: continue the latest checkpoint (``--resume``).
     """
-    raw, reward_weights, _ = _raw_args(config, train_dataset, reward_weights)
-    cfg, rewards, examples = _assemble(raw, reward_funcs, reward_weights, train_dataset)
+    with config_warnings_logged():
+        raw, reward_weights, _ = raw_args(config, train_dataset, reward_weights)
+        cfg, rewards, examples = _assemble(raw, reward_funcs, reward_weights, train_dataset)
     return _train_with(cfg, rewards, examples, resume=resume)
 
 
-def _train_with(cfg: Config, rewards, examples, *, resume: bool) -> TrainResult:
+def _train_with(cfg: Config, rewards, examples, *, resume: bool, models: Models | None = None) -> TrainResult:
     show_progress_logs()
-    return train_loop(cfg, resume=resume, rewards=rewards, examples=examples)
+    return train_loop(cfg, resume=resume, rewards=rewards, examples=examples, models=models)
 
 
 def show_progress_logs() -> None:
@@ -186,18 +241,20 @@ def _assemble(
                 "the rewards are given twice, as reward_funcs and in the config's reward.functions: keep one"
             )
         rewards = build_reward_funcs(reward_funcs, reward_weights)
-        _set(raw, "reward", "functions", [_recorded_spec(f, r) for f, r in zip(_as_list(reward_funcs), rewards, strict=True)])
+        set_key(raw, "reward", "functions", [_recorded_spec(f, r) for f, r in zip(_as_list(reward_funcs), rewards, strict=True)])
     elif reward_weights is not None:
         raise ConfigError("reward_weights needs reward_funcs (in a config, give each reward.functions entry a weight)")
     rows = None
-    if train_dataset is not None:
+    if train_dataset is None:
+        check_data_named(raw.get("data", {}))
+    else:
         if raw.get("data", {}).get("path"):
             raise ConfigError("the data is given twice, as train_dataset and in the config's data.path: keep one")
         rows = dataset_rows(train_dataset)
         default = DataConfig.answer_field
         if raw.get("data", {}).get("answer_field", default) == default and not any(default in r for r in rows):
-            _set(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
-    cfg = config_from_dict(raw)  # warns each setting that does less than it says (config/checks.py)
+            set_key(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
+    cfg = config_from_dict(raw)  # each setting that does less than it says warns (config/checks.py)
     examples = None if rows is None else examples_from_rows(rows, cfg.data, origin="train_dataset")
     if rows is not None and any(isinstance(r.reward, TrlReward) for r in rewards or ()):
         check_columns(list(dict.fromkeys(k for r in rows for k in r)), "train_dataset")
@@ -275,112 +332,6 @@ def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
     if not rows:
         raise DataError("train_dataset holds no rows")
     return [dict(r) for r in rows]
-
-
-def _raw_config(args: Any) -> dict[str, Any]:
-    """A nested dict of config sections from any form ``args`` may take."""
-    if args is None:
-        return {}
-    if isinstance(args, Config):  # what the user set, so a preset left unset stays the preset's to fill
-        settings = user_settings(args)
-        return config_to_dict(args) if settings is None else settings
-    if isinstance(args, str | os.PathLike):
-        return dict(load_config(Path(args)).settings)
-    if not isinstance(args, Mapping):
-        raise ConfigError(f"args is a {type(args).__name__}: give a grpolab Config, a dict, a YAML path or TRL's GRPOConfig")
-    raw: dict[str, Any] = {}
-    for key, value in args.items():
-        if not isinstance(key, str):
-            raise ConfigError(f"config key {key!r} must be a str")
-        *sections, leaf = key.split(".")
-        node = raw
-        for section in sections:
-            node = node.setdefault(section, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"config key {key!r}: {section!r} is given both as a value and as a section")
-        node[leaf] = _merge(node.get(leaf), copy.deepcopy(value))
-    return raw
-
-
-def _raw_args(args: Any, train_dataset: Any, reward_weights):
-    """The config sections, the reward weights (a GRPOConfig's own when the call gives none) and, for TRL's
-    GRPOConfig, its conversion."""
-    if not _is_trl_config(args):
-        return _raw_config(args), reward_weights, None
-    conversion = _convert_trl_args(args, train_dataset)
-    if reward_weights is None and args.reward_weights is not None:
-        reward_weights = args.reward_weights
-    return conversion.config_dict(), reward_weights, conversion
-
-
-def _is_trl_config(args: Any) -> bool:
-    """TRL's GRPOConfig (or a subclass), told by its class without importing TRL."""
-    return any(c.__name__ == "GRPOConfig" and c.__module__.startswith("trl") for c in type(args).__mro__)
-
-
-def _convert_trl_args(args: Any, train_dataset: Any) -> TrlConversion:
-    """TRL's GRPOConfig through convert-trl's rules; its report is logged as ``grpolab convert-trl`` writes it.
-
-    The world size is torchrun's (``WORLD_SIZE``, as ``accelerate launch`` sets it for TRL): TRL's batch sizes
-    are per device. The dataset's length turns ``num_train_epochs`` into ``train.num_steps``.
-    """
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        world = 1
-    rows = len(train_dataset) if train_dataset is not None and hasattr(train_dataset, "__len__") else None
-    try:
-        conversion = convert_trl(args, num_processes=world, dataset_rows=rows or None)
-    except ConfigError as err:
-        raise ConfigError(f"args (TRL's GRPOConfig; world size {world}, from WORLD_SIZE as torchrun sets it): {err}") from err
-    for title, items in (("differs from TRL", conversion.notes), ("ignored (not applicable)", conversion.ignored)):
-        for item in items:
-            log.info("args (TRL's GRPOConfig) %s: %s", title, item)
-    for item in conversion.todo:
-        if not item.startswith(tuple(_GIVEN_BY_THE_CALL)):
-            log.warning("args (TRL's GRPOConfig): to fill in: %s", item)
-    return conversion
-
-
-_GIVEN_BY_THE_CALL = ("model.name_or_path", "data.source", "reward.functions")
-"""convert-trl's to-fill items that GRPOTrainer's own arguments (model, train_dataset, reward_funcs) fill."""
-
-
-def _merge(old: Any, new: Any) -> Any:
-    if isinstance(old, dict) and isinstance(new, Mapping):
-        return {**old, **{k: _merge(old.get(k), v) for k, v in new.items()}}
-    return new
-
-
-def _set(raw: dict[str, Any], section: str, key: str, value: Any) -> None:
-    node = raw.setdefault(section, {})
-    if not isinstance(node, dict):
-        raise ConfigError(f"config section {section!r} must be a mapping, got {type(node).__name__}")
-    node[key] = value
-
-
-def _model_source(obj: Any, arg: str) -> str:
-    if isinstance(obj, str | os.PathLike):
-        return os.fspath(obj)
-    raise ConfigError(f"{arg} is a {type(obj).__name__}: give a tokenizer object, its folder or hub id")
-
-
-def _lora(peft_config: Any) -> dict[str, Any]:
-    """A peft.LoraConfig as the model.lora section."""
-    if not all(hasattr(peft_config, a) for a in ("r", "lora_alpha", "lora_dropout", "target_modules")):
-        raise ConfigError(f"peft_config is a {type(peft_config).__name__}: grpolab trains LoRA adapters; give a peft.LoraConfig")
-    targets = peft_config.target_modules
-    if targets is None:
-        targets = "all-linear"
-    elif not isinstance(targets, str):
-        targets = sorted(targets)
-    return {
-        "enabled": True,
-        "r": peft_config.r,
-        "alpha": peft_config.lora_alpha,
-        "dropout": peft_config.lora_dropout,
-        "target_modules": targets,
-    }
 
 
 def _as_list(reward_funcs: RewardFunc | Sequence[RewardFunc]) -> list[RewardFunc]:

@@ -186,7 +186,26 @@ class TrainerState:
     global_step: int
     """The last step trained (a grpolab step: one generation batch)."""
     log_history: list[dict[str, Any]]
-    """One dict per step, the run's metrics.jsonl rows (each with its "step"), read when asked."""
+    """One dict per step, the run's metrics.jsonl rows (each with its "step"), read when asked; after
+    ``train()`` then the end-of-training row (``train_summary``)."""
+
+
+def train_summary(rows: list[dict[str, Any]], first_step: int, last_step: int, runtime_s: float, completions_per_step: int) -> dict[str, Any]:
+    """The row transformers' Trainer logs when ``train()`` ends, for the steps ``first_step``..``last_step`` it ran.
+
+    ``train_loss`` is the mean of those steps' ``loss`` (0.0 when none ran, as transformers); a sample is a
+    completion, as in TRL's batches. transformers' ``total_flos`` is left out: grpolab does not count FLOPs.
+    """
+    losses = [r["loss"] for r in rows if first_step <= r.get("step", 0) <= last_step and "loss" in r]
+    steps = max(last_step - first_step + 1, 0)
+    runtime = max(runtime_s, 1e-9)
+    return {
+        "train_runtime": runtime_s,
+        "train_samples_per_second": steps * completions_per_step / runtime,
+        "train_steps_per_second": steps / runtime,
+        "train_loss": sum(losses) / len(losses) if losses else 0.0,
+        "step": last_step,
+    }
 
 
 def save_model(run_dir: Path, out: Path, base_name: str | None) -> Path:

@@ -56,9 +56,9 @@ def test_a_loaded_model_trains_and_save_model_writes_a_from_pretrained_folder(ti
     assert any(not torch.equal(after[k], before[k]) for k in before)  # and they were trained
     transformers.AutoTokenizer.from_pretrained(saved)
 
-    history = trainer.state.log_history
-    assert [h["step"] for h in history] == [1, 2] and trainer.state.global_step == 2
-    assert history == read_metrics(trainer.args.run_dir)
+    *history, summary = trainer.state.log_history  # the step rows, then transformers' end-of-training row
+    assert [h["step"] for h in history] == [1, 2] and trainer.state.global_step == 2 and summary["step"] == 2
+    assert history == read_metrics(trainer.args.run_dir) and "train_loss" in summary
     with pytest.raises(GrpolabError, match="exists and is not an empty folder"):
         trainer.save_model(saved)  # nothing is overwritten
     folder = trainer.model_folder.path

@@ -28,21 +28,27 @@ def exact(completion, example):
     return float(completion.text == example.answer)
 
 
-def _trainer(**kw):
-    kw.setdefault("train_dataset", [{"prompt": "1+1=", "solution": "2"}, {"prompt": "2+2=", "solution": "4"}])
-    return GRPOTrainer("some/model", kw.pop("reward_funcs", reward_num_unique_chars), **kw)
+@pytest.fixture
+def make_trainer(tiny_model_dir):
+    """GRPOTrainer(tiny model, reward, **kw) with two rows and one TRL reward unless given."""
+
+    def make(**kw):
+        kw.setdefault("train_dataset", [{"prompt": "1+1=", "solution": "2"}, {"prompt": "2+2=", "solution": "4"}])
+        return GRPOTrainer(tiny_model_dir, kw.pop("reward_funcs", reward_num_unique_chars), **kw)
+
+    return make
 
 
-def test_the_config_records_what_the_call_gave():
-    trainer = _trainer(
+def test_the_config_records_what_the_call_gave(make_trainer, tiny_model_dir):
+    trainer = make_trainer(
         reward_funcs=[reward_num_unique_chars, exact, "r1_format"],
         reward_weights=[1.0, 2.0, 0.5],
         args={"algo.beta": 0.0, "train": {"num_steps": 3}, "train.prompts_per_step": 4},
-        processing_class="some/tokenizer",
+        processing_class=tiny_model_dir,
     )
     cfg = trainer.args
     assert isinstance(cfg, Config)
-    assert (cfg.model.name_or_path, cfg.model.tokenizer) == ("some/model", "some/tokenizer")
+    assert (cfg.model.name_or_path, cfg.model.tokenizer) == (tiny_model_dir, tiny_model_dir)
     assert (cfg.algo.beta, cfg.train.num_steps, cfg.train.prompts_per_step) == (0.0, 3, 4)
     specs = [(s.name, s.weight, s.kind) for s in cfg.reward.functions]
     assert specs == [
@@ -57,25 +63,25 @@ def test_the_config_records_what_the_call_gave():
     assert trainer.train_dataset[0].meta["row"] == {"prompt": "1+1=", "solution": "2"}
 
 
-def test_a_trl_reward_is_called_with_the_rows_columns():
+def test_a_trl_reward_is_called_with_the_rows_columns(make_trainer):
     def matches(completions, solution, **kwargs):
         return [float(c == s) for c, s in zip(completions, solution, strict=True)]
 
-    trainer = _trainer(reward_funcs=matches)
+    trainer = make_trainer(reward_funcs=matches)
     from grpolab.types import Completion
 
     reward = trainer.reward_funcs[0].reward
     assert reward([Completion(text="2", num_tokens=1), Completion(text="5", num_tokens=1)], trainer.train_dataset) == [1.0, 0.0]
 
 
-def test_a_config_object_with_the_default_answer_field_takes_rows_without_answers():
-    trainer = _trainer(args=Config())
+def test_a_config_object_with_the_default_answer_field_takes_rows_without_answers(make_trainer):
+    trainer = make_trainer(args=Config())
     assert trainer.args.data.answer_field is None and trainer.train_dataset[1].meta["row"]["solution"] == "4"
 
 
-def test_conversational_rows_and_an_answer_column():
+def test_conversational_rows_and_an_answer_column(make_trainer):
     rows = [{"prompt": [{"role": "user", "content": "1+1?"}], "answer": "2"}]
-    trainer = _trainer(train_dataset=rows)
+    trainer = make_trainer(train_dataset=rows)
     (example,) = trainer.train_dataset
     assert example.messages == ({"role": "user", "content": "1+1?"},) and example.answer == "2"
     assert trainer.args.data.answer_field == "answer"
@@ -94,6 +100,7 @@ def test_a_datasets_dataset_is_read_row_by_row():
     [
         ({"train_dataset": ["just text"]}, r"train_dataset row 1 is a str"),
         ({"train_dataset": []}, r"train_dataset holds no rows"),
+        ({"train_dataset": None}, r"train_dataset is None and the config names no data \(data.path is empty\)"),
         ({"train_dataset": [{"question": "x"}]}, r"train_dataset row 1 has no field 'prompt'"),
         ({"reward_weights": [1.0, 2.0]}, r"reward_weights has 2 values for 1 reward_funcs"),
         ({"reward_funcs": "no_such_reward_name:here"}, r"reward_funcs\[0\]: reward 'no_such_reward_name:here': cannot import"),
@@ -104,13 +111,13 @@ def test_a_datasets_dataset_is_read_row_by_row():
         ({"resume": 1}, None),
     ],
 )
-def test_bad_calls_fail_with_one_line_naming_the_argument(kwargs, message):
+def test_bad_calls_fail_with_one_line_naming_the_argument(kwargs, message, make_trainer):
     if "resume" in kwargs:
         with pytest.raises(ConfigError, match="pass True"):
-            _trainer().train(resume_from_checkpoint="runs/x/checkpoints/step_2")
+            make_trainer().train(resume_from_checkpoint="runs/x/checkpoints/step_2")
         return
     with pytest.raises(ValueError, match=message):
-        _trainer(**kwargs)
+        make_trainer(**kwargs)
 
 
 def test_a_model_object_or_trl_config_is_refused_with_the_fix():
@@ -124,16 +131,16 @@ def test_a_model_object_or_trl_config_is_refused_with_the_fix():
         GRPOTrainer("m", reward_num_unique_chars, args=GRPOConfig())
 
 
-def test_a_string_that_is_no_builtin_is_a_reward_model_as_in_trl(tmp_path):
+def test_a_string_that_is_no_builtin_is_a_reward_model_as_in_trl(tmp_path, make_trainer):
     with pytest.raises(GrpolabError, match=r"reward model folder .*missing_rm does not exist"):
         build_reward_funcs([str(tmp_path / "missing_rm")])
-    trainer_specs = _trainer(reward_funcs=[reward_num_unique_chars]).args.reward.functions
+    trainer_specs = make_trainer(reward_funcs=[reward_num_unique_chars]).args.reward.functions
     assert trainer_specs[0].kind == "trl"
 
 
-def test_peft_lora_config_becomes_model_lora():
+def test_peft_lora_config_becomes_model_lora(make_trainer):
     peft = pytest.importorskip("peft")
-    cfg = _trainer(peft_config=peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])).args
+    cfg = make_trainer(peft_config=peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])).args
     lora = cfg.model.lora
     assert (lora.enabled, lora.r, lora.alpha, lora.dropout, lora.target_modules) == (True, 4, 8, 0.1, ("q_proj", "v_proj"))
 
@@ -187,24 +194,59 @@ def test_grpolab_train_is_the_function_after_a_submodule_import():
     assert not submodules & set(grpolab.__all__), "a public name is also a subpackage or module"
 
 
-def test_a_trl_grpo_config_is_converted_with_its_reward_weights_and_the_datasets_length():
+def test_a_trl_grpo_config_is_converted_with_its_reward_weights_and_the_datasets_length(make_trainer):
     trl = pytest.importorskip("trl", reason="TRL's GRPOConfig object needs trl installed")
     args = trl.GRPOConfig(
         output_dir="runs/trl-out", use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2,
         num_train_epochs=3, reward_weights=[2.0], learning_rate=5e-6, beta=0.04,
     )
-    trainer = _trainer(args=args)  # 2 rows, 2 prompts per generation batch, 3 epochs: 3 steps
+    trainer = make_trainer(args=args)  # 2 rows, 2 prompts per generation batch, 3 epochs: 3 steps
     cfg = trainer.args
     assert (cfg.train.num_steps, cfg.train.prompts_per_step, cfg.optim.lr, cfg.algo.beta) == (3, 2, 5e-6, 0.04)
     assert [s.weight for s in cfg.reward.functions] == [2.0]
+    assert cfg.train.max_no_signal_steps == 0  # TRL has no such stop
     assert (cfg.log.output_dir, cfg.log.run_name) == ("runs", "trl-out")
 
 
-def test_save_model_refuses_the_run_s_own_checkpoints_folder(tmp_path):
+def test_save_model_refuses_the_run_s_own_checkpoints_folder(make_trainer, tmp_path):
     """The next training of the run prunes it (log.keep_last) or deletes it (log.overwrite): refused, nothing written."""
-    trainer = _trainer(args={"log.output_dir": str(tmp_path), "log.run_name": "run"})
+    trainer = make_trainer(args={"log.output_dir": str(tmp_path), "log.run_name": "run"})
     root = tmp_path / "run" / "checkpoints"
     for target in (root, root / "mine", root / "step_9" / "model"):
         with pytest.raises(GrpolabError, match=r"save_model: .* is inside the run's checkpoints folder .*save the model outside"):
             trainer.save_model(target)
     assert not root.exists()
+
+
+def test_steps_without_signal_warn_but_do_not_stop_unless_the_args_say_so(make_trainer):
+    """TRL goes on through steps whose groups all have equal rewards; grpolab's CLI stops after 50."""
+    assert make_trainer(args={"train.num_steps": 3}).args.train.max_no_signal_steps == 0
+    assert make_trainer(args={"train": {"max_no_signal_steps": 7}}).args.train.max_no_signal_steps == 7
+    assert make_trainer(args=Config()).args.train.max_no_signal_steps == Config().train.max_no_signal_steps == 50
+
+
+@pytest.mark.parametrize(("agg", "warned"), [("token-mean", True), ("seq-mean-token-mean", False)])
+def test_settings_that_do_less_are_logged_as_trl_logs_its_warnings(make_trainer, caplog, agg, warned):
+    import warnings
+
+    from grpolab.config import ConfigWarning
+
+    args = {"algo.importance_level": "sequence", "algo.loss_agg": agg}
+    with caplog.at_level("WARNING"), warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always")
+        make_trainer(args=args)
+    logged = [r.getMessage() for r in caplog.records if "weights each sequence by its completion length" in r.getMessage()]
+    assert len(logged) == int(warned) and not [w for w in raised if issubclass(w.category, ConfigWarning)]
+
+
+def test_trls_sequence_level_warning_for_a_loss_that_sums_tokens(make_trainer, caplog):
+    trl = pytest.importorskip("trl", reason="TRL's GRPOConfig object needs trl installed")
+    for loss_type, warned in (("grpo", False), ("dapo", True), ("dr_grpo", True)):
+        caplog.clear()
+        args = trl.GRPOConfig(
+            output_dir="runs/trl-out", use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2,
+            importance_sampling_level="sequence", loss_type=loss_type,
+        )
+        with caplog.at_level("WARNING"):
+            make_trainer(args=args)
+        assert ("weights each sequence by its completion length" in caplog.text) == warned, loss_type

@@ -45,10 +45,10 @@ def test_train_then_resume_in_one_process(tiny_model_dir, tmp_path):
 def test_a_column_named_like_a_trl_argument_is_refused(column, tmp_path):
     rows = [{**r, column: "the reference"} for r in ROWS]
     with pytest.raises(RewardError, match=rf"train_dataset has a column named '{column}'.*Rename the column"):
-        GRPOTrainer("some/model", matches, args=_args(tmp_path, 1), train_dataset=rows)
+        GRPOTrainer("some/model", matches, args=_args(tmp_path, 1), train_dataset=rows)  # before the model loads
 
 
-def test_a_grpolab_reward_may_have_a_completions_column(tmp_path):
+def test_a_grpolab_reward_may_have_a_completions_column(tmp_path, tiny_model_dir):
     rows = [{**r, "completions": "kept"} for r in ROWS]
-    trainer = GRPOTrainer("some/model", lambda completion, example: 1.0, args=_args(tmp_path, 1), train_dataset=rows)
+    trainer = GRPOTrainer(tiny_model_dir, lambda completion, example: 1.0, args=_args(tmp_path, 1), train_dataset=rows)
     assert trainer.train_dataset[0].meta["row"]["completions"] == "kept"

@@ -11,6 +11,7 @@ outer loop; DeepSeek-R1 resets every 400).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from grpolab.config import Config
 from grpolab.distributed import dist, parallel
 from grpolab.progress import Progress
 from grpolab.rewards import WeightedReward
-from grpolab.runtime.assemble import Run, assemble, session
+from grpolab.runtime.assemble import Models, Run, assemble, session
 from grpolab.runtime.guards import GracefulStop, SamplerGap, sampling_guard
 from grpolab.runtime.logging import PhaseMemory
 from grpolab.training.ahead import AheadSampling, staleness_metrics
@@ -32,6 +33,8 @@ from grpolab.training.batch import length_by_reward, step_tokens
 from grpolab.training.sampling import StepGroups, sample_step
 from grpolab.training.step import update_policy
 from grpolab.types import Example
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,6 +44,8 @@ class TrainResult:
     last_metrics: dict[str, float]
     stopped_by: int | None = None
     """The signal (SIGINT, SIGTERM, SIGHUP) that stopped the run before train.num_steps, after a checkpoint."""
+    start_step: int = 0
+    """The last step done before this call: the resumed checkpoint's, 0 for a fresh run."""
 
 
 def train(
@@ -49,20 +54,22 @@ def train(
     resume: bool = False,
     rewards: Sequence[WeightedReward] | None = None,
     examples: Sequence[Example] | None = None,
+    models: Models | None = None,
 ) -> TrainResult:
     """Run GRPO (or a variant chosen by cfg.algo) and return where the run was written.
 
-    ``rewards`` / ``examples``: already built, in place of what ``cfg.reward.functions`` / ``cfg.data``
-    would build (runtime/assemble.py). SIGINT / SIGTERM while it runs: the current step finishes, a
+    ``rewards`` / ``examples`` / ``models``: already built, in place of what ``cfg.reward.functions`` /
+    ``cfg.data`` / ``cfg.model`` would build (runtime/assemble.py). SIGINT / SIGTERM while it runs: the current step finishes, a
     checkpoint is saved, and the result has ``stopped_by`` set (guards.py). Bad input fails before the
     model loads where it can.
     """
     with GracefulStop() as stop, session(cfg):
-        run = assemble(cfg, resume=resume, rewards=rewards, examples=examples)
+        run = assemble(cfg, resume=resume, rewards=rewards, examples=examples, models=models)
         try:
             return _loop(run, stop)
         finally:
             run.sampler.close()
+            run.reward_hooks.detach()
 
 
 def _loop(run: Run, stop: GracefulStop) -> TrainResult:
@@ -90,6 +97,7 @@ def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None) -> TrainRe
         if dist.any_rank(stop.requested):  # SIGINT / SIGTERM: the previous step saved a checkpoint
             break
         step_started = time.perf_counter()
+        run.reward_hooks.begin_step(step)  # a TRL reward's trainer_state.global_step: the steps done
         waits: dict[str, float] = {}
         with memory.phase("rollout"), sampling_guard(cfg.model.name_or_path, step, cfg.run_dir):  # NaN logits: one line
             if ahead is not None:
@@ -124,12 +132,14 @@ def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None) -> TrainRe
                 * cfg.rollout.num_generations,
             }
         )
+        metrics.update(_logged_by_rewards(run.reward_hooks.take_metrics(), metrics))  # TRL's log_metric
         metrics = dist.reduce_metrics(metrics)
         metrics["num_tokens"] = float(run.resumable.num_tokens)  # already summed over the ranks
         run.logger.log(step, metrics)
+        extra = run.reward_hooks.take_extra()  # TRL's log_extra columns
         if cfg.log.samples_every and step % cfg.log.samples_every == 0:
             rows_out = _sample_rows(batch_examples, drawn.completions, drawn.scores, batch.advantages)
-            run.logger.samples(step, run.gold.annotate(rows_out))
+            run.logger.samples(step, run.gold.annotate(_with_columns(rows_out, extra)))
         run.bad_steps.observe(step, metrics.get("train/skipped_updates", 0.0), run.policy)  # raises to stop the run
         run.no_signal.observe(step, metrics)  # raises after train.max_no_signal_steps steps without signal
         gap.observe(step, metrics)  # raises when the sampler drifts from the policy (rollout.max_logprob_gap)
@@ -144,7 +154,9 @@ def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None) -> TrainRe
     progress.close()
     run.logger.close()
     stopped_by = stop.signum if last_step < cfg.train.num_steps else None
-    return TrainResult(run_dir=cfg.run_dir, final_step=last_step, last_metrics=metrics, stopped_by=stopped_by)
+    return TrainResult(
+        run_dir=cfg.run_dir, final_step=last_step, last_metrics=metrics, stopped_by=stopped_by, start_step=run.start
+    )
 
 
 def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
@@ -193,6 +205,25 @@ def _component_means(components: dict[str, list[float | None]]) -> dict[str, flo
         out[f"rewards/{name}/mean"] = float(vals.mean()) if len(vals) else math.nan  # TRL's names
         out[f"rewards/{name}/std"] = float(vals.std()) if len(vals) > 1 else 0.0
     return out
+
+
+def _logged_by_rewards(logged: dict[str, float], metrics: dict[str, float]) -> dict[str, float]:
+    """A reward's ``log_metric`` values under their names; a name grpolab logs itself gets ``log_metric/``."""
+    return {(f"log_metric/{k}" if k in metrics else k): v for k, v in logged.items()}
+
+
+def _with_columns(rows: list[dict[str, Any]], columns: dict[str, list]) -> list[dict[str, Any]]:
+    """A reward's ``log_extra`` columns joined to the step's sample rows, one value per completion; a column
+    of another length (logged over several sampling rounds, or by two rewards) is left out, with a warning."""
+    for name, values in columns.items():
+        if len(values) != len(rows):
+            log.warning("log_extra column %r has %d values for the step's %d completions: not written to "
+                        "samples.jsonl", name, len(values), len(rows))  # fmt: skip
+            continue
+        key = f"log_extra/{name}" if name in rows[0] else name
+        for row, value in zip(rows, values, strict=True):
+            row[key] = value
+    return rows
 
 
 def _sample_rows(examples, completions, scores, advantages) -> list[dict[str, Any]]:

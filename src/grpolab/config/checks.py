@@ -346,13 +346,21 @@ def inert_settings(cfg: Config) -> list[str]:
             )
     if a.beta == 0 and a.kl_estimator != a.preset["kl_estimator"]:
         out.append(f"algo.kl_estimator={a.kl_estimator} has no effect with algo.beta=0 (no KL term): set algo.beta > 0")
-    if a.importance_level == "sequence" and a.loss_agg == "token-mean":
+    if a.importance_level == "sequence" and a.loss_agg in _TOKEN_SUMS:
         out.append(
-            "algo.importance_level=sequence (GSPO) with algo.loss_agg=token-mean weighs each sequence's ratio by "
-            "its length; GSPO's objective averages over sequences: set algo.loss_agg=seq-mean-token-mean"
+            f"algo.importance_level=sequence (GSPO) with algo.loss_agg={a.loss_agg} ({_TOKEN_SUMS[a.loss_agg]}) sums "
+            "per-token contributions, which effectively weights each sequence by its completion length instead of "
+            "optimizing the per-sequence objective; GSPO's averages over sequences: set algo.loss_agg=seq-mean-token-mean"
         )
     return out
 
+
+_TOKEN_SUMS = {
+    "token-mean": "TRL's dapo / bnpo / cispo",
+    "seq-mean-token-sum-norm": "TRL's dr_grpo",
+    "seq-mean-token-sum": "a sum over each sequence's tokens",
+}
+"""The aggregations in which a long sequence counts more (TRL warns alike for its loss types)."""
 
 _RATIO_IS_ONE = (
     "algo.mu=1 and algo.num_minibatches=1 make the importance ratio exactly 1 (the policy does not move "

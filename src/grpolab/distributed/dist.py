@@ -49,6 +49,11 @@ def is_main() -> bool:
     return _WORLD.rank == 0
 
 
+def launched() -> bool:
+    """True under torchrun (its environment is set), even with one process: ``session`` then joins a group."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ
+
+
 def _active() -> bool:
     return _WORLD.size > 1 and tdist.is_initialized()
 
@@ -83,10 +88,8 @@ def session(device_type: str, *, timeout_s: float = 600.0, bind_device: bool = T
     """
     global _WORLD, _TIMEOUT_S
     _TIMEOUT_S = timeout_s  # a side group (side_group) is bounded alike
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    launched = size > 1 or "TORCHELASTIC_RUN_ID" in os.environ  # torchrun, even with one process (FSDP)
     started = False
-    if launched and not tdist.is_initialized():
+    if launched() and not tdist.is_initialized():
         if device_type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         tdist.init_process_group(**init_kwargs(device_type, timeout_s=timeout_s, bind_device=bind_device))

@@ -10,12 +10,17 @@ Two measured facts about CPUs with native bf16 (AVX512-BF16 / AMX), torch 2.13 (
 - PyTorch's SDPA kernels are slow in bf16 on these CPUs: ~5x the plain matmul-softmax attention for
   one-token decoding, and ~5x for forward + backward at a few hundred tokens. The plain ("eager")
   attention materialises the [rows, heads, q, kv] scores, so it is used only while those stay small.
+
+The switch is made around each forward. Under gradient checkpointing the backward pass runs each layer's
+forward again, after that switch was undone: ``enable_checkpointing`` makes that recomputation run
+with the implementation its forward ran with, as torch requires (it checks the saved tensors match).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import os
 from collections.abc import Iterator
@@ -98,8 +103,30 @@ def attention_implementation(model: torch.nn.Module, name: str | None) -> Iterat
     cheap. Only a switch between "sdpa" and "eager" is made; flash / flex / custom kernels are kept.
     """
     config = getattr(model, "config", None)
+    kept = getattr(config, "_attn_implementation", None) not in ("sdpa", "eager")
+    with _implementation(config, None if kept else name):
+        yield
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """``model.gradient_checkpointing_enable``, non-reentrant, with each layer's recomputation in backward
+    run under the attention implementation of its forward (the switch above is undone by then)."""
+    config = model.config
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False, "context_fn": functools.partial(_recompute_as_run, config)}
+    )
+
+
+def _recompute_as_run(config) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """torch.utils.checkpoint's context_fn, called as a layer's forward runs: (nothing around the forward,
+    the forward's attention implementation around its recomputation)."""
+    return contextlib.nullcontext(), _implementation(config, getattr(config, "_attn_implementation", None))
+
+
+@contextlib.contextmanager
+def _implementation(config, name: str | None) -> Iterator[None]:
     current = getattr(config, "_attn_implementation", None)
-    if name is None or current == name or current not in ("sdpa", "eager"):
+    if name is None or name == current:
         yield
         return
     config._attn_implementation = name

@@ -23,7 +23,7 @@ from grpolab.config import ModelConfig
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.models.chunked_head import install_chunked_head
 from grpolab.models.hub import hub_load_kwargs
-from grpolab.models.inference import inference_copy
+from grpolab.models.inference import enable_checkpointing, inference_copy
 from grpolab.models.sources import local_source
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ def load_policy(cfg: ModelConfig, *, placement: str = "device") -> tuple[PreTrai
     if placement != "meta":  # a meta model has no values yet: rank 0 checks the ones it broadcasts
         check_finite_weights(model, cfg.name_or_path)
     if cfg.checkpointing_on(device.type):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)  # backward recomputes each layer with its forward's attention (inference.py)
         model.config.use_cache = False  # training forward only; the sampler passes use_cache=True itself
     return model, tok
 

@@ -211,7 +211,14 @@ def _score_one(
         ) from exc
     except Exception as exc:
         _raise_failure(wr, exc, examples, first_index)
-    return _checked_values(wr.name, values, examples, first_index)
+    return _checked_values(wr.name, _received(wr, values), examples, first_index)
+
+
+def _received(wr: WeightedReward, values: object) -> object:
+    """What the reward object in the trainer makes of a call's return value, wherever the call ran (a TRL
+    reward takes back what its function logged: rewards/trl_hooks.py); most rewards have no ``received``."""
+    received = getattr(wr.reward, "received", None)
+    return received(values) if callable(received) else values
 
 
 def _raise_failure(wr: WeightedReward, exc: Exception, examples: list, first_index: int) -> NoReturn:
@@ -252,7 +259,7 @@ def _score_async(
             if not isinstance(values, Exception):
                 raise values
             _raise_failure(wr, values, examples, first_index)
-        out[wr.name] = _checked_values(wr.name, values, examples, first_index)
+        out[wr.name] = _checked_values(wr.name, _received(wr, values), examples, first_index)
     return out
 
 

@@ -8,9 +8,15 @@ completion is ``[{"role": "assistant", "content": text}]``; otherwise both are s
 
 Where this departs from TRL, and why:
 
-* TRL also passes ``trainer_state``, ``log_extra`` and ``log_metric``. grpolab has no
-  transformers TrainerState, and logs each reward's mean itself; these are not passed, so a
-  function that names one of them as a required parameter fails with a message saying so.
+* TRL also passes ``trainer_state``, ``log_extra`` and ``log_metric``; so does grpolab in a run
+  (rewards/trl_hooks.py, attached by runtime/assemble.py), with these differences: ``trainer_state``
+  is a ``RewardTrainerState`` (``global_step``: the steps done, ``max_steps``: train.num_steps, both
+  in grpolab steps of one generation batch; TRL counts optimizer steps) rather than transformers'
+  TrainerState; ``log_metric`` values are averaged over the step and logged under their name in
+  metrics.jsonl (a name grpolab already logs gets ``log_metric/`` in front); ``log_extra`` columns
+  join the step's rows of samples.jsonl when they hold one value per completion. Outside a run
+  (a reward called on its own) none of them is passed, so a function that requires one fails
+  with a message saying so; ``environments`` is never passed.
 * A function without ``**kwargs`` receives only the arguments it names, rather than failing on
   the first dataset column it does not expect.
 * Synchronous functions run in the main thread, as in TRL (the math-verify accuracy reward of TRL's
@@ -35,6 +41,7 @@ from functools import partial
 from typing import Any
 
 from grpolab.rewards.base import RewardError
+from grpolab.rewards.trl_hooks import CallLog, Logged, StepCell, TrlHooks
 from grpolab.types import Completion, Example
 
 TRL_ARGUMENTS = ("prompts", "completions", "completion_ids")
@@ -71,6 +78,9 @@ class TrlReward:
         self.name = name or getattr(fn, "__name__", None) or type(fn).__name__
         self.kwargs = dict(kwargs or {})
         self.is_async = _is_async(fn)
+        self.step_cell = StepCell()  # made now, before any worker forks: it then reads each write
+        self.hooks: TrlHooks | None = None
+        """The run this reward logs into (``attach_hooks``, in the trainer); None outside a run."""
         self.main_thread = not self.is_async  # as in TRL; math-verify's signal.alarm needs it (base.py)
         params = inspect.signature(fn).parameters.values()
         self._takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
@@ -87,8 +97,25 @@ class TrlReward:
                 f"reward {self.name!r} does not accept kwargs {sorted(unknown)}; its parameters are {sorted(self._named)}"
             )
 
-    def arguments(self, completions: list[Completion], examples: list[Example]) -> dict[str, Any]:
-        """The keyword lists TRL would pass for this batch (one entry per completion)."""
+    def attach_hooks(self, hooks: TrlHooks) -> None:
+        """Pass ``trainer_state``, ``log_metric`` and ``log_extra`` from now on, for ``hooks``' run."""
+        self.hooks = hooks
+        hooks.attach(self.step_cell)
+
+    def received(self, values: Any) -> Any:
+        """A call's values as it returned them, wherever it ran; what the function logged goes to the run."""
+        if not isinstance(values, Logged):
+            return values
+        if self.hooks is not None:
+            self.hooks.merge(values)
+        return values.values
+
+    def arguments(
+        self, completions: list[Completion], examples: list[Example], call_log: CallLog | None = None
+    ) -> dict[str, Any]:
+        """The keyword lists TRL would pass for this batch (one entry per completion); in a run also
+        ``trainer_state`` and the ``log_*`` functions, which log into ``call_log``."""
+        state = self.step_cell.read()
         columns = [_columns(e) for e in examples]
         names = list(dict.fromkeys(k for c in columns for k in c))
         check_columns(names, "the dataset")
@@ -100,13 +127,14 @@ class TrlReward:
             ],
             "completion_ids": [list(c.token_ids or ()) for c in completions],
             **{k: [c.get(k) for c in columns] for k in names if k not in TRL_ARGUMENTS},
+            **(call_log.kwargs(state) if call_log is not None and state is not None else {}),
             **self.kwargs,
         }
         missing = sorted(self._required - set(args))
         if missing:
             trl_only = [m for m in missing if m in _TRL_ONLY]
             hint = (
-                f"{trl_only} exist only inside TRL's trainer; give them a default"
+                f"{trl_only} are passed only inside a training run; give them a default"
                 if trl_only
                 else "add those columns to the dataset rows, or give the parameters defaults"
             )
@@ -116,14 +144,17 @@ class TrlReward:
             )
         return args if self._takes_any else {k: v for k, v in args.items() if k in self._named}
 
-    def __call__(self, completions: list[Completion], examples: list[Example]) -> list[float | None]:
+    def __call__(self, completions: list[Completion], examples: list[Example]) -> Any:
+        """The values, or in a run what the function logged with them (``Logged``; see ``received``)."""
         if self.is_async:  # alone (the dry run, a caller without a loop): run it in its own loop
             return asyncio.run(self.acall(completions, examples))
-        return self.fn(**self.arguments(completions, examples))
+        call_log = CallLog()
+        return call_log.wrap(self.fn(**self.arguments(completions, examples, call_log)))
 
-    async def acall(self, completions: list[Completion], examples: list[Example]) -> list[float | None]:
-        result = self.fn(**self.arguments(completions, examples))
-        return await result if inspect.isawaitable(result) else result
+    async def acall(self, completions: list[Completion], examples: list[Example]) -> Any:
+        call_log = CallLog()
+        result = self.fn(**self.arguments(completions, examples, call_log))
+        return call_log.wrap(await result if inspect.isawaitable(result) else result)
 
     def __repr__(self) -> str:
         return f"TrlReward({self.name!r}{', async' if self.is_async else ''})"

@@ -21,7 +21,8 @@ order so that bad input fails before the model loads and nothing is deleted befo
 For the Python API, ``rewards`` (a list like ``build_rewards`` returns) and ``examples`` (``Example``
 objects, in place of what ``cfg.data`` loads; ``data.eval_size`` still holds out the last ones) may be
 given already built. They pass the same checks (the dry run), but config.yaml cannot describe them: a
-resume must be given them again.
+resume must be given them again. So may the models (``load_models``, one process only): GRPOTrainer
+holds them from its construction, as TRL's does, and the run trains those very objects.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 
 import torch
 
-from grpolab.config import Config, ModelConfig, config_to_dict, dump_config
+from grpolab.config import Config, ConfigError, ModelConfig, config_to_dict, dump_config
 from grpolab.data import PromptOrder, check_prompt_chars, load_examples, split_eval, tokenize_prompts
 from grpolab.distributed import dist, parallel
 from grpolab.envs.setup import environment_from_config
@@ -52,6 +53,7 @@ from grpolab.models.loading import (
     use_deterministic_kernels,
 )
 from grpolab.rewards import WeightedReward, build_rewards, dry_run, start_workers
+from grpolab.rewards.trl_hooks import TrlHooks, attach_hooks
 from grpolab.rollout.base import Sampler
 from grpolab.rollout.engines import build_sampler, check_engine
 from grpolab.rollout.multiturn import episode_prompt_ids, episode_sampler
@@ -81,8 +83,10 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "Run",
+    "Models",
     "assemble",
     "load_model",
+    "load_models",
     "session",
     "split_examples",
     "training_examples",
@@ -123,10 +127,51 @@ class Run:
     bad_steps: BadSteps
     no_signal: NoSignal
     resumable: Resumable
+    reward_hooks: TrlHooks
+    """What TRL-style rewards log through ``log_metric`` / ``log_extra``, and the ``trainer_state`` they read."""
     start: int = 0
     """The last step already done: the resumed checkpoint's, 0 for a fresh run."""
     logger: RunLogger | None = None
     """Open from the end of ``assemble`` until the loop closes it."""
+
+
+@dataclass
+class Models:
+    """The policy, its tokenizer and the reference, loaded before the run is assembled (``load_models``)."""
+
+    policy: torch.nn.Module
+    tokenizer: Any
+    reference: Reference | None
+    """The frozen reference (algo.needs_reference), built from the policy as loaded; else None."""
+    baseline_mem_mb: float | None
+    """What the device held before the models loaded (run_info.json)."""
+    rng_after_load: dict[str, torch.Tensor]
+    """The random states loading left (LoRA's initialisation draws from them), restored where ``assemble``
+    would have loaded: the run then draws what ``grpolab train`` draws, whatever ran in between."""
+
+
+def load_models(cfg: Config) -> Models:
+    """The models of ``cfg`` on the device they train on, seeded as ``assemble`` seeds before it loads them.
+
+    One process only: under torchrun they load inside the process group's session (each rank's device is
+    chosen there, and FSDP2 reads the weights on rank 0 alone), so ``assemble`` loads them itself."""
+    if dist.launched():
+        raise ConfigError("load_models: under torchrun the models load inside the run's session; let assemble load them")
+    check_model_source(cfg.model)  # one line for a missing folder, an unreachable hub id, custom code
+    _seed(cfg)
+    device = resolve_device(cfg.model)
+    baseline_mem_mb = memory_before_models_mb(device)
+    plain, tok = load_model(cfg.model)
+    reference = Reference(plain, resolve_autocast(cfg.model, device)) if cfg.algo.needs_reference else None
+    states = {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if device.type == "cuda" else {})}
+    return Models(plain, tok, reference, baseline_mem_mb, states)
+
+
+def _seed(cfg: Config) -> None:
+    if cfg.train.deterministic:
+        use_deterministic_kernels()
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
 
 
 @contextlib.contextmanager
@@ -144,19 +189,22 @@ def assemble(
     resume: bool = False,
     rewards: Sequence[WeightedReward] | None = None,
     examples: Sequence[Example] | None = None,
+    models: Models | None = None,
 ) -> Run:
-    """The run of ``cfg`` (see the module docstring), inside ``session(cfg)``; ``rewards`` / ``examples``
-    replace what ``cfg.reward.functions`` / ``cfg.data`` would build."""
-    mode, point, rewards, gold_rewards, examples, make_env = _check_inputs(cfg, resume, rewards, examples)
-    if cfg.train.deterministic:
-        use_deterministic_kernels()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    baseline_mem_mb = memory_before_models_mb(resolve_device(cfg.model))
+    """The run of ``cfg`` (see the module docstring), inside ``session(cfg)``; ``rewards`` / ``examples`` /
+    ``models`` replace what ``cfg.reward.functions`` / ``cfg.data`` / ``cfg.model`` would build."""
+    if models is not None and dist.launched():
+        raise ConfigError("assemble: models loaded beforehand are for one process; under torchrun let assemble load them")
+    mode, point, rewards, gold_rewards, examples, make_env, hooks = _check_inputs(cfg, resume, rewards, examples)
+    _seed(cfg)
+    device = resolve_device(cfg.model)
+    baseline_mem_mb = memory_before_models_mb(device) if models is None else models.baseline_mem_mb
     start_workers([*rewards, *gold_rewards], cfg.reward.timeout_s)  # forked while the process is small
-    run = _build(cfg, mode, rewards, gold_rewards, examples, make_env)
+    run = _build(cfg, mode, rewards, gold_rewards, examples, make_env, models, hooks)
     try:
         run.start = _start(cfg, point, run.resumable, run.sampler)
+        if point is None and models is not None:  # they may have been changed since they loaded
+            run.sampler.update_weights(run.policy)
         write_run_info(
             cfg, policy=run.policy, reference=run.reference, critic=run.critic, rewards=rewards,
             baseline_mem_mb=baseline_mem_mb, device=run.device,
@@ -172,13 +220,19 @@ def assemble(
     return run
 
 
-def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) -> Run:
+def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, models: Models | None, hooks: TrlHooks) -> Run:
     """The models, then the parts of a step, at step 0 (``_start`` restores a checkpoint into them)."""
     from_rank0 = parallel.loads_on_rank0(mode)  # FSDP2: no GPU holds the whole model
-    plain, tok = load_model(cfg.model, placement=("host" if dist.is_main() else "meta") if from_rank0 else "device")
     device = resolve_device(cfg.model)
     amp = resolve_autocast(cfg.model, device)
-    reference = Reference(plain, amp) if cfg.algo.needs_reference else None
+    if models is None:
+        plain, tok = load_model(cfg.model, placement=("host" if dist.is_main() else "meta") if from_rank0 else "device")
+        reference = Reference(plain, amp) if cfg.algo.needs_reference else None
+    else:
+        plain, tok, reference = models.policy, models.tokenizer, models.reference
+        torch.set_rng_state(models.rng_after_load["cpu"])
+        if "cuda" in models.rng_after_load:
+            torch.cuda.set_rng_state(models.rng_after_load["cuda"])
     full = _full_states(plain, reference) if from_rank0 and dist.is_main() else ({}, {})
     fsdp_compute = parallel.fsdp_param_dtype(cfg.model.dtype, amp)
     reference = parallel.wrap_reference(reference, mode, fsdp_compute)
@@ -215,13 +269,13 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env) ->
         tokenizer=tok, device=device, autocast_dtype=amp, reference=reference, critic=critic, process_supervision=process,
         sampler=sampler, optimizer=optimizer, scheduler=scheduler, policy_loss=spec, logprob_context=ctx, build_batch=make_batch,
         gold=gold, prompt_order=data, sampling_generator=sample_gen, minibatch_generator=minibatch_gen, bad_steps=bad_steps,
-        no_signal=no_signal, resumable=resumable,
+        no_signal=no_signal, resumable=resumable, reward_hooks=hooks,
     )  # fmt: skip
 
 
 def _check_inputs(cfg: Config, resume: bool, rewards, examples):
-    """(parallel mode, resume point, rewards, gold rewards, training examples, make_env or None): every check that needs no
-    model, in the order a user meets them. Nothing is deleted here."""
+    """(parallel mode, resume point, rewards, gold rewards, training examples, make_env or None, the TRL rewards'
+    hooks): every check that needs no model, in the order a user meets them. Nothing is deleted here."""
     mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
     dist.check_divisible(cfg.train.prompts_per_step)
     # rank 0 checks the run dir (checkpoint verified, config changes checked) and tells the others
@@ -232,11 +286,13 @@ def _check_inputs(cfg: Config, resume: bool, rewards, examples):
     check_engine(cfg.rollout.engine, cfg)  # vllm: installed, the architecture, the KV cache's size
     make_env = environment_from_config(cfg.env)  # None: one completion per prompt (docs/multiturn.md)
     gold_rewards = build_gold_rewards(cfg)  # logged, never in the advantages (training/gold.py)
+    hooks = TrlHooks(cfg.train.num_steps)  # TRL's trainer_state / log_extra / log_metric, from the dry run on
+    attach_hooks([*rewards, *gold_rewards], hooks)
     examples = training_examples(cfg, examples)
     _dry_run(cfg, rewards, examples)
     _dry_run(cfg, gold_rewards, examples)
     check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)  # a 30 MB prompt: an error, before the model
-    return mode, point, rewards, gold_rewards, examples, make_env
+    return mode, point, rewards, gold_rewards, examples, make_env, hooks
 
 
 def split_examples(

@@ -268,9 +268,12 @@ class NoSignal:
                 "train.max_no_signal_steps (0 = never stop)."
             )
         if self.in_a_row == self.warn_after:
-            log.warning("steps %d-%d: no learning signal, %s. %s. The run stops after %s such steps in a row "
-                        "(train.max_no_signal_steps).", step - self.in_a_row + 1, step, why, advice,
-                        self.limit or "never")
+            stops = (
+                f"The run stops after {self.limit} such steps in a row (train.max_no_signal_steps)"
+                if self.limit
+                else "The run goes on (train.max_no_signal_steps=0: never stop)"
+            )
+            log.warning("steps %d-%d: no learning signal, %s. %s. %s.", step - self.in_a_row + 1, step, why, advice, stops)
 
     def state_dict(self) -> dict[str, int]:
         return {"in_a_row": self.in_a_row}

@@ -92,6 +92,35 @@ def check_model_source(cfg: ModelConfig) -> None:
     if path.is_dir():
         _check_model_files(path, source)
     hub_load_kwargs(source, cfg.revision, "model.name_or_path")  # a hub id: cached or reachable, else one line
+    if not cfg.trust_remote_code:
+        _check_custom_code(source, path / "config.json" if path.is_dir() else _cached_config(source, cfg.revision))
+
+
+def _cached_config(repo_id: str, revision: str | None) -> Path | None:
+    """A hub model's config.json when it is in the local cache (nothing is downloaded here)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+def _check_custom_code(source: str, config_json: Path | None) -> None:
+    """A model whose config.json maps AutoModelForCausalLM to code of its own (``auto_map``) loads only with
+    model.trust_remote_code, as TRL's trust_remote_code: one line here rather than transformers' paragraph
+    at load. A model_type that transformers implements itself loads without that code, as transformers does."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        config = json.loads(config_json.read_text()) if config_json is not None and config_json.is_file() else {}
+    except (OSError, ValueError):
+        return  # a broken config.json is the loader's to report
+    code = (config.get("auto_map") or {}).get("AutoModelForCausalLM") if isinstance(config, dict) else None
+    if code and config.get("model_type") not in CONFIG_MAPPING:
+        raise ConfigError(
+            f"model '{source}' (model.name_or_path) contains custom code ({code}, config.json's auto_map) that "
+            "transformers runs to build it: set model.trust_remote_code=true (TRL: trust_remote_code=True) if "
+            "you trust that code"
+        )
 
 
 def _check_model_files(path: Path, source: str) -> None:

@@ -118,14 +118,11 @@ def policy_loss(
         kl = spec.kl_fn(logprobs, mb.ref_logprobs)
         per_token = per_token + spec.beta * kl
         stats["kl"] = _masked_sum(kl.detach(), mask)
-    loss = aggregate(
-        per_token,
-        mask,
-        spec.agg_mode,
-        norm_len=spec.norm_len,
-        total_seqs=total_seqs,
-        total_tokens=total_tokens,
-    )
+    agg = functools.partial(aggregate, mask=mask, mode=spec.agg_mode, norm_len=spec.norm_len, total_seqs=total_seqs,
+                            total_tokens=total_tokens)  # fmt: skip
+    loss = agg(per_token)
+    if spec.entropy_coef > 0 and entropy is not None:  # TRL's policy_loss: the loss without the entropy bonus
+        stats["policy_loss"] = float((loss.detach() + spec.entropy_coef * agg(entropy.detach())).item())
     return loss, stats
 
 
@@ -208,7 +205,10 @@ def update_policy(
             finite = not dist.any_rank(not finite)  # every rank skips, or none
             give_back_freed_memory()  # before AdamW's states and the step's temporaries (distributed/host.py)
             _optimizer_step(model, optimizer, scheduler, cfg.optim.max_grad_norm, sums, counts, loss_finite=finite)
-    return _summarise(sums, counts, scheduler)
+    out = _summarise(sums, counts, scheduler)
+    if spec.entropy_coef > 0:
+        out["entropy_coef"] = spec.entropy_coef  # TRL's name; constant here (TRL can adapt it)
+    return out
 
 
 def _micro_batch_loss(model, mb: RolloutBatch, cfg: Config, spec: PolicyLossSpec, pad_id: int, autocast_dtype, *,
@@ -275,6 +275,8 @@ def _summarise(sums, counts, scheduler) -> dict[str, float]:
     }
     if "kl" in sums:
         out["kl"] = sums["kl"] / tokens
+    if "policy_loss" in sums:
+        out["policy_loss"] = sums["policy_loss"] / passes
     for key, name in _ROLLOUT_METRICS.items():
         if key in sums:
             out[name] = sums[key] / tokens

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from grpolab.config import Config
+from grpolab.models.inference import enable_checkpointing
 from grpolab.models.loading import ModelLoadError, attention_kwargs, autocast_context
 from grpolab.models.sources import local_source
 from grpolab.training.logprobs import build_inputs
@@ -90,7 +91,7 @@ def load_value_model(cfg: Config, device: torch.device, *, placement: str = "dev
     else:  # a GGUF source (a file, package:...) is read from its converted folder, as the policy is
         model = _from_policy_checkpoint(source, kwargs)
     if m.checkpointing_on(device.type):
-        model.body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model.body)
     return (model.to(device) if placement == "device" else model).train()
 
 

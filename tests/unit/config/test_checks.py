@@ -98,9 +98,17 @@ def test_presets_with_a_clip_update_in_minibatches_so_it_acts():
     assert inert_settings(cfg) == []  # the KL in the reward uses the estimator now (training/batch.py)
 
 
-def test_gspo_with_token_mean_is_warned():
-    messages = inert_settings(_load("algo.name=gspo", "algo.loss_agg=token-mean"))
-    assert any("seq-mean-token-mean" in m for m in messages)
+@pytest.mark.parametrize(
+    ("agg", "warned"),
+    [("token-mean", True), ("seq-mean-token-sum-norm", True), ("seq-mean-token-sum", True), ("seq-mean-token-mean", False)],
+)
+def test_gspo_with_a_loss_that_sums_tokens_is_warned_in_trls_words(agg, warned):
+    """TRL warns for its dapo / dr_grpo / bnpo / cispo losses with importance_sampling_level='sequence'."""
+    messages = inert_settings(_load("algo.name=gspo", f"algo.loss_agg={agg}"))
+    said = [m for m in messages if "weights each sequence by its completion length" in m]
+    assert len(said) == int(warned)
+    if warned:
+        assert f"algo.loss_agg={agg}" in said[0] and "set algo.loss_agg=seq-mean-token-mean" in said[0]
 
 
 @pytest.mark.parametrize(

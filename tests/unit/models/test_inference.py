@@ -9,6 +9,7 @@ from grpolab.models.inference import (
     WeightCopy,
     attention_for,
     attention_implementation,
+    enable_checkpointing,
     inference_copy,
     use_eager_attention,
 )
@@ -102,6 +103,27 @@ def test_eager_and_sdpa_agree(model):
         with attention_implementation(model, "eager"):
             eager = model(input_ids=_ids()).logits
     torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_checkpointed_backward_recomputes_with_the_forwards_attention():
+    """The forward runs eager (bf16 on a CPU, small) and the switch is undone before backward, as in the
+    trainer: the recomputation must run eager too (torch refused SDPA's other saved tensors), and the
+    gradients are those of the same model without checkpointing."""
+    tok = build_char_tokenizer()
+    plain, checkpointed = (build_tiny_model(tok, hidden_size=64, num_layers=2, num_heads=4, seed=3) for _ in range(2))
+    enable_checkpointing(checkpointed)
+    grads = []
+    for net in (plain, checkpointed):
+        net.train()
+        with torch.autocast("cpu", dtype=BF16), attention_for(net, torch.device("cpu"), BF16, rows=2, q_len=7, kv_len=7):
+            assert net.config._attn_implementation == "eager"
+            loss = net(input_ids=_ids()).logits.float().logsumexp(-1).mean()
+        assert net.config._attn_implementation == "sdpa"  # backward runs after the switch is undone
+        loss.backward()
+        grads.append({n: p.grad for n, p in net.named_parameters()})
+    assert checkpointed.is_gradient_checkpointing
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_cpu_threads_are_capped_at_the_available_cores(monkeypatch):

@@ -3,7 +3,16 @@
 import pytest
 import trl_rewards  # tests/unit/rewards/trl_rewards.py, on sys.path as the test's folder
 
-from grpolab.rewards import RewardError, TrlReward, build_reward, dry_run, score_batch
+from grpolab.rewards import (
+    Aliased,
+    RewardError,
+    TrlReward,
+    WeightedReward,
+    build_reward,
+    dry_run,
+    score_batch,
+)
+from grpolab.rewards.trl_hooks import TrlHooks, attach_hooks
 from grpolab.types import Completion, Example
 
 ROWS = [
@@ -97,7 +106,7 @@ def test_async_alone_runs_in_the_dry_run():
         ("wrong_length", "returned 1 values for 2 completions"),
         ("returns_nan", "return a finite float"),
         ("raises", "raised KeyError"),
-        ("needs_trainer_state", r"needs \['trainer_state'\].*exist only inside TRL's trainer"),
+        ("needs_trainer_state", r"needs \['trainer_state'\].*are passed only inside a training run"),
     ],
 )
 def test_bad_trl_rewards_fail_with_the_native_messages(name, message):
@@ -125,3 +134,37 @@ def test_a_slow_trl_reward_is_interrupted_in_the_main_thread():
     with pytest.raises(RewardError, match="took longer than 0.2 s"):
         _score(["slow"], [Completion("a", 1)], EXAMPLES[:1], timeout_s=0.2)
     assert signal.getsignal(signal.SIGUSR2) is before
+
+
+def _logs(completions, log_metric, log_extra, **kwargs):
+    log_metric("custom_accuracy", len(completions[0]) / 4)
+    log_extra("first_char", [c[:1] for c in completions])
+    return [0.0] * len(completions)
+
+
+@pytest.mark.parametrize("timeout_s", [5.0, None], ids=["in a worker process", "in the trainer"])
+def test_in_a_run_trl_rewards_get_trainer_state_log_metric_and_log_extra(timeout_s):
+    rewards = [
+        build_reward("trl_rewards:needs_trainer_state"),
+        build_reward("trl_rewards:no_kwargs"),
+        WeightedReward(Aliased(TrlReward(_logs), "logs"), 1.0),
+    ]
+    with pytest.raises(RewardError, match=r"needs \['trainer_state'\].*passed only inside a training run"):
+        score_batch(rewards[:1], [Completion("a", 1)] * 2, EXAMPLES, timeout_s=timeout_s)
+    hooks = TrlHooks(max_steps=10)
+    attach_hooks(rewards, hooks)
+    pair = [Completion("ab", 2), Completion("cd", 2)]
+    score_batch(rewards, pair, EXAMPLES, timeout_s=timeout_s)  # before the first step: the dry run
+    hooks.begin_step(3)
+    assert hooks.take_metrics() == {} and hooks.take_extra() == {}  # the dry run's are dropped
+    scores = score_batch(rewards, pair, EXAMPLES, timeout_s=timeout_s)
+    assert scores.components["needs_trainer_state"] == [2.0, 2.0]  # the steps done before step 3
+    score_batch(rewards, [Completion("abcd", 4)] * 2, EXAMPLES, timeout_s=timeout_s)  # a second round of the step
+    assert hooks.take_metrics() == {"custom_accuracy": pytest.approx((0.5 + 1.0) / 2)}
+    assert hooks.take_extra() == {"first_char": ["a", "c", "a", "a"]}
+    assert hooks.take_metrics() == {} and hooks.take_extra() == {}
+    hooks.begin_step(4)
+    assert score_batch(rewards, pair, EXAMPLES, timeout_s=timeout_s).components["needs_trainer_state"] == [3.0, 3.0]
+    hooks.detach()  # the run is over: the function is called as outside a run again
+    with pytest.raises(RewardError, match=r"passed only inside a training run"):
+        score_batch(rewards[:1], pair, EXAMPLES, timeout_s=timeout_s)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from grpolab.api import GRPOTrainer
+from grpolab.api import build_reward_funcs
+from grpolab.config import DataConfig
+from grpolab.data import examples_from_rows
 from grpolab.rewards import open_r1
 from grpolab.types import Completion
 
@@ -19,9 +21,10 @@ ROWS = [  # conversational, as TRL's math datasets: completions reach the functi
 
 
 def _scores(reward_funcs, texts, ids=((1,), (1,))):
-    trainer = GRPOTrainer("some/model", reward_funcs=reward_funcs, train_dataset=ROWS)
+    """What GRPOTrainer(reward_funcs=..., train_dataset=ROWS) builds from them, called on ``texts``."""
+    examples = examples_from_rows(ROWS, DataConfig(answer_field=None), origin="train_dataset")
     completions = [Completion(text=t, num_tokens=len(i), token_ids=tuple(i)) for t, i in zip(texts, ids, strict=True)]
-    return {w.name: w.reward(completions, trainer.train_dataset) for w in trainer.reward_funcs}
+    return {w.name: w.reward(completions, examples) for w in build_reward_funcs(reward_funcs)}
 
 
 def test_accuracy_and_think_format_rewards_run_unchanged():

@@ -32,6 +32,16 @@ def test_no_signal_warns_at_3_and_stops_at_the_limit_and_a_signal_resets_it(capl
             guard.observe(9, FLAT)
 
 
+def test_without_a_limit_the_guard_warns_once_and_the_run_goes_on(caplog):
+    never = NoSignal(0, group_baseline=True)
+    with caplog.at_level(logging.WARNING):
+        for step in range(1, 100):
+            never.observe(step, FLAT)
+    (record,) = caplog.records
+    assert record.getMessage().startswith("steps 1-3: no learning signal")
+    assert record.getMessage().endswith("The run goes on (train.max_no_signal_steps=0: never stop).")
+
+
 def test_no_signal_reads_valid_frac_first_and_reward_std_for_a_learned_baseline():
     assert not NoSignal(0, group_baseline=False).has_signal({**SIGNAL, "train/reward_valid_frac": 0.0})
     ppo = NoSignal(0, group_baseline=False)

@@ -77,9 +77,11 @@ def test_cispo_in_the_step_differs_from_the_clip_loss_off_policy():
 def test_entropy_bonus_enters_the_loss_with_its_gradient():
     entropy = torch.tensor([[1.0, 2.0], [3.0, 9.0]], requires_grad=True)
     base, _, _ = _loss([])
-    with_bonus, _, _ = _loss(["algo.entropy_coef=0.1"], entropy=entropy)
+    with_bonus, _, stats = _loss(["algo.entropy_coef=0.1"], entropy=entropy)
     assert with_bonus - base == pytest.approx(-0.1 * (1 + 2 + 3) / 3)  # token-mean of the counted entropy
     torch.testing.assert_close(entropy.grad, torch.tensor([[-0.1 / 3, -0.1 / 3], [-0.1 / 3, 0.0]]))
+    assert stats["policy_loss"] == pytest.approx(base, abs=1e-6)  # TRL's policy_loss: the loss without the bonus
+    assert "policy_loss" not in _loss([])[2]
 
 
 def test_entropy_has_a_graph_only_when_asked():
@@ -105,3 +107,5 @@ def test_the_step_summary_uses_trls_names():
     assert (out["clip_ratio/low_mean"], out["clip_ratio/high_mean"]) == (0.25, 0.5)
     assert out["clip_ratio/region_mean"] == 0.75  # TRL: low or high (they never overlap: opposite advantages)
     assert (out["entropy"], out["kl"]) == (0.5, 0.1) and out["learning_rate"] == _Sched().get_last_lr()[0]
+    assert "policy_loss" not in out
+    assert _summarise({**sums, "policy_loss": 0.9}, {"tokens": 4.0, "updates": 3, "skipped": 0}, _Sched())["policy_loss"] == pytest.approx(0.3)

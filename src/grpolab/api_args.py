@@ -1,0 +1,163 @@
+"""What GRPOTrainer's ``args`` (and its other arguments) become: the nested dict of config sections it is
+built from, from a grpolab Config, a dict of sections or dotted keys, a YAML path or TRL's GRPOConfig
+(converted by ``grpolab convert-trl``'s rules); the defaults that differ under the TRL-shaped API; and the
+config's warnings, logged as TRL logs its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from grpolab.config import Config, ConfigWarning, DataConfig, config_to_dict, load_config, user_settings
+from grpolab.data import DataError
+from grpolab.errors import ConfigError
+from grpolab.trl.convert import TrlConversion, convert_trl
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def config_warnings_logged() -> Iterator[None]:
+    """Each setting that does less than it says (config/checks.py), found while the config is built, logged once
+    as a warning, as TRL logs its own, rather than raised as a ConfigWarning: a script's logging (or a test's
+    caplog) sees it. Other warnings pass on as they came."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, ConfigWarning)):
+        log.warning("%s", message)
+    for w in caught:  # outside the block: they meet the caller's filters, as they would have
+        if not issubclass(w.category, ConfigWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def no_stop_without_signal(raw: dict[str, Any]) -> None:
+    """train.max_no_signal_steps=0 unless the args set it: TRL's trainer goes on through steps without
+    learning signal (all rewards of every group equal), so a script written for it is warned, not stopped
+    (runtime/guards.py). A Config object or YAML file holds every field, so it keeps its own value."""
+    train = raw.get("train", {})
+    if not isinstance(train, Mapping) or "max_no_signal_steps" not in train:
+        set_key(raw, "train", "max_no_signal_steps", 0)
+
+
+def check_data_named(data: Mapping[str, Any]) -> None:
+    """train_dataset=None takes the config's data section; one that names no data is refused here, as TRL
+    refuses a missing train_dataset, before any model loads."""
+    if data.get("source", DataConfig.source) in ("jsonl", "hf") and not data.get("path"):
+        raise DataError(
+            "train_dataset is None and the config names no data (data.path is empty): give train_dataset (a "
+            "datasets.Dataset or a list of dicts), or data.path, or a built-in data.source such as arithmetic"
+        )
+
+
+def _raw_config(args: Any) -> dict[str, Any]:
+    """A nested dict of config sections from any form ``args`` may take."""
+    if args is None:
+        return {}
+    if isinstance(args, Config):  # what the user set, so a preset left unset stays the preset's to fill
+        settings = user_settings(args)
+        return config_to_dict(args) if settings is None else settings
+    if isinstance(args, str | os.PathLike):
+        return dict(load_config(Path(args)).settings)
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"args is a {type(args).__name__}: give a grpolab Config, a dict, a YAML path or TRL's GRPOConfig")
+    raw: dict[str, Any] = {}
+    for key, value in args.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"config key {key!r} must be a str")
+        *sections, leaf = key.split(".")
+        node = raw
+        for section in sections:
+            node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"config key {key!r}: {section!r} is given both as a value and as a section")
+        node[leaf] = _merge(node.get(leaf), copy.deepcopy(value))
+    return raw
+
+
+def raw_args(args: Any, train_dataset: Any, reward_weights):
+    """The config sections, the reward weights (a GRPOConfig's own when the call gives none) and, for TRL's
+    GRPOConfig, its conversion."""
+    if not _is_trl_config(args):
+        return _raw_config(args), reward_weights, None
+    conversion = _convert_trl_args(args, train_dataset)
+    if reward_weights is None and args.reward_weights is not None:
+        reward_weights = args.reward_weights
+    return conversion.config_dict(), reward_weights, conversion
+
+
+def _is_trl_config(args: Any) -> bool:
+    """TRL's GRPOConfig (or a subclass), told by its class without importing TRL."""
+    return any(c.__name__ == "GRPOConfig" and c.__module__.startswith("trl") for c in type(args).__mro__)
+
+
+def _convert_trl_args(args: Any, train_dataset: Any) -> TrlConversion:
+    """TRL's GRPOConfig through convert-trl's rules; its report is logged as ``grpolab convert-trl`` writes it.
+
+    The world size is torchrun's (``WORLD_SIZE``, as ``accelerate launch`` sets it for TRL): TRL's batch sizes
+    are per device. The dataset's length turns ``num_train_epochs`` into ``train.num_steps``.
+    """
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        world = 1
+    rows = len(train_dataset) if train_dataset is not None and hasattr(train_dataset, "__len__") else None
+    try:
+        conversion = convert_trl(args, num_processes=world, dataset_rows=rows or None)
+    except ConfigError as err:
+        raise ConfigError(f"args (TRL's GRPOConfig; world size {world}, from WORLD_SIZE as torchrun sets it): {err}") from err
+    for title, items in (("differs from TRL", conversion.notes), ("ignored (not applicable)", conversion.ignored)):
+        for item in items:
+            log.info("args (TRL's GRPOConfig) %s: %s", title, item)
+    for item in conversion.todo:
+        if not item.startswith(tuple(_GIVEN_BY_THE_CALL)):
+            log.warning("args (TRL's GRPOConfig): to fill in: %s", item)
+    return conversion
+
+
+_GIVEN_BY_THE_CALL = ("model.name_or_path", "data.source", "reward.functions")
+"""convert-trl's to-fill items that GRPOTrainer's own arguments (model, train_dataset, reward_funcs) fill."""
+
+
+def _merge(old: Any, new: Any) -> Any:
+    if isinstance(old, dict) and isinstance(new, Mapping):
+        return {**old, **{k: _merge(old.get(k), v) for k, v in new.items()}}
+    return new
+
+
+def set_key(raw: dict[str, Any], section: str, key: str, value: Any) -> None:
+    node = raw.setdefault(section, {})
+    if not isinstance(node, dict):
+        raise ConfigError(f"config section {section!r} must be a mapping, got {type(node).__name__}")
+    node[key] = value
+
+
+def model_source(obj: Any, arg: str) -> str:
+    if isinstance(obj, str | os.PathLike):
+        return os.fspath(obj)
+    raise ConfigError(f"{arg} is a {type(obj).__name__}: give a tokenizer object, its folder or hub id")
+
+
+def lora_section(peft_config: Any) -> dict[str, Any]:
+    """A peft.LoraConfig as the model.lora section."""
+    if not all(hasattr(peft_config, a) for a in ("r", "lora_alpha", "lora_dropout", "target_modules")):
+        raise ConfigError(f"peft_config is a {type(peft_config).__name__}: grpolab trains LoRA adapters; give a peft.LoraConfig")
+    targets = peft_config.target_modules
+    if targets is None:
+        targets = "all-linear"
+    elif not isinstance(targets, str):
+        targets = sorted(targets)
+    return {
+        "enabled": True,
+        "r": peft_config.r,
+        "alpha": peft_config.lora_alpha,
+        "dropout": peft_config.lora_dropout,
+        "target_modules": targets,
+    }
