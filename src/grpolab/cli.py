@@ -146,7 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
         "or trl grpo script flag, as TRL's command line takes them. See docs/coming_from_trl.md.",
     )
     p.add_argument("--out", "-o", default="-", help="grpolab YAML to write (default: print it)")
-    p.add_argument("--num-processes", type=int, default=1, help="TRL's world size (its batch sizes are per device)")
+    p.add_argument(
+        "--num-processes", type=int,
+        help="TRL's world size (its batch sizes are per device); default: the recipe's num_processes, else 1",
+    )
     p.add_argument("--dataset-rows", type=int, help="training rows, to turn num_train_epochs into train.num_steps")
     p.add_argument("--strict", action="store_true", help="refuse any field not converted exactly (not applicable or legacy)")
     p = _verb(sub, "import-gguf", help="a plain model folder (fp32 safetensors + tokenizer) from a GGUF file")

@@ -53,7 +53,7 @@ TRL_NAMES: dict[str, str] = {
     "log_completions": "log.samples_every (every logging_steps; 0 = off)",
     "save_steps": "log.checkpoint_every (optimizer steps -> grpolab steps)",
     "save_total_limit": "log.keep_last",
-    # the trl grpo script's names (grpolab.trl.convert's SCRIPT_FIELDS)
+    # the trl grpo script's names (grpolab.trl.script's SCRIPT_FIELDS)
     "model_name_or_path": "model.name_or_path",
     "dataset_name": "data.source=hf (jsonl for a .jsonl file), data.path",
     "reward_funcs": "reward.functions (TRL's own functions, kind trl)",

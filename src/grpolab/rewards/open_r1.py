@@ -7,7 +7,8 @@ not the same definitions, so they are not used in their place:
   completion with LaTeX extraction only (boxed first, no anchorless match), and gives None (skip) when the
   gold does not parse; grpolab's ``math_accuracy`` reads the ``<answer>`` tag first and raises instead.
 * ``format``: open-r1 wants exactly ``<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>`` (those
-  newlines); grpolab's ``r1_format`` allows any whitespace and one of each tag.
+  newlines; since 566cfd1, 2025-02-24); grpolab's ``r1_format`` allows any whitespace and one of each tag. Its two
+  earlier definitions are ``format_reward_spaced`` and ``format_reward_inline``.
 * ``tag_count`` and ``reasoning_steps`` have no grpolab counterpart.
 
 So the four that need only math-verify are copied here, their logic unchanged (Apache-2.0, open-r1 commit
@@ -60,6 +61,23 @@ _FORMAT = re.compile(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.D
 def format_reward(completions, **kwargs) -> list[float]:
     """1.0 iff the completion is ``<think>\\n...\\n</think>\\n<answer>\\n...\\n</answer>`` (open-r1's ``format``)."""
     return [1.0 if _FORMAT.match(c) else 0.0 for c in _contents(completions)]
+
+
+_FORMAT_SPACED = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>$", re.DOTALL | re.MULTILINE)
+_FORMAT_INLINE = re.compile(r"^<think>.*?</think><answer>.*?</answer>$")
+
+
+def format_reward_spaced(completions, **kwargs) -> list[float]:
+    """open-r1's ``format`` from d12886d to 566cfd1 (2025-02-08 to 02-24): ``<think>...</think>``, any whitespace,
+    ``<answer>...</answer>``, the tags' contents spanning lines (grpolab convert-trl's reading of open-r1's early
+    recipes, whose built-in system prompt asks for ``<think> ... </think><answer> ... </answer>``)."""
+    return [1.0 if _FORMAT_SPACED.match(c) else 0.0 for c in _contents(completions)]
+
+
+def format_reward_inline(completions, **kwargs) -> list[float]:
+    """open-r1's ``format`` before d12886d (2025-01-25 to 02-08): ``<think>...</think><answer>...</answer>`` with
+    nothing between the two, and no newline anywhere (its pattern had no DOTALL)."""
+    return [1.0 if _FORMAT_INLINE.match(c) else 0.0 for c in _contents(completions)]
 
 
 def tag_count_reward(completions, **kwargs) -> list[float]:

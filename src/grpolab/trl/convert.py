@@ -3,11 +3,13 @@ grpolab config.
 
 Every GRPOConfig field goes through ``TRL_FIELDS`` (grpolab.trl.fields): mapped to the grpolab keys
 that reproduce TRL's behaviour, refused with the reason, or listed as not applicable. The fields of TRL's
-``trl grpo`` script (model, dataset, LoRA, reward functions) go through ``SCRIPT_FIELDS``. A key that is
-neither is an error, so a field a newer TRL adds is never dropped in silence. Where TRL counts optimizer
-steps (max_steps, save_steps, logging_steps, ref_model_sync_steps) grpolab counts generation batches:
-they are divided by the optimizer steps per generation batch (notes say where that rounds). A name of the
-one TRL name table (grpolab.config.trl_names, which the config loader's unknown-key hint reads too) is
+``trl grpo`` script (model, dataset, LoRA, reward functions), open-r1's among them, go through
+``SCRIPT_FIELDS`` (grpolab.trl.script). A key that is neither is an error, so a field a newer TRL adds is never
+dropped in silence. An open-r1 recipe's unset fields are first filled with what open-r1's script and TRL did in
+its era (grpolab.trl.open_r1), and a recipe's own ``num_processes`` is the world size unless the caller gives
+one. Where TRL counts optimizer steps (max_steps, save_steps, logging_steps, ref_model_sync_steps) grpolab
+counts generation batches: they are divided by the optimizer steps per generation batch (notes say where that
+rounds). A name of the one TRL name table (grpolab.config.trl_names, which the config loader's unknown-key hint reads too) is
 described in that table's words (``named``), never in words of its own.
 
 Needs TRL installed (for GRPOConfig's fields and defaults): pip install 'grpolab[trl]'.
@@ -31,15 +33,10 @@ from grpolab.config.root import Config
 from grpolab.errors import ConfigError
 from grpolab.trl.fields import TRL_FIELDS
 from grpolab.trl.input import numeric_fields, read_trl, typed
-from grpolab.trl.kinds import Refused, TrlField, named, worded
-from grpolab.trl.legacy import (
-    OPEN_R1_DEFAULTS,
-    OPEN_R1_FIELDS,
-    check_size,
-    legacy_names,
-    open_r1_reward,
-    short,
-)
+from grpolab.trl.kinds import Refused, TrlField
+from grpolab.trl.legacy import check_size, legacy_names, short
+from grpolab.trl.open_r1 import open_r1_recipe, world_size
+from grpolab.trl.script import SCRIPT_DEFAULTS, SCRIPT_FIELDS
 
 __all__ = [
     "SCRIPT_FIELDS", "TRL_FIELDS", "TrlConversion", "convert_trl", "markdown_table", "trl_defaults",
@@ -60,93 +57,6 @@ def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
-
-
-# ----------------------------------------------------------------------------- the trl grpo script's fields
-
-
-def _model_dtype(v: Any, t: TrlView) -> dict[str, Any]:
-    if v in (None, "float32", "bfloat16", "float16"):
-        return {"model.dtype": v or "float32"}
-    raise Refused(f"dtype={v}: grpolab's model.dtype is float32, bfloat16 or float16 (no 'auto')")
-
-
-def _dataset(v: Any, t: TrlView) -> dict[str, Any]:
-    if not v:
-        return {}
-    local = Path(str(v))
-    return {"data.source": "jsonl" if local.suffix == ".jsonl" else "hf", "data.path": str(v)}
-
-
-_TRL_REWARDS = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
-
-
-def _reward_funcs(v: Any, t: TrlView) -> dict[str, Any]:
-    """TRL's named rewards run unchanged (grpolab calls TRL-style functions as TRL does); a dotted path
-    ``pkg.mod.fn`` becomes ``pkg.mod:fn``."""
-    names = [v] if isinstance(v, str) else list(v or [])
-    specs = []
-    for name in names:
-        if name == "get_soft_overlong_punishment":
-            raise Refused("get_soft_overlong_punishment is a factory: use grpolab's soft_overlong reward")
-        own = open_r1_reward(name, t) if isinstance(name, str) and name not in _TRL_REWARDS else None
-        if own is not None:
-            specs.append(own)
-            continue
-        target = f"trl.rewards:{name}" if name in _TRL_REWARDS else ":".join(str(name).rsplit(".", 1))
-        if ":" not in target:
-            raise Refused(
-                f"reward_funcs entry {short(name)} is neither a TRL reward, one of open-r1's names, nor a dotted "
-                "path pkg.module.fn"
-            )
-        specs.append({"name": target, "kind": "trl"})
-    if t["reward_model_name_or_path"]:
-        specs.append({"name": "reward_model", "kwargs": {"path": t["reward_model_name_or_path"]}})
-    t.rewards = specs
-    return {"reward.functions": specs} if specs else {}
-
-
-def _lora(v: Any, t: TrlView) -> dict[str, Any]:
-    if not v:
-        return {}
-    out = {"model.lora.enabled": True, "model.lora.r": t["lora_r"], "model.lora.alpha": t["lora_alpha"]}
-    out["model.lora.dropout"] = t["lora_dropout"]
-    if t["lora_target_modules"]:
-        out["model.lora.target_modules"] = t["lora_target_modules"]
-    return out
-
-
-def _script_key(key: str, skip: Any = None):
-    return lambda v, t: {} if v == skip else {key: v}
-
-
-SCRIPT_FIELDS: dict[str, TrlField] = worded({
-    "model_name_or_path": named(_script_key("model.name_or_path")),
-    "model_revision": TrlField("mapped", "model.revision", _script_key("model.revision", "main")),
-    "dtype": TrlField("mapped", "model.dtype", _model_dtype),
-    "attn_implementation": TrlField("mapped", "model.attn_implementation", _script_key("model.attn_implementation")),
-    "use_peft": TrlField("mapped", "model.lora.*", _lora),
-    "lora_r": TrlField("mapped", "read with use_peft", lambda v, t: {}),
-    "lora_alpha": TrlField("mapped", "read with use_peft", lambda v, t: {}),
-    "lora_dropout": TrlField("mapped", "read with use_peft", lambda v, t: {}),
-    "lora_target_modules": TrlField("mapped", "read with use_peft", lambda v, t: {}),
-    "dataset_name": named(_dataset),
-    "dataset_config": TrlField("mapped", "data.name", _script_key("data.name")),
-    "dataset_train_split": TrlField("mapped", "data.split", _script_key("data.split", "train")),
-    "reward_funcs": named(_reward_funcs),
-    "reward_model_name_or_path": TrlField("mapped", "read with reward_funcs", lambda v, t: {}),
-    "datasets": TrlField("refused", "trl grpo's dataset mixture (DatasetMixtureConfig): grpolab trains on one "
-                         "dataset: mix them into one file (data.path), or give one as dataset_name"),
-    "accelerate_config": TrlField("not_applicable", "the trl CLI's accelerate launch profile (DeepSpeed, FSDP, "
-                                  "multi-GPU): grpolab picks DDP or FSDP2 with train.parallel; pass --num-processes N"),
-    **OPEN_R1_FIELDS,
-})
-_SCRIPT_DEFAULTS = {
-    "model_name_or_path": None, "model_revision": "main", "dtype": None, "attn_implementation": None,
-    "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
-    "dataset_name": None, "dataset_config": None, "dataset_train_split": "train", "reward_funcs": None,
-    "reward_model_name_or_path": None, "datasets": [], "accelerate_config": None, **OPEN_R1_DEFAULTS,
-}  # trl.ModelConfig, trl.ScriptArguments, GRPOScriptArguments and DatasetMixtureConfig of TRL 1.16, and the trl CLI
 
 
 # ----------------------------------------------------------------------------- the conversion
@@ -247,6 +157,8 @@ class TrlConversion:
     """Not-applicable fields set to a non-default value: 'name=value: why'."""
     legacy: list[str] = field(default_factory=list)
     """Fields given under a name TRL or transformers dropped, and what they were read as."""
+    recipe: list[str] = field(default_factory=list)
+    """The recipe's own process count, and what open-r1's script and TRL did with the fields it leaves unset."""
 
     def config_dict(self) -> dict[str, Any]:
 
@@ -257,8 +169,9 @@ class TrlConversion:
 
     def to_yaml(self, source: str = "a TRL GRPOConfig") -> str:
         lines = [f"# grpolab config converted from {source} by grpolab convert-trl"]
-        for title, items in (("to fill in", self.todo), ("mapped from legacy names", self.legacy),
-                             ("differences from TRL", self.notes), ("ignored (not applicable)", self.ignored)):
+        for title, items in (("to fill in", self.todo), ("from the recipe's script and era", self.recipe),
+                             ("mapped from legacy names", self.legacy), ("differences from TRL", self.notes),
+                             ("ignored (not applicable)", self.ignored)):
             if items:
                 lines.append(f"# {title}:")
                 lines.extend(f"#   - {item}" for item in items)
@@ -281,16 +194,20 @@ def _config_order(key: str) -> tuple[int, ...]:
 
 
 def convert_trl(
-    source: Any, *, num_processes: int = 1, dataset_rows: int | None = None, strict: bool = False
+    source: Any, *, num_processes: int | None = None, dataset_rows: int | None = None, strict: bool = False
 ) -> TrlConversion:
     """A TRL GRPOConfig (object), a dict of its fields, a TRL YAML path, or TRL CLI args (a list of
     strings such as ``["--learning_rate", "1e-6"]``) -> the grpolab keys; ConfigError names every
     refused field with the reason. ``num_processes``: TRL's world size (its batch sizes are per device);
-    ``dataset_rows``: for num_train_epochs, the number of training rows. ``strict``: refuse also the fields
-    that are only listed (not applicable) or given under a legacy name."""
+    None: the recipe's own ``num_processes``, else 1. ``dataset_rows``: for num_train_epochs, the number of
+    training rows. ``strict``: refuse also the fields that are only listed (not applicable) or given under a
+    legacy name. An open-r1 recipe's unset fields are what open-r1 ran with (grpolab.trl.open_r1)."""
     raw = read_trl(source)
     for name, value in raw.items():
         check_size(str(name), value)
+    raw, recipe = open_r1_recipe(raw)
+    world, said = world_size(num_processes, raw)
+    recipe = [said, *recipe] if said else recipe
     defaults = trl_defaults()
     given, legacy, legacy_ignored = legacy_names(raw, defaults)
     extra = {k: given.pop(k) for k in [k for k in given if k.startswith("data.")]}  # read from legacy names
@@ -300,17 +217,18 @@ def convert_trl(
             f"{', '.join(unknown)}: not fields of TRL's GRPOConfig nor of the trl grpo script (this converter "
             "knows TRL 1.16); remove them or update grpolab"
         )
-    every_default, numeric = {**defaults, **_SCRIPT_DEFAULTS}, numeric_fields()
+    every_default, numeric = {**defaults, **SCRIPT_DEFAULTS}, numeric_fields()
     values = {**every_default, **{k: typed(k, v, every_default, numeric) for k, v in given.items()}}
     untabled = sorted(set(defaults) - set(TRL_FIELDS))
     if untabled:
         raise ConfigError(f"TRL's GRPOConfig has fields this converter does not know: {', '.join(untabled)}")
-    view = _view(values, num_processes, dataset_rows)
-    out = TrlConversion(dict(extra), legacy=legacy, ignored=list(legacy_ignored))
+    whence = " (the recipe's num_processes)" if num_processes is None and world == raw.get("num_processes") else ""
+    view = _view(values, world, dataset_rows, whence)
+    out = TrlConversion(dict(extra), legacy=legacy, ignored=list(legacy_ignored), recipe=recipe)
     refused = []
     table = {**SCRIPT_FIELDS, **TRL_FIELDS}  # script first: reward_funcs before reward_weights
     for name, rule in table.items():
-        default = defaults.get(name, _SCRIPT_DEFAULTS.get(name))
+        default = defaults.get(name, SCRIPT_DEFAULTS.get(name))
         try:
             out.keys.update(_apply(name, rule, values[name], default, view, out))
         except Refused as err:
@@ -336,7 +254,7 @@ def convert_trl(
 _POSITIVE = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "num_iterations")
 
 
-def _view(values: dict[str, Any], num_processes: int, dataset_rows: int | None) -> TrlView:
+def _view(values: dict[str, Any], num_processes: int, dataset_rows: int | None, whence: str = "") -> TrlView:
     """The batch geometry, or one line naming what is wrong with it (and the process counts it would fit)."""
     optional = [k for k in ("steps_per_generation", "generation_batch_size") if values[k] is not None]
     bad = [f"{k}={short(values[k])}" for k in (*_POSITIVE, *optional) if isinstance(values[k], bool)
@@ -352,7 +270,7 @@ def _view(values: dict[str, Any], num_processes: int, dataset_rows: int | None) 
                 "runs it" if fits else "")
         raise ConfigError(
             f"convert-trl: per_device_train_batch_size / steps_per_generation with {num_processes} process"
-            f"{'es' if num_processes > 1 else ''}: {err}{hint}"
+            f"{'es' if num_processes > 1 else ''}{whence}: {err}{hint}"
         ) from err
     except ConfigError:
         raise
@@ -377,7 +295,8 @@ _TRAINER_ARGUMENTS = {
 
 
 def write_trl_conversion(
-    source: Any, out: str | Path, *, num_processes: int = 1, dataset_rows: int | None = None, strict: bool = False
+    source: Any, out: str | Path, *, num_processes: int | None = None, dataset_rows: int | None = None,
+    strict: bool = False,
 ) -> TrlConversion:
     """``grpolab convert-trl``: convert, then print the YAML (``out="-"``) or write it to ``out``."""
     conversion = convert_trl(source, num_processes=num_processes, dataset_rows=dataset_rows, strict=strict)

@@ -337,6 +337,17 @@ def report_to(v: Any, t: TrlView) -> dict[str, Any]:
     return {"log.report_to": names}
 
 
+def project(v: Any, t: TrlView) -> dict[str, Any]:
+    """TRL's project names the trackio project; open-r1's wandb_project, where a recipe gives one, the wandb
+    project: grpolab's trackers share log.project, which takes wandb_project (TRL's default is "huggingface")."""
+    wandb = t["wandb_project"]
+    if wandb is None or wandb == v:
+        return {"log.project": v}
+    if v != "huggingface":
+        t.note(f"project={v!r}, wandb_project={wandb!r}: grpolab's trackers share one project, log.project={wandb!r}")
+    return {"log.project": wandb}
+
+
 def save(v: Any, t: TrlView) -> dict[str, Any]:
     strategy = getattr(t["save_strategy"], "value", t["save_strategy"])
     if strategy == "no":

@@ -99,11 +99,11 @@ def test_a_trl_docs_example_converts_to_a_config_grpolab_accepts(example, tiny_m
         assert keys["algo.importance_level"] == "sequence"  # GSPO-token has GSPO's gradient (TRL's gspo_token.md)
     if source.get("use_peft"):
         assert keys["model.lora.enabled"] is True and keys["model.lora.r"] == source.get("lora_r", 16)
-    said = " ".join(conversion.ignored + conversion.legacy + conversion.notes)
+    said = " ".join(conversion.ignored + conversion.legacy + conversion.notes + conversion.recipe)
     for name in ("use_liger_kernel", "vllm_enable_sleep_mode", "ds3_gather_for_generation", "accelerate_config",
                  "use_transformers_continuous_batching", "num_processes"):
         if name in source:
-            assert f"{name}=" in said, name  # listed as not applicable, with the reason
+            assert f"{name}=" in said, name  # listed as not applicable, with the reason (num_processes: the world size)
 
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"prompt": "1+1", "solution": "2"}) + "\n")

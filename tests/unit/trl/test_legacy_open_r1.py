@@ -41,6 +41,8 @@ def test_an_open_r1_recipe_converts_to_a_config_grpolab_accepts(recipe, tiny_mod
     assert keys["model.dtype"] == "bfloat16" and keys["data.max_prompt_length"] == source["max_prompt_length"]
     assert keys["data.system_prompt"] == source["system_prompt"] and keys.get("data.prompt_field", "prompt") == source["dataset_prompt_column"]
     assert keys["data.path"] == source["dataset_name"] and keys["optim.lr"] == source["learning_rate"]
+    assert keys["algo.beta"] == source.get("beta", 0.04)  # open-r1 ran TRL <= 0.18.0, whose beta was 0.04
+    assert keys["data.chat_template"] is True  # open-r1 makes a user turn of the prompt column, "prompt" too
     names = [spec["name"] for spec in keys["reward.functions"]]
     assert len(names) == len(source["reward_funcs"])
     assert [spec["weight"] for spec in keys["reward.functions"]] == source["reward_weights"]
