@@ -73,3 +73,17 @@ def test_reinforce_pp_trains_with_one_completion_per_prompt(tiny_model_dir, addi
     row = read_metrics(result.run_dir)[0]
     assert torch.isfinite(torch.tensor(row["loss"])) and row["grad_norm"] > 0
     assert "beta: 0.01" in (result.run_dir / "config.yaml").read_text()
+
+
+def test_trl_1_16_options_train_end_to_end(tiny_model_dir, addition_jsonl, tmp_path):
+    """GDPO advantages from the two reward functions, SAPO's gate, the off-policy sequence mask and the 80/20
+    entropy mask together: the run trains and logs the masked share."""
+    options = (
+        "algo.advantage=gdpo", "algo.policy_loss=sapo", "algo.num_minibatches=2", "algo.beta=0",
+        "algo.off_policy_mask_threshold=0.0", "algo.top_entropy_quantile=0.2",
+    )  # fmt: skip
+    result = train(_cfg(tiny_model_dir, addition_jsonl(64), tmp_path, "trl116", 2, *options))
+    for row in read_metrics(result.run_dir):
+        assert torch.isfinite(torch.tensor(row["loss"])) and row["grad_norm"] > 0
+        assert 0.0 <= row["loss/off_policy_masked_frac"] <= 1.0
+        assert row["clip_ratio/region_mean"] == 0.0  # SAPO clips nothing

@@ -133,6 +133,24 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
             a.policy_loss == "cispo" and (a.importance_level != "token" or a.dual_clip is not None),
             "algo.policy_loss=cispo clips a per-token IS weight: set algo.importance_level=token and algo.dual_clip=null",
         ),
+        (
+            a.advantage == "gdpo" and a.kl_in == "reward",
+            "algo.advantage=gdpo normalises each reward function apart, so no summed reward takes the KL: set "
+            "algo.kl_in=loss",
+        ),
+        (a.policy_loss == "sapo" and a.dual_clip is not None, "algo.policy_loss=sapo has no hard clip: set algo.dual_clip=null"),
+        (
+            a.sapo_temperature_pos <= 0 or a.sapo_temperature_neg <= 0,
+            "algo.sapo_temperature_pos and algo.sapo_temperature_neg must be > 0 (TRL: 1.0 and 1.05)",
+        ),
+        (
+            a.off_policy_mask_threshold is not None and a.off_policy_mask_threshold < 0,
+            "algo.off_policy_mask_threshold must be >= 0 nats per token (DeepSeek-V3.2, TRL: e.g. 0.5), or null for off",
+        ),
+        (
+            not 0 <= a.top_entropy_quantile <= 1,
+            "algo.top_entropy_quantile must be in [0, 1] (the 80/20 rule: 0.2; 1.0 = every token)",
+        ),
         (o.lr <= 0, "optim.lr must be > 0"),
         (e.num_samples < 1, "eval.num_samples must be >= 1"),
         (any(not 0 < k <= e.num_samples for k in e.ks), "eval.ks must be in 1..eval.num_samples"),
@@ -330,6 +348,18 @@ def inert_settings(cfg: Config) -> list[str]:
                 f"{' and '.join(changed)} have no effect with algo.rollout_correction=none: set "
                 "algo.rollout_correction=tis (or mis) to correct the sampler / trainer mismatch"
             )
+    sapo_temps = [
+        f"algo.{k}={getattr(a, k):g}"
+        for k in ("sapo_temperature_pos", "sapo_temperature_neg")
+        if getattr(a, k) != field_default(AlgoConfig, k)
+    ]
+    if a.policy_loss != "sapo" and sapo_temps:
+        out.append(f"{' and '.join(sapo_temps)} have no effect unless algo.policy_loss=sapo")
+    if a.policy_loss == "sapo" and _clips_chosen(a):
+        out.append(
+            f"algo.clip_low={a.clip_low:g} and algo.clip_high={a.clip_high:g} have no effect with algo.policy_loss=sapo "
+            "(a smooth gate, no clip): tune algo.sapo_temperature_pos / _neg instead"
+        )
     if a.beta == 0 and a.kl_estimator != a.preset["kl_estimator"]:
         out.append(f"algo.kl_estimator={a.kl_estimator} has no effect with algo.beta=0 (no KL term): set algo.beta > 0")
     if a.importance_level == "sequence" and a.loss_agg == "token-mean":
@@ -348,12 +378,19 @@ _RATIO_IS_ONE = (
 
 
 
+def _clips_chosen(a: AlgoConfig) -> bool:
+    """The clip range is not the preset's: the user chose it."""
+    return a.clip_low != a.preset["clip_low"] or a.clip_high != a.preset.get("clip_high", a.preset["clip_low"])
+
+
 def _inert_clips(a: AlgoConfig) -> list[str]:
     """What a ratio of exactly 1 leaves inert, each named by its own setting."""
     out = []
     clips = f"algo.clip_low={a.clip_low:g}, algo.clip_high={a.clip_high:g}"
-    chosen = a.clip_low != a.preset["clip_low"] or a.clip_high != a.preset.get("clip_high", a.preset["clip_low"])
-    if a.policy_loss == "cispo":
+    chosen = _clips_chosen(a)
+    if a.policy_loss == "sapo":
+        out.append("SAPO's soft gate (algo.sapo_temperature_pos / _neg: at ratio 1 it passes the plain policy gradient)")
+    elif a.policy_loss == "cispo":
         out.append(f"CISPO's IS-weight clip ({clips}; it is REINFORCE with token-mean here)")
     elif a.importance_level == "sequence":
         out.append(f"GSPO's sequence-level clip ({clips})")

@@ -26,6 +26,7 @@ from grpolab.trl.rules import (
     loss_type,
     max_length,
     num_steps,
+    off_policy_mask,
     optim,
     output_dir,
     precision,
@@ -36,6 +37,7 @@ from grpolab.trl.rules import (
     scale_rewards,
     schedule,
     sync_ref,
+    top_entropy,
     weight_decay,
 )
 
@@ -47,7 +49,6 @@ _LOGGING = "transformers' console logging; grpolab logs every step's metrics (--
 _DIST = "torchrun sets up the processes; grpolab picks DDP or FSDP2 with train.parallel"
 _SPEED = "a speed option; it does not change what is trained"
 _ADAPTIVE = "read only with use_adaptive_entropy=True, which is refused"
-_SAPO = "grpolab has no SAPO loss (loss_type=sapo is refused)"
 _VESPO = "grpolab has no VESPO loss (loss_type=vespo is refused)"
 
 TRL_FIELDS: dict[str, TrlField] = worded({
@@ -94,10 +95,10 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "entropy_coef_max": not_applicable(_ADAPTIVE),
     "entropy_coef_delta": not_applicable(_ADAPTIVE),
     "entropy_target": not_applicable(_ADAPTIVE),
-    "top_entropy_quantile": refused("grpolab has no high-entropy token mask (80/20 rule)"),
-    "off_policy_mask_threshold": refused("grpolab has no off-policy sequence mask (DeepSeek-V3.2)"),
-    "sapo_temperature_neg": not_applicable(_SAPO),
-    "sapo_temperature_pos": not_applicable(_SAPO),
+    "top_entropy_quantile": named(top_entropy),
+    "off_policy_mask_threshold": named(off_policy_mask),
+    "sapo_temperature_neg": read_by("loss_type"),
+    "sapo_temperature_pos": read_by("loss_type"),
     "vespo_k_pos": not_applicable(_VESPO),
     "vespo_lambda_pos": not_applicable(_VESPO),
     "vespo_k_neg": not_applicable(_VESPO),
