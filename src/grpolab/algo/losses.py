@@ -24,13 +24,15 @@ Where the code departs from the papers, and why:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from grpolab.algo.masked import masked_mean, masked_sum
+from grpolab.algo.soft import sapo_loss, vespo_loss
+from grpolab.algo.surrogate import LOG_RATIO_CLAMP, SurrogateLoss, _check_surrogate_inputs, _ratio
 
 __all__ = [
     "AGGREGATIONS",
@@ -41,60 +43,12 @@ __all__ = [
     "cispo_loss",
     "clipped_surrogate_loss",
     "dpo_loss",
-    "sapo_loss",
     "value_loss",
 ]
 
-LOG_RATIO_CLAMP = 20.0
 AggregationMode = Literal[
     "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"
 ]
-
-
-class SurrogateLoss(NamedTuple):
-    """Per-token clipped surrogate loss and where each clip bound is active (all ``[N, T]``)."""
-
-    loss: Tensor
-    """``[N, T]`` float, the loss to minimise, 0 outside the mask."""
-    clipped_low: Tensor
-    """``[N, T]`` bool: A < 0 and ratio < 1 - clip_low (gradient zeroed by the clip)."""
-    clipped_high: Tensor
-    """``[N, T]`` bool: A > 0 and ratio > 1 + clip_high (gradient zeroed by the clip)."""
-
-
-def _check_surrogate_inputs(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor | None
-) -> Tensor:
-    """Validate shapes and return the advantages as ``[N, T]``."""
-    if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape:
-        raise ValueError(
-            f"logprobs and old_logprobs must both be [N, T], got {tuple(logprobs.shape)} "
-            f"and {tuple(old_logprobs.shape)}"
-        )
-    if mask is not None and (mask.dtype != torch.bool or mask.shape != logprobs.shape):
-        raise ValueError(
-            f"mask must be bool [N, T] = {tuple(logprobs.shape)}, got {mask.dtype} {tuple(mask.shape)}"
-        )
-    if advantages.shape == logprobs.shape[:1]:
-        return advantages.unsqueeze(-1).expand_as(logprobs)
-    if advantages.shape != logprobs.shape:
-        raise ValueError(
-            f"advantages must be [N] or [N, T] with N, T = {tuple(logprobs.shape)}, got {tuple(advantages.shape)}"
-        )
-    return advantages
-
-
-def _ratio(logprobs: Tensor, old_logprobs: Tensor, level: str, mask: Tensor | None) -> Tensor:
-    """``[N, T]`` importance ratio with its gradient: per token, or GSPO's ``sg[s_i] * pi / sg[pi]``."""
-    log_ratio = logprobs - old_logprobs.detach()
-    if level == "sequence":
-        if mask is None:
-            raise ValueError('level="sequence" (GSPO) needs mask to average the log-ratio over each sequence')
-        seq_log_ratio = masked_mean(log_ratio, mask, dim=-1).detach().unsqueeze(-1)  # [N, 1]
-        log_ratio = seq_log_ratio + logprobs - logprobs.detach()
-    elif level != "token":
-        raise ValueError(f'level must be "token" or "sequence", got {level!r}')
-    return torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 
 def clipped_surrogate_loss(
@@ -192,65 +146,16 @@ def cispo_loss(
     return SurrogateLoss(loss, clipped_low, clipped_high)
 
 
-def sapo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    *,
-    temperature_pos: float = 1.0,
-    temperature_neg: float = 1.05,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    level: Literal["token", "sequence"] = "token",
-    mask: Tensor | None = None,
-) -> SurrogateLoss:
-    """SAPO per token (Soft Adaptive Policy Optimization, arXiv 2511.20347; TRL ``loss_type="sapo"``): a
-    smooth gate in place of the hard clip.
-
-    ``loss = -sigmoid(tau * (ratio - 1)) * 4 / tau * A`` with ``tau = temperature_pos`` where ``A > 0``, else
-    ``temperature_neg``. Its gradient is ``-4 p (1 - p) * ratio * A * grad log pi`` (``p`` the sigmoid): the
-    plain policy gradient at ratio 1, fading smoothly (never cut) as the ratio moves away; a larger ``tau``
-    fades faster (the paper: tau_neg > tau_pos, since negative updates destabilise more). ``level="sequence"``
-    gates GSPO's sequence ratio (as TRL); the gradient equals TRL's ``(B, 1)`` form under
-    ``"seq-mean-token-mean"``.
-
-    Args:
-        logprobs: ``[N, T]`` under the current policy (with grad).
-        old_logprobs: ``[N, T]`` under the sampling policy (no grad).
-        advantages: ``[N]`` or ``[N, T]``.
-        temperature_pos, temperature_neg: tau for positive / non-positive advantages (TRL: 1.0 and 1.05), > 0.
-        clip_low, clip_high: accepted for the common signature of ``POLICY_LOSSES`` and unused (no hard clip).
-        dual_clip: must be None.
-        level: ``"token"`` or ``"sequence"`` (GSPO's ratio, which needs ``mask``).
-        mask: ``[N, T]`` bool, True = token counts.
-
-    Returns:
-        ``SurrogateLoss(loss, all False, all False)``: nothing is clipped.
-    """
-    if dual_clip is not None:
-        raise ValueError("SAPO has no hard clip to cap: use dual_clip=None")
-    if temperature_pos <= 0 or temperature_neg <= 0:
-        raise ValueError(f"SAPO's temperatures must be > 0, got {temperature_pos} and {temperature_neg}")
-    adv = _check_surrogate_inputs(logprobs, old_logprobs, advantages, mask).detach()
-    ratio = _ratio(logprobs, old_logprobs, level, mask)
-    tau = torch.where(adv > 0, temperature_pos, temperature_neg).to(ratio.dtype)
-    loss = -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv
-    none = torch.zeros_like(logprobs, dtype=torch.bool)
-    if mask is not None:
-        loss = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
-    return SurrogateLoss(loss, none, none)
-
-
 POLICY_LOSSES: dict[str, Callable[..., SurrogateLoss]] = {
     "clip": clipped_surrogate_loss,
     "cispo": cispo_loss,
     "sapo": sapo_loss,
+    "vespo": vespo_loss,
 }
 """Per-token policy losses by name, all ``(logprobs, old_logprobs, advantages, *, clip_low, clip_high,
 dual_clip, level, mask) -> SurrogateLoss``: "clip" is PPO/GRPO's clipped surrogate (GSPO with
-``level="sequence"``), "cispo" MiniMax-M1's clipped IS-weight REINFORCE, "sapo" the soft-gated surrogate
-(its temperatures bound by the trainer with functools.partial)."""
+``level="sequence"``), "cispo" MiniMax-M1's clipped IS-weight REINFORCE, "sapo" and "vespo" the losses
+without a hard clip of grpolab.algo.soft (their own coefficients bound by the trainer with functools.partial)."""
 
 
 def _rows(mask: Tensor, total_seqs: float | None) -> float | Tensor:

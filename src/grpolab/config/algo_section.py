@@ -93,14 +93,24 @@ class AlgoConfig:
     value_init_path: str | None = None
     """PPO: reward-model folder or hub id (AutoModelForSequenceClassification, 1 label) for value_init=reward_model."""
 
-    policy_loss: Literal["clip", "cispo", "sapo"] | None = None
+    policy_loss: Literal["clip", "cispo", "sapo", "vespo"] | None = None
     """clip = PPO/GRPO's clipped surrogate (GSPO with importance_level=sequence); cispo = MiniMax-M1's clipped
     stop-gradient IS weight on a REINFORCE term (clip_low / clip_high bound the weight); sapo = SAPO's smooth
-    gate sigmoid(tau (ratio - 1)) 4 / tau in place of the clip (clip_low / clip_high unused). null = preset."""
+    gate sigmoid(tau (ratio - 1)) 4 / tau in place of the clip; vespo = VESPO's REINFORCE term weighted by
+    w^k e^{lambda (1 - w)} of the summed sequence ratio w (sapo, vespo: clip_low / clip_high unused). null = preset."""
     sapo_temperature_pos: float = 1.0
     """SAPO: the gate's temperature tau for tokens with a positive advantage (TRL: 1.0); larger fades faster."""
     sapo_temperature_neg: float = 1.05
     """SAPO: tau for tokens with a zero or negative advantage (TRL: 1.05; the paper keeps it above the positive one)."""
+    vespo_k_pos: float = 2.0
+    """VESPO: the power k of phi(w) = w^k e^{lambda (1 - w)} for a non-negative advantage (TRL: 2.0); a larger
+    k weighs sequences whose ratio fell below 1 down harder."""
+    vespo_lambda_pos: float = 3.0
+    """VESPO: the decay lambda for a non-negative advantage (TRL: 3.0); a larger lambda weighs ratios above 1 down."""
+    vespo_k_neg: float = 3.0
+    """VESPO: k for a negative advantage (TRL: 3.0)."""
+    vespo_lambda_neg: float = 2.0
+    """VESPO: lambda for a negative advantage (TRL: 2.0)."""
     off_policy_mask_threshold: float | None = None
     """DeepSeek-V3.2's off-policy sequence masking: a completion with a negative advantage whose mean per-token
     log pi_sampler - log pi_theta (the sampler's log-probs against the current policy's) exceeds this many nats

@@ -140,6 +140,16 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         ),
         (a.policy_loss == "sapo" and a.dual_clip is not None, "algo.policy_loss=sapo has no hard clip: set algo.dual_clip=null"),
         (
+            a.policy_loss == "vespo"
+            and (a.importance_level != "token" or a.dual_clip is not None or a.rollout_correction_level != "token"),
+            "algo.policy_loss=vespo builds its own sequence weight from the token ratios (and per-token rollout "
+            "weights, as TRL): set algo.importance_level=token, algo.rollout_correction_level=token, algo.dual_clip=null",
+        ),
+        (
+            min(a.vespo_k_pos, a.vespo_lambda_pos, a.vespo_k_neg, a.vespo_lambda_neg) < 0,
+            "algo.vespo_k_pos, _lambda_pos, _k_neg and _lambda_neg must be >= 0 (TRL: 2, 3, 3, 2)",
+        ),
+        (
             a.sapo_temperature_pos <= 0 or a.sapo_temperature_neg <= 0,
             "algo.sapo_temperature_pos and algo.sapo_temperature_neg must be > 0 (TRL: 1.0 and 1.05)",
         ),
@@ -348,18 +358,7 @@ def inert_settings(cfg: Config) -> list[str]:
                 f"{' and '.join(changed)} have no effect with algo.rollout_correction=none: set "
                 "algo.rollout_correction=tis (or mis) to correct the sampler / trainer mismatch"
             )
-    sapo_temps = [
-        f"algo.{k}={getattr(a, k):g}"
-        for k in ("sapo_temperature_pos", "sapo_temperature_neg")
-        if getattr(a, k) != field_default(AlgoConfig, k)
-    ]
-    if a.policy_loss != "sapo" and sapo_temps:
-        out.append(f"{' and '.join(sapo_temps)} have no effect unless algo.policy_loss=sapo")
-    if a.policy_loss == "sapo" and _clips_chosen(a):
-        out.append(
-            f"algo.clip_low={a.clip_low:g} and algo.clip_high={a.clip_high:g} have no effect with algo.policy_loss=sapo "
-            "(a smooth gate, no clip): tune algo.sapo_temperature_pos / _neg instead"
-        )
+    out += _inert_soft_losses(a)
     if a.beta == 0 and a.kl_estimator != a.preset["kl_estimator"]:
         out.append(f"algo.kl_estimator={a.kl_estimator} has no effect with algo.beta=0 (no KL term): set algo.beta > 0")
     if a.importance_level == "sequence" and a.loss_agg == "token-mean":
@@ -378,6 +377,28 @@ _RATIO_IS_ONE = (
 
 
 
+_SOFT_LOSS_KEYS = {
+    "sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
+    "vespo": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
+}
+
+
+def _inert_soft_losses(a: AlgoConfig) -> list[str]:
+    """SAPO's / VESPO's coefficients without that loss, and the clip range with it."""
+    out = []
+    for loss, keys in _SOFT_LOSS_KEYS.items():
+        changed = [f"algo.{k}={getattr(a, k):g}" for k in keys if getattr(a, k) != field_default(AlgoConfig, k)]
+        if a.policy_loss != loss and changed:
+            out.append(f"{' and '.join(changed)} have no effect unless algo.policy_loss={loss}")
+    if a.policy_loss in _SOFT_LOSS_KEYS and _clips_chosen(a):
+        out.append(
+            f"algo.clip_low={a.clip_low:g} and algo.clip_high={a.clip_high:g} have no effect with "
+            f"algo.policy_loss={a.policy_loss} (no hard clip): tune algo.{_SOFT_LOSS_KEYS[a.policy_loss][0]} and the "
+            "others of its kind instead"
+        )
+    return out
+
+
 def _clips_chosen(a: AlgoConfig) -> bool:
     """The clip range is not the preset's: the user chose it."""
     return a.clip_low != a.preset["clip_low"] or a.clip_high != a.preset.get("clip_high", a.preset["clip_low"])
@@ -390,6 +411,8 @@ def _inert_clips(a: AlgoConfig) -> list[str]:
     chosen = _clips_chosen(a)
     if a.policy_loss == "sapo":
         out.append("SAPO's soft gate (algo.sapo_temperature_pos / _neg: at ratio 1 it passes the plain policy gradient)")
+    elif a.policy_loss == "vespo":
+        out.append("VESPO's gamma weight (algo.vespo_*: phi(1) = 1; only the rollout-correction weights move w)")
     elif a.policy_loss == "cispo":
         out.append(f"CISPO's IS-weight clip ({clips}; it is REINFORCE with token-mean here)")
     elif a.importance_level == "sequence":

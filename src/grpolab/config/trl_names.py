@@ -29,8 +29,8 @@ TRL_NAMES: dict[str, str] = {
     "top_p": "rollout.top_p",
     "top_k": "rollout.top_k (0 = off)",
     "loss_type": "algo.loss_agg: grpo = seq-mean-token-mean, dr_grpo = seq-mean-token-sum-norm, dapo = "
-    "token-mean, cispo = algo.name cispo, sapo = algo.policy_loss sapo, luspo = seq-mean-token-sum; bnpo only at "
-    "per_device_train_batch_size=1",
+    "token-mean, cispo = algo.name cispo, sapo = algo.policy_loss sapo, luspo = seq-mean-token-sum, vespo = "
+    "algo.policy_loss vespo; bnpo only at per_device_train_batch_size=1",
     "scale_rewards": "algo.advantage: group = grpo, batch = batch_reward_std, none = dr_grpo (no std); "
     "multi_objective_aggregation=normalize_then_sum = gdpo",
     "top_entropy_quantile": "algo.top_entropy_quantile (the 80/20 rule, over an optimizer step's tokens)",

@@ -58,6 +58,9 @@ class PolicyLossSpec:
     """algo.off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask, or None."""
     top_entropy_quantile: float = 1.0
     """algo.top_entropy_quantile: below 1, only the minibatch's highest-entropy tokens get policy loss (80/20)."""
+    correction_in_loss: bool = False
+    """VESPO: the rollout-correction weights enter its sequence weight (``is_weights``), as TRL, instead of
+    multiplying the per-token loss."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> PolicyLossSpec:
@@ -76,6 +79,11 @@ class PolicyLossSpec:
             loss_fn = functools.partial(
                 loss_fn, temperature_pos=a.sapo_temperature_pos, temperature_neg=a.sapo_temperature_neg
             )
+        elif a.policy_loss == "vespo":
+            loss_fn = functools.partial(
+                loss_fn, k_pos=a.vespo_k_pos, lambda_pos=a.vespo_lambda_pos, k_neg=a.vespo_k_neg,
+                lambda_neg=a.vespo_lambda_neg,
+            )  # fmt: skip
         return cls(
             kl_fn=KL_ESTIMATORS[a.kl_estimator] if kl_in_loss else None,
             beta=a.beta,
@@ -91,6 +99,7 @@ class PolicyLossSpec:
             entropy_coef=a.entropy_coef,
             off_policy_threshold=a.off_policy_mask_threshold,
             top_entropy_quantile=a.top_entropy_quantile,
+            correction_in_loss=a.policy_loss == "vespo",
         )
 
 
@@ -111,6 +120,9 @@ def policy_loss(
     [N, T] bool (the high-entropy tokens, algo.top_entropy_quantile) limits the policy loss and the bonus to them.
     """
     mask = mb.loss_mask
+    weights = None
+    if spec.correction is not None and mb.sampler_logprobs is not None:
+        weights = spec.correction(old_logprobs, mb.sampler_logprobs, mask)
     sur = spec.loss_fn(
         logprobs,
         old_logprobs,
@@ -120,26 +132,15 @@ def policy_loss(
         dual_clip=spec.dual_clip,
         level=spec.level,
         mask=mask,
+        **({"is_weights": weights} if spec.correction_in_loss else {}),
     )
-    per_token = sur.loss
     stats = {
         "clip_frac_low": _masked_sum(sur.clipped_low.float(), mask),
         "clip_frac_high": _masked_sum(sur.clipped_high.float(), mask),
         "approx_kl_old": _masked_sum(0.5 * (logprobs.detach() - old_logprobs) ** 2, mask),
     }
-    if spec.off_policy_threshold is not None:
-        # the paper's and TRL's pi_old is the sampler's (the engine's log-probs: both the updates since sampling
-        # and the engine / trainer mismatch count); without them, the trainer's at the sampling weights
-        sampler = mb.sampler_logprobs if mb.sampler_logprobs is not None else old_logprobs
-        keep = off_policy_sequence_mask(mb.advantages, logprobs, sampler, mask, threshold=spec.off_policy_threshold)
-        per_token = torch.where(keep, per_token, torch.zeros_like(per_token))
-        stats["off_policy_masked"] = _masked_sum((~keep).float(), mask)
-    if token_keep is not None:
-        per_token = torch.where(token_keep, per_token, torch.zeros_like(per_token))
-        if entropy is not None:
-            entropy = torch.where(token_keep, entropy, torch.zeros_like(entropy))  # TRL: the bonus on the same tokens
-    per_token, extra = _rollout_terms(per_token, old_logprobs, mb, spec, entropy)
-    stats.update(extra)
+    per_token, entropy = _selected(sur.loss, logprobs, old_logprobs, mb, spec, stats, entropy, token_keep)
+    per_token = _rollout_terms(per_token, old_logprobs, mb, spec, entropy, weights, stats)
     if spec.kl_fn is not None:
         kl = spec.kl_fn(logprobs, mb.ref_logprobs)
         per_token = per_token + spec.beta * kl
@@ -155,22 +156,39 @@ def policy_loss(
     return loss, stats
 
 
-def _rollout_terms(per_token, old_logprobs, mb: RolloutBatch, spec: PolicyLossSpec, entropy):
-    """The sampler/trainer mismatch sums, the rollout-correction weights and the entropy bonus."""
-    stats: dict[str, float] = {}
+def _selected(per_token, logprobs, old_logprobs, mb: RolloutBatch, spec: PolicyLossSpec, stats, entropy, token_keep):
+    """(policy loss, entropy) less what the off-policy sequence mask and the high-entropy token mask drop."""
+    mask = mb.loss_mask
+    if spec.off_policy_threshold is not None:
+        # the paper's and TRL's pi_old is the sampler's (the engine's log-probs: both the updates since sampling
+        # and the engine / trainer mismatch count); without them, the trainer's at the sampling weights
+        sampler = mb.sampler_logprobs if mb.sampler_logprobs is not None else old_logprobs
+        keep = off_policy_sequence_mask(mb.advantages, logprobs, sampler, mask, threshold=spec.off_policy_threshold)
+        per_token = torch.where(keep, per_token, torch.zeros_like(per_token))
+        stats["off_policy_masked"] = _masked_sum((~keep).float(), mask)
+    if token_keep is not None:
+        per_token = torch.where(token_keep, per_token, torch.zeros_like(per_token))
+        if entropy is not None:
+            entropy = torch.where(token_keep, entropy, torch.zeros_like(entropy))  # TRL: the bonus on the same tokens
+    return per_token, entropy
+
+
+def _rollout_terms(per_token, old_logprobs, mb: RolloutBatch, spec: PolicyLossSpec, entropy, weights, stats):
+    """The sampler/trainer mismatch sums, the rollout-correction weights (already inside VESPO's loss) and the
+    entropy bonus."""
     mask = mb.loss_mask
     if mb.sampler_logprobs is not None:
         # old_logprobs are the trainer's log-probs at the sampling weights (recomputed, or this pass's own
         # values when the ratio is 1): what the sampler's log-probs should have been.
         stats.update(mismatch_sums(old_logprobs, mb.sampler_logprobs, mask))
-        if spec.correction is not None:
-            weights = spec.correction(old_logprobs, mb.sampler_logprobs, mask)
+    if weights is not None:
+        if not spec.correction_in_loss:
             per_token = per_token * weights
-            stats["rollout_weight"] = _masked_sum(weights, mask)
-            stats["rollout_masked"] = _masked_sum((weights == 0).float(), mask)
+        stats["rollout_weight"] = _masked_sum(weights, mask)
+        stats["rollout_masked"] = _masked_sum((weights == 0).float(), mask)
     if spec.entropy_coef > 0 and entropy is not None:
         per_token = per_token - spec.entropy_coef * entropy
-    return per_token, stats
+    return per_token
 
 
 def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> float:

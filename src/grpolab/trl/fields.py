@@ -49,7 +49,6 @@ _LOGGING = "transformers' console logging; grpolab logs every step's metrics (--
 _DIST = "torchrun sets up the processes; grpolab picks DDP or FSDP2 with train.parallel"
 _SPEED = "a speed option; it does not change what is trained"
 _ADAPTIVE = "read only with use_adaptive_entropy=True, which is refused"
-_VESPO = "grpolab has no VESPO loss (loss_type=vespo is refused)"
 
 TRL_FIELDS: dict[str, TrlField] = worded({
     # --- batch geometry and length of the run
@@ -99,10 +98,10 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "off_policy_mask_threshold": named(off_policy_mask),
     "sapo_temperature_neg": read_by("loss_type"),
     "sapo_temperature_pos": read_by("loss_type"),
-    "vespo_k_pos": not_applicable(_VESPO),
-    "vespo_lambda_pos": not_applicable(_VESPO),
-    "vespo_k_neg": not_applicable(_VESPO),
-    "vespo_lambda_neg": not_applicable(_VESPO),
+    "vespo_k_pos": read_by("loss_type"),
+    "vespo_lambda_pos": read_by("loss_type"),
+    "vespo_k_neg": read_by("loss_type"),
+    "vespo_lambda_neg": read_by("loss_type"),
     "reward_weights": named(lambda v, t: t.reward_weights(v)),
     "vllm_importance_sampling_correction": mapped(
         "algo.rollout_correction (tis / mis), _level and _cap, when use_vllm", rollout_correction

@@ -19,7 +19,10 @@ if TYPE_CHECKING:
 def importance_level(value: Any, t: Any) -> dict[str, Any]:
     """GSPO-token (``sequence_token``, trl.experimental.gspo_token's GRPOTrainer) weighs each token by the
     sequence ratio times pi/sg(pi): its value is GSPO's, and with TRL's per-sequence advantages its gradient
-    is GSPO's too (TRL's docs, gspo_token.md), so it is read as ``sequence``."""
+    is GSPO's too (TRL's docs, gspo_token.md), so it is read as ``sequence``. VESPO's loss does not read it."""
+    if t["loss_type"] == "vespo" and value != "token":
+        t.note(f"importance_sampling_level={value}: VESPO's loss builds its own sequence weight (TRL warns), so token")
+        return {"algo.importance_level": "token"}
     if value == "sequence_token":
         t.note("importance_sampling_level='sequence_token': read as algo.importance_level=sequence; GSPO-token "
                "with per-sequence advantages (TRL's) has GSPO's value and gradient")
@@ -89,12 +92,15 @@ _LOSS_AGG = {
     "cispo": "token-mean",  # the dapo normaliser
     "sapo": "seq-mean-token-mean",  # the grpo normaliser
     "luspo": "seq-mean-token-sum",  # (per_token_loss * mask).sum(-1).mean(): each row's sum, mean over rows
+    "vespo": "token-mean",  # the dapo normaliser
 }
-_POLICY_LOSS = {"cispo": "cispo", "sapo": "sapo"}  # the others: the clipped surrogate
+_POLICY_LOSS = {"cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}  # the others: the clipped surrogate
+_VESPO = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 
 
 def loss_type(v: str, t: TrlView) -> dict[str, Any]:
-    """loss_type picks TRL's normaliser (and cispo's weight, sapo's gate); the advantage is scale_rewards'."""
+    """loss_type picks TRL's normaliser (and cispo's weight, sapo's gate, vespo's gamma weight); the advantage is
+    scale_rewards'."""
     if v == "bnpo":
         if t["per_device_train_batch_size"] != 1:
             raise Refused(
@@ -106,11 +112,11 @@ def loss_type(v: str, t: TrlView) -> dict[str, Any]:
         v = "grpo"
     if v not in _LOSS_AGG:
         raise Refused(
-            f"grpolab has no '{v}' loss (it has grpo, dr_grpo, dapo, cispo, sapo, luspo; bnpo at batch size 1)"
+            f"grpolab has no '{v}' loss (it has grpo, dr_grpo, dapo, cispo, sapo, luspo, vespo; bnpo at batch size 1)"
         )
-    if v == "dapo" and t.geometry.num_minibatches > 1:
+    if _LOSS_AGG[v] == "token-mean" and t.geometry.num_minibatches > 1:
         t.note(
-            "loss_type=dapo: TRL divides each optimizer step by the generation batch's active tokens / "
+            f"loss_type={v}: TRL divides each optimizer step by the generation batch's active tokens / "
             "steps_per_generation x gradient_accumulation_steps (an average); grpolab by the minibatch's own "
             "active tokens: the same when steps_per_generation = gradient_accumulation_steps"
         )
@@ -125,6 +131,8 @@ def loss_type(v: str, t: TrlView) -> dict[str, Any]:
     if v == "sapo":
         out["algo.sapo_temperature_pos"] = t["sapo_temperature_pos"]
         out["algo.sapo_temperature_neg"] = t["sapo_temperature_neg"]
+    if v == "vespo":
+        out.update({f"algo.{name}": t[name] for name in _VESPO})
     return out
 
 

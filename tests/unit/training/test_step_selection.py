@@ -1,5 +1,6 @@
 """The train step's token selection: the off-policy sequence mask (algo.off_policy_mask_threshold), the
-80/20 high-entropy mask (algo.top_entropy_quantile) and SAPO's loss in the step, with hand-computed gradients."""
+80/20 high-entropy mask (algo.top_entropy_quantile), and SAPO's and VESPO's losses in the step, with
+hand-computed gradients."""
 
 import copy
 import math
@@ -74,6 +75,17 @@ def test_sapo_in_the_step_gates_instead_of_clipping():
     g_pos, g_neg = 4 * s_pos * (1 - s_pos) * 2, 4 * s_neg * (1 - s_neg) * 2  # d/dlogp of the gate, times the ratio
     torch.testing.assert_close(grad, torch.tensor([[-g_pos / 3, -g_pos / 3], [g_neg / 3, 0.0]]))
     assert stats["clip_frac_low"] == stats["clip_frac_high"] == 0.0
+
+
+def test_vespo_folds_the_rollout_weights_into_its_sequence_weight():
+    # trainer 0.6 / 0.3 against the sampler's 0.2 / 0.4: TIS token weights min(3, 2) = 2 and 0.75, row 0's w =
+    # 1.5 (ratio 1); A >= 0: phi(1.5) = 1.5^2 e^{3 (1 - 1.5)}. Row 1 (sampler = trainer): w = 1, phi = 1
+    sampler = torch.log(torch.tensor([[0.2, 0.4], [0.5, 1.0]]))
+    overrides = ["algo.policy_loss=vespo", "algo.rollout_correction=tis", "algo.mu=2"]
+    _, grad, stats = _loss(overrides, sampler)
+    phi = 1.5**2 * math.exp(3 * (1 - 1.5))
+    torch.testing.assert_close(grad, torch.tensor([[-phi / 3, -phi / 3], [1 / 3, 0.0]]))  # not times the weights
+    assert stats["rollout_weight"] == pytest.approx(2 + 0.75 + 1)
 
 
 class _Sched:

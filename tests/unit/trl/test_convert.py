@@ -181,13 +181,13 @@ def _trl_loss(per_token_loss, mask, loss_type, max_len, accumulation):
             loss = (lo * m).sum() / (lo.size(0) * max_len) / accumulation
         elif loss_type == "luspo":
             loss = (lo * m).sum(-1).mean() / accumulation
-        else:  # dapo, cispo
+        else:  # dapo, cispo, vespo
             loss = (lo * m).sum() / (num_items.clamp(min=1.0) * accumulation / accumulation)
         total = total + loss
     return total
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "sapo", "luspo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "sapo", "luspo", "vespo"])
 def test_loss_type_maps_to_the_aggregation_that_computes_trls_loss(loss_type):
     from grpolab.algo.losses import aggregate
 
@@ -217,9 +217,21 @@ def test_bnpo_is_grpo_at_batch_size_one_and_refused_otherwise():
         keys(loss_type="bnpo")
 
 
-def test_losses_grpolab_lacks_are_refused():
-    with pytest.raises(ConfigError, match="no 'vespo' loss"):
-        keys(loss_type="vespo")
+def test_a_loss_type_trl_lacks_is_refused():
+    with pytest.raises(ConfigError, match="no 'gmpo' loss"):
+        keys(loss_type="gmpo")
+
+
+def test_vespo_takes_its_gamma_coefficients_and_a_token_level_ratio():
+    out = convert_trl({"loss_type": "vespo", "vespo_k_pos": 1.5, "vespo_lambda_neg": 2.5,
+                       "importance_sampling_level": "sequence"})  # fmt: skip
+    k = out.keys
+    assert (k["algo.policy_loss"], k["algo.loss_agg"], k["algo.importance_level"]) == ("vespo", "token-mean", "token")
+    assert (k["algo.vespo_k_pos"], k["algo.vespo_lambda_pos"], k["algo.vespo_k_neg"], k["algo.vespo_lambda_neg"]) == (
+        1.5, 3.0, 3.0, 2.5,
+    )  # fmt: skip
+    assert any("VESPO's loss builds its own sequence weight" in n for n in out.notes)
+    config_from_dict(out.config_dict())
 
 
 def test_sapo_takes_its_temperatures_and_no_clip():
@@ -442,7 +454,7 @@ def test_the_cli_writes_a_config_that_loads(tmp_path, capsys):
     assert "fill in: reward.functions" in capsys.readouterr().err
     cfg = load_config(out)
     assert (cfg.optim.lr, cfg.train.num_steps, cfg.data.source) == (1e-5, 3, "jsonl")
-    assert main(["convert-trl", "--loss_type", "vespo"]) == 2
+    assert main(["convert-trl", "--loss_type", "bnpo"]) == 2
     assert capsys.readouterr().err.startswith("grpolab: error: convert-trl: grpolab cannot reproduce loss_type")
 
 

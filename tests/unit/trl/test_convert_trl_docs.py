@@ -34,8 +34,6 @@ REFUSED = {
     # multi-turn tool calling generates different completions; grpolab samples one turn
     "harbor__quick_start": _CANNOT + "max_tool_calling_iterations=25: grpolab has no tool-calling loop",
     "openreward__quick_start": _CANNOT + "max_tool_calling_iterations=20: grpolab has no tool-calling loop",
-    # a loss grpolab does not have
-    "paper_index__vespo": _CANNOT + "loss_type='vespo': grpolab has no 'vespo' loss",
     # ScaleRL: its cispo loss and batch-std advantages convert; the fp32 LM head does not
     "paper_index__scale_rl": _CANNOT + "cast_lm_head_to_fp32=True: grpolab has no fp32 LM head cast",
     # MIS with a lower bound: grpolab's rollout correction bounds the weight from above only
