@@ -121,6 +121,8 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         (r.temperature < 0, "rollout.temperature must be >= 0 (0 = greedy)"),
         (not 0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]"),
         (r.top_k < 0, "rollout.top_k must be >= 0 (0 = off)"),
+        (not 0 <= r.min_p <= 1, "rollout.min_p must be in [0, 1] (0 = off; typical: 0.01-0.2)"),
+        (not r.repetition_penalty > 0, "rollout.repetition_penalty must be > 0 (1.0 = off; > 1 discourages repeats)"),
         (a.mu < 1, "algo.mu must be >= 1 (1 = a single update per generation batch)"),
         (a.num_minibatches < 1, "algo.num_minibatches must be >= 1"),
         (a.beta < 0, "algo.beta must be >= 0 (0 = no KL and no reference model)"),

@@ -28,6 +28,8 @@ TRL_NAMES: dict[str, str] = {
     "temperature": "rollout.temperature (log-probs are scored at it, as TRL)",
     "top_p": "rollout.top_p",
     "top_k": "rollout.top_k (0 = off)",
+    "min_p": "rollout.min_p (None = 0.0, off)",
+    "repetition_penalty": "rollout.repetition_penalty (1.0 = off)",
     "loss_type": "algo.loss_agg: grpo = seq-mean-token-mean, dr_grpo = seq-mean-token-sum-norm, dapo = "
     "token-mean, cispo = algo.name cispo, sapo = algo.policy_loss sapo, luspo = seq-mean-token-sum, vespo = "
     "algo.policy_loss vespo; bnpo only at per_device_train_batch_size=1",

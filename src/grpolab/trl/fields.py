@@ -65,9 +65,11 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "temperature": named(to_key("rollout.temperature")),
     "top_p": named(to_key("rollout.top_p")),
     "top_k": named(to_key("rollout.top_k")),
-    "min_p": refused("grpolab's sampler has no min-p filter"),
-    "repetition_penalty": refused("grpolab's sampler has no repetition penalty (it would bias the log-probs)"),
-    "generation_kwargs": refused("grpolab's sampler takes rollout.temperature / top_p / top_k only"),
+    "min_p": named(lambda v, t: {"rollout.min_p": 0.0 if v is None else v}),
+    "repetition_penalty": named(to_key("rollout.repetition_penalty")),
+    "generation_kwargs": refused(
+        "grpolab's sampler takes rollout.temperature / top_p / top_k / min_p / repetition_penalty only"
+    ),
     "chat_template_kwargs": refused("grpolab renders chat prompts with the template's defaults"),
     "cache_implementation": not_applicable(_SPEED),
     "vllm_structured_outputs_regex": refused("grpolab has no constrained decoding"),

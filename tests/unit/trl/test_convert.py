@@ -53,8 +53,8 @@ def test_a_real_grpoconfig_object_converts_with_every_field_accounted_for(tmp_pa
 def test_a_field_unknown_to_trl_and_a_refused_value_name_themselves():
     with pytest.raises(ConfigError, match="no_such_field: not fields of TRL's GRPOConfig"):
         convert_trl({"no_such_field": 1})
-    with pytest.raises(ConfigError, match=r"min_p=0\.1: grpolab's sampler has no min-p.*repetition_penalty=1\.1"):
-        convert_trl({"min_p": 0.1, "repetition_penalty": 1.1})
+    with pytest.raises(ConfigError, match=r"regex='a\+': grpolab has no constrained decoding.*neftune_noise_alpha=5"):
+        convert_trl({"vllm_structured_outputs_regex": "a+", "neftune_noise_alpha": 5})
 
 
 def test_not_applicable_fields_are_listed_not_converted():
@@ -414,6 +414,10 @@ def test_sampling_fields():
     assert (k["rollout.max_completion_length"], k["algo.importance_level"], k["algo.mask_truncated"]) == (
         1024, "sequence", True
     )
+    # min-p and the repetition penalty shape the draw only, in TRL (its log-probs are of logits / T) and here
+    assert (k["rollout.min_p"], k["rollout.repetition_penalty"]) == (0.0, 1.0)  # TRL's None and 1.0
+    k = keys(min_p=0.05, repetition_penalty=1.1)
+    assert (k["rollout.min_p"], k["rollout.repetition_penalty"]) == (0.05, 1.1)
 
 
 def test_script_fields_give_model_data_lora_and_trls_own_reward_functions():
