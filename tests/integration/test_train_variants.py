@@ -3,6 +3,7 @@ entropy bonus) resumes exactly; REINFORCE++ trains with one completion per promp
 
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -73,3 +74,24 @@ def test_reinforce_pp_trains_with_one_completion_per_prompt(tiny_model_dir, addi
     row = read_metrics(result.run_dir)[0]
     assert torch.isfinite(torch.tensor(row["loss"])) and row["grad_norm"] > 0
     assert "beta: 0.01" in (result.run_dir / "config.yaml").read_text()
+
+
+TRL_1_16 = {
+    "gdpo_sapo_masks": ("algo.advantage=gdpo", "algo.policy_loss=sapo", "algo.off_policy_mask_threshold=0.0",
+                        "algo.top_entropy_quantile=0.2"),
+    "vespo_tis": ("algo.advantage=batch_reward_std", "algo.policy_loss=vespo", "algo.loss_agg=token-mean",
+                  "algo.rollout_correction=tis"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(TRL_1_16))
+def test_trl_1_16_options_train_end_to_end(tiny_model_dir, addition_jsonl, tmp_path, name):
+    """GDPO advantages from the two reward functions, SAPO's gate, the off-policy sequence mask and the 80/20
+    entropy mask together; VESPO with the rollout weights in its sequence weight: each run trains."""
+    options = ("algo.num_minibatches=2", "algo.beta=0", *TRL_1_16[name])
+    result = train(_cfg(tiny_model_dir, addition_jsonl(64), tmp_path, name, 2, *options))
+    for row in read_metrics(result.run_dir):
+        assert torch.isfinite(torch.tensor(row["loss"])) and row["grad_norm"] > 0
+        assert row["clip_ratio/region_mean"] == 0.0  # neither loss clips
+        if "masks" in name:
+            assert 0.0 <= row["loss/off_policy_masked_frac"] <= 1.0

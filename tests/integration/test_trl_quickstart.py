@@ -94,6 +94,6 @@ def test_a_trl_config_field_grpolab_cannot_reproduce_is_one_error_naming_it(tiny
     trl = pytest.importorskip("trl", reason="TRL's GRPOConfig object needs trl installed (pip install 'grpolab[trl]')")
     from grpolab.errors import ConfigError
 
-    args = trl.GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, repetition_penalty=1.1)
-    with pytest.raises(ConfigError, match=r"args \(TRL's GRPOConfig; world size 1, from WORLD_SIZE.*repetition_penalty=1.1: grpolab's sampler has no"):
+    args = trl.GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, neftune_noise_alpha=5.0)
+    with pytest.raises(ConfigError, match=r"args \(TRL's GRPOConfig; world size 1, from WORLD_SIZE.*neftune_noise_alpha=5.0: grpolab adds no"):
         GRPOTrainer(tiny_model_dir, reward_funcs=reward_num_unique_chars, args=args, train_dataset=[{"prompt": "a"}])

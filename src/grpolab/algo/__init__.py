@@ -14,6 +14,7 @@ from grpolab.algo.advantages import (
     rloo_advantages,
 )
 from grpolab.algo.correction import ROLLOUT_CORRECTIONS, mismatch_sums, rollout_correction_weights
+from grpolab.algo.gdpo import COMPONENT_ESTIMATORS, gdpo_advantages
 from grpolab.algo.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from grpolab.algo.losses import (
     AGGREGATIONS,
@@ -27,9 +28,12 @@ from grpolab.algo.losses import (
 )
 from grpolab.algo.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from grpolab.algo.reinforce import TOKEN_ESTIMATORS, reinforce_pp_advantages, reinforce_pp_baseline_advantages
+from grpolab.algo.selection import high_entropy_mask, off_policy_sequence_mask
+from grpolab.algo.soft import sapo_loss, vespo_loss
 
 __all__ = [
     "AGGREGATIONS",
+    "COMPONENT_ESTIMATORS",
     "KL_ESTIMATORS",
     "OUTCOME_ESTIMATORS",
     "POLICY_LOSSES",
@@ -41,8 +45,10 @@ __all__ = [
     "clipped_surrogate_loss",
     "dpo_loss",
     "gae_advantages",
+    "gdpo_advantages",
     "grpo_advantages",
     "grpo_process_advantages",
+    "high_entropy_mask",
     "kl_k1",
     "kl_k2",
     "kl_k3",
@@ -52,10 +58,13 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "mismatch_sums",
+    "off_policy_sequence_mask",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "rft_advantages",
     "rollout_correction_weights",
     "rloo_advantages",
+    "sapo_loss",
     "value_loss",
+    "vespo_loss",
 ]

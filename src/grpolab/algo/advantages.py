@@ -17,8 +17,9 @@ Where the code departs from the papers, and why:
   batch's SEQUENCES, each completion weighing once. It is not REINFORCE++-baseline, which whitens
   over the batch's TOKENS (each completion weighs by its length) and re-centres
   (``grpolab.algo.reinforce.reinforce_pp_baseline_advantages``); on ragged lengths the two differ by up to ~27%. TRL's
-  ``scale_rewards="batch"`` divides by the std of the raw rewards instead; the three agree only when
-  every group has the same mean and every completion the same length.
+  ``scale_rewards="batch"`` divides by the std of the raw rewards instead (``scale="batch_reward"``,
+  estimator "batch_reward_std"); the three agree only when every group has the same mean and every
+  completion the same length.
 * ``gae_advantages`` does not whiten (callers do, with ``masked_whiten``), so the function can be
   checked against the textbook recursion. Positions outside the mask are skipped: the "next state"
   of a token is the next counted token, and the value after the last counted token is 0.
@@ -50,7 +51,7 @@ __all__ = [
     "rloo_advantages",
 ]
 
-Scale = Literal["group", "batch", "none"]
+Scale = Literal["group", "batch", "batch_reward", "none"]
 Std = Literal["unbiased", "population"]
 RFT_CORRECT_THRESHOLD = 0.5
 
@@ -120,6 +121,8 @@ def grpo_advantages(
     * ``scale="batch"``: ``(r - mean_g) / (std of all group-centred values in the batch + eps)``, each
       completion counted once (group mean, batch std; compare "Lite PPO", arXiv 2508.08221). For
       REINFORCE++-baseline's token-weighted form see ``reinforce_pp_baseline_advantages``.
+    * ``scale="batch_reward"``: ``(r - mean_g) / (std of the batch's rewards + eps)``, the std of the
+      rewards themselves (TRL ``scale_rewards="batch"``, citing Lite PPO).
     * ``scale="none"``: ``r - mean_g`` (Dr. GRPO, arXiv 2503.20783).
 
     Args:
@@ -134,13 +137,16 @@ def grpo_advantages(
         fewer than two valid entries.
     """
     valid = _check_rewards(rewards, valid)
-    _check_choice("scale", scale, ("group", "batch", "none"))
+    _check_choice("scale", scale, ("group", "batch", "batch_reward", "none"))
     _check_choice("std", std, ("unbiased", "population"))
     centred = _centred(rewards, valid, dim=1)
     if scale == "none":
         return centred
     if scale == "group":
         return _scaled(centred, _std(centred, valid, std, dim=1).unsqueeze(1), eps)
+    if scale == "batch_reward":
+        batch_centred = _centred(rewards.reshape(1, -1), valid.reshape(1, -1), dim=1)
+        return _scaled(centred, _std(batch_centred, valid.reshape(1, -1), std, dim=None), eps)
     return _scaled(centred, _std(centred, valid, std, dim=None), eps)
 
 
@@ -195,6 +201,10 @@ def _batch_std(rewards: Tensor, valid: Tensor, *, std: Std = "unbiased", eps: fl
     return grpo_advantages(rewards, scale="batch", std=std, eps=eps, valid=valid)
 
 
+def _batch_reward_std(rewards: Tensor, valid: Tensor, *, std: Std = "unbiased", eps: float = 1e-4) -> Tensor:
+    return grpo_advantages(rewards, scale="batch_reward", std=std, eps=eps, valid=valid)
+
+
 def _rloo(rewards: Tensor, valid: Tensor, *, std: Std = "unbiased", eps: float = 1e-4) -> Tensor:
     return rloo_advantages(rewards, valid)
 
@@ -210,10 +220,11 @@ OUTCOME_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
     "rloo": _rloo,
     "online_rft": _online_rft,
     "batch_std": _batch_std,
+    "batch_reward_std": _batch_reward_std,
 }
 """Outcome estimators by name, all ``(rewards [P, G], valid [P, G] bool, *, std, eps) -> [P, G]``.
 
-``std`` ("unbiased" | "population") and ``eps`` are used by "grpo" and "batch_std" and
+``std`` ("unbiased" | "population") and ``eps`` are used by "grpo", "batch_std" and "batch_reward_std" and
 accepted but ignored by the others, so a trainer can pass the same keywords to whichever it picked.
 """
 

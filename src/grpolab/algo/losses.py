@@ -24,13 +24,15 @@ Where the code departs from the papers, and why:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from grpolab.algo.masked import masked_mean, masked_sum
+from grpolab.algo.soft import sapo_loss, vespo_loss
+from grpolab.algo.surrogate import LOG_RATIO_CLAMP, SurrogateLoss, _check_surrogate_inputs, _ratio
 
 __all__ = [
     "AGGREGATIONS",
@@ -44,43 +46,9 @@ __all__ = [
     "value_loss",
 ]
 
-LOG_RATIO_CLAMP = 20.0
 AggregationMode = Literal[
     "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"
 ]
-
-
-class SurrogateLoss(NamedTuple):
-    """Per-token clipped surrogate loss and where each clip bound is active (all ``[N, T]``)."""
-
-    loss: Tensor
-    """``[N, T]`` float, the loss to minimise, 0 outside the mask."""
-    clipped_low: Tensor
-    """``[N, T]`` bool: A < 0 and ratio < 1 - clip_low (gradient zeroed by the clip)."""
-    clipped_high: Tensor
-    """``[N, T]`` bool: A > 0 and ratio > 1 + clip_high (gradient zeroed by the clip)."""
-
-
-def _check_surrogate_inputs(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor | None
-) -> Tensor:
-    """Validate shapes and return the advantages as ``[N, T]``."""
-    if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape:
-        raise ValueError(
-            f"logprobs and old_logprobs must both be [N, T], got {tuple(logprobs.shape)} "
-            f"and {tuple(old_logprobs.shape)}"
-        )
-    if mask is not None and (mask.dtype != torch.bool or mask.shape != logprobs.shape):
-        raise ValueError(
-            f"mask must be bool [N, T] = {tuple(logprobs.shape)}, got {mask.dtype} {tuple(mask.shape)}"
-        )
-    if advantages.shape == logprobs.shape[:1]:
-        return advantages.unsqueeze(-1).expand_as(logprobs)
-    if advantages.shape != logprobs.shape:
-        raise ValueError(
-            f"advantages must be [N] or [N, T] with N, T = {tuple(logprobs.shape)}, got {tuple(advantages.shape)}"
-        )
-    return advantages
 
 
 def clipped_surrogate_loss(
@@ -119,15 +87,7 @@ def clipped_surrogate_loss(
         raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}")
     if dual_clip is not None and dual_clip <= 1:
         raise ValueError(f"dual_clip must be > 1 (verl uses 3.0), got {dual_clip}")
-    log_ratio = logprobs - old_logprobs.detach()
-    if level == "sequence":
-        if mask is None:
-            raise ValueError('level="sequence" (GSPO) needs mask to average the log-ratio over each sequence')
-        seq_log_ratio = masked_mean(log_ratio, mask, dim=-1).detach().unsqueeze(-1)  # [N, 1]
-        log_ratio = seq_log_ratio + logprobs - logprobs.detach()
-    elif level != "token":
-        raise ValueError(f'level must be "token" or "sequence", got {level!r}')
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    ratio = _ratio(logprobs, old_logprobs, level, mask)
     loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high))
     if dual_clip is not None:
         loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
@@ -189,10 +149,13 @@ def cispo_loss(
 POLICY_LOSSES: dict[str, Callable[..., SurrogateLoss]] = {
     "clip": clipped_surrogate_loss,
     "cispo": cispo_loss,
+    "sapo": sapo_loss,
+    "vespo": vespo_loss,
 }
 """Per-token policy losses by name, all ``(logprobs, old_logprobs, advantages, *, clip_low, clip_high,
 dual_clip, level, mask) -> SurrogateLoss``: "clip" is PPO/GRPO's clipped surrogate (GSPO with
-``level="sequence"``), "cispo" MiniMax-M1's clipped IS-weight REINFORCE."""
+``level="sequence"``), "cispo" MiniMax-M1's clipped IS-weight REINFORCE, "sapo" and "vespo" the losses
+without a hard clip of grpolab.algo.soft (their own coefficients bound by the trainer with functools.partial)."""
 
 
 def _rows(mask: Tensor, total_seqs: float | None) -> float | Tensor:

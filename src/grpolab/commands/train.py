@@ -29,7 +29,7 @@ from grpolab.runtime.assemble import Models, Run, assemble, session
 from grpolab.runtime.guards import GracefulStop, SamplerGap, sampling_guard
 from grpolab.runtime.logging import PhaseMemory
 from grpolab.training.ahead import AheadSampling, staleness_metrics
-from grpolab.training.batch import length_by_reward, step_tokens
+from grpolab.training.batch import length_by_reward, reward_parts, step_tokens
 from grpolab.training.sampling import StepGroups, sample_step
 from grpolab.training.step import update_policy
 from grpolab.types import Example
@@ -167,9 +167,10 @@ def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
     repeated = [e for e in batch_examples for _ in range(completions.num_generations)]
     by_step = {} if run.process_supervision is None else {"steps": run.process_supervision.score(completions, repeated, drawn.rewards, drawn.valid)}
     batch_started = time.perf_counter()
+    parts = reward_parts(drawn.scores.components, {r.name: r.weight for r in run.rewards}, drawn.rewards.shape)
     batch, metrics = run.build_batch(
         run.cfg, completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,
-        policy=run.policy, reference=run.reference, ctx=run.logprob_context, **by_step,
+        policy=run.policy, reference=run.reference, ctx=run.logprob_context, parts=parts, **by_step,
     )  # fmt: skip
     metrics.update(run.gold.measure(completions, repeated, batch))  # logged, never trained on
     return batch_started, (batch, metrics)

@@ -15,9 +15,12 @@ AlgoName = Literal[
     "grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "online_rft", "reinforce_pp", "reinforce_pp_baseline", "ppo"
 ]
 AdvantageName = Literal[
-    "grpo", "dr_grpo", "rloo", "online_rft", "batch_std", "reinforce_pp", "reinforce_pp_baseline", "gae"
+    "grpo", "dr_grpo", "rloo", "online_rft", "batch_std", "batch_reward_std", "gdpo", "reinforce_pp",
+    "reinforce_pp_baseline", "gae",
 ]
-GROUP_BASELINES: frozenset[str] = frozenset({"grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp_baseline"})
+GROUP_BASELINES: frozenset[str] = frozenset(
+    {"grpo", "dr_grpo", "rloo", "batch_std", "batch_reward_std", "gdpo", "reinforce_pp_baseline"}
+)
 """Advantage estimators whose baseline is the prompt's own group: equal rewards within a group give zero
 advantage, so they need rollout.num_generations >= 2 and a temperature above 0. A test holds this set to
 what ``grpolab.algo``'s estimators do."""
@@ -32,7 +35,10 @@ class AlgoConfig:
     wins, also when a study switches algo.name (``derive``). The config printed by ``grpolab config`` and
     written to the run's config.yaml holds the resolved values."""
     advantage: AdvantageName | None = None
-    """Advantage estimator (null = from the preset)."""
+    """Advantage estimator (null = from the preset). grpo: (r - group mean) / (group std + eps); dr_grpo: no std;
+    batch_std: the std of the batch's group-centred rewards; batch_reward_std: the std of the batch's rewards
+    (TRL scale_rewards=batch); gdpo: each reward function normalised in its group, the weighted sum whitened
+    over the batch (TRL multi_objective_aggregation=normalize_then_sum); docs/algorithms.md has the rest."""
     std: Literal["unbiased", "population"] = "unbiased"
     """Which std normalises group rewards (TRL and verl: unbiased)."""
     eps: float = 1e-4
@@ -87,9 +93,32 @@ class AlgoConfig:
     value_init_path: str | None = None
     """PPO: reward-model folder or hub id (AutoModelForSequenceClassification, 1 label) for value_init=reward_model."""
 
-    policy_loss: Literal["clip", "cispo"] | None = None
+    policy_loss: Literal["clip", "cispo", "sapo", "vespo"] | None = None
     """clip = PPO/GRPO's clipped surrogate (GSPO with importance_level=sequence); cispo = MiniMax-M1's clipped
-    stop-gradient IS weight on a REINFORCE term (clip_low / clip_high bound the weight). null = preset."""
+    stop-gradient IS weight on a REINFORCE term (clip_low / clip_high bound the weight); sapo = SAPO's smooth
+    gate sigmoid(tau (ratio - 1)) 4 / tau in place of the clip; vespo = VESPO's REINFORCE term weighted by
+    w^k e^{lambda (1 - w)} of the summed sequence ratio w (sapo, vespo: clip_low / clip_high unused). null = preset."""
+    sapo_temperature_pos: float = 1.0
+    """SAPO: the gate's temperature tau for tokens with a positive advantage (TRL: 1.0); larger fades faster."""
+    sapo_temperature_neg: float = 1.05
+    """SAPO: tau for tokens with a zero or negative advantage (TRL: 1.05; the paper keeps it above the positive one)."""
+    vespo_k_pos: float = 2.0
+    """VESPO: the power k of phi(w) = w^k e^{lambda (1 - w)} for a non-negative advantage (TRL: 2.0); a larger
+    k weighs sequences whose ratio fell below 1 down harder."""
+    vespo_lambda_pos: float = 3.0
+    """VESPO: the decay lambda for a non-negative advantage (TRL: 3.0); a larger lambda weighs ratios above 1 down."""
+    vespo_k_neg: float = 3.0
+    """VESPO: k for a negative advantage (TRL: 3.0)."""
+    vespo_lambda_neg: float = 2.0
+    """VESPO: lambda for a negative advantage (TRL: 2.0)."""
+    off_policy_mask_threshold: float | None = None
+    """DeepSeek-V3.2's off-policy sequence masking: a completion with a negative advantage whose mean per-token
+    log pi_sampler - log pi_theta (the sampler's log-probs against the current policy's) exceeds this many nats
+    gets no policy-gradient loss (its KL term stays). TRL's off_policy_mask_threshold; e.g. 0.5. null = off."""
+    top_entropy_quantile: float = 1.0
+    """The 80/20 rule (arXiv 2506.01939): only the tokens whose entropy under the current policy is in this top
+    fraction of the optimizer step's counted tokens (every rank's) get policy-gradient loss; 0.2 as the paper,
+    1.0 = every token. Costs one extra forward without gradient per optimizer step."""
     dynamic_sampling: bool | None = None
     """DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts until the step
     has train.prompts_per_step groups or algo.max_sampling_rounds are spent. null = preset."""

@@ -129,6 +129,8 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         (r.temperature < 0, "rollout.temperature must be >= 0 (0 = greedy)"),
         (not 0 < r.top_p <= 1, "rollout.top_p must be in (0, 1]"),
         (r.top_k < 0, "rollout.top_k must be >= 0 (0 = off)"),
+        (not 0 <= r.min_p <= 1, "rollout.min_p must be in [0, 1] (0 = off; typical: 0.01-0.2)"),
+        (not r.repetition_penalty > 0, "rollout.repetition_penalty must be > 0 (1.0 = off; > 1 discourages repeats)"),
         (a.mu < 1, "algo.mu must be >= 1 (1 = a single update per generation batch)"),
         (a.num_minibatches < 1, "algo.num_minibatches must be >= 1"),
         (a.beta < 0, "algo.beta must be >= 0 (0 = no KL and no reference model)"),
@@ -140,6 +142,34 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         (
             a.policy_loss == "cispo" and (a.importance_level != "token" or a.dual_clip is not None),
             "algo.policy_loss=cispo clips a per-token IS weight: set algo.importance_level=token and algo.dual_clip=null",
+        ),
+        (
+            a.advantage == "gdpo" and a.kl_in == "reward",
+            "algo.advantage=gdpo normalises each reward function apart, so no summed reward takes the KL: set "
+            "algo.kl_in=loss",
+        ),
+        (a.policy_loss == "sapo" and a.dual_clip is not None, "algo.policy_loss=sapo has no hard clip: set algo.dual_clip=null"),
+        (
+            a.policy_loss == "vespo"
+            and (a.importance_level != "token" or a.dual_clip is not None or a.rollout_correction_level != "token"),
+            "algo.policy_loss=vespo builds its own sequence weight from the token ratios (and per-token rollout "
+            "weights, as TRL): set algo.importance_level=token, algo.rollout_correction_level=token, algo.dual_clip=null",
+        ),
+        (
+            min(a.vespo_k_pos, a.vespo_lambda_pos, a.vespo_k_neg, a.vespo_lambda_neg) < 0,
+            "algo.vespo_k_pos, _lambda_pos, _k_neg and _lambda_neg must be >= 0 (TRL: 2, 3, 3, 2)",
+        ),
+        (
+            a.sapo_temperature_pos <= 0 or a.sapo_temperature_neg <= 0,
+            "algo.sapo_temperature_pos and algo.sapo_temperature_neg must be > 0 (TRL: 1.0 and 1.05)",
+        ),
+        (
+            a.off_policy_mask_threshold is not None and a.off_policy_mask_threshold < 0,
+            "algo.off_policy_mask_threshold must be >= 0 nats per token (DeepSeek-V3.2, TRL: e.g. 0.5), or null for off",
+        ),
+        (
+            not 0 <= a.top_entropy_quantile <= 1,
+            "algo.top_entropy_quantile must be in [0, 1] (the 80/20 rule: 0.2; 1.0 = every token)",
         ),
         (o.lr <= 0, "optim.lr must be > 0"),
         (e.num_samples < 1, "eval.num_samples must be >= 1"),
@@ -344,6 +374,7 @@ def inert_settings(cfg: Config) -> list[str]:
                 f"{' and '.join(changed)} have no effect with algo.rollout_correction=none: set "
                 "algo.rollout_correction=tis (or mis) to correct the sampler / trainer mismatch"
             )
+    out += _inert_soft_losses(a)
     if a.beta == 0 and a.kl_estimator != a.preset["kl_estimator"]:
         out.append(f"algo.kl_estimator={a.kl_estimator} has no effect with algo.beta=0 (no KL term): set algo.beta > 0")
     if a.importance_level == "sequence" and a.loss_agg in _TOKEN_SUMS:
@@ -370,12 +401,43 @@ _RATIO_IS_ONE = (
 
 
 
+_SOFT_LOSS_KEYS = {
+    "sapo": ("sapo_temperature_pos", "sapo_temperature_neg"),
+    "vespo": ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"),
+}
+
+
+def _inert_soft_losses(a: AlgoConfig) -> list[str]:
+    """SAPO's / VESPO's coefficients without that loss, and the clip range with it."""
+    out = []
+    for loss, keys in _SOFT_LOSS_KEYS.items():
+        changed = [f"algo.{k}={getattr(a, k):g}" for k in keys if getattr(a, k) != field_default(AlgoConfig, k)]
+        if a.policy_loss != loss and changed:
+            out.append(f"{' and '.join(changed)} have no effect unless algo.policy_loss={loss}")
+    if a.policy_loss in _SOFT_LOSS_KEYS and _clips_chosen(a):
+        out.append(
+            f"algo.clip_low={a.clip_low:g} and algo.clip_high={a.clip_high:g} have no effect with "
+            f"algo.policy_loss={a.policy_loss} (no hard clip): tune algo.{_SOFT_LOSS_KEYS[a.policy_loss][0]} and the "
+            "others of its kind instead"
+        )
+    return out
+
+
+def _clips_chosen(a: AlgoConfig) -> bool:
+    """The clip range is not the preset's: the user chose it."""
+    return a.clip_low != a.preset["clip_low"] or a.clip_high != a.preset.get("clip_high", a.preset["clip_low"])
+
+
 def _inert_clips(a: AlgoConfig) -> list[str]:
     """What a ratio of exactly 1 leaves inert, each named by its own setting."""
     out = []
     clips = f"algo.clip_low={a.clip_low:g}, algo.clip_high={a.clip_high:g}"
-    chosen = a.clip_low != a.preset["clip_low"] or a.clip_high != a.preset.get("clip_high", a.preset["clip_low"])
-    if a.policy_loss == "cispo":
+    chosen = _clips_chosen(a)
+    if a.policy_loss == "sapo":
+        out.append("SAPO's soft gate (algo.sapo_temperature_pos / _neg: at ratio 1 it passes the plain policy gradient)")
+    elif a.policy_loss == "vespo":
+        out.append("VESPO's gamma weight (algo.vespo_*: phi(1) = 1; only the rollout-correction weights move w)")
+    elif a.policy_loss == "cispo":
         out.append(f"CISPO's IS-weight clip ({clips}; it is REINFORCE with token-mean here)")
     elif a.importance_level == "sequence":
         out.append(f"GSPO's sequence-level clip ({clips})")

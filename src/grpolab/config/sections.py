@@ -108,6 +108,13 @@ class RolloutConfig:
     """Nucleus sampling threshold (1.0 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
+    min_p: float = 0.0
+    """Min-p sampling: tokens below min_p x the most likely token's probability are not drawn (0.0 = off; TRL's
+    min_p). Like top_p and top_k it shapes only the draw: log-probs stay those of softmax(logits / T)."""
+    repetition_penalty: float = 1.0
+    """Each token already in the prompt or the completion has its logit divided by this (multiplied when
+    negative) before the temperature, as transformers and vLLM (1.0 = off; TRL's repetition_penalty). It shapes
+    only the draw, as top_p: log-probs stay those of softmax(logits / T)."""
     max_batch_sequences: int | None = None
     """Decode at most this many sequences at once (bounds generation memory); null = as many as
     kv_cache_budget_mb allows (KV cache of prompt + completion, and the step's logits, per sequence)."""

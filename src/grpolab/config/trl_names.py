@@ -28,9 +28,15 @@ TRL_NAMES: dict[str, str] = {
     "temperature": "rollout.temperature (log-probs are scored at it, as TRL)",
     "top_p": "rollout.top_p",
     "top_k": "rollout.top_k (0 = off)",
+    "min_p": "rollout.min_p (None = 0.0, off)",
+    "repetition_penalty": "rollout.repetition_penalty (1.0 = off)",
     "loss_type": "algo.loss_agg: grpo = seq-mean-token-mean, dr_grpo = seq-mean-token-sum-norm, dapo = "
-    "token-mean, cispo = algo.name cispo; bnpo only at per_device_train_batch_size=1",
-    "scale_rewards": "algo.advantage: group = grpo, none = dr_grpo (no std); batch is refused",
+    "token-mean, cispo = algo.name cispo, sapo = algo.policy_loss sapo, luspo = seq-mean-token-sum, vespo = "
+    "algo.policy_loss vespo; bnpo only at per_device_train_batch_size=1",
+    "scale_rewards": "algo.advantage: group = grpo, batch = batch_reward_std, none = dr_grpo (no std); "
+    "multi_objective_aggregation=normalize_then_sum = gdpo",
+    "top_entropy_quantile": "algo.top_entropy_quantile (the 80/20 rule, over an optimizer step's tokens)",
+    "off_policy_mask_threshold": "algo.off_policy_mask_threshold (DeepSeek-V3.2's off-policy sequence mask)",
     "epsilon": "the ratio clip: algo.clip_low (epsilon_high: algo.clip_high); with loss_type=cispo the weight has "
     "no lower bound; algo.eps is the small number added to the reward std",
     "importance_sampling_level": "algo.importance_level (sequence = GSPO; sequence_token, "
@@ -71,6 +77,7 @@ TRL_NAMES: dict[str, str] = {
     "adam_beta2": "optim.betas = [adam_beta1, adam_beta2]",
     "run_name": "log.run_name",
     "logging_steps": "log.samples_every (grpolab logs metrics every step)",
+    "multi_objective_aggregation": "algo.advantage: normalize_then_sum (GDPO) = gdpo",
     # --- a legacy TRL name (convert-trl reads it as a warmup_steps below 1)
     "warmup_ratio": "optim.warmup_steps (in optimizer steps)",
 }

@@ -253,6 +253,17 @@ def gather_rows(t: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts).to(device=t.device, dtype=t.dtype)
 
 
+def gather_ragged(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's 1-D float ``t`` (lengths may differ) concatenated in rank order. Padded to the longest
+    with -inf for the collective, so ``t`` must hold finite values only (entropies, log-probs)."""
+    if not _active():
+        return t
+    longest = int(all_reduce_max(float(t.numel())))
+    padded = torch.cat([t, t.new_full((longest - t.numel(),), float("-inf"))])
+    gathered = gather_rows(padded)
+    return gathered[gathered > float("-inf")]
+
+
 def local_rows(t: torch.Tensor) -> torch.Tensor:
     """This rank's slice of a tensor made by ``gather_rows``."""
     n = t.shape[0] // _WORLD.size

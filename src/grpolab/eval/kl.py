@@ -155,7 +155,7 @@ def measure_kl(
     policy, reference, tok, prompts: Sequence[list[int]], cfg: Config, *, num_generations: int, seed: int
 ) -> KLMeasure:
     """Sample ``num_generations`` completions of each prompt from ``policy`` at T=1 and measure KL(pi || ref)."""
-    rollout = dataclasses.replace(cfg.rollout, temperature=1.0, top_p=1.0, top_k=0)
+    rollout = dataclasses.replace(cfg.rollout, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0)
     sampler = build_sampler(
         dataclasses.replace(cfg, rollout=rollout), policy=policy, tokenizer=tok, autocast_dtype=None, temperature=1.0
     )

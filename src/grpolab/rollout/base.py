@@ -91,7 +91,10 @@ class Sampler(Protocol):
         ...
 
 
-def check_sampling(*, max_completion_length: int, temperature: float, top_p: float, top_k: int) -> None:
+def check_sampling(
+    *, max_completion_length: int, temperature: float, top_p: float, top_k: int, min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+) -> None:
     """The sampling settings every engine takes, with the same meaning (0 / 1 = off), checked alike."""
     if max_completion_length < 1:
         raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length}")
@@ -101,6 +104,10 @@ def check_sampling(*, max_completion_length: int, temperature: float, top_p: flo
         raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
     if top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty}")
 
 
 def check_prompts(prompt_ids: list[list[int]], num_generations: int) -> None:

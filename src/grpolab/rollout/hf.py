@@ -7,7 +7,8 @@ logits are then expanded to its G rows, and N rows decode one token per step.
 
 Departures from ``model.generate`` (and why):
 - ``logprobs`` are ``log_softmax(logits.float() / temperature)`` of the sampled token over the FULL
-  vocabulary: top-k / top-p shape only the distribution we draw from. The trainer computes its
+  vocabulary: top-k / top-p / min-p and the repetition penalty shape only the distribution we draw from
+  (grpolab.rollout.filters). The trainer computes its
   log-probs from ``logits / temperature`` the same way, so the importance ratio is exactly 1 on the
   first update (mu = 1). With temperature 0 (greedy) the log-probs use temperature 1.
 - The rows are processed in blocks of ``max_batch_sequences``, or, when that is unset, of as many as a
@@ -39,6 +40,7 @@ from grpolab.models.inference import WeightCopy, attention_for, wants_eager_atte
 from grpolab.models.loading import is_peft
 from grpolab.rollout.base import NonFiniteLogits, check_prompts, check_sampling
 from grpolab.rollout.budget import sequences_per_block
+from grpolab.rollout.filters import filter_logits, penalise_repeats, seen_tokens
 from grpolab.types import Completions, FinishReason
 
 FINISHED_CHECK_EVERY_CUDA = 16
@@ -62,6 +64,8 @@ class HFSampler:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
         autocast_dtype: torch.dtype | None = None,
         eos_token_ids: Sequence[int] | None = None,
         max_batch_sequences: int | None = None,
@@ -72,7 +76,10 @@ class HFSampler:
         (refreshed from the model at each call; one more copy of those weights in memory). None = on
         for a CPU model under autocast without LoRA. ``max_batch_sequences`` None: derived at each call
         from ``kv_cache_budget_bytes`` (None = a share of the free memory; grpolab.rollout.budget)."""
-        check_sampling(max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k)
+        check_sampling(
+            max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, repetition_penalty=repetition_penalty,
+        )  # fmt: skip
         if max_batch_sequences is not None and max_batch_sequences < 1:
             raise ValueError(f"max_batch_sequences must be >= 1 or None, got {max_batch_sequences}")
         self.model = model
@@ -81,6 +88,8 @@ class HFSampler:
         self.temperature = temperature
         self.top_p = top_p
         self.top_k = top_k
+        self.min_p = min_p
+        self.repetition_penalty = repetition_penalty
         self.autocast_dtype = autocast_dtype
         self.max_batch_sequences = max_batch_sequences
         self.kv_cache_budget_bytes = kv_cache_budget_bytes
@@ -172,7 +181,10 @@ class HFSampler:
             cache.batch_select_indices(rows)
         padded = len({len(p) for p in prompt_ids[first : last + 1]}) > 1
         mode = decode_mask_mode(logits.device, self._config, padded=padded, reserved=reserved)
-        return self._decode(logits[rows], cache, attention[rows], generator, mode)
+        repeats = None
+        if self.repetition_penalty != 1.0:  # the prompt's own tokens, then each sampled one
+            repeats = seen_tokens(prompt_ids[first : last + 1], rows, logits.shape[-1])
+        return self._decode(logits[rows], cache, attention[rows], generator, mode, repeats)
 
     def _prefill(self, prompts: list[list[int]]):
         """Left-padded forward of the prompts; returns the cache, last logits [P, V], mask [P, S]."""
@@ -201,9 +213,10 @@ class HFSampler:
             **extra,
         )
 
-    def _decode(self, logits, cache, prompt_attention, generator, mask_mode: str = "2d"):
+    def _decode(self, logits, cache, prompt_attention, generator, mask_mode: str = "2d", repeats=None):
         """One token per step for n rows until every row emitted EOS or the length limit; ``mask_mode`` is
-        how each step passes the attention mask (``decode_mask_mode``)."""
+        how each step passes the attention mask (``decode_mask_mode``); ``repeats`` [n, V] bool, the tokens the
+        repetition penalty applies to (None without one), grows in place."""
         n, steps, device = logits.shape[0], self.max_completion_length, logits.device
         ids = torch.full((n, steps), self.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device)
@@ -219,7 +232,9 @@ class HFSampler:
         check_every = finished_check_every(device)
         with attention_for(self._net, device, self.autocast_dtype, rows=n, q_len=1, kv_len=kv_len):
             for t in range(steps):
-                token, token_logprob = self._pick(logits, generator)
+                token, token_logprob = self._pick(logits, generator, repeats)
+                if repeats is not None:
+                    repeats.scatter_(1, token[:, None], True)
                 active = ~finished
                 ids[:, t] = torch.where(active, token, self.pad_token_id)
                 logprobs[:, t] = torch.where(active, token_logprob, 0.0)
@@ -235,16 +250,19 @@ class HFSampler:
         width = t + 1 if check_every == 1 else int(mask.any(0).nonzero().max()) + 1  # nonzero: row 0 always samples
         return ids[:, :width], mask[:, :width], logprobs[:, :width]
 
-    def _pick(self, logits: torch.Tensor, generator):
-        """[n, V] logits -> sampled token [n] and its log-prob [n] under softmax(logits / T)."""
+    def _pick(self, logits: torch.Tensor, generator, repeats: torch.Tensor | None = None):
+        """[n, V] logits -> sampled token [n] and its log-prob [n] under softmax(logits / T). The repetition
+        penalty (on the raw logits, before T) and the top-k / top-p / min-p filters shape only the draw."""
         logits = logits.float()
+        drawn = logits if repeats is None else penalise_repeats(logits, repeats, self.repetition_penalty)
         if self.temperature == 0:
-            token = logits.argmax(-1)
+            token = drawn.argmax(-1)
             logprobs = torch.log_softmax(logits, dim=-1)
         else:
             scaled = logits / self.temperature
             logprobs = torch.log_softmax(scaled, dim=-1)
-            filtered = filter_logits(scaled, top_k=self.top_k, top_p=self.top_p)
+            draw = scaled if repeats is None else drawn / self.temperature
+            filtered = filter_logits(draw, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
             probs = logprobs.exp() if filtered is scaled else torch.softmax(filtered, dim=-1)
             # a row whose logits hold NaN or +inf (or are all -inf) is NaN throughout: drawn uniformly here
             # (multinomial would fail, a device assert on CUDA), and sample() raises after the loop
@@ -287,39 +305,13 @@ def sampler_from_config(
         temperature=rollout.temperature if temperature is None else temperature,
         top_p=rollout.top_p,
         top_k=rollout.top_k,
+        min_p=rollout.min_p,
+        repetition_penalty=rollout.repetition_penalty,
         autocast_dtype=autocast_dtype,
         max_batch_sequences=rollout.max_batch_sequences,
         cast_weights=cast_weights,
         kv_cache_budget_bytes=None if rollout.kv_cache_budget_mb is None else int(rollout.kv_cache_budget_mb * 2**20),
     )
-
-
-def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
-    """[n, V] logits with tokens outside the top-k, then the top-p nucleus, set to -inf.
-
-    Returns ``logits`` itself when neither filter is on. The most likely token is always kept.
-    """
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        fixed = probs.is_cuda and torch.are_deterministic_algorithms_enabled()
-        drop_sorted = mass_before(probs, fixed=fixed) >= top_p  # mass strictly before a token already >= p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def mass_before(probs: torch.Tensor, *, fixed: bool = False) -> torch.Tensor:
-    """[n, V] sorted probabilities -> the mass strictly before each. ``fixed``: summed in int64 fixed point
-    (steps of 2^-52, finer than float32's own rounding of these sums), for train.deterministic on CUDA,
-    where torch has no deterministic float cumsum (it raises); an integer sum is exact, so deterministic."""
-    if not fixed:
-        return probs.cumsum(-1) - probs
-    units = (probs.double() * 2.0**52).round().long()
-    return ((units.cumsum(-1) - units).double() / 2.0**52).to(probs.dtype)
 
 
 def _resolve_eos(model, tokenizer, eos_token_ids: Sequence[int] | None) -> list[int]:

@@ -32,7 +32,7 @@ SAME_MODEL = (
 
 def batch_request(model: str, prompts: list[list[int]], n: int, seed: int | None, sampling: dict) -> dict[str, Any]:
     """The body of grpolab's batch route: every prompt with ``n`` samples from one ``seed`` (rollout/vllm_batch.py);
-    ``sampling``: temperature, top_p, top_k (-1: off), max_tokens, stop_token_ids."""
+    ``sampling``: temperature, top_p, top_k (-1: off), min_p, repetition_penalty, max_tokens, stop_token_ids."""
     return {"model": model, "prompts": [[int(t) for t in ids] for ids in prompts], "n": n, "seed": seed, "sampling": sampling}
 
 

@@ -134,6 +134,8 @@ def build_server_sampler(
         temperature=r.temperature if temperature is None else temperature,
         top_p=r.top_p,
         top_k=r.top_k,
+        min_p=r.min_p,
+        repetition_penalty=r.repetition_penalty,
         eos_token_ids=_resolve_eos(policy, tokenizer, None),
         weights_from=wrapped if wrapped is not None else policy,
         device=device,

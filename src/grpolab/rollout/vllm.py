@@ -92,6 +92,8 @@ class VLLMSampler:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
         eos_token_ids: Sequence[int],
         weights_from: torch.nn.Module | None = None,
         device: torch.device | str = "cpu",
@@ -102,7 +104,10 @@ class VLLMSampler:
         engine takes before the first ``sample`` (None: the engine's weights as they are). ``sleep_mode``:
         put the engine to sleep after each ``sample`` (CUDA only). ``timeout_s``: the most a ``sample`` or a
         weight sync may take (vllm.timeout_s); None = unbounded."""
-        check_sampling(max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k)
+        check_sampling(
+            max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, repetition_penalty=repetition_penalty,
+        )  # fmt: skip
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty: pass the ids that end a completion")
         self.engine = engine
@@ -111,6 +116,8 @@ class VLLMSampler:
         self.temperature = temperature
         self.top_p = top_p
         self.top_k = top_k
+        self.min_p = min_p
+        self.repetition_penalty = repetition_penalty
         self.eos_token_ids = [int(i) for i in eos_token_ids]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.device = torch.device(device)
@@ -247,6 +254,8 @@ class VLLMSampler:
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
             max_tokens=self.max_completion_length,
             stop_token_ids=self.eos_token_ids,
             logprobs=0,  # the sampled token's only (no per-request seed: see engine_seeded)

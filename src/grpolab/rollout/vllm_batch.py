@@ -133,14 +133,16 @@ class BatchEndpoint:
         self.lock = asyncio.Lock()
 
     def parse(self, body: dict):
-        """``body``: prompts (token ids), n, seed (or null), sampling (temperature, top_p, top_k, max_tokens,
-        stop_token_ids), model (the served name or a loaded LoRA adapter's)."""
+        """``body``: prompts (token ids), n, seed (or null), sampling (temperature, top_p, top_k, min_p and
+        repetition_penalty (absent: off), max_tokens, stop_token_ids), model (the served name or a loaded LoRA
+        adapter's)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         s = body["sampling"]
         params = SamplingParams(
             n=int(body["n"]), temperature=float(s["temperature"]), top_p=float(s["top_p"]), top_k=int(s["top_k"]),
+            min_p=float(s.get("min_p", 0.0)), repetition_penalty=float(s.get("repetition_penalty", 1.0)),
             max_tokens=int(s["max_tokens"]), stop_token_ids=[int(t) for t in s["stop_token_ids"]], logprobs=0,
             detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
         )  # fmt: skip

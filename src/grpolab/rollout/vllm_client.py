@@ -100,6 +100,8 @@ class ServerSampler:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
         eos_token_ids: Sequence[int],
         weights_from: torch.nn.Module | None = None,
         device: torch.device | str = "cpu",
@@ -110,7 +112,10 @@ class ServerSampler:
         lora: bool = False,
         vocab_size: int | None = None,
     ) -> None:
-        check_sampling(max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k)
+        check_sampling(
+            max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k,
+            min_p=min_p, repetition_penalty=repetition_penalty,
+        )  # fmt: skip
         if not eos_token_ids:
             raise ValueError("eos_token_ids is empty: pass the ids that end a completion")
         if transport not in ("shm", "nccl"):
@@ -121,6 +126,7 @@ class ServerSampler:
         self.vocab_size = int(vocab_size or len(tokenizer))
         """Token ids the server sends must be below it (the model's embedding rows)."""
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.min_p, self.repetition_penalty = min_p, repetition_penalty
         self.eos_token_ids = [int(i) for i in eos_token_ids]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.device = torch.device(device)
@@ -277,6 +283,7 @@ class ServerSampler:
     def _sampling(self) -> dict[str, Any]:
         return {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k if self.top_k > 0 else -1,
+            "min_p": self.min_p, "repetition_penalty": self.repetition_penalty,
             "max_tokens": self.max_completion_length, "stop_token_ids": self.eos_token_ids,
         }  # fmt: skip
 

@@ -242,6 +242,8 @@ def build_vllm_sampler(
         temperature=cfg.rollout.temperature if temperature is None else temperature,
         top_p=cfg.rollout.top_p,
         top_k=cfg.rollout.top_k,
+        min_p=cfg.rollout.min_p,
+        repetition_penalty=cfg.rollout.repetition_penalty,
         eos_token_ids=_resolve_eos(policy, tokenizer, None),
         weights_from=wrapped if wrapped is not None else policy,
         device=device,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from grpolab.algo.advantages import OUTCOME_ESTIMATORS, grpo_process_advantages
+from grpolab.algo.gdpo import COMPONENT_ESTIMATORS
 from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.masked import masked_mean
 from grpolab.algo.reinforce import TOKEN_ESTIMATORS
@@ -22,7 +23,34 @@ from grpolab.training.step_advantages import StepRewards
 from grpolab.types import Completions, RolloutBatch
 
 AdvantageFn = Callable[..., torch.Tensor]
-"""``(rewards [P, G], valid [P, G], mask [N, T], token_kl [N, T] | None) -> advantages [N, T]``."""
+"""``(rewards [P, G], valid [P, G], mask [N, T], token_kl [N, T] | None, *, parts: RewardParts | None) ->
+advantages [N, T]``; only GDPO reads ``parts``."""
+
+
+@dataclass(frozen=True)
+class RewardParts:
+    """Each reward function's rewards apart, for GDPO (grpolab.algo.gdpo)."""
+
+    values: torch.Tensor
+    """[P, G, K] unweighted values, 0 where a function does not apply."""
+    valid: torch.Tensor
+    """[P, G, K] bool, False where a function returned None."""
+    weights: torch.Tensor
+    """[K] the functions' weights."""
+
+
+def reward_parts(components: Mapping[str, Sequence[float | None]], weights: Mapping[str, float], shape) -> RewardParts:
+    """The [P, G, K] parts of a step's ``ScoreResult.components`` (name -> [N] values), in its order;
+    ``weights``: name -> weight (the run's reward functions); ``shape``: (P, G)."""
+    names = list(components)
+    valid = torch.tensor([[v is not None for v in components[n]] for n in names], dtype=torch.bool)
+    values = torch.tensor([[0.0 if v is None else float(v) for v in components[n]] for n in names])
+    k = len(names)
+    return RewardParts(
+        values=values.T.reshape(*shape, k),
+        valid=valid.T.reshape(*shape, k),
+        weights=torch.tensor([float(weights[n]) for n in names]),
+    )
 
 
 BatchBuilder = Callable[..., tuple[RolloutBatch, dict[str, float]]]
@@ -34,6 +62,9 @@ def outcome_estimator(cfg: Config) -> AdvantageFn:
     """The advantage function, chosen once: an OUTCOME_ESTIMATORS entry ([P, G], one value along T) or a
     TOKEN_ESTIMATORS entry (REINFORCE++: [N, T]). Batch-level statistics span every rank under torchrun."""
     a = cfg.algo
+    if a.advantage in COMPONENT_ESTIMATORS:  # GDPO: each function apart, then the whole batch (all ranks)
+        per_parts = functools.partial(COMPONENT_ESTIMATORS[a.advantage], std=a.std, eps=a.eps)
+        return functools.partial(_from_parts, _over_all_ranks(per_parts))
     if a.advantage in TOKEN_ESTIMATORS:  # whitened over the batch's tokens: all ranks' tokens
         return _tokens_over_all_ranks(functools.partial(TOKEN_ESTIMATORS[a.advantage], beta=a.beta, gamma=a.gamma))
     if a.advantage not in OUTCOME_ESTIMATORS:
@@ -45,7 +76,7 @@ def outcome_estimator(cfg: Config) -> AdvantageFn:
     return functools.partial(_per_completion, per_group, beta=a.beta)
 
 
-def _per_completion(estimator, rewards, valid, mask, token_kl, *, beta: float) -> torch.Tensor:
+def _per_completion(estimator, rewards, valid, mask, token_kl, *, beta: float, parts=None) -> torch.Tensor:
     """One advantage per completion, repeated along T. With ``token_kl`` (algo.kl_in=reward), RLOO's
     shaping (arXiv 2402.14740): r_i - beta * sum_t kl_t on the sequence reward, before the baseline."""
     if token_kl is not None:
@@ -54,15 +85,23 @@ def _per_completion(estimator, rewards, valid, mask, token_kl, *, beta: float) -
     return advantages.reshape(-1, 1).to(mask.device).expand_as(mask).float() * mask
 
 
-_BATCH_LEVEL = {"batch_std"}
+def _from_parts(estimator, rewards, valid, mask, token_kl, *, parts: RewardParts | None = None) -> torch.Tensor:
+    """GDPO's advantage per completion, repeated along T (the KL is in the loss: config/checks.py)."""
+    if parts is None:
+        raise ValueError("algo.advantage=gdpo reads each reward function's values: pass parts (reward_parts)")
+    advantages = estimator(parts.values, parts.valid, parts.weights)  # [P, G]
+    return advantages.reshape(-1, 1).to(mask.device).expand_as(mask).float() * mask
+
+
+_BATCH_LEVEL = {"batch_std", "batch_reward_std"}
 """Outcome estimators whose statistics span the whole batch: under torchrun they see every rank's groups."""
 
 
 def _over_all_ranks(fn):
     """``fn`` on the rewards of all ranks (gathered, in rank order), then this rank's rows of the result."""
 
-    def run(rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        return dist.local_rows(fn(dist.gather_rows(rewards), dist.gather_rows(valid)))
+    def run(rewards: torch.Tensor, valid: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        return dist.local_rows(fn(dist.gather_rows(rewards), dist.gather_rows(valid), *rest))
 
     return run
 
@@ -70,7 +109,7 @@ def _over_all_ranks(fn):
 def _tokens_over_all_ranks(fn):
     """A token estimator on every rank's rows ([N, T] padded to the widest rank's T), then this rank's."""
 
-    def run(rewards, valid, mask, token_kl) -> torch.Tensor:
+    def run(rewards, valid, mask, token_kl, parts=None) -> torch.Tensor:
         t = mask.shape[1]
         width = int(dist.all_reduce_max(float(t)))
 
@@ -166,13 +205,15 @@ def build_rollout_batch(
     reference: Reference | None,
     ctx: LogprobContext,
     steps: StepRewards | None = None,
+    parts: RewardParts | None = None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """Advantages, reference log-probs and, when needed, old log-probs.
 
     prompt_ids is [P]; each prompt is repeated G times, prompt-major, to match completions.
     Outcome supervision: ``estimator`` on the rewards [P, G], one value along T. Process supervision
     (``steps`` given): ``grpo_process_advantages`` on the step rewards, [N, T]; the logged [P, G]
-    advantages are then each completion's first-token advantage.
+    advantages are then each completion's first-token advantage. ``parts``: each reward function's rewards
+    apart (``reward_parts``), which GDPO reads instead of the sum.
     """
     g = completions.num_generations
     ids = repeated_prompts(prompt_ids, g)
@@ -189,7 +230,7 @@ def build_rollout_batch(
         kl = KL_ESTIMATORS[cfg.algo.kl_estimator](sampler_logprobs, ref_logprobs)
         token_kl = torch.where(trains, kl, torch.zeros_like(ref_logprobs))
     if steps is None:
-        adv_tokens = estimator(rewards, valid, trains, token_kl)  # [N, T]
+        adv_tokens = estimator(rewards, valid, trains, token_kl, parts=parts)  # [N, T]
         advantages = masked_mean(adv_tokens, trains, dim=-1).view_as(rewards).cpu()  # [P, G], for metrics
     else:
         adv_tokens = grpo_process_advantages(  # env tokens get none

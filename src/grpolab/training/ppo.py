@@ -216,10 +216,12 @@ def build_ppo_batch(
     policy: torch.nn.Module,
     reference: Reference | None,
     ctx: LogprobContext,
+    parts=None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """Reference log-probs, rollout-time values, KL-shaped token rewards, GAE: the PPO RolloutBatch.
 
-    ``rewards`` and ``valid`` are [P, G]; prompt_ids is [P], each repeated G times, prompt-major.
+    ``rewards`` and ``valid`` are [P, G]; prompt_ids is [P], each repeated G times, prompt-major. ``parts``
+    (each reward function apart, for GDPO) is unused: GAE reads the summed reward.
     """
     a = cfg.algo
     g = completions.num_generations

@@ -1,8 +1,9 @@
 """One policy update on a generation batch: mu passes, minibatches, gradient accumulation.
 
-The per-token objective is DeepSeekMath eq. 3: the clipped surrogate (or CISPO's weighted REINFORCE term)
-minus beta * KL (k3 by default), times the rollout-correction weight when one is configured, minus the
-entropy bonus, aggregated by the configured mode. The math lives in grpolab.algo; this module only feeds it.
+The per-token objective is DeepSeekMath eq. 3: the clipped surrogate (or CISPO's weighted REINFORCE term, or
+SAPO's gated one), kept only where the off-policy sequence mask and the high-entropy token mask keep it, times the
+rollout-correction weight when one is configured, minus beta * KL (k3 by default), minus the entropy bonus,
+aggregated by the configured mode. The math lives in grpolab.algo; this module only feeds it.
 
 Why the loss reads about 0 at mu = 1: the ratio is exactly 1 (old = sg[new]), so the surrogate's
 value is sum(A) over a group, and group-relative advantages sum to zero. Its gradient is not zero:
@@ -23,6 +24,7 @@ import torch
 from grpolab.algo.correction import mismatch_sums, rollout_correction_weights
 from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import POLICY_LOSSES, SurrogateLoss, aggregate
+from grpolab.algo.selection import entropy_threshold, high_entropy_mask, off_policy_sequence_mask
 from grpolab.config import Config
 from grpolab.distributed import dist
 from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
@@ -52,6 +54,13 @@ class PolicyLossSpec:
     correction: Callable[..., torch.Tensor] | None = None
     """(old_logprobs, sampler_logprobs, mask) -> [N, T] weights (algo.rollout_correction), or None."""
     entropy_coef: float = 0.0
+    off_policy_threshold: float | None = None
+    """algo.off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask, or None."""
+    top_entropy_quantile: float = 1.0
+    """algo.top_entropy_quantile: below 1, only the minibatch's highest-entropy tokens get policy loss (80/20)."""
+    correction_in_loss: bool = False
+    """VESPO: the rollout-correction weights enter its sequence weight (``is_weights``), as TRL, instead of
+    multiplying the per-token loss."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> PolicyLossSpec:
@@ -65,6 +74,16 @@ class PolicyLossSpec:
                 level=a.rollout_correction_level,
                 cap=a.rollout_correction_cap,
             )
+        loss_fn = POLICY_LOSSES[a.policy_loss]
+        if a.policy_loss == "sapo":
+            loss_fn = functools.partial(
+                loss_fn, temperature_pos=a.sapo_temperature_pos, temperature_neg=a.sapo_temperature_neg
+            )
+        elif a.policy_loss == "vespo":
+            loss_fn = functools.partial(
+                loss_fn, k_pos=a.vespo_k_pos, lambda_pos=a.vespo_lambda_pos, k_neg=a.vespo_k_neg,
+                lambda_neg=a.vespo_lambda_neg,
+            )  # fmt: skip
         return cls(
             kl_fn=KL_ESTIMATORS[a.kl_estimator] if kl_in_loss else None,
             beta=a.beta,
@@ -75,9 +94,12 @@ class PolicyLossSpec:
             clip_high=a.clip_high,
             dual_clip=a.dual_clip,
             level=a.importance_level,
-            loss_fn=POLICY_LOSSES[a.policy_loss],
+            loss_fn=loss_fn,
             correction=correction,
             entropy_coef=a.entropy_coef,
+            off_policy_threshold=a.off_policy_mask_threshold,
+            top_entropy_quantile=a.top_entropy_quantile,
+            correction_in_loss=a.policy_loss == "vespo",
         )
 
 
@@ -90,12 +112,17 @@ def policy_loss(
     total_seqs: float,
     total_tokens: float,
     entropy: torch.Tensor | None = None,
+    token_keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss for a micro-batch, scaled so that micro-batches sum to the minibatch loss.
 
-    ``entropy`` [N, T] (with its graph when ``spec.entropy_coef > 0``) feeds the entropy bonus.
+    ``entropy`` [N, T] (with its graph when ``spec.entropy_coef > 0``) feeds the entropy bonus; ``token_keep``
+    [N, T] bool (the high-entropy tokens, algo.top_entropy_quantile) limits the policy loss and the bonus to them.
     """
     mask = mb.loss_mask
+    weights = None
+    if spec.correction is not None and mb.sampler_logprobs is not None:
+        weights = spec.correction(old_logprobs, mb.sampler_logprobs, mask)
     sur = spec.loss_fn(
         logprobs,
         old_logprobs,
@@ -105,15 +132,15 @@ def policy_loss(
         dual_clip=spec.dual_clip,
         level=spec.level,
         mask=mask,
+        **({"is_weights": weights} if spec.correction_in_loss else {}),
     )
-    per_token = sur.loss
     stats = {
         "clip_frac_low": _masked_sum(sur.clipped_low.float(), mask),
         "clip_frac_high": _masked_sum(sur.clipped_high.float(), mask),
         "approx_kl_old": _masked_sum(0.5 * (logprobs.detach() - old_logprobs) ** 2, mask),
     }
-    per_token, extra = _rollout_terms(per_token, old_logprobs, mb, spec, entropy)
-    stats.update(extra)
+    per_token, entropy = _selected(sur.loss, logprobs, old_logprobs, mb, spec, stats, entropy, token_keep)
+    per_token = _rollout_terms(per_token, old_logprobs, mb, spec, entropy, weights, stats)
     if spec.kl_fn is not None:
         kl = spec.kl_fn(logprobs, mb.ref_logprobs)
         per_token = per_token + spec.beta * kl
@@ -126,22 +153,39 @@ def policy_loss(
     return loss, stats
 
 
-def _rollout_terms(per_token, old_logprobs, mb: RolloutBatch, spec: PolicyLossSpec, entropy):
-    """The sampler/trainer mismatch sums, the rollout-correction weights and the entropy bonus."""
-    stats: dict[str, float] = {}
+def _selected(per_token, logprobs, old_logprobs, mb: RolloutBatch, spec: PolicyLossSpec, stats, entropy, token_keep):
+    """(policy loss, entropy) less what the off-policy sequence mask and the high-entropy token mask drop."""
+    mask = mb.loss_mask
+    if spec.off_policy_threshold is not None:
+        # the paper's and TRL's pi_old is the sampler's (the engine's log-probs: both the updates since sampling
+        # and the engine / trainer mismatch count); without them, the trainer's at the sampling weights
+        sampler = mb.sampler_logprobs if mb.sampler_logprobs is not None else old_logprobs
+        keep = off_policy_sequence_mask(mb.advantages, logprobs, sampler, mask, threshold=spec.off_policy_threshold)
+        per_token = torch.where(keep, per_token, torch.zeros_like(per_token))
+        stats["off_policy_masked"] = _masked_sum((~keep).float(), mask)
+    if token_keep is not None:
+        per_token = torch.where(token_keep, per_token, torch.zeros_like(per_token))
+        if entropy is not None:
+            entropy = torch.where(token_keep, entropy, torch.zeros_like(entropy))  # TRL: the bonus on the same tokens
+    return per_token, entropy
+
+
+def _rollout_terms(per_token, old_logprobs, mb: RolloutBatch, spec: PolicyLossSpec, entropy, weights, stats):
+    """The sampler/trainer mismatch sums, the rollout-correction weights (already inside VESPO's loss) and the
+    entropy bonus."""
     mask = mb.loss_mask
     if mb.sampler_logprobs is not None:
         # old_logprobs are the trainer's log-probs at the sampling weights (recomputed, or this pass's own
         # values when the ratio is 1): what the sampler's log-probs should have been.
         stats.update(mismatch_sums(old_logprobs, mb.sampler_logprobs, mask))
-        if spec.correction is not None:
-            weights = spec.correction(old_logprobs, mb.sampler_logprobs, mask)
+    if weights is not None:
+        if not spec.correction_in_loss:
             per_token = per_token * weights
-            stats["rollout_weight"] = _masked_sum(weights, mask)
-            stats["rollout_masked"] = _masked_sum((weights == 0).float(), mask)
+        stats["rollout_weight"] = _masked_sum(weights, mask)
+        stats["rollout_masked"] = _masked_sum((weights == 0).float(), mask)
     if spec.entropy_coef > 0 and entropy is not None:
         per_token = per_token - spec.entropy_coef * entropy
-    return per_token, stats
+    return per_token
 
 
 def _masked_sum(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -188,13 +232,15 @@ def update_policy(
             optimizer.zero_grad(set_to_none=True)
             finite = True
             micros = micro_batches(rows, lengths, cfg.train.micro_batch_rows(batch.completion_ids.device.type), **budget)
-            for i, micro in enumerate(micros):
+            keeps = _high_entropy_tokens(model, batch, micros, cfg, spec, pad_id, autocast_dtype)
+            for i, (micro, keep) in enumerate(zip(micros, keeps, strict=True)):
                 mb = batch.select(micro)
                 # DDP: forward and backward inside no_sync (its forward arms the all-reduce), but the last
                 with gradient_sync(model, sync=i == len(micros) - 1):
                     loss, entropy, stats = _micro_batch_loss(
-                        model, mb, cfg, spec, pad_id, autocast_dtype, total_seqs=total_seqs, total_tokens=total_tokens
-                    )
+                        model, mb, cfg, spec, pad_id, autocast_dtype, total_seqs=total_seqs, total_tokens=total_tokens,
+                        token_keep=keep,
+                    )  # fmt: skip
                     backward(loss * dist.grad_scale(), optimizer)  # through the fp16 loss scaler when there is one
                 finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
@@ -212,11 +258,10 @@ def update_policy(
 
 
 def _micro_batch_loss(model, mb: RolloutBatch, cfg: Config, spec: PolicyLossSpec, pad_id: int, autocast_dtype, *,
-                      total_seqs: float, total_tokens: float):
+                      total_seqs: float, total_tokens: float, token_keep: torch.Tensor | None = None):
     """(loss, entropy [n, T], stats) of one micro-batch, its graph kept for the backward; packed into one
     padding-free sequence with train.padding_free (training/packing.py)."""
-    forward = packed_completion_logprobs if cfg.train.padding_free else completion_logprobs
-    logprobs, entropy = forward(
+    logprobs, entropy = _forward(cfg)(
         model,
         mb.prompt_ids,
         mb.completion_ids,
@@ -230,9 +275,44 @@ def _micro_batch_loss(model, mb: RolloutBatch, cfg: Config, spec: PolicyLossSpec
     )
     old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
     loss, stats = policy_loss(
-        logprobs, old, mb, spec, total_seqs=total_seqs, total_tokens=max(total_tokens, 1.0), entropy=entropy
-    )
+        logprobs, old, mb, spec, total_seqs=total_seqs, total_tokens=max(total_tokens, 1.0), entropy=entropy,
+        token_keep=token_keep,
+    )  # fmt: skip
     return loss, entropy, stats
+
+
+def _forward(cfg: Config):
+    return packed_completion_logprobs if cfg.train.padding_free else completion_logprobs
+
+
+@torch.no_grad()
+def _high_entropy_tokens(model, batch: RolloutBatch, micros, cfg: Config, spec: PolicyLossSpec, pad_id: int,
+                         autocast_dtype) -> list[torch.Tensor | None]:
+    """Per micro-batch, the tokens the 80/20 rule keeps (algo.top_entropy_quantile < 1), else Nones.
+
+    The threshold is the quantile over the whole minibatch's counted tokens on every rank, under the weights
+    its micro-batches train (TRL: the current policy's entropies, over one micro-step's rows; an optimizer step's
+    here, so the mask does not depend on how rows are split for memory): it needs them all before the first
+    backward, hence this forward without gradient over the minibatch."""
+    if spec.top_entropy_quantile >= 1:
+        return [None] * len(micros)
+    entropies, masks = [], []
+    for micro in micros:
+        mb = batch.select(micro)
+        _, entropy = _forward(cfg)(
+            model, mb.prompt_ids, mb.completion_ids, mb.completion_mask, pad_id=pad_id,
+            temperature=cfg.rollout.temperature, autocast_dtype=autocast_dtype, with_entropy=True,
+        )  # fmt: skip
+        entropies.append(entropy)
+        masks.append(mb.loss_mask)
+    counted = dist.gather_ragged(torch.cat([e[m] for e, m in zip(entropies, masks, strict=True)]).float())
+    if counted.numel() == 0:
+        return [torch.zeros_like(m) for m in masks]
+    threshold = entropy_threshold(counted, spec.top_entropy_quantile)
+    return [
+        high_entropy_mask(e, m, top_quantile=spec.top_entropy_quantile, threshold=threshold)
+        for e, m in zip(entropies, masks, strict=True)
+    ]
 
 
 def _optimizer_step(model, optimizer, scheduler, max_grad_norm: float, sums, counts, *, loss_finite=True) -> None:
@@ -288,4 +368,5 @@ _ROLLOUT_METRICS = {
     "sampler_kl": "rollout/sampler_kl",
     "rollout_weight": "sampling/importance_sampling_ratio/mean",  # TRL's: the truncated / masked weight's mean
     "rollout_masked": "loss/rollout_masked_frac",
+    "off_policy_masked": "loss/off_policy_masked_frac",  # tokens of the sequences the off-policy mask dropped
 }

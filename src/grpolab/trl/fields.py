@@ -26,6 +26,7 @@ from grpolab.trl.rules import (
     loss_type,
     max_length,
     num_steps,
+    off_policy_mask,
     optim,
     output_dir,
     precision,
@@ -37,6 +38,7 @@ from grpolab.trl.rules import (
     scale_rewards,
     schedule,
     sync_ref,
+    top_entropy,
     weight_decay,
 )
 
@@ -48,8 +50,6 @@ _LOGGING = "transformers' console logging; grpolab logs every step's metrics (--
 _DIST = "torchrun sets up the processes; grpolab picks DDP or FSDP2 with train.parallel"
 _SPEED = "a speed option; it does not change what is trained"
 _ADAPTIVE = "read only with use_adaptive_entropy=True, which is refused"
-_SAPO = "grpolab has no SAPO loss (loss_type=sapo is refused)"
-_VESPO = "grpolab has no VESPO loss (loss_type=vespo is refused)"
 
 TRL_FIELDS: dict[str, TrlField] = worded({
     # --- batch geometry and length of the run
@@ -66,9 +66,11 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "temperature": named(to_key("rollout.temperature")),
     "top_p": named(to_key("rollout.top_p")),
     "top_k": named(to_key("rollout.top_k")),
-    "min_p": refused("grpolab's sampler has no min-p filter"),
-    "repetition_penalty": refused("grpolab's sampler has no repetition penalty (it would bias the log-probs)"),
-    "generation_kwargs": refused("grpolab's sampler takes rollout.temperature / top_p / top_k only"),
+    "min_p": named(lambda v, t: {"rollout.min_p": 0.0 if v is None else v}),
+    "repetition_penalty": named(to_key("rollout.repetition_penalty")),
+    "generation_kwargs": refused(
+        "grpolab's sampler takes rollout.temperature / top_p / top_k / min_p / repetition_penalty only"
+    ),
     "chat_template_kwargs": refused("grpolab renders chat prompts with the template's defaults"),
     "cache_implementation": not_applicable(_SPEED),
     "vllm_structured_outputs_regex": refused("grpolab has no constrained decoding"),
@@ -95,14 +97,14 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "entropy_coef_max": not_applicable(_ADAPTIVE),
     "entropy_coef_delta": not_applicable(_ADAPTIVE),
     "entropy_target": not_applicable(_ADAPTIVE),
-    "top_entropy_quantile": refused("grpolab has no high-entropy token mask (80/20 rule)"),
-    "off_policy_mask_threshold": refused("grpolab has no off-policy sequence mask (DeepSeek-V3.2)"),
-    "sapo_temperature_neg": not_applicable(_SAPO),
-    "sapo_temperature_pos": not_applicable(_SAPO),
-    "vespo_k_pos": not_applicable(_VESPO),
-    "vespo_lambda_pos": not_applicable(_VESPO),
-    "vespo_k_neg": not_applicable(_VESPO),
-    "vespo_lambda_neg": not_applicable(_VESPO),
+    "top_entropy_quantile": named(top_entropy),
+    "off_policy_mask_threshold": named(off_policy_mask),
+    "sapo_temperature_neg": read_by("loss_type"),
+    "sapo_temperature_pos": read_by("loss_type"),
+    "vespo_k_pos": read_by("loss_type"),
+    "vespo_lambda_pos": read_by("loss_type"),
+    "vespo_k_neg": read_by("loss_type"),
+    "vespo_lambda_neg": read_by("loss_type"),
     "reward_weights": named(lambda v, t: t.reward_weights(v)),
     "vllm_importance_sampling_correction": mapped(
         "algo.rollout_correction (tis / mis), _level and _cap, when use_vllm", rollout_correction

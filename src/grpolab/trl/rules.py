@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 def importance_level(value: Any, t: Any) -> dict[str, Any]:
     """GSPO-token (``sequence_token``, trl.experimental.gspo_token's GRPOTrainer) weighs each token by the
     sequence ratio times pi/sg(pi): its value is GSPO's, and with TRL's per-sequence advantages its gradient
-    is GSPO's too (TRL's docs, gspo_token.md), so it is read as ``sequence``."""
+    is GSPO's too (TRL's docs, gspo_token.md), so it is read as ``sequence``. VESPO's loss does not read it."""
+    if t["loss_type"] == "vespo" and value != "token":
+        t.note(f"importance_sampling_level={value}: VESPO's loss builds its own sequence weight (TRL warns), so token")
+        return {"algo.importance_level": "token"}
     if value == "sequence_token":
         t.note("importance_sampling_level='sequence_token': read as algo.importance_level=sequence; GSPO-token "
                "with per-sequence advantages (TRL's) has GSPO's value and gradient")
@@ -88,51 +91,91 @@ _LOSS_AGG = {
     "dr_grpo": "seq-mean-token-sum-norm",  # sum / (rows * max_completion_length)
     "dapo": "token-mean",  # sum / active tokens of the accumulated batch
     "cispo": "token-mean",  # the dapo normaliser
+    "sapo": "seq-mean-token-mean",  # the grpo normaliser
+    "luspo": "seq-mean-token-sum",  # (per_token_loss * mask).sum(-1).mean(): each row's sum, mean over rows
+    "vespo": "token-mean",  # the dapo normaliser
 }
+_POLICY_LOSS = {"cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}  # the others: the clipped surrogate
+_VESPO = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 
 
 def loss_type(v: str, t: TrlView) -> dict[str, Any]:
-    """loss_type picks TRL's normaliser (and cispo's weight); the advantage is scale_rewards' business."""
+    """loss_type picks TRL's normaliser (and cispo's weight, sapo's gate, vespo's gamma weight); the advantage is
+    scale_rewards'."""
     if v == "bnpo":
         if t["per_device_train_batch_size"] != 1:
             raise Refused(
                 "bnpo divides by the active tokens of each local micro-batch, so a token's weight depends on "
-                "how rows fall into micro-batches; grpolab normalises over the whole minibatch: use loss_type="
-                "dapo (token-mean) or per_device_train_batch_size=1 (where bnpo equals grpo)"
+                "which rows TRL's shuffle put beside it; grpolab forms micro-batches by length for memory and "
+                "normalises over the whole minibatch: use loss_type=dapo (token-mean) or "
+                "per_device_train_batch_size=1 (where bnpo equals grpo)"
             )
         v = "grpo"
     if v not in _LOSS_AGG:
-        raise Refused(f"grpolab has no '{v}' loss (it has grpo, dr_grpo, dapo, cispo; bnpo at batch size 1)")
-    if v == "dapo" and t.geometry.num_minibatches > 1:
+        raise Refused(
+            f"grpolab has no '{v}' loss (it has grpo, dr_grpo, dapo, cispo, sapo, luspo, vespo; bnpo at batch size 1)"
+        )
+    if _LOSS_AGG[v] == "token-mean" and t.geometry.num_minibatches > 1:
         t.note(
-            "loss_type=dapo: TRL divides each optimizer step by the generation batch's active tokens / "
+            f"loss_type={v}: TRL divides each optimizer step by the generation batch's active tokens / "
             "steps_per_generation x gradient_accumulation_steps (an average); grpolab by the minibatch's own "
             "active tokens: the same when steps_per_generation = gradient_accumulation_steps"
         )
-    return {
+    if v == "luspo" and t["importance_sampling_level"] != "sequence":
+        t.note("loss_type=luspo with importance_sampling_level=token, as given (TRL warns: LUSPO's paper uses sequence)")
+    out = {
         "algo.name": "cispo" if v == "cispo" else "grpo",
         "algo.loss_agg": _LOSS_AGG[v],
-        "algo.policy_loss": "cispo" if v == "cispo" else "clip",
+        "algo.policy_loss": _POLICY_LOSS.get(v, "clip"),
         "algo.dynamic_sampling": False,
     }
+    if v == "sapo":
+        out["algo.sapo_temperature_pos"] = t["sapo_temperature_pos"]
+        out["algo.sapo_temperature_neg"] = t["sapo_temperature_neg"]
+    if v == "vespo":
+        out.update({f"algo.{name}": t[name] for name in _VESPO})
+    return out
 
 
 def scale_rewards(v: Any, t: TrlView) -> dict[str, Any]:
+    """TRL: (r - group mean) / (std + 1e-4), Bessel's std (nanstd) of the group (group), of the batch's rewards
+    (batch) or none; normalize_then_sum (GDPO) instead normalises each reward function in its group, sums them
+    with the weights and whitens the sum over the batch, whatever scale_rewards says."""
     v = {True: "group", False: "none"}.get(v, v)
-    if t["multi_objective_aggregation"] != "sum_then_normalize":
-        raise Refused(
-            "multi_objective_aggregation=normalize_then_sum (GDPO) normalises each reward per group before "
-            "summing; grpolab sums the weighted rewards first (sum_then_normalize)"
+    aggregation = t["multi_objective_aggregation"]
+    if aggregation == "normalize_then_sum":
+        if v != "group":
+            t.note(f"scale_rewards={v}: not read with multi_objective_aggregation=normalize_then_sum (GDPO), as TRL")
+        return {"algo.advantage": "gdpo", "algo.std": "unbiased", "algo.eps": 1e-4}
+    if aggregation != "sum_then_normalize":
+        raise Refused(f"multi_objective_aggregation={aggregation}: TRL has sum_then_normalize and normalize_then_sum")
+    advantages = {"group": "grpo", "batch": "batch_reward_std", "none": "dr_grpo"}
+    if v not in advantages:
+        raise Refused(f"scale_rewards={v}: TRL's values are group (True), batch and none (False)")
+    return {"algo.advantage": advantages[v], "algo.std": "unbiased", "algo.eps": 1e-4}
+
+
+def off_policy_mask(v: Any, t: TrlView) -> dict[str, Any]:
+    if v is not None and not t["use_vllm"]:
+        t.note(
+            "off_policy_mask_threshold without vLLM: TRL measures the drift from the trainer's own log-probs at the "
+            "sampling weights, grpolab from the engine's sampling log-probs (the same weights: equal up to rounding)"
         )
-    if v == "batch":
-        raise Refused(
-            "scale_rewards=batch divides the group-centred rewards by the std of the batch's raw rewards; "
-            "grpolab has no such estimator (algo.advantage=batch_std divides by the std of the group-centred "
-            "rewards, the same only when every group has the same mean)"
+    return {"algo.off_policy_mask_threshold": v}
+
+
+def top_entropy(v: float, t: TrlView) -> dict[str, Any]:
+    if not 0 <= v <= 1:
+        raise Refused(f"top_entropy_quantile={v:g} must be in [0, 1]")
+    accumulation = t["gradient_accumulation_steps"]
+    if v < 1 and accumulation > 1:
+        t.note(
+            f"top_entropy_quantile={v:g}: TRL takes the entropy quantile over each micro-step's completions "
+            f"(per_device_train_batch_size x processes), grpolab over the optimizer step's ({accumulation} "
+            "micro-steps), so the mask does not depend on the micro-batch size: the same at "
+            "gradient_accumulation_steps=1"
         )
-    # TRL: (r - group mean) / (group std + 1e-4) with Bessel's std (nanstd); "none": r - group mean
-    advantage = {"group": "grpo", "none": "dr_grpo"}[v]
-    return {"algo.advantage": advantage, "algo.std": "unbiased", "algo.eps": 1e-4}
+    return {"algo.top_entropy_quantile": v}
 
 
 def beta(v: float, t: TrlView) -> dict[str, Any]:
@@ -146,6 +189,8 @@ def beta(v: float, t: TrlView) -> dict[str, Any]:
 
 def clip(v: float, t: TrlView) -> dict[str, Any]:
     high = t["epsilon_high"] if t["epsilon_high"] is not None else v
+    if t["loss_type"] == "sapo":
+        return {}  # TRL's sapo reads neither epsilon nor delta: a smooth gate, no clip
     if t["loss_type"] == "cispo":
         # TRL: clamp(ratio, max=epsilon_high).detach(); grpolab: clamp(ratio, 1 - clip_low, 1 + clip_high)
         if high <= 1:

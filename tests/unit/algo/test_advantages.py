@@ -53,7 +53,18 @@ def test_batch_scale_divides_by_std_of_centred_batch():
     assert not torch.allclose(group[1], torch.tensor([1.0, 1.0, -1.0, -1.0]))
 
 
-@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_batch_reward_scale_divides_by_std_of_the_rewards_themselves():
+    # rewards 1 0 0 0 1 1 0 0: mean 3/8, squares 3 (5/8)^2 + 5 (3/8)^2 = 120/64, unbiased variance 120/448
+    std = (120 / 448) ** 0.5
+    expected = torch.tensor([[0.75, -0.25, -0.25, -0.25], [0.5, 0.5, -0.5, -0.5]]) / std
+    close(grpo_advantages(TWO_GROUPS, scale="batch_reward", eps=0.0), expected)
+    # TRL's scale_rewards="batch": (r - group mean) / (rewards.std() + 1e-4)
+    flat = TWO_GROUPS.flatten()
+    trl = (flat - TWO_GROUPS.mean(1).repeat_interleave(4)) / (flat.std() + 1e-4)
+    close(grpo_advantages(TWO_GROUPS, scale="batch_reward").flatten(), trl)
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "batch_reward", "none"])
 def test_equal_rewards_give_exactly_zero(scale):
     rewards = torch.tensor([[0.1, 0.1, 0.1], [0.7, 0.7, 0.7], [1.0, 0.0, 0.3]])
     adv = grpo_advantages(rewards, scale=scale)
@@ -61,7 +72,7 @@ def test_equal_rewards_give_exactly_zero(scale):
     assert torch.equal(rloo_advantages(rewards)[:2], torch.zeros(2, 3))
 
 
-@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("scale", ["group", "batch", "batch_reward", "none"])
 def test_group_advantages_sum_to_zero(scale):
     rewards = torch.rand(5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     close(grpo_advantages(rewards, scale=scale).sum(1), torch.zeros(5), atol=1e-12, rtol=0)
@@ -96,7 +107,7 @@ def test_rft_is_indicator():
 
 
 def test_outcome_estimators_share_one_signature_and_differ():
-    assert set(OUTCOME_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "online_rft", "batch_std"}
+    assert set(OUTCOME_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "online_rft", "batch_std", "batch_reward_std"}
     rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
     valid = torch.ones_like(rewards, dtype=torch.bool)
     outs = {name: fn(rewards, valid, std="unbiased", eps=1e-4) for name, fn in OUTCOME_ESTIMATORS.items()}
@@ -107,6 +118,7 @@ def test_outcome_estimators_share_one_signature_and_differ():
     close(outs["grpo"], grpo_advantages(rewards))
     close(outs["dr_grpo"], grpo_advantages(rewards, scale="none"))
     close(outs["batch_std"], grpo_advantages(rewards, scale="batch"))
+    close(outs["batch_reward_std"], grpo_advantages(rewards, scale="batch_reward"))
     close(outs["rloo"], rloo_advantages(rewards))
     close(outs["online_rft"], rewards)
     signed = torch.tensor([[1.0, -1.0]])

@@ -37,4 +37,4 @@ def test_cispo_refuses_sequence_level_and_dual_clip():
         cispo_loss(x, x, torch.ones(1), level="sequence", mask=torch.ones(1, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="per-token IS weight"):
         cispo_loss(x, x, torch.ones(1), dual_clip=3.0)
-    assert set(POLICY_LOSSES) == {"clip", "cispo"}
+    assert {"clip", "cispo"} <= set(POLICY_LOSSES)

@@ -7,6 +7,7 @@ import torch
 
 from grpolab.algo.advantages import OUTCOME_ESTIMATORS, Std
 from grpolab.algo.correction import ROLLOUT_CORRECTIONS, Level
+from grpolab.algo.gdpo import COMPONENT_ESTIMATORS
 from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import AGGREGATIONS, POLICY_LOSSES
 from grpolab.algo.reinforce import TOKEN_ESTIMATORS
@@ -34,6 +35,9 @@ def _flat_group_advantages() -> dict[str, torch.Tensor]:
     out = {name: fn(rewards, valid, std="unbiased", eps=1e-4) for name, fn in OUTCOME_ESTIMATORS.items()}
     for name, fn in TOKEN_ESTIMATORS.items():
         out[name] = fn(rewards, valid, mask, None, beta=0.0, gamma=1.0)
+    for name, fn in COMPONENT_ESTIMATORS.items():  # two functions, each flat within every group
+        parts = torch.stack([rewards, 2 * rewards + 1], dim=-1)
+        out[name] = fn(parts, torch.ones_like(parts, dtype=torch.bool), torch.tensor([1.0, 0.5]))
     return out
 
 
@@ -46,8 +50,10 @@ def test_group_baselines_are_the_estimators_that_give_a_flat_group_zero_advantag
 def test_advantage_choices_are_the_estimators_and_gae():
     # "gae" is in neither registry: PPO's advantages come from the value model (training/ppo.py calls
     # algo.advantages.gae_advantages), so algo.advantage=gae needs algo.name=ppo (config/checks.py).
-    assert set(OUTCOME_ESTIMATORS).isdisjoint(TOKEN_ESTIMATORS)
-    assert _choices(AdvantageName) == set(OUTCOME_ESTIMATORS) | set(TOKEN_ESTIMATORS) | {"gae"}
+    # "gdpo" reads each reward function apart (grpolab.algo.gdpo.COMPONENT_ESTIMATORS)
+    assert set(OUTCOME_ESTIMATORS).isdisjoint(TOKEN_ESTIMATORS) and set(COMPONENT_ESTIMATORS).isdisjoint(OUTCOME_ESTIMATORS)
+    registries = set(OUTCOME_ESTIMATORS) | set(TOKEN_ESTIMATORS) | set(COMPONENT_ESTIMATORS)
+    assert _choices(AdvantageName) == registries | {"gae"}
     assert _field("advantage") == _choices(AdvantageName)
 
 

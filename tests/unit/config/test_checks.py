@@ -82,6 +82,11 @@ def test_inert_clip_settings_are_warned_at_load():
         (["algo.rollout_correction_cap=5"], "algo.rollout_correction_cap=5.0 have no effect with algo.rollout_correction=none"),
         (["algo.rollout_correction_level=sequence"], "algo.rollout_correction_level=sequence have no effect"),
         (["algo.name=dapo", "algo.kl_estimator=k2"], "algo.kl_estimator=k2 has no effect with algo.beta=0"),
+        (["algo.sapo_temperature_neg=2"], "algo.sapo_temperature_neg=2 have no effect unless algo.policy_loss=sapo"),
+        (["algo.vespo_k_pos=1"], "algo.vespo_k_pos=1 have no effect unless algo.policy_loss=vespo"),
+        (["algo.policy_loss=sapo", "algo.clip_high=0.28", "algo.mu=2"], "have no effect with algo.policy_loss=sapo"),
+        (["algo.policy_loss=sapo"], "so SAPO's soft gate (algo.sapo_temperature_pos / _neg"),
+        (["algo.policy_loss=vespo"], "so VESPO's gamma weight (algo.vespo_*"),
     ],
 )
 def test_each_inert_setting_is_named_by_its_own_key(overrides, message):
@@ -119,6 +124,15 @@ def test_gspo_with_a_loss_that_sums_tokens_is_warned_in_trls_words(agg, warned):
         (["algo.rollout_correction=tis", "algo.rollout_correction_cap=0"], "rollout_correction_cap must be > 0"),
         (["algo.entropy_coef=-0.1"], "algo.entropy_coef must be >= 0"),
         (["algo.name=cispo", "algo.importance_level=sequence"], "algo.importance_level=token"),
+        (["algo.off_policy_mask_threshold=-0.1"], r"algo.off_policy_mask_threshold must be >= 0"),
+        (["algo.top_entropy_quantile=1.5"], r"algo.top_entropy_quantile must be in \[0, 1\]"),
+        (["algo.policy_loss=sapo", "algo.sapo_temperature_neg=0"], "algo.sapo_temperature_neg must be > 0"),
+        (["algo.policy_loss=sapo", "algo.dual_clip=3"], "algo.policy_loss=sapo has no hard clip"),
+        (["algo.policy_loss=vespo", "algo.importance_level=sequence"], "algo.policy_loss=vespo builds its own"),
+        (["algo.policy_loss=vespo", "algo.vespo_k_neg=-1"], "algo.vespo_k_pos, _lambda_pos, _k_neg and _lambda_neg"),
+        (["algo.advantage=gdpo", "algo.kl_in=reward"], "algo.advantage=gdpo normalises each reward function apart"),
+        (["rollout.min_p=1.5"], r"rollout.min_p must be in \[0, 1\]"),
+        (["rollout.repetition_penalty=0"], "rollout.repetition_penalty must be > 0"),
     ],
 )
 def test_new_fields_are_checked(overrides, message):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpolab.rollout.base import Sampler
-from grpolab.rollout.hf import HFSampler, filter_logits
+from grpolab.rollout.hf import HFSampler
 
 G = 4
 
@@ -198,18 +198,6 @@ def test_outputs_are_usable_under_autograd(model, tok, prompts):
     assert logits.grad is not None
 
 
-def test_filter_logits_hand_computed():
-    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
-    inf = float("-inf")
-    assert filter_logits(logits, top_k=2, top_p=1.0).tolist() == [[3.0, 2.0, inf, inf]]
-    assert filter_logits(logits, top_k=0, top_p=1.0) is logits
-    probs = torch.tensor([[0.5, 0.3, 0.2]]).log()
-    # The mass before token 2 is 0.5 < 0.7, before token 3 it is 0.8: keep two.
-    assert filter_logits(probs, top_k=0, top_p=0.7).isinf().tolist() == [[False, False, True]]
-    assert filter_logits(probs, top_k=0, top_p=0.5).isinf().tolist() == [[False, True, True]]
-    assert filter_logits(probs, top_k=2, top_p=0.5).isinf().tolist() == [[False, True, True]]
-
-
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -217,6 +205,8 @@ def test_filter_logits_hand_computed():
         ({"max_completion_length": 4, "temperature": -1.0}, "temperature"),
         ({"max_completion_length": 4, "top_p": 0.0}, "top_p"),
         ({"max_completion_length": 4, "top_k": -1}, "top_k"),
+        ({"max_completion_length": 4, "min_p": 1.5}, "min_p"),
+        ({"max_completion_length": 4, "repetition_penalty": 0.0}, "repetition_penalty"),
         ({"max_completion_length": 4, "max_batch_sequences": 0}, "max_batch_sequences"),
     ],
 )
@@ -293,17 +283,23 @@ def test_the_cuda_decode_masks_give_the_2d_masks_completions_without_asking_for_
     assert all(shape[-1] == width for shape in asked)  # the prefill's own questions, none per decoded token
 
 
-def test_top_p_in_fixed_point_keeps_the_same_nucleus():
-    """Top-p under train.deterministic on CUDA sums the sorted probabilities in int64 fixed point (torch has
-    no deterministic float cumsum there): the mass before each token is the float sum's to 1e-6, and the
-    nucleus kept is the same, here on peaked and on flat rows."""
-    from grpolab.rollout.hf import mass_before
+def test_greedy_with_a_repetition_penalty_equals_generate(model, tok, prompts):
+    out = HFSampler(model, tok, max_completion_length=7, temperature=0, repetition_penalty=1.8).sample(
+        prompts, num_generations=1
+    )
+    expected = []
+    for p in prompts:  # one unpadded prompt at a time: generate would penalise its left padding too
+        ids = torch.tensor([p])
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=7,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, repetition_penalty=1.8)
+        expected.append(gen[0, len(p) :].tolist())
+    assert out.completion_ids.tolist() == expected
+    plain = HFSampler(model, tok, max_completion_length=7, temperature=0).sample(prompts, num_generations=1)
+    assert out.completion_ids.tolist() != plain.completion_ids.tolist()  # the penalty changed what was drawn
+    assert_logprobs_match_reference(model, out, temperature=1.0, atol=1e-4)  # not the log-probs
 
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.cat([4 * torch.randn(6, 500, generator=gen), 0.01 * torch.randn(2, 500, generator=gen)])
-    probs = torch.softmax(logits, -1).sort(-1, descending=True).values
-    exact, fixed = mass_before(probs), mass_before(probs, fixed=True)
-    assert fixed.dtype == probs.dtype and (fixed - exact).abs().max() < 1e-6
-    for p in (0.1, 0.5, 0.9, 0.99):
-        clear = (exact - p).abs() > 1e-5  # away from the threshold by more than either sum's rounding
-        assert clear.float().mean() > 0.99 and torch.equal((fixed >= p)[clear], (exact >= p)[clear])
+
+def test_min_p_and_the_penalty_shape_the_draw_not_the_logprobs(model, tok, prompts):
+    sampler = HFSampler(model, tok, max_completion_length=10, temperature=0.7, min_p=0.2, repetition_penalty=1.3)
+    out = sampler.sample(prompts, num_generations=G, generator=torch.Generator().manual_seed(0))
+    assert_logprobs_match_reference(model, out, temperature=0.7, atol=1e-4)

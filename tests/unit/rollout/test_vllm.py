@@ -143,6 +143,16 @@ def test_greedy_equals_hf_token_for_token(engine, tok, policy, prompts):
     torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-4, rtol=0)  # temperature 1 when greedy
 
 
+def test_greedy_with_a_repetition_penalty_equals_hf_token_for_token(engine, tok, policy, prompts):
+    # both penalise the prompt's tokens and the sampled ones (never the hf batch's left padding)
+    hf = HFSampler(policy, tok, max_completion_length=MAX_NEW, temperature=0, repetition_penalty=1.8)
+    want = hf.sample(prompts, num_generations=1)
+    got = make(engine, tok, policy, temperature=0, repetition_penalty=1.8).sample(prompts, num_generations=1)
+    assert torch.equal(got.completion_ids, want.completion_ids)
+    plain = HFSampler(policy, tok, max_completion_length=MAX_NEW, temperature=0).sample(prompts, num_generations=1)
+    assert not torch.equal(want.completion_ids, plain.completion_ids)
+
+
 def test_sampled_logprobs_are_the_trainers_and_rows_are_prompt_major(engine, tok, policy, prompts):
     eos = [tok.eos_token_id, *tok.convert_tokens_to_ids(list("0123"))]  # ~5/70 per step: some rows stop
     out = make(engine, tok, policy, temperature=0.7, eos=eos).sample(

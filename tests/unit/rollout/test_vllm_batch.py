@@ -204,3 +204,14 @@ def test_a_batch_waiting_for_another_sends_heartbeats(monkeypatch):
 
     first, rest = asyncio.run(run())
     assert first == {"queued": True} and rest[-1] == {"done": 1} and ("rpc", "grpolab_seed", (None,)) not in engine.calls
+
+
+def test_the_batch_takes_min_p_and_the_repetition_penalty_and_an_older_client_gets_them_off():
+    pytest.importorskip("vllm", reason="SamplingParams comes from vLLM")
+    sampling = {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "max_tokens": 4, "stop_token_ids": [0]}
+    body = {"prompts": [[1, 2]], "n": 2, "sampling": {**sampling, "min_p": 0.05, "repetition_penalty": 1.2}}
+    end = _endpoint(FakeEngine(1))
+    params, prompts, lora = end.parse(body)
+    assert (params.min_p, params.repetition_penalty, prompts, lora) == (0.05, 1.2, [{"prompt_token_ids": [1, 2]}], None)
+    params, _, _ = end.parse({**body, "sampling": sampling})
+    assert (params.min_p, params.repetition_penalty) == (0.0, 1.0)

@@ -53,8 +53,8 @@ def test_a_real_grpoconfig_object_converts_with_every_field_accounted_for(tmp_pa
 def test_a_field_unknown_to_trl_and_a_refused_value_name_themselves():
     with pytest.raises(ConfigError, match="no_such_field: not fields of TRL's GRPOConfig"):
         convert_trl({"no_such_field": 1})
-    with pytest.raises(ConfigError, match=r"min_p=0\.1: grpolab's sampler has no min-p.*repetition_penalty=1\.1"):
-        convert_trl({"min_p": 0.1, "repetition_penalty": 1.1})
+    with pytest.raises(ConfigError, match=r"regex='a\+': grpolab has no constrained decoding.*neftune_noise_alpha=5"):
+        convert_trl({"vllm_structured_outputs_regex": "a+", "neftune_noise_alpha": 5})
 
 
 def test_not_applicable_fields_are_listed_not_converted():
@@ -115,26 +115,25 @@ def _trl_advantages(rewards, scale_rewards, g):
     return adv / (std + 1e-4) if scale_rewards != "none" else adv
 
 
-@pytest.mark.parametrize("scale", ["group", "none"])
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_scale_rewards_maps_to_the_estimator_that_computes_trls_advantages(scale):
     from grpolab.algo.advantages import OUTCOME_ESTIMATORS
 
     k = keys(scale_rewards=scale)
-    rewards = torch.tensor([[1.0, 0.0, 0.5, 0.25], [2.0, 1.0, 0.0, 3.0]])
+    rewards = torch.tensor([[1.0, 0.0, 0.5, 0.25], [2.0, 1.0, 0.0, 3.0]])  # different group means
     ours = OUTCOME_ESTIMATORS[k["algo.advantage"]](
         rewards, torch.ones_like(rewards, dtype=torch.bool), std=k["algo.std"], eps=k["algo.eps"]
     )
     torch.testing.assert_close(ours.flatten(), _trl_advantages(rewards.flatten(), scale, 4))
 
 
-def test_scale_rewards_batch_is_refused_because_no_estimator_divides_by_the_raw_std():
+def test_scale_rewards_batch_is_not_batch_std():
     from grpolab.algo.advantages import grpo_advantages
 
     rewards = torch.tensor([[1.0, 0.0], [5.0, 4.0]])  # different group means: the two stds differ
     trl_adv = _trl_advantages(rewards.flatten(), "batch", 2)
     assert not torch.allclose(grpo_advantages(rewards, scale="batch").flatten(), trl_adv)
-    with pytest.raises(ConfigError, match="std of the batch's raw rewards"):
-        keys(scale_rewards="batch")
+    assert keys(scale_rewards="batch")["algo.advantage"] == "batch_reward_std"
 
 
 def test_loss_type_dr_grpo_keeps_the_group_std():
@@ -144,9 +143,25 @@ def test_loss_type_dr_grpo_keeps_the_group_std():
     assert keys(loss_type="dr_grpo", scale_rewards="none")["algo.advantage"] == "dr_grpo"
 
 
-def test_multi_objective_normalize_then_sum_is_refused():
-    with pytest.raises(ConfigError, match="GDPO"):
-        keys(multi_objective_aggregation="normalize_then_sum")
+def test_multi_objective_normalize_then_sum_is_gdpo_whatever_scale_rewards_says():
+    from grpolab.algo.gdpo import COMPONENT_ESTIMATORS
+
+    out = convert_trl({"multi_objective_aggregation": "normalize_then_sum", "scale_rewards": "none"})
+    k = out.keys
+    assert k["algo.advantage"] == "gdpo" and any("not read with multi_objective_aggregation" in n for n in out.notes)
+    # TRL, two functions with weights (1, 2), no missing value: each normalised in its group, summed, whitened
+    per_func = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.5, 3.0], [2.0, 1.0], [2.0, 4.0], [1.0, 0.0]])
+    weights = torch.tensor([1.0, 2.0])
+    grouped = per_func.view(-1, 3, 2)
+    normed = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1, 2)
+    summed = (normed * weights).sum(1)
+    trl_adv = (summed - summed.mean()) / (summed.std() + 1e-4)
+    ours = COMPONENT_ESTIMATORS["gdpo"](
+        per_func.view(2, 3, 2), torch.ones(2, 3, 2, dtype=torch.bool), weights, std=k["algo.std"], eps=k["algo.eps"]
+    )
+    torch.testing.assert_close(ours.flatten(), trl_adv)
+    with pytest.raises(ConfigError, match="sum_then_normalize and normalize_then_sum"):
+        keys(multi_objective_aggregation="mean")
 
 
 # ----------------------------------------------------------------------------- the loss normaliser (loss_type)
@@ -158,19 +173,21 @@ def _trl_loss(per_token_loss, mask, loss_type, max_len, accumulation):
     total = 0.0
     num_items = mask.sum()
     for lo, m in zip(per_token_loss.chunk(accumulation), mask.chunk(accumulation), strict=True):
-        if loss_type == "grpo":
+        if loss_type in ("grpo", "sapo"):
             loss = ((lo * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean() / accumulation
         elif loss_type == "bnpo":
             loss = (lo * m).sum() / m.sum().clamp(min=1.0) / accumulation
         elif loss_type == "dr_grpo":
             loss = (lo * m).sum() / (lo.size(0) * max_len) / accumulation
-        else:  # dapo, cispo
+        elif loss_type == "luspo":
+            loss = (lo * m).sum(-1).mean() / accumulation
+        else:  # dapo, cispo, vespo
             loss = (lo * m).sum() / (num_items.clamp(min=1.0) * accumulation / accumulation)
         total = total + loss
     return total
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "sapo", "luspo", "vespo"])
 def test_loss_type_maps_to_the_aggregation_that_computes_trls_loss(loss_type):
     from grpolab.algo.losses import aggregate
 
@@ -200,10 +217,48 @@ def test_bnpo_is_grpo_at_batch_size_one_and_refused_otherwise():
         keys(loss_type="bnpo")
 
 
-@pytest.mark.parametrize("loss_type", ["sapo", "luspo", "vespo"])
-def test_losses_grpolab_lacks_are_refused(loss_type):
-    with pytest.raises(ConfigError, match=f"no '{loss_type}' loss"):
-        keys(loss_type=loss_type)
+def test_a_loss_type_trl_lacks_is_refused():
+    with pytest.raises(ConfigError, match="no 'gmpo' loss"):
+        keys(loss_type="gmpo")
+
+
+def test_vespo_takes_its_gamma_coefficients_and_a_token_level_ratio():
+    out = convert_trl({"loss_type": "vespo", "vespo_k_pos": 1.5, "vespo_lambda_neg": 2.5,
+                       "importance_sampling_level": "sequence"})  # fmt: skip
+    k = out.keys
+    assert (k["algo.policy_loss"], k["algo.loss_agg"], k["algo.importance_level"]) == ("vespo", "token-mean", "token")
+    assert (k["algo.vespo_k_pos"], k["algo.vespo_lambda_pos"], k["algo.vespo_k_neg"], k["algo.vespo_lambda_neg"]) == (
+        1.5, 3.0, 3.0, 2.5,
+    )  # fmt: skip
+    assert any("VESPO's loss builds its own sequence weight" in n for n in out.notes)
+    config_from_dict(out.config_dict())
+
+
+def test_sapo_takes_its_temperatures_and_no_clip():
+    k = keys(loss_type="sapo", sapo_temperature_pos=0.9, sapo_temperature_neg=1.2, epsilon_high=0.28, delta=3.0)
+    assert (k["algo.policy_loss"], k["algo.loss_agg"]) == ("sapo", "seq-mean-token-mean")
+    assert (k["algo.sapo_temperature_pos"], k["algo.sapo_temperature_neg"]) == (0.9, 1.2)
+    assert not any(key.startswith(("algo.clip", "algo.dual_clip")) for key in k)  # TRL's sapo reads no epsilon
+    config_from_dict(convert_trl({"loss_type": "sapo"}).config_dict())
+
+
+def test_luspo_is_the_clipped_loss_summed_over_each_sequence():
+    out = convert_trl({"loss_type": "luspo", "importance_sampling_level": "sequence"})
+    assert (out.keys["algo.policy_loss"], out.keys["algo.loss_agg"]) == ("clip", "seq-mean-token-sum")
+    assert out.keys["algo.importance_level"] == "sequence" and not any("LUSPO" in n for n in out.notes)
+    assert any("LUSPO's paper" in n for n in convert_trl({"loss_type": "luspo"}).notes)
+
+
+def test_off_policy_mask_and_top_entropy_quantile_map_to_their_keys():
+    out = convert_trl({"off_policy_mask_threshold": 0.5, "use_vllm": True, "top_entropy_quantile": 0.2})
+    assert (out.keys["algo.off_policy_mask_threshold"], out.keys["algo.top_entropy_quantile"]) == (0.5, 0.2)
+    assert not any("quantile" in n or "log-probs" in n for n in out.notes)  # TRL's quantile spans the same rows
+    out = convert_trl({"off_policy_mask_threshold": 0.5, "top_entropy_quantile": 0.2, "gradient_accumulation_steps": 4})
+    assert any("the trainer's own log-probs" in n for n in out.notes)
+    assert any("over the optimizer step's (4 micro-steps)" in n for n in out.notes)
+    assert keys()["algo.off_policy_mask_threshold"] is None and keys()["algo.top_entropy_quantile"] == 1.0
+    with pytest.raises(ConfigError, match=r"must be in \[0, 1\]"):
+        keys(top_entropy_quantile=1.5)
 
 
 # ----------------------------------------------------------------------------- clipping, KL, entropy
@@ -359,6 +414,10 @@ def test_sampling_fields():
     assert (k["rollout.max_completion_length"], k["algo.importance_level"], k["algo.mask_truncated"]) == (
         1024, "sequence", True
     )
+    # min-p and the repetition penalty shape the draw only, in TRL (its log-probs are of logits / T) and here
+    assert (k["rollout.min_p"], k["rollout.repetition_penalty"]) == (0.0, 1.0)  # TRL's None and 1.0
+    k = keys(min_p=0.05, repetition_penalty=1.1)
+    assert (k["rollout.min_p"], k["rollout.repetition_penalty"]) == (0.05, 1.1)
 
 
 def test_script_fields_give_model_data_lora_and_trls_own_reward_functions():
@@ -399,8 +458,8 @@ def test_the_cli_writes_a_config_that_loads(tmp_path, capsys):
     assert "fill in: reward.functions" in capsys.readouterr().err
     cfg = load_config(out)
     assert (cfg.optim.lr, cfg.train.num_steps, cfg.data.source) == (1e-5, 3, "jsonl")
-    assert main(["convert-trl", "--scale_rewards", "batch"]) == 2
-    assert capsys.readouterr().err.startswith("grpolab: error: convert-trl: grpolab cannot reproduce scale_rewards")
+    assert main(["convert-trl", "--loss_type", "bnpo"]) == 2
+    assert capsys.readouterr().err.startswith("grpolab: error: convert-trl: grpolab cannot reproduce loss_type")
 
 
 def test_the_doc_shows_the_table():

@@ -34,21 +34,13 @@ REFUSED = {
     # multi-turn tool calling generates different completions; grpolab samples one turn
     "harbor__quick_start": _CANNOT + "max_tool_calling_iterations=25: grpolab has no tool-calling loop",
     "openreward__quick_start": _CANNOT + "max_tool_calling_iterations=20: grpolab has no tool-calling loop",
-    # losses and masks grpolab does not have
-    "paper_index__80_20_rule": _CANNOT + "top_entropy_quantile=0.2: grpolab has no high-entropy token mask",
-    "paper_index__deepseek_v3_2_off_policy_mask": _CANNOT + "off_policy_mask_threshold=0.5: grpolab has no off-policy sequence mask",
-    "paper_index__luspo": _CANNOT + "loss_type='luspo': grpolab has no 'luspo' loss",
-    "paper_index__sapo": _CANNOT + "loss_type='sapo': grpolab has no 'sapo' loss",
-    "paper_index__vespo": _CANNOT + "loss_type='vespo': grpolab has no 'vespo' loss",
-    # GDPO normalises each reward per group before summing; grpolab sums first
-    "paper_index__gdpo": _CANNOT + "scale_rewards='group': multi_objective_aggregation=normalize_then_sum (GDPO)",
-    # batch std of the raw rewards: no grpolab estimator (batch_std divides by the group-centred rewards' std)
-    "paper_index__scale_rl": _CANNOT + "scale_rewards='batch'",
+    # ScaleRL: its cispo loss and batch-std advantages convert; the fp32 LM head does not
+    "paper_index__scale_rl": _CANNOT + "cast_lm_head_to_fp32=True: grpolab has no fp32 LM head cast",
     # MIS with a lower bound: grpolab's rollout correction bounds the weight from above only
     "paper_index__mis": _CANNOT + "vllm_importance_sampling_correction=True: grpolab's rollout correction bounds the weight from above only",
     # steps_per_generation 16 < gradient_accumulation_steps 128: one optimizer step over 8 generation batches
     "paper_index__deepseekmath": _STEP_SPANS,
-    # steps_per_generation 8 < gradient_accumulation_steps 32, likewise (its scale_rewards=batch is refused too)
+    # steps_per_generation 8 < gradient_accumulation_steps 32, likewise
     "paper_index__lite_ppo": _STEP_SPANS,
     # on TRL's 1 GPU, 2 optimizer steps each take half of the one group of 8 (16) completions; grpolab's
     # minibatches hold whole groups, so a group's completions are never split over optimizer steps

@@ -1,0 +1,67 @@
+"""What shapes the distribution the hf engine draws from: top-k, top-p, min-p and the repetition penalty.
+
+None of them touches the log-probs: the sampler records ``log_softmax(logits / T)`` over the full vocabulary,
+as the trainer computes them (and TRL), so the ratio is exactly 1 at the first update whatever the filters.
+Each follows transformers' ``generate`` (its TopK, TopP, MinP warpers after the temperature, and
+RepetitionPenaltyLogitsProcessor before it), which tests/unit/rollout/test_filters.py checks against.
+
+Departure, and why: the repetition penalty counts the prompt's own tokens and the tokens sampled so far, never
+the left padding of a batched prompt (transformers penalises the pad id too when it pads), so a row's draw does
+not depend on which prompts share its batch; vLLM does the same.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["filter_logits", "mass_before", "penalise_repeats", "seen_tokens"]
+
+
+def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
+    """[n, V] logits with tokens outside the top-k, then the top-p nucleus, then those below ``min_p`` times
+    the most likely token's probability set to -inf (transformers' order: TopK, TopP, MinP warpers).
+
+    Returns ``logits`` itself when no filter is on. The most likely token is always kept.
+    """
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        fixed = probs.is_cuda and torch.are_deterministic_algorithms_enabled()
+        drop_sorted = mass_before(probs, fixed=fixed) >= top_p  # mass strictly before a token already >= p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    if min_p > 0:
+        # p_i >= min_p * p_max  <=>  l_i - l_max >= log(min_p): the softmax's normaliser cancels
+        top = logits.amax(-1, keepdim=True)
+        logits = logits.masked_fill(logits - top < math.log(min_p), float("-inf"))
+    return logits
+
+
+def mass_before(probs: torch.Tensor, *, fixed: bool = False) -> torch.Tensor:
+    """[n, V] sorted probabilities -> the mass strictly before each. ``fixed``: summed in int64 fixed point
+    (steps of 2^-52, finer than float32's own rounding of these sums), for train.deterministic on CUDA,
+    where torch has no deterministic float cumsum (it raises); an integer sum is exact, so deterministic."""
+    if not fixed:
+        return probs.cumsum(-1) - probs
+    units = (probs.double() * 2.0**52).round().long()
+    return ((units.cumsum(-1) - units).double() / 2.0**52).to(probs.dtype)
+
+
+def seen_tokens(prompts: list[list[int]], rows: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[n, V] bool, True at each token of row i's prompt (``rows[i]`` indexes ``prompts``), for the penalty."""
+    seen = torch.zeros((len(prompts), vocab), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        seen[i, torch.tensor(p, dtype=torch.long)] = True
+    return seen.to(rows.device)[rows]
+
+
+def penalise_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """[n, V] raw logits with every seen token's logit divided by ``penalty`` (multiplied when negative), as
+    transformers' RepetitionPenaltyLogitsProcessor and vLLM: penalty > 1 discourages repeats."""
+    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, penalised, logits)

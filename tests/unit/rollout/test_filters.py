@@ -1,0 +1,65 @@
+"""The hf engine's draw filters (rollout/filters.py): top-k, top-p, min-p and the repetition penalty, by hand
+and against transformers' own logits processors (what ``generate`` and TRL's non-vLLM path apply)."""
+
+import pytest
+import torch
+from transformers.generation.logits_process import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
+
+from grpolab.rollout.filters import filter_logits, mass_before, penalise_repeats, seen_tokens
+
+
+def test_filter_logits_hand_computed():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    inf = float("-inf")
+    assert filter_logits(logits, top_k=2, top_p=1.0).tolist() == [[3.0, 2.0, inf, inf]]
+    assert filter_logits(logits, top_k=0, top_p=1.0) is logits
+    probs = torch.tensor([[0.5, 0.3, 0.2]]).log()
+    # The mass before token 2 is 0.5 < 0.7, before token 3 it is 0.8: keep two.
+    assert filter_logits(probs, top_k=0, top_p=0.7).isinf().tolist() == [[False, False, True]]
+    assert filter_logits(probs, top_k=0, top_p=0.5).isinf().tolist() == [[False, True, True]]
+    assert filter_logits(probs, top_k=2, top_p=0.5).isinf().tolist() == [[False, True, True]]
+
+
+def test_min_p_keeps_the_tokens_within_a_factor_of_the_most_likely():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    # min_p 0.2: keep p >= 0.1 (0.5, 0.3, 0.15); 0.5: keep p >= 0.25
+    assert filter_logits(probs.log(), top_k=0, top_p=1.0, min_p=0.2).isinf().tolist() == [[False, False, False, True]]
+    assert filter_logits(probs.log(), top_k=0, top_p=1.0, min_p=0.5).isinf().tolist() == [[False, False, True, True]]
+    assert filter_logits(probs.log(), top_k=0, top_p=1.0, min_p=1.0).isinf().tolist() == [[False, True, True, True]]
+
+
+@pytest.mark.parametrize("min_p", [0.01, 0.1, 0.3])
+def test_min_p_is_transformers_min_p_warper(min_p):
+    gen = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(16, 300, generator=gen)
+    ours = filter_logits(logits, top_k=0, top_p=1.0, min_p=min_p)
+    theirs = MinPLogitsWarper(min_p)(torch.zeros(16, 1, dtype=torch.long), logits.clone())
+    assert torch.equal(ours.isinf(), theirs.isinf()) and 0 < int(ours.isinf().sum()) < logits.numel()
+
+
+def test_the_repetition_penalty_is_transformers_processor_on_the_unpadded_ids():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 12, generator=gen)
+    prompts = [[1, 2, 2, 5], [7]]
+    rows = torch.tensor([0, 0, 1])  # two samples of prompt 0, one of prompt 1
+    seen = seen_tokens(prompts, rows, 12)
+    seen[1, 9] = True  # row 1 has sampled token 9 since
+    ours = penalise_repeats(logits, seen, 1.3)
+    for i, ids in enumerate([[1, 2, 2, 5], [1, 2, 2, 5, 9], [7]]):
+        theirs = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([ids]), logits[i : i + 1].clone())
+        torch.testing.assert_close(ours[i : i + 1], theirs)
+    assert torch.equal(ours[2, :7], logits[2, :7])  # tokens not seen are untouched
+
+
+def test_top_p_in_fixed_point_keeps_the_same_nucleus():
+    """Top-p under train.deterministic on CUDA sums the sorted probabilities in int64 fixed point (torch has
+    no deterministic float cumsum there): the mass before each token is the float sum's to 1e-6, and the
+    nucleus kept is the same, here on peaked and on flat rows."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.cat([4 * torch.randn(6, 500, generator=gen), 0.01 * torch.randn(2, 500, generator=gen)])
+    probs = torch.softmax(logits, -1).sort(-1, descending=True).values
+    exact, fixed = mass_before(probs), mass_before(probs, fixed=True)
+    assert fixed.dtype == probs.dtype and (fixed - exact).abs().max() < 1e-6
+    for p in (0.1, 0.5, 0.9, 0.99):
+        clear = (exact - p).abs() > 1e-5  # away from the threshold by more than either sum's rounding
+        assert clear.float().mean() > 0.99 and torch.equal((fixed >= p)[clear], (exact >= p)[clear])
