@@ -71,12 +71,13 @@ from grpolab.api_models import (
     tokenizer_folder,
     train_summary,
 )
+from grpolab.api_rewards import RewardFunc, as_list, build_reward_funcs, named_reward, recorded_spec
 from grpolab.commands.train import train as train_loop
 from grpolab.config import Config, DataConfig, config_from_dict
 from grpolab.data import DataError, examples_from_rows
 from grpolab.distributed import dist
-from grpolab.errors import ConfigError, GrpolabError
-from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
+from grpolab.errors import ConfigError
+from grpolab.rewards import TrlReward, WeightedReward
 from grpolab.rewards.trl_style import check_columns
 from grpolab.runtime.assemble import Models, load_models
 from grpolab.runtime.logging import read_metrics
@@ -87,7 +88,6 @@ if TYPE_CHECKING:
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # as ``grpolab`` (cli.py) writes its log
 
-RewardFunc = str | Callable[..., Any]
 
 
 class GRPOTrainer:
@@ -182,7 +182,7 @@ class GRPOTrainer:
         if classes is None:
             return None
         classes = list(classes) if isinstance(classes, list | tuple) else [classes]
-        funcs = _as_list(reward_funcs) if reward_funcs is not None else []
+        funcs = as_list(reward_funcs) if reward_funcs is not None else []
         if len(classes) != len(funcs):
             raise ConfigError(
                 f"reward_processing_classes has {len(classes)} entries for {len(funcs)} reward_funcs: give one per "
@@ -190,7 +190,7 @@ class GRPOTrainer:
             )
         out: list[str | None] = []
         for i, (cls, fn) in enumerate(zip(classes, funcs, strict=True)):
-            if cls is None or not isinstance(fn, str) or _named_reward(fn)["name"] != "reward_model":
+            if cls is None or not isinstance(fn, str) or named_reward(fn)["name"] != "reward_model":
                 out.append(None)  # as TRL: only a reward model's entry is read
             elif hasattr(cls, "save_pretrained"):
                 out.append(str(tokenizer_folder(cls, self).path))
@@ -327,7 +327,7 @@ def _assemble(
             )
         rewards = build_reward_funcs(reward_funcs, reward_weights, tokenizers)
         tokenizers = tokenizers or [None] * len(rewards)
-        specs = [_recorded_spec(f, r, t) for f, r, t in zip(_as_list(reward_funcs), rewards, tokenizers, strict=True)]
+        specs = [recorded_spec(f, r, t) for f, r, t in zip(as_list(reward_funcs), rewards, tokenizers, strict=True)]
         set_key(raw, "reward", "functions", specs)
     elif reward_weights is not None:
         raise ConfigError("reward_weights needs reward_funcs (in a config, give each reward.functions entry a weight)")
@@ -346,59 +346,6 @@ def _assemble(
     if rows is not None and any(isinstance(r.reward, TrlReward) for r in rewards or ()):
         check_columns(list(dict.fromkeys(k for r in rows for k in r)), "train_dataset")
     return cfg, rewards, examples
-
-
-def build_reward_funcs(
-    reward_funcs: RewardFunc | Sequence[RewardFunc],
-    reward_weights: Sequence[float] | None = None,
-    tokenizers: Sequence[str | None] | None = None,
-) -> list[WeightedReward]:
-    """TRL's ``reward_funcs`` (and ``reward_weights``) as grpolab rewards; an error names ``reward_funcs[i]``.
-    ``tokenizers``: per reward, the tokenizer of a reward model (TRL's reward_processing_classes) or None."""
-    funcs = _as_list(reward_funcs)
-    if not funcs:
-        raise ConfigError("reward_funcs is empty: give at least one reward function or name")
-    weights = [1.0] * len(funcs) if reward_weights is None else list(reward_weights)
-    if len(weights) != len(funcs):
-        raise ConfigError(f"reward_weights has {len(weights)} values for {len(funcs)} reward_funcs: give one per reward")
-    rewards: list[WeightedReward] = []
-    tokenizers = list(tokenizers) if tokenizers is not None else [None] * len(funcs)
-    for i, (fn, weight, tokenizer) in enumerate(zip(funcs, weights, tokenizers, strict=True)):
-        key = f"reward_funcs[{i}]"
-        try:
-            if isinstance(fn, str):
-                built = build_reward(**_named_reward(fn, tokenizer), weight=weight)
-            else:
-                built = WeightedReward(reward_from_object(fn, key), weight)
-        except GrpolabError:  # already names the reward and the fix
-            raise
-        except (ValueError, TypeError) as err:
-            raise ConfigError(f"{key}: {err}") from err
-        names = [r.name for r in rewards]
-        if built.name in names:
-            raise ConfigError(
-                f"reward_funcs[{names.index(built.name)}] and {key} are both named {built.name!r} (the name they "
-                "are logged under, rewards/<name>/mean): rename one function"
-            )
-        rewards.append(built)
-    return rewards
-
-
-def _named_reward(name: str, tokenizer: str | None = None) -> dict[str, Any]:
-    """A built-in, "module:function", or (as in TRL) a reward model's folder or hub id, with its tokenizer's."""
-    if name in REWARDS or ":" in name:
-        return {"name": name}
-    return {"name": "reward_model", "kwargs": {"path": name, **({"tokenizer": tokenizer} if tokenizer else {})}}
-
-
-def _recorded_spec(fn: RewardFunc, built: WeightedReward, tokenizer: str | None = None) -> dict[str, Any]:
-    """What config.yaml records for a reward given in Python."""
-    if isinstance(fn, str):
-        return {**_named_reward(fn, tokenizer), "weight": built.weight}
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    kind = "trl" if isinstance(built.reward, TrlReward) else "auto"
-    return {"name": f"{module}:{qualname}", "weight": built.weight, "kind": kind}
 
 
 def dataset_rows(dataset: Any, name: str = "train_dataset") -> list[dict[str, Any]]:
@@ -428,9 +375,3 @@ def dataset_rows(dataset: Any, name: str = "train_dataset") -> list[dict[str, An
 def eval_examples(dataset: Any, cfg: Config) -> list[Example]:
     """An eval_dataset's rows as examples, read as train_dataset's are."""
     return examples_from_rows(dataset_rows(dataset, "eval_dataset"), cfg.data, origin="eval_dataset")
-
-
-def _as_list(reward_funcs: RewardFunc | Sequence[RewardFunc]) -> list[RewardFunc]:
-    if isinstance(reward_funcs, str) or callable(reward_funcs):
-        return [reward_funcs]
-    return list(reward_funcs)
