@@ -53,12 +53,16 @@ import torch
 from grpolab.api_args import (
     check_data_named,
     config_warnings_logged,
+    eval_generations,
     lora_section,
     model_source,
     no_stop_without_signal,
     raw_args,
+    refuse_environments,
     set_key,
 )
+from grpolab.api_callbacks import Callbacks
+from grpolab.api_eval import evaluate_policy
 from grpolab.api_models import (
     ModelFolder,
     TrainerState,
@@ -67,12 +71,13 @@ from grpolab.api_models import (
     tokenizer_folder,
     train_summary,
 )
+from grpolab.api_rewards import RewardFunc, as_list, build_reward_funcs, named_reward, recorded_spec
 from grpolab.commands.train import train as train_loop
 from grpolab.config import Config, DataConfig, config_from_dict
 from grpolab.data import DataError, examples_from_rows
 from grpolab.distributed import dist
-from grpolab.errors import ConfigError, GrpolabError
-from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
+from grpolab.errors import ConfigError
+from grpolab.rewards import TrlReward, WeightedReward
 from grpolab.rewards.trl_style import check_columns
 from grpolab.runtime.assemble import Models, load_models
 from grpolab.runtime.logging import read_metrics
@@ -83,7 +88,6 @@ if TYPE_CHECKING:
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # as ``grpolab`` (cli.py) writes its log
 
-RewardFunc = str | Callable[..., Any]
 
 
 class GRPOTrainer:
@@ -111,14 +115,32 @@ class GRPOTrainer:
         reward_funcs: RewardFunc | Sequence[RewardFunc],
         args: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
         train_dataset: Any = None,
+        eval_dataset: Any = None,
         *,
         peft_config: Any = None,
         processing_class: str | os.PathLike[str] | None = None,
         reward_weights: Sequence[float] | None = None,
+        reward_processing_classes: Any = None,
+        callbacks: Sequence[Any] | None = None,
+        tools: Sequence[Callable[..., Any]] | None = None,
+        environment_factory: Any = None,
     ) -> None:
+        refuse_environments(tools, environment_factory)
+        self._callbacks = Callbacks(callbacks, args)
         with config_warnings_logged():
-            self._configure(model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights)
+            tokenizers = self._reward_tokenizers(reward_funcs, reward_processing_classes)
+            self._configure(model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights, tokenizers)
+            self.eval_dataset = None if eval_dataset is None else eval_examples(eval_dataset, self.args)
+            """The eval_dataset's rows as examples (None: no eval_dataset)."""
+        self.num_generations_eval = eval_generations(args, self.args)
+        """Completions sampled per eval prompt: TRL's num_generations_eval (eval.num_samples), else num_generations."""
+        self.reward_func_names = [r.name for r in self.reward_funcs or ()]
+        """The rewards' names, as logged (rewards/<name>/mean); TRL's attribute."""
+        self.reward_weights = torch.tensor([r.weight for r in self.reward_funcs or ()], dtype=torch.float32)
+        """One weight per reward, a float32 tensor as in TRL."""
         self._result: TrainResult | None = None
+        self._eval_rows: list[dict[str, Any]] = []
+        self._last_step = 0
         self._summary: dict[str, Any] | None = None
         self._models = None if dist.launched() else load_models(self.args)
         self.model: torch.nn.Module | None = self._models.policy if self._models else None
@@ -130,7 +152,7 @@ class GRPOTrainer:
         """The frozen reference (algo.beta > 0, full fine-tuning); None with beta = 0 and under LoRA (the policy
         with its adapter disabled is the reference there), as in TRL."""
 
-    def _configure(self, model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights) -> None:
+    def _configure(self, model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights, tokenizers) -> None:
         """``args``, the rewards and the data as a Config, reward objects and examples; a model object or a
         tokenizer object written to a folder (api_models)."""
         raw, reward_weights, self.trl_conversion = raw_args(args, train_dataset, reward_weights)
@@ -152,7 +174,29 @@ class GRPOTrainer:
                 set_key(raw, "model", key, value)
         if peft_config is not None:
             set_key(raw, "model", "lora", lora_section(peft_config))
-        self.args, self.reward_funcs, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset)
+        self.args, self.reward_funcs, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset, tokenizers)
+
+    def _reward_tokenizers(self, reward_funcs, classes) -> list[str | None] | None:
+        """TRL's reward_processing_classes: one per reward (a single one for a single reward), each a folder or
+        hub id, or a tokenizer object written to a folder removed with the trainer; None = the model's own."""
+        if classes is None:
+            return None
+        classes = list(classes) if isinstance(classes, list | tuple) else [classes]
+        funcs = as_list(reward_funcs) if reward_funcs is not None else []
+        if len(classes) != len(funcs):
+            raise ConfigError(
+                f"reward_processing_classes has {len(classes)} entries for {len(funcs)} reward_funcs: give one per "
+                "reward (None for a reward function, whose entry is not read)"
+            )
+        out: list[str | None] = []
+        for i, (cls, fn) in enumerate(zip(classes, funcs, strict=True)):
+            if cls is None or not isinstance(fn, str) or named_reward(fn)["name"] != "reward_model":
+                out.append(None)  # as TRL: only a reward model's entry is read
+            elif hasattr(cls, "save_pretrained"):
+                out.append(str(tokenizer_folder(cls, self).path))
+            else:
+                out.append(model_source(cls, f"reward_processing_classes[{i}]"))
+        return out
 
     def train(self, resume_from_checkpoint: bool = False) -> TrainResult:
         """Train to ``train.num_steps``; True continues the run directory's latest checkpoint."""
@@ -162,14 +206,54 @@ class GRPOTrainer:
                 f"{self.args.run_dir} (log.output_dir/log.run_name); pass True"
             )
         started, self._summary = time.perf_counter(), None
+        if self._callbacks:
+            done = self.state.global_step if resume_from_checkpoint else 0
+            self._callbacks.train_begin(self.args.train.num_steps, done, self.model, self.processing_class)
         self._result = _train_with(
-            self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint, models=self._models
-        )
+            self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint, models=self._models,
+            after_step=self._after_step if self._callbacks or self._evaluates_every else None,
+        )  # fmt: skip
         rows = read_metrics(self.args.run_dir)
         per_step = self.args.train.prompts_per_step * self.args.rollout.num_generations
         elapsed = time.perf_counter() - started
         self._summary = train_summary(rows, self._result.start_step + 1, self._result.final_step, elapsed, per_step)
+        if self._callbacks:
+            self._callbacks.log(self._summary)
+            self._callbacks.train_end()
         return self._result
+
+    @property
+    def _evaluates_every(self) -> int:
+        """eval.every (TRL's eval_strategy="steps" with eval_steps) when there is an eval_dataset, else 0."""
+        return self.args.eval.every if self.eval_dataset is not None else 0
+
+    def _after_step(self, step: int, metrics: dict[str, float]) -> bool:
+        """Callbacks' on_step_end and on_log, and the evaluation every eval.every steps; True stops training."""
+        self._last_step = step
+        stop = self._callbacks.step_end(step, metrics) if self._callbacks else False
+        if self._evaluates_every and step % self._evaluates_every == 0:
+            self.evaluate()
+        return stop or bool(self._callbacks.control.should_training_stop)
+
+    def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """TRL's ``evaluate()``: ``num_generations_eval`` completions per prompt of ``eval_dataset`` (default: the
+        one given to the trainer), sampled by the policy as it is now and scored by the rewards; TRL's metric
+        names with the ``eval_`` prefix (grpolab.api_eval says which, and why not eval_loss)."""
+        examples = self.eval_dataset if eval_dataset is None else eval_examples(eval_dataset, self.args)
+        if examples is None:
+            raise ConfigError("evaluate() needs an eval_dataset: give it to GRPOTrainer(eval_dataset=...) or to evaluate()")
+        if self.model is None:
+            raise ConfigError("evaluate() under torchrun is not supported: the models load in train(); run grpolab eval")
+        if not self.reward_funcs:
+            raise ConfigError("evaluate() scores with reward_funcs: give them to GRPOTrainer (reward.functions in a config is not read here)")
+        metrics = evaluate_policy(
+            self.args, self.model, self.processing_class, self.reward_funcs, examples, self.num_generations_eval,
+            prefix=metric_key_prefix,
+        )  # fmt: skip
+        self._eval_rows.append({**metrics, "step": self._last_step})
+        if self._callbacks:
+            self._callbacks.evaluated(metrics)
+        return metrics
 
     @property
     def state(self) -> TrainerState:
@@ -178,7 +262,8 @@ class GRPOTrainer:
         after ``train()`` the end-of-training row with ``train_loss``, as transformers' Trainer logs it."""
         history = read_metrics(self.args.run_dir)
         step = history[-1]["step"] if history else 0
-        return TrainerState(global_step=step, log_history=history + ([self._summary] if self._summary else []))
+        rows = sorted(history + self._eval_rows, key=lambda row: row["step"])  # an eval row after its step's
+        return TrainerState(global_step=step, log_history=rows + ([self._summary] if self._summary else []))
 
     def save_model(self, output_dir: str | os.PathLike[str] | None = None) -> Path:
         """The trained policy as a ``from_pretrained`` folder (the adapter alone under LoRA), with its tokenizer,
@@ -209,9 +294,9 @@ def train(
     return _train_with(cfg, rewards, examples, resume=resume)
 
 
-def _train_with(cfg: Config, rewards, examples, *, resume: bool, models: Models | None = None) -> TrainResult:
+def _train_with(cfg: Config, rewards, examples, *, resume: bool, models: Models | None = None, after_step=None) -> TrainResult:
     show_progress_logs()
-    return train_loop(cfg, resume=resume, rewards=rewards, examples=examples, models=models)
+    return train_loop(cfg, resume=resume, rewards=rewards, examples=examples, models=models, after_step=after_step)
 
 
 def show_progress_logs() -> None:
@@ -231,7 +316,7 @@ def show_progress_logs() -> None:
 
 
 def _assemble(
-    raw: dict[str, Any], reward_funcs, reward_weights, train_dataset
+    raw: dict[str, Any], reward_funcs, reward_weights, train_dataset, tokenizers=None
 ) -> tuple[Config, list[WeightedReward] | None, list[Example] | None]:
     """The config, with the rewards and examples that replace its reward and data sections (None: keep them)."""
     rewards = None
@@ -240,8 +325,10 @@ def _assemble(
             raise ConfigError(
                 "the rewards are given twice, as reward_funcs and in the config's reward.functions: keep one"
             )
-        rewards = build_reward_funcs(reward_funcs, reward_weights)
-        set_key(raw, "reward", "functions", [_recorded_spec(f, r) for f, r in zip(_as_list(reward_funcs), rewards, strict=True)])
+        rewards = build_reward_funcs(reward_funcs, reward_weights, tokenizers)
+        tokenizers = tokenizers or [None] * len(rewards)
+        specs = [recorded_spec(f, r, t) for f, r, t in zip(as_list(reward_funcs), rewards, tokenizers, strict=True)]
+        set_key(raw, "reward", "functions", specs)
     elif reward_weights is not None:
         raise ConfigError("reward_weights needs reward_funcs (in a config, give each reward.functions entry a weight)")
     rows = None
@@ -261,60 +348,11 @@ def _assemble(
     return cfg, rewards, examples
 
 
-def build_reward_funcs(
-    reward_funcs: RewardFunc | Sequence[RewardFunc], reward_weights: Sequence[float] | None = None
-) -> list[WeightedReward]:
-    """TRL's ``reward_funcs`` (and ``reward_weights``) as grpolab rewards; an error names ``reward_funcs[i]``."""
-    funcs = _as_list(reward_funcs)
-    if not funcs:
-        raise ConfigError("reward_funcs is empty: give at least one reward function or name")
-    weights = [1.0] * len(funcs) if reward_weights is None else list(reward_weights)
-    if len(weights) != len(funcs):
-        raise ConfigError(f"reward_weights has {len(weights)} values for {len(funcs)} reward_funcs: give one per reward")
-    rewards: list[WeightedReward] = []
-    for i, (fn, weight) in enumerate(zip(funcs, weights, strict=True)):
-        key = f"reward_funcs[{i}]"
-        try:
-            if isinstance(fn, str):
-                built = build_reward(**_named_reward(fn), weight=weight)
-            else:
-                built = WeightedReward(reward_from_object(fn, key), weight)
-        except GrpolabError:  # already names the reward and the fix
-            raise
-        except (ValueError, TypeError) as err:
-            raise ConfigError(f"{key}: {err}") from err
-        names = [r.name for r in rewards]
-        if built.name in names:
-            raise ConfigError(
-                f"reward_funcs[{names.index(built.name)}] and {key} are both named {built.name!r} (the name they "
-                "are logged under, rewards/<name>/mean): rename one function"
-            )
-        rewards.append(built)
-    return rewards
-
-
-def _named_reward(name: str) -> dict[str, Any]:
-    """A built-in, "module:function", or (as in TRL) a reward model's folder or hub id."""
-    if name in REWARDS or ":" in name:
-        return {"name": name}
-    return {"name": "reward_model", "kwargs": {"path": name}}
-
-
-def _recorded_spec(fn: RewardFunc, built: WeightedReward) -> dict[str, Any]:
-    """What config.yaml records for a reward given in Python."""
-    if isinstance(fn, str):
-        return {**_named_reward(fn), "weight": built.weight}
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    kind = "trl" if isinstance(built.reward, TrlReward) else "auto"
-    return {"name": f"{module}:{qualname}", "weight": built.weight, "kind": kind}
-
-
-def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
-    """A ``datasets.Dataset`` or a sequence of dicts as a list of rows."""
+def dataset_rows(dataset: Any, name: str = "train_dataset") -> list[dict[str, Any]]:
+    """A ``datasets.Dataset`` or a sequence of dicts as a list of rows; errors name the argument ``name``."""
     if isinstance(dataset, Mapping):  # a DatasetDict, or one row
         raise DataError(
-            f"train_dataset is a mapping with keys {sorted(dataset)[:5]}: pass one split (e.g. dataset['train']) "
+            f"{name} is a mapping with keys {sorted(dataset)[:5]}: pass one split (e.g. dataset['train']) "
             "or a list of rows"
         )
     if hasattr(dataset, "to_list") and hasattr(dataset, "column_names"):  # datasets.Dataset
@@ -323,18 +361,17 @@ def dataset_rows(dataset: Any) -> list[dict[str, Any]]:
         rows = list(dataset)
     else:
         raise DataError(
-            f"train_dataset is a {type(dataset).__name__}: give a datasets.Dataset or a list of dicts "
+            f"{name} is a {type(dataset).__name__}: give a datasets.Dataset or a list of dicts "
             "(an IterableDataset: materialise it with datasets.Dataset.from_list(list(it)))"
         )
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
-            raise DataError(f"train_dataset row {i + 1} is a {type(row).__name__}; each row must be a dict of columns")
+            raise DataError(f"{name} row {i + 1} is a {type(row).__name__}; each row must be a dict of columns")
     if not rows:
-        raise DataError("train_dataset holds no rows")
+        raise DataError(f"{name} holds no rows")
     return [dict(r) for r in rows]
 
 
-def _as_list(reward_funcs: RewardFunc | Sequence[RewardFunc]) -> list[RewardFunc]:
-    if isinstance(reward_funcs, str) or callable(reward_funcs):
-        return [reward_funcs]
-    return list(reward_funcs)
+def eval_examples(dataset: Any, cfg: Config) -> list[Example]:
+    """An eval_dataset's rows as examples, read as train_dataset's are."""
+    return examples_from_rows(dataset_rows(dataset, "eval_dataset"), cfg.data, origin="eval_dataset")

@@ -161,3 +161,27 @@ def lora_section(peft_config: Any) -> dict[str, Any]:
         "dropout": peft_config.lora_dropout,
         "target_modules": targets,
     }
+
+
+def eval_generations(args: Any, cfg: Config) -> int:
+    """Completions per eval prompt, as TRL's ``num_generations_eval or num_generations``: a GRPOConfig's own
+    fields; a dict's ``eval.num_samples`` when it sets it; a Config or YAML file's ``eval.num_samples``."""
+    if hasattr(args, "num_generations_eval"):  # TRL's GRPOConfig
+        return int(args.num_generations_eval or cfg.rollout.num_generations)
+    if isinstance(args, Mapping):
+        raw = _raw_config(args)
+        given = isinstance(raw.get("eval"), Mapping) and "num_samples" in raw["eval"]
+        return cfg.eval.num_samples if given else cfg.rollout.num_generations
+    return cfg.eval.num_samples if args is not None else cfg.rollout.num_generations
+
+
+def refuse_environments(tools: Any, environment_factory: Any) -> None:
+    """TRL's ``tools`` and ``environment_factory`` are not taken by the Python API (one line, with the way grpolab
+    runs tool-calling episodes)."""
+    for name, value in (("tools", tools), ("environment_factory", environment_factory)):
+        if value:
+            raise ConfigError(
+                f"{name} is not taken by grpolab's GRPOTrainer: give the run an environment instead, env.name "
+                "'calculator' / 'python' or 'package.module:attribute' returning a grpolab.envs.Environment (a "
+                "ToolEnv over your tools: grpolab.envs.Tool.from_function), docs/multiturn.md"
+            )

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,9 @@ from grpolab.types import Example
 
 log = logging.getLogger(__name__)
 
+AfterStep = Callable[[int, dict[str, float]], bool]
+"""``after_step(step, metrics) -> stop``: see ``train``."""
+
 
 @dataclass
 class TrainResult:
@@ -55,24 +58,26 @@ def train(
     rewards: Sequence[WeightedReward] | None = None,
     examples: Sequence[Example] | None = None,
     models: Models | None = None,
+    after_step: AfterStep | None = None,
 ) -> TrainResult:
     """Run GRPO (or a variant chosen by cfg.algo) and return where the run was written.
 
     ``rewards`` / ``examples`` / ``models``: already built, in place of what ``cfg.reward.functions`` /
     ``cfg.data`` / ``cfg.model`` would build (runtime/assemble.py). SIGINT / SIGTERM while it runs: the current step finishes, a
     checkpoint is saved, and the result has ``stopped_by`` set (guards.py). Bad input fails before the
-    model loads where it can.
+    model loads where it can. ``after_step(step, metrics)``, called once a step is logged (the Python API's
+    callbacks and periodic evaluation), returning True ends the run after that step, with a checkpoint.
     """
     with GracefulStop() as stop, session(cfg):
         run = assemble(cfg, resume=resume, rewards=rewards, examples=examples, models=models)
         try:
-            return _loop(run, stop)
+            return _loop(run, stop, after_step)
         finally:
             run.sampler.close()
             run.reward_hooks.detach()
 
 
-def _loop(run: Run, stop: GracefulStop) -> TrainResult:
+def _loop(run: Run, stop: GracefulStop, after_step: AfterStep | None) -> TrainResult:
     cfg = run.cfg
     ahead = None
     if cfg.rollout.mode == "server" and cfg.rollout.max_staleness > 0 and run.start < cfg.train.num_steps:
@@ -81,13 +86,13 @@ def _loop(run: Run, stop: GracefulStop) -> TrainResult:
             run, first_step=run.start + 1, last_step=cfg.train.num_steps, max_staleness=cfg.rollout.max_staleness
         )
     try:
-        return _steps(run, stop, ahead)
+        return _steps(run, stop, ahead, after_step)
     finally:
         if ahead is not None:
             ahead.close()
 
 
-def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None) -> TrainResult:
+def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None, after_step: AfterStep | None) -> TrainResult:
     cfg, metrics, last_step = run.cfg, {}, run.start
     title = cfg.algo.name.upper()
     progress = Progress(total=cfg.train.num_steps, start=run.start, enabled=cfg.log.progress and dist.is_main(), title=title)
@@ -145,12 +150,15 @@ def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None) -> TrainRe
         gap.observe(step, metrics)  # raises when the sampler drifts from the policy (rollout.max_logprob_gap)
         if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0 and run.reference is not None:
             run.reference.reset_to(parallel.unwrap(run.policy))  # pi_ref <- pi_theta
+        asked_to_stop = after_step is not None and dist.any_rank(bool(after_step(step, dict(metrics))))  # every rank stops
         every = cfg.log.checkpoint_every
-        if step == cfg.train.num_steps or (every and step % every == 0) or dist.any_rank(stop.requested):
+        if step == cfg.train.num_steps or (every and step % every == 0) or asked_to_stop or dist.any_rank(stop.requested):
             with ahead.checkpoint_state(step + 1) if ahead is not None else contextlib.nullcontext():
                 run.resumable.save(cfg, step)  # with k > 0: the draw state before the batches in flight
         last_step = step
         progress.update(step, reward=metrics["reward"], kl=metrics.get("kl"), step_time=update_done - step_started)
+        if asked_to_stop:
+            break
     progress.close()
     run.logger.close()
     stopped_by = stop.signum if last_step < cfg.train.num_steps else None

@@ -51,12 +51,14 @@ def _make_reward_model(
     autocast: str = "auto",
     device: str = "auto",
     name: str = "reward_model",
+    tokenizer: str | None = None,
 ) -> Reward:
     """A neural reward model (AutoModelForSequenceClassification, one output); see rewards.neural."""
     from grpolab.rewards.neural import RewardModel  # imports transformers: only when asked for
 
     return RewardModel(
-        path, batch_size=batch_size, max_length=max_length, autocast=autocast, device=device, name=name
+        path, batch_size=batch_size, max_length=max_length, autocast=autocast, device=device, name=name,
+        tokenizer=tokenizer,
     )
 
 

@@ -109,6 +109,8 @@ class RewardModel:
         autocast: "auto" | "bf16" | "none", as ``model.autocast``.
         device: "auto" | "cpu" | "cuda".
         name: the name logged as ``rewards/<name>/mean``.
+        tokenizer: the folder or hub id of the tokenizer that encodes its texts; None = ``path``'s (TRL's
+            ``reward_processing_classes``).
     """
 
     in_process = True
@@ -123,6 +125,7 @@ class RewardModel:
         autocast: str = "auto",
         device: str = "auto",
         name: str = "reward_model",
+        tokenizer: str | None = None,
     ) -> None:
         if batch_size < 1 or max_length < 2:
             raise ConfigError(
@@ -132,7 +135,7 @@ class RewardModel:
         self.name, self.path, self.batch_size, self.max_length = name, path, batch_size, max_length
         self.device = resolve_device(mc)
         self.amp = resolve_autocast(mc, self.device)
-        self.tokenizer = load_rm_tokenizer(path)
+        self.tokenizer = load_rm_tokenizer(tokenizer or path)
         self.model = load_classifier(path).to(self.device).eval()
         self.model.requires_grad_(False)
         labels = self.model.config.num_labels

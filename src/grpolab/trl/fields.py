@@ -174,7 +174,7 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "enable_jit_checkpoint": not_applicable("grpolab saves at the end of the step when stopped by a signal"),
     "resume_from_checkpoint": not_applicable("grpolab train --resume continues the run folder's last checkpoint"),
     "ignore_data_skip": not_applicable("grpolab's resume restores the data order exactly"),
-    "restore_callback_states_from_checkpoint": not_applicable("grpolab has no callbacks"),
+    "restore_callback_states_from_checkpoint": not_applicable("callbacks (GRPOTrainer(callbacks=...)) keep no state in grpolab checkpoints"),
     "load_best_model_at_end": not_applicable("grpolab keeps the last checkpoints; compare them with grpolab eval"),
     "metric_for_best_model": not_applicable(_EVAL),
     "greater_is_better": not_applicable(_EVAL),

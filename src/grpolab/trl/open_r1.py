@@ -65,7 +65,7 @@ OPEN_R1_FIELDS: dict[str, TrlField] = {
     "ignore_bias_buffers": not_applicable("a DDP setting"),
     "dataset_mixture": TrlField("refused", "grpolab trains on one dataset: mix them into one file (data.path)"),
     "benchmarks": not_applicable("open-r1's evaluation jobs after saving; grpolab eval evaluates checkpoints"),
-    "callbacks": not_applicable("open-r1's callbacks (push to a Hub revision); grpolab has no callbacks"),
+    "callbacks": not_applicable("open-r1's callbacks (push to a Hub revision); grpolab pushes nothing to the Hub"),
     "hub_model_revision": not_applicable(_HUB),
     "overwrite_hub_revision": not_applicable(_HUB),
     "push_to_hub_revision": not_applicable(_HUB),

@@ -1,0 +1,50 @@
+"""TRL's reward_processing_classes: the tokenizer of a reward model given as a name, as an object or a folder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from grpolab.api import GRPOTrainer
+from grpolab.errors import ConfigError
+from grpolab.rewards.neural import load_classifier
+
+ROWS = [{"prompt": "1+1="}, {"prompt": "2+2="}]
+
+
+@pytest.fixture(scope="module")
+def bare_rm_dir(tiny_model_dir, tmp_path_factory) -> str:
+    """A reward model folder with weights and no tokenizer files, as a head trained elsewhere may be saved."""
+    out = tmp_path_factory.mktemp("bare_rm")
+    torch.manual_seed(0)
+    load_classifier(tiny_model_dir, num_labels=1).save_pretrained(out)
+    return str(out)
+
+
+def test_a_reward_models_tokenizer_is_given_as_an_object(tiny_model_dir, bare_rm_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    without = GRPOTrainer(tiny_model_dir, bare_rm_dir, train_dataset=ROWS).reward_funcs[0].reward
+    assert without.tokenizer.get_vocab() != tokenizer.get_vocab()  # the folder's (transformers makes an empty one)
+    trainer = GRPOTrainer(tiny_model_dir, bare_rm_dir, train_dataset=ROWS, reward_processing_classes=tokenizer)
+    scorer = trainer.reward_funcs[0].reward
+    assert scorer.tokenizer.get_vocab() == tokenizer.get_vocab()
+    (spec,) = trainer.args.reward.functions
+    assert spec.name == "reward_model" and spec.kwargs["path"] == bare_rm_dir  # config.yaml says what ran
+    assert AutoTokenizer.from_pretrained(spec.kwargs["tokenizer"]).get_vocab() == tokenizer.get_vocab()
+
+
+def test_a_folder_goes_into_the_config_and_a_functions_entry_is_not_read(tiny_model_dir, bare_rm_dir):
+    def constant(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    trainer = GRPOTrainer(
+        tiny_model_dir, [constant, bare_rm_dir], train_dataset=ROWS,
+        reward_processing_classes=["not read, as in TRL", tiny_model_dir],
+    )  # fmt: skip
+    assert [s.kwargs.get("tokenizer") for s in trainer.args.reward.functions] == [None, tiny_model_dir]
+
+
+def test_one_entry_per_reward(tiny_model_dir, bare_rm_dir):
+    with pytest.raises(ConfigError, match="reward_processing_classes has 2 entries for 1 reward_funcs"):
+        GRPOTrainer(tiny_model_dir, bare_rm_dir, train_dataset=ROWS, reward_processing_classes=[None, None])
