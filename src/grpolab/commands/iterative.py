@@ -30,14 +30,14 @@ import logging
 import random
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grpolab import jsonio
 from grpolab.commands.train import train
 from grpolab.commands.train_rm import PreferencePair, read_pairs, train_reward_model, write_pairs
-from grpolab.config import Config, ConfigError
+from grpolab.config import Config, ConfigError, config_to_dict, derive
 from grpolab.data import load_examples
 from grpolab.rewards import WeightedReward, build_rewards, score_batch
 from grpolab.runtime.checkpoint import latest_checkpoint
@@ -114,16 +114,19 @@ def _reward_model_index(cfg: Config) -> int:
 
 def _iteration_config(cfg: Config, i: int, policy: str, rm_path: str, rm_index: int) -> Config:
     """Iteration i's train() config: start from ``policy`` (so pi_ref = it), reward by ``rm_path``."""
-    spec = cfg.reward.functions[rm_index]
-    functions = list(cfg.reward.functions)
-    functions[rm_index] = replace(spec, kwargs={**spec.kwargs, "path": rm_path})
-    return replace(
+    functions = config_to_dict(cfg.reward.functions)
+    functions[rm_index]["kwargs"] = {**functions[rm_index]["kwargs"], "path": rm_path}
+    return derive(
         cfg,
-        model=replace(cfg.model, name_or_path=policy),
-        reward=replace(cfg.reward, functions=tuple(functions)),
-        train=replace(cfg.train, num_steps=cfg.iterative.steps_per_iteration),
-        log=replace(cfg.log, run_name=f"{cfg.log.run_name}/iter_{i}", samples_every=1),
-        seed=cfg.seed + i - 1,
+        {
+            "model.name_or_path": policy,
+            "reward.functions": functions,
+            "train.num_steps": cfg.iterative.steps_per_iteration,
+            "log.output_dir": str(cfg.run_dir),  # the iterations' runs in the run's folder: <run>/iter_<i>
+            "log.run_name": f"iter_{i}",
+            "log.samples_every": 1,
+            "seed": cfg.seed + i - 1,
+        },
     )
 
 
@@ -131,14 +134,14 @@ def _update_reward_model(cfg: Config, i: int, rm_path: str, pairs, run_dir: Path
     """Continue training the reward model at ``rm_path`` on ``pairs``; returns the new folder and metrics."""
     data = run_dir / "rm_comparisons.jsonl"
     write_pairs(data, pairs)
-    rm = replace(
-        cfg.reward_model,
-        base_model=rm_path,
-        tokenizer=None,
-        data_path=str(data),
-        output_dir=str(run_dir / "reward_model"),
-    )
-    result = train_reward_model(replace(cfg, reward_model=rm, seed=cfg.seed + i - 1))
+    changes = {
+        "reward_model.base_model": rm_path,
+        "reward_model.tokenizer": None,
+        "reward_model.data_path": str(data),
+        "reward_model.output_dir": str(run_dir / "reward_model"),
+        "seed": cfg.seed + i - 1,
+    }
+    result = train_reward_model(derive(cfg, changes))
     return str(result.output_dir), result.metrics
 
 
