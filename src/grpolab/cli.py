@@ -20,7 +20,8 @@ import os
 import signal
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from grpolab import __version__
 from grpolab.config import ConfigError, ConfigWarning, load_config
@@ -219,41 +220,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _dispatch_without_config(args: argparse.Namespace) -> int | None:
-    """The verbs that take no --config of their own (demo, hacking, export, import-gguf); None for the others."""
-    if args.verb == "demo":
-        # Before torch loads: OpenMP threads that sleep instead of spinning. On a shared 2-core CPU the
-        # default spin-wait made each backward pass 20-40x slower; idle, the cost is small.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        if args.agent:
-            agent = _module("demo --agent")
-            out = args.out or "runs/demo-agent"
-            agent.agent_config(out, args.size, args.overrides)  # a bad override fails before any work
-            agent.print_agent_summary(*agent.run_agent_demo(out, args.size, args.overrides))
-            return 0
-        demo = _module("demo")
-        out = args.out or "runs/demo"
-        demo.demo_config(out, args.size, args.overrides)  # a bad override fails before any work
-        demo.print_summary(demo.run_demo(out, args.size, args.overrides))
+def _demo(args: argparse.Namespace) -> int:
+    # Before torch loads: OpenMP threads that sleep instead of spinning. On a shared 2-core CPU the
+    # default spin-wait made each backward pass 20-40x slower; idle, the cost is small.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if args.agent:
+        agent = _module("demo --agent")
+        out = args.out or "runs/demo-agent"
+        agent.agent_config(out, args.size, args.overrides)  # a bad override fails before any work
+        agent.print_agent_summary(*agent.run_agent_demo(out, args.size, args.overrides))
         return 0
-    if args.verb == "hacking":
-        try:
-            return _module("hacking").run_hacking(args)
-        except _module("compare").CompareStopped as stopped:
-            return _stopped("hacking", stopped, "; its finished runs are kept: the same command continues the grid")
-    if args.verb == "export":
-        print(f"grpolab: exported {_module('export').export(args.checkpoint, args.out, dtype=args.dtype)}")
-        return 0
-    if args.verb == "import-gguf":
-        sources = _module("import-gguf")
-        print(f"grpolab: wrote {sources.import_gguf(sources.check_source(args.gguf), args.out)}")
-        return 0
-    if args.verb == "convert-trl":
-        _module("convert-trl").write_trl_conversion(
-            args.trl_args, args.out, num_processes=args.num_processes, dataset_rows=args.dataset_rows, strict=args.strict
-        )
-        return 0
-    return None
+    demo = _module("demo")
+    out = args.out or "runs/demo"
+    demo.demo_config(out, args.size, args.overrides)  # a bad override fails before any work
+    demo.print_summary(demo.run_demo(out, args.size, args.overrides))
+    return 0
+
+
+def _hacking(args: argparse.Namespace) -> int:
+    try:
+        return _module("hacking").run_hacking(args)
+    except _module("compare").CompareStopped as stopped:
+        return _stopped("hacking", stopped, "; its finished runs are kept: the same command continues the grid")
+
+
+def _export(args: argparse.Namespace) -> int:
+    print(f"grpolab: exported {_module('export').export(args.checkpoint, args.out, dtype=args.dtype)}")
+    return 0
+
+
+def _import_gguf(args: argparse.Namespace) -> int:
+    sources = _module("import-gguf")
+    print(f"grpolab: wrote {sources.import_gguf(sources.check_source(args.gguf), args.out)}")
+    return 0
+
+
+def _convert_trl(args: argparse.Namespace) -> int:
+    _module("convert-trl").write_trl_conversion(
+        args.trl_args, args.out, num_processes=args.num_processes, dataset_rows=args.dataset_rows, strict=args.strict
+    )
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -263,46 +269,70 @@ def _serve(args: argparse.Namespace) -> int:
     return _module("serve").serve(cfg)
 
 
+def _config(cfg, args: argparse.Namespace) -> int:
+    print(f"# the config grpolab {args.for_verb} reads (grpolab config --for VERB shows another verb's)")
+    print(render_view(cfg, args.for_verb), end="")
+    return 0
+
+
+def _sft(cfg, args: argparse.Namespace) -> int:
+    done = _module("sft").sft(cfg, resume=args.resume)
+    if done.stopped_by is not None:
+        print(
+            f"grpolab: SFT stopped by {signal.Signals(done.stopped_by).name} after step {done.steps}; checkpoint "
+            f"saved in {done.output_dir}/checkpoints; continue with: grpolab sft --resume (same config)",
+            file=sys.stderr,
+        )
+        return 128 + done.stopped_by
+    print(f"grpolab: SFT {done.steps} steps, dev accuracy {done.dev_accuracy}; saved {done.output_dir}")
+    return 0
+
+
+def _eval(cfg, args: argparse.Namespace) -> int:
+    for e in _module("eval").evaluate(cfg):
+        _print_eval(e)
+    print(f"grpolab: eval written to {cfg.eval_dir}")
+    return 0
+
+
+def _train_rm(cfg, args: argparse.Namespace) -> int:
+    rm = _module("train-rm").train_reward_model(cfg)
+    accuracy = rm.metrics.get("eval/pair_accuracy")
+    print(f"grpolab: reward model saved to {rm.output_dir}; held-out pair accuracy {accuracy}")
+    return 0
+
+
+def _train_iterative(cfg, args: argparse.Namespace) -> int:
+    done = _module("train-iterative").iterative_rl(cfg)
+    print(f"grpolab: {len(done.iterations)} iterations; policy {done.policy_path}")
+    print(f"grpolab: reward model {done.reward_model_path}")
+    return 0
+
+
+WITHOUT_CONFIG: dict[str, Callable[[argparse.Namespace], int]] = {
+    "demo": _demo, "hacking": _hacking, "export": _export, "import-gguf": _import_gguf, "convert-trl": _convert_trl,
+    "serve": _serve,
+}  # fmt: skip
+"""Verbs that read their own arguments (a packaged config, a checkpoint, a TRL file, or serve's config)."""
+
+WITH_CONFIG: dict[str, Callable[[Any, argparse.Namespace], int]] = {
+    "config": _config,
+    "train": lambda cfg, args: _train(cfg, resume=args.resume),
+    "claims": lambda cfg, args: _claims(cfg),
+    "compare": lambda cfg, args: _compare(cfg, args.algos),
+    "recipe": lambda cfg, args: _recipe(cfg, resume=args.resume),
+    "sft": _sft,
+    "eval": _eval,
+    "train-rm": _train_rm,
+    "train-iterative": _train_iterative,
+}
+"""Verbs that take --config with dotted overrides: the config is loaded (and checked) before the verb runs."""
+
+
 def _dispatch(args: argparse.Namespace) -> int:
-    early = _serve(args) if args.verb == "serve" else _dispatch_without_config(args)
-    if early is not None:
-        return early
-    cfg = load_config(args.config, _overrides(args))
-    if args.verb == "config":
-        print(f"# the config grpolab {args.for_verb} reads (grpolab config --for VERB shows another verb's)")
-        print(render_view(cfg, args.for_verb), end="")
-        return 0
-    if args.verb in ("train", "claims"):
-        return _train(cfg, resume=args.resume) if args.verb == "train" else _claims(cfg)
-    if args.verb in ("compare", "recipe"):
-        return _compare(cfg, args.algos) if args.verb == "compare" else _recipe(cfg, resume=args.resume)
-    if args.verb == "sft":
-        done = _module("sft").sft(cfg, resume=args.resume)
-        if done.stopped_by is not None:
-            print(
-                f"grpolab: SFT stopped by {signal.Signals(done.stopped_by).name} after step {done.steps}; checkpoint "
-                f"saved in {done.output_dir}/checkpoints; continue with: grpolab sft --resume (same config)",
-                file=sys.stderr,
-            )
-            return 128 + done.stopped_by
-        print(f"grpolab: SFT {done.steps} steps, dev accuracy {done.dev_accuracy}; saved {done.output_dir}")
-        return 0
-    if args.verb == "eval":
-        for e in _module("eval").evaluate(cfg):
-            _print_eval(e)
-        print(f"grpolab: eval written to {cfg.eval_dir}")
-        return 0
-    if args.verb == "train-rm":
-        rm = _module("train-rm").train_reward_model(cfg)
-        accuracy = rm.metrics.get("eval/pair_accuracy")
-        print(f"grpolab: reward model saved to {rm.output_dir}; held-out pair accuracy {accuracy}")
-        return 0
-    if args.verb == "train-iterative":
-        done = _module("train-iterative").iterative_rl(cfg)
-        print(f"grpolab: {len(done.iterations)} iterations; policy {done.policy_path}")
-        print(f"grpolab: reward model {done.reward_model_path}")
-        return 0
-    raise AssertionError(args.verb)
+    if args.verb in WITHOUT_CONFIG:
+        return WITHOUT_CONFIG[args.verb](args)
+    return WITH_CONFIG[args.verb](load_config(args.config, _overrides(args)), args)
 
 
 def _print_eval(e) -> None:
@@ -362,7 +392,7 @@ def _claims(cfg) -> int:
 
 
 def _recipe(cfg, *, resume: bool) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see _dispatch_without_config)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: before torch loads (see _demo)
     recipe = _module("recipe")
     try:
         recipe.print_summary(recipe.run_recipe(cfg, resume=resume))

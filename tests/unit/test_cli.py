@@ -118,3 +118,13 @@ def test_an_op_without_a_deterministic_kernel_under_train_deterministic_is_one_l
     monkeypatch.setattr(cli, "_dispatch", lambda args: torch.zeros(2) @ torch.zeros(3))
     with pytest.raises(RuntimeError, match="size mismatch|shapes cannot be multiplied|inconsistent"):
         main(["config"])
+
+
+def test_every_verb_has_one_handler_in_the_verb_tables():
+    import argparse
+
+    from grpolab.cli import WITH_CONFIG, WITHOUT_CONFIG, build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(WITH_CONFIG) | set(WITHOUT_CONFIG)
+    assert not set(WITH_CONFIG) & set(WITHOUT_CONFIG)
