@@ -15,7 +15,7 @@ class SFTConfig:
     """Supervised warm start (``grpolab sft``): cross-entropy on the answer tokens and EOS only."""
 
     steps: int = 1000
-    """Maximum optimizer steps; fewer when target_accuracy is reached first."""
+    """Maximum optimizer steps; fewer when the targets (target_accuracy, target_format_errors) are reached first."""
     batch_size: int = 64
     """Examples per optimizer step (split into train.micro_batch_size forwards)."""
     lr: float = 1e-5
@@ -40,8 +40,6 @@ class SFTConfig:
     def __post_init__(self) -> None:
         if self.target_format_errors is not None and not 0 <= self.target_format_errors < 1:
             raise ConfigError("sft.target_format_errors must be in [0, 1) (e.g. 0.05), or null")
-        if self.target_accuracy is not None and not 0 <= self.target_accuracy <= 1:
-            raise ConfigError("sft.target_accuracy must be in [0, 1] (e.g. 0.3), or null")
 
 
 @dataclass(frozen=True)
