@@ -53,15 +53,16 @@ def test_the_critic_claim_fails_on_memory_in_one_seed_or_on_a_second_extra_model
     assert v.word == NOT_HELD and "no explained variance was logged" in v.sentence
 
 
-def _g(g, t, mem, zero, gain, groups=80, seed=0):
+def _g(g, t, mem, zero, gain, groups=80, seed=0, gen=None):
     return {"g": g, "time_step_s": t, "peak_mem_mb": mem, "zero_spread": zero, "gain_per_min": gain, "groups": groups,
-            "seed": seed}
+            "seed": seed, "time_generation_s": t / 2 if gen is None else gen}
 
 
 def test_the_group_claim_reads_the_price_and_the_signal_and_names_the_best_g():
     rows = [_g(16, 30.0, 3000, 0.1, 0.01), _g(4, 9.0, 2000, 0.5, 0.02), _g(8, 16.0, 2500, 0.3, 0.03)]
     v = group_verdict(rows)
-    assert v.word == HELD and "G=[4, 8, 16], over 1 seed(s) (mean, and range): 9.0, 16.0, 30.0 s per step" in v.sentence
+    assert v.word == HELD and "G=[4, 8, 16], over 1 seed(s) (mean, and range): 9.0, 16.0, 30.0 s per step, of which " \
+        "generation 4.5, 8.0, 15.0 s; 2000, 2500, 3000 MB peak" in v.sentence
     assert "was G=8" in v.sentence
     v = group_verdict([_g(4, 9.0, 2000, 0.2, 0.0), _g(8, 16.0, 2500, 0.4, 0.0)])  # +0.2, se 0.071: 2.8 se
     assert v.word == NOT_HELD and "rose from G=4 to 8 by more than 2 standard errors" in v.sentence
@@ -79,8 +80,9 @@ def test_the_group_claim_over_seeds_pools_the_groups_and_checks_every_seed():
     assert v.word == HELD and "10.0 (9.0 to 11.0), 17.0 (16.0 to 18.0) s per step" in v.sentence
     assert "0.47, 0.32 of the groups without reward spread (120, 120 groups)" in v.sentence
     assert "G=8 (+0.030 (+0.020 to +0.040) per min)" in v.sentence
-    flat = group_verdict([*rows[:2], _g(4, 11.0, 2700, 0.4, 0.0, seed=1), _g(8, 18.0, 2600, 0.35, 0.0, seed=1)])
-    assert flat.word == NOT_HELD and "peak memory did not rise with G in seed 1" in flat.sentence
+    flat = group_verdict([*rows[:2], _g(4, 11.0, 2700, 0.4, 0.0, seed=1, gen=5.0), _g(8, 18.0, 2600, 0.35, 0.0, seed=1, gen=4.0)])
+    assert flat.word == NOT_HELD and "generation time per step did not rise with G in seed 1" in flat.sentence
+    assert "peak memory" not in flat.sentence.split("because")[1].split("(")[0]  # memory falling is reported, not judged
 
 
 def _kl(**kw):
