@@ -5,7 +5,7 @@ Every experiment shares the config's model, task, prompts and train.num_steps; `
 
 0. With ``claims.warm_start``: ``grpolab sft`` on the task's answer format until format errors are rare
    (commands/claims_start.py); the warm-started model is the starting model of every stage below, and the
-   original model's Pass@K / Maj@K are measured too (the format finding).
+   original model's Pass@K / Maj@K on the task's own prompts are measured too (the format finding).
 1. The starting model's Pass@K / Maj@K (eval.num_samples, e.g. 64) on ``claims.eval_prompts`` held-out
    prompts of each kind (the config's task, and ``claims.hard_params``), graded by the task's rewards and by
    eval.blind_grader, and its greedy accuracy on all of the task's held-out prompts of each seed.
@@ -190,8 +190,8 @@ def _starting_model(cfg: Config, data: ClaimsData) -> Config:
         with _timed(data, "warm start"):
             start, data.warm_start = warm_start(cfg)
         data.original_model, data.start_model = data.start_model, start.model.name_or_path
-        with _timed(data, "evaluate the original model"):
-            _evaluate_kinds(cfg, data, data.original_model, "original")
+        with _timed(data, "evaluate the original model"):  # the format finding, on the task's kind only: its
+            _evaluate_kinds(cfg, data, data.original_model, "original", hard=False)  # long replies cost the most
     with _timed(data, "evaluate the starting model"):
         _evaluate_kinds(start, data, data.start_model, "base")
         for seed in seeds(cfg):
@@ -264,11 +264,12 @@ def _eval(cfg: Config, model: str, label: str, folder: Path) -> ModelEval:
     return result
 
 
-def _evaluate_kinds(cfg: Config, data: ClaimsData, model: str, label: str) -> None:
-    """Claim 4: Pass@K / Maj@K on claims.eval_prompts prompts of each kind (A: the task, B: hard_params)."""
+def _evaluate_kinds(cfg: Config, data: ClaimsData, model: str, label: str, *, hard: bool = True) -> None:
+    """Claim 4: Pass@K / Maj@K on claims.eval_prompts prompts of each kind (A: the task, B: hard_params, unless
+    ``hard`` is False)."""
     ev = {"eval.max_prompts": cfg.claims.eval_prompts, "eval.greedy": True}
     kinds = {"A": derive(cfg, ev)}
-    if cfg.claims.hard_params:
+    if cfg.claims.hard_params and hard:
         kinds["B"] = derive(cfg, {**ev, "data.params": dict(cfg.claims.hard_params)})
     for kind, kind_cfg in kinds.items():
         data.evals[f"{kind}/{label}"] = _eval(kind_cfg, model, label, cfg.run_dir / "eval" / f"{kind}_{label}")
