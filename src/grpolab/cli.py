@@ -284,7 +284,10 @@ def _sft(cfg, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 128 + done.stopped_by
-    print(f"grpolab: SFT {done.steps} steps, dev accuracy {done.dev_accuracy}; saved {done.output_dir}")
+    print(
+        f"grpolab: SFT {done.steps} steps, dev accuracy {done.dev_accuracy}, format errors {done.dev_format_errors}; "
+        f"saved {done.output_dir}"
+    )
     return 0
 
 

@@ -1,9 +1,10 @@
-"""``grpolab claims`` end to end on a tiny model: every stage runs, the report holds a verdict per claim, and a
-second run reads every stage back instead of redoing it."""
+"""``grpolab claims`` end to end on a tiny model: the warm start, two seeds, every stage; the report holds a verdict
+per claim, and a second run reads every stage back instead of redoing it."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -24,7 +25,7 @@ def has_digit(completions, **kwargs):
 def claims_config(tmp_path, tiny_model_dir, monkeypatch):
     (tmp_path / "claims_reward.py").write_text(REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     path = tmp_path / "claims.yaml"
     path.write_text(f"""
 model: {{name_or_path: {tiny_model_dir}, autocast: none}}
@@ -34,10 +35,11 @@ algo: {{name: grpo, beta: 0.04}}
 reward: {{functions: [{{name: "claims_reward:has_digit"}}]}}
 optim: {{lr: 1.0e-3}}
 train: {{num_steps: 2, prompts_per_step: 2, micro_batch_size: 16}}
-eval: {{num_samples: 8, prompts_per_batch: 8}}
+eval: {{num_samples: 8, prompts_per_batch: 8, blind_grader: answer_anywhere}}
+sft: {{steps: 2, batch_size: 8, lr: 1.0e-3, check_every: 2, dev_size: 6, target_format_errors: 0.0}}
 reward_model: {{epochs: 1, batch_size: 8, lr: 1.0e-3, max_length: 32}}
 claims: {{group_sizes: [2, 4], hard_params: {{digits: 2}}, eval_prompts: 4, kl_prompts: 2, kl_samples: 4,
-          rm_prompts: 24, hacking_betas: [0.0]}}
+          rm_prompts: 24, hacking_betas: [0.0], warm_start: true, seeds: 2}}
 log: {{output_dir: {tmp_path / "runs"}, run_name: claims, tensorboard: false, progress: false}}
 """)
     return path
@@ -60,18 +62,28 @@ def test_claims_runs_every_stage_writes_a_verdict_per_claim_and_reads_stages_bac
     assert set(summary["verdicts"]) == {"1", "2", "3", "4", "5"}
     assert {v["word"] for v in summary["verdicts"].values()} <= VERDICTS
     assert all(m["k3_min"] >= 0 and m["tokens"] > 0 for m in summary["kl"].values())  # k3 is never negative
-    for png in ("ppo_vs_grpo", "group_size", "pass_maj_A", "pass_maj_B", "hacking"):
+    for png in ("ppo_vs_grpo", "group_size", "pass_maj_A", "pass_maj_B", "pass_maj_A_reward", "hacking"):
         assert (out / "plots" / f"{png}.png").stat().st_size > 1000
     runs = summary["runs"]
-    assert "value" in runs["ppo"]["models_loaded"] and "value" not in runs["grpo"]["models_loaded"]
-    assert 0 < runs["ppo"]["params_value"] - runs["grpo"]["params_policy"] <= 1000  # the policy's body and a scalar head
-    assert set(runs) == {"grpo", "ppo", "grpo_G2"}
+    assert "value" in runs["ppo_s0"]["models_loaded"] and "value" not in runs["grpo_s0"]["models_loaded"]
+    assert 0 < runs["ppo_s0"]["params_value"] - runs["grpo_s0"]["params_policy"] <= 1000  # the body and a scalar head
+    assert set(runs) == {f"{name}_s{seed}" for name in ("grpo", "ppo", "grpo_G2") for seed in (0, 1)}
+    assert all(r["kl_end"] == r["kl_end"] for r in runs.values())  # the KL each trained policy reached, a number
+    assert all(r["kl_end"] >= 0 for name, r in runs.items() if name.startswith("grpo"))  # GRPO's k3 is never < 0
     assert summary["reward_model"]["pairs"] > 0
     assert summary["setup"].endswith(describe_cpu())  # the machine each figure was measured on
+    assert "seeds 0, 1" in summary["setup"] and "warm start 2 SFT steps" in summary["setup"]
+    assert all(v["setup"] == summary["setup"].replace("`", "") for v in summary["verdicts"].values())
+
+    # the warm start: the start of every run, its target (no format error at all) not reached in 2 steps
+    warm = summary["warm_start"]
+    assert warm["steps"] == 2 and not warm["reached"] and warm["path"] in (out / "grpo_s1.yaml").read_text()
+    assert summary["verdicts"]["4"]["word"] == "inconclusive" and "the warm start ran 2 of its 2 steps" in report
+    assert "format-blind" in summary["verdicts"]["4"]["sentence"] and "pass@K original, task reward" in report
 
     second = _claims(claims_config)  # every stage on disk with this config: read back, nothing trained
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "training grpo" not in second.stderr and "train-rm:" not in second.stderr
+    assert "training grpo" not in second.stderr and "train-rm:" not in second.stderr and "SFT" not in second.stderr
     assert json.loads((out / "claims.json").read_text())["verdicts"] == summary["verdicts"]
 
 

@@ -1,16 +1,20 @@
 """``grpolab claims``: the seeds' claims (DeepSeekMath, DeepSeek-R1) measured on one model, one report.
 
-Every experiment shares the config's model, task, prompts, seed and train.num_steps; ``claims:`` names
-what differs (configs/smollm2_claims.yaml; docs/claims.md says how the real run is sized). Stages, in order:
+Every experiment shares the config's model, task, prompts and train.num_steps; ``claims:`` names what differs
+(configs/smollm2_claims.yaml; docs/claims.md says how the real run is sized). Stages, in order:
 
+0. With ``claims.warm_start``: ``grpolab sft`` on the task's answer format until format errors are rare
+   (commands/claims_start.py); the warm-started model is the starting model of every stage below, and the
+   original model's Pass@K / Maj@K on the task's own prompts are measured too (the format finding).
 1. The starting model's Pass@K / Maj@K (eval.num_samples, e.g. 64) on ``claims.eval_prompts`` held-out
-   prompts of each kind (the config's task, and ``claims.hard_params``), and its greedy accuracy on all
-   of the task's held-out prompts.
-2. ``grpolab train`` in a subprocess each (its peak memory its own, commands/compare.py): GRPO at
-   rollout.num_generations, PPO with a critic of the policy's size, and GRPO at each other G of
-   ``claims.group_sizes``; every run logs the rule reward as reward.gold too (the contrast of claim 5).
-3. Greedy accuracy of each G's final model (claim 2); Pass@K / Maj@K of the GRPO model (claim 4).
-4. k1, k3 and the exact KL on the GRPO model's samples against the starting model (claim 3).
+   prompts of each kind (the config's task, and ``claims.hard_params``), graded by the task's rewards and by
+   eval.blind_grader, and its greedy accuracy on all of the task's held-out prompts of each seed.
+2. ``grpolab train`` in a subprocess each (its peak memory its own, commands/compare.py), once per seed of
+   ``claims.seeds``: GRPO at rollout.num_generations, PPO with a critic of the policy's size, and GRPO at each
+   other G of ``claims.group_sizes``; every run logs the rule reward as reward.gold too (the contrast of claim 5).
+3. Greedy accuracy of each G's final model (claim 2); Pass@K / Maj@K of the first seed's GRPO model (claim 4).
+4. k1, k3 and the exact KL on the GRPO model's samples against the starting model (claim 3), sampled by the
+   hf engine whatever rollout.engine, so that the samples are exactly pi.
 5. Preference pairs from the starting model's own samples, labelled by the rule reward; ``train-rm``
    from the starting model (a new one-output head); GRPO on that reward model alone, the rule reward as
    reward.gold, for each ``claims.hacking_betas`` (commands/hacking.py); its KL measured as in 4.
@@ -38,7 +42,9 @@ import torch
 import yaml
 
 from grpolab import jsonio
-from grpolab.commands.claims_report import ClaimsData, write_claims_report
+from grpolab.commands.claims_data import ClaimsData, g_run, grpo_name, run_name, seeds
+from grpolab.commands.claims_report import write_claims_report
+from grpolab.commands.claims_start import check_warm_start, warm_start
 from grpolab.commands.compare import AlgoRun, algo_config, summarise, train_in_child
 from grpolab.commands.eval import evaluate
 from grpolab.commands.hacking import HackingResult, finished, grid_configs, hacking
@@ -49,7 +55,7 @@ from grpolab.data import DataError, load_examples, split_eval, tokenize_prompts
 from grpolab.errors import GrpolabError, one_line
 from grpolab.eval.kl import measure_kl
 from grpolab.eval.results import ModelEval, load_evals
-from grpolab.eval.runner import Grader
+from grpolab.eval.runner import Grader, blind_grader
 from grpolab.models.sources import local_source
 from grpolab.rewards import build_rewards
 from grpolab.rollout.base import without_failures
@@ -71,10 +77,6 @@ class ClaimsError(GrpolabError, RuntimeError):
     """A stage failed with advice that claims cannot follow as given; the message says what to do instead."""
 
 
-def grpo_name(g: int) -> str:
-    return f"grpo_G{g}"
-
-
 def check_claims(cfg: Config) -> None:
     """Every check that needs no model, before the first stage: a bad key fails in seconds."""
     c = cfg.claims
@@ -90,9 +92,17 @@ def check_claims(cfg: Config) -> None:
         )
     if not cfg.reward.functions:
         raise ConfigError("claims needs reward.functions: the rule reward that grades and labels the pairs")
+    if cfg.eval.blind_grader is None:
+        raise ConfigError(
+            "claims needs eval.blind_grader (e.g. answer_anywhere): claim 4 is judged where format is not what "
+            "decides a sample, with the rule reward's curves reported beside"
+        )
+    check_warm_start(cfg)
     check_model_source(cfg.model)
     build_rewards(cfg)
-    split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)
+    blind_grader(cfg)
+    for seed in seeds(cfg):  # each seed draws its own problems
+        split_eval(load_examples(cfg.data, seed=seed), cfg.data.eval_size)
     if c.hard_params:
         try:
             split_eval(load_examples(hard_data(cfg).data, seed=cfg.seed), cfg.data.eval_size)
@@ -111,17 +121,25 @@ def _gold(cfg: Config) -> list[dict[str, Any]]:
     return config_to_dict(cfg.reward.gold or cfg.reward.functions)
 
 
+def experiments(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Claims 1 and 2 by name: GRPO (rollout.num_generations), PPO, GRPO at the other G (algo, changes)."""
+    runs: dict[str, dict[str, Any]] = {"grpo": {"algo.name": "grpo"}, "ppo": {"algo.name": "ppo"}}
+    for g in cfg.claims.group_sizes:
+        if g != cfg.rollout.num_generations:
+            runs[grpo_name(g)] = {"algo.name": "grpo", "rollout.num_generations": g}
+    return runs
+
+
 def training_configs(cfg: Config, out: Path) -> dict[str, Config]:
-    """Claims 1 and 2: GRPO (rollout.num_generations), PPO, GRPO at the other G; the rule reward as gold.
+    """Every experiment of ``experiments`` at every seed, seed-major, named by run_name; the rule reward as gold.
     Each is derived from the user's settings with algo.name switched (compare.algo_config), so PPO runs its
     own preset wherever the user left a field unset."""
     base = derive(cfg, {"reward.gold": _gold(cfg), "log.checkpoint_every": 0, "log.keep_last": 1, "claims": {}})
-    runs = {"grpo": algo_config(base, "grpo", out), "ppo": algo_config(base, "ppo", out)}
-    for g in cfg.claims.group_sizes:
-        if g != cfg.rollout.num_generations:
-            runs[grpo_name(g)] = algo_config(
-                base, "grpo", out, {"rollout.num_generations": g, "log.run_name": grpo_name(g)}
-            )
+    runs = {}
+    for seed in seeds(cfg):
+        for name, changes in experiments(cfg).items():
+            changes = {**changes, "seed": seed, "log.run_name": run_name(name, seed)}
+            runs[run_name(name, seed)] = algo_config(base, changes.pop("algo.name"), out, changes)
     return runs
 
 
@@ -153,37 +171,58 @@ def run_claims(cfg: Config) -> tuple[Path, ClaimsData]:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     data = ClaimsData(cfg=cfg, start_model=local_source(cfg.model.name_or_path))
-    with _timed(data, "evaluate the starting model"):
-        _evaluate_kinds(cfg, data, data.start_model, "base")
-        _greedy(cfg, data, data.start_model, "base")
-    for name, run_cfg in training_configs(cfg, out).items():
+    start = _starting_model(cfg, data)
+    for name, run_cfg in training_configs(start, out).items():
         with _timed(data, f"train {name}"), _claims_advice():
             data.runs[name] = _summary(_train(run_cfg, out, weights_id(data.start_model)))
-    for name in data.runs:
-        if name.startswith("grpo_G") or name == "grpo":
+    for seed in seeds(cfg):
+        for g in sorted(cfg.claims.group_sizes):
+            name = g_run(cfg, g, seed)
             with _timed(data, f"greedy eval {name}"):
-                _greedy(cfg, data, _final(out / name), grpo_label(cfg, name))
+                _greedy(derive(start, {"seed": seed}), data, _final(out / name), f"G{g}_s{seed}")
+    grpo = _final(out / run_name("grpo", cfg.seed))
     with _timed(data, "evaluate the GRPO model"):
-        _evaluate_kinds(cfg, data, _final(out / "grpo"), "GRPO")
+        _evaluate_kinds(start, data, grpo, "GRPO")
+    exact = derive(start, {"rollout.engine": "hf"})  # claim 3 samples exactly pi: the trainer's own decoder
     with _timed(data, "KL of the GRPO model"):
-        data.kl["GRPO (rule reward)"] = _kl(cfg, data.start_model, _final(out / "grpo"), out / "kl" / "grpo.json")
-    with _timed(data, "reward model"):
-        rm_dir = _reward_model(cfg, data)
-    with _timed(data, "GRPO on the reward model"), _claims_advice():
-        result = _hacking(cfg, data, rm_dir)
-    for name, run_dir in result.run_dirs.items():
-        data.hacking_runs[f"reward model, {name}"] = str(run_dir)
-        with _timed(data, f"KL of {name}"):
-            data.kl[f"GRPO (reward model, {name})"] = _kl(
-                cfg, data.start_model, _final(run_dir), out / "kl" / f"rm_{name}.json"
-            )
-    data.hacking_runs["rule reward (contrast)"] = str(out / "grpo")
+        data.kl["GRPO (rule reward)"] = _kl(exact, data.start_model, grpo, out / "kl" / "grpo.json")
+    with _claims_advice():
+        _hacking(start, exact, data)
     report = write_claims_report(out, data)
     return report, data
 
 
-def grpo_label(cfg: Config, name: str) -> str:
-    return f"G{cfg.rollout.num_generations}" if name == "grpo" else name.removeprefix("grpo_")
+def _starting_model(cfg: Config, data: ClaimsData) -> Config:
+    """Stage 0 and 1: the warm start (claims.warm_start) and the starting model's evaluations; returns the
+    config every later stage starts from (model.name_or_path the warm-started model, or cfg)."""
+    start = cfg
+    if cfg.claims.warm_start:
+        with _timed(data, "warm start"):
+            start, data.warm_start = warm_start(cfg)
+        data.original_model, data.start_model = data.start_model, start.model.name_or_path
+        with _timed(data, "evaluate the original model"):  # the format finding, on the task's kind only: its
+            _evaluate_kinds(cfg, data, data.original_model, "original", hard=False)  # long replies cost the most
+    with _timed(data, "evaluate the starting model"):
+        _evaluate_kinds(start, data, data.start_model, "base")
+        for seed in seeds(cfg):
+            _greedy(derive(start, {"seed": seed}), data, data.start_model, f"base_s{seed}")
+    return start
+
+
+def _hacking(start: Config, exact: Config, data: ClaimsData) -> None:
+    """Claim 5: the reward model from the starting model's samples, GRPO on it alone, the KL of each run."""
+    out = start.run_dir
+    with _timed(data, "reward model"):
+        rm_dir = _reward_model(start, data)
+    with _timed(data, "GRPO on the reward model"):
+        result = _hacking_runs(start, data, rm_dir)
+    for name, run_dir in result.run_dirs.items():
+        data.hacking_runs[f"reward model, {name}"] = str(run_dir)
+        with _timed(data, f"KL of {name}"):
+            data.kl[f"GRPO (reward model, {name})"] = _kl(
+                exact, data.start_model, _final(run_dir), out / "kl" / f"rm_{name}.json"
+            )
+    data.hacking_runs["rule reward (contrast)"] = str(out / run_name("grpo", start.seed))
 
 
 SECONDS = "stage_seconds.json"
@@ -247,11 +286,12 @@ def _eval(cfg: Config, model: str, label: str, folder: Path) -> ModelEval:
     return result
 
 
-def _evaluate_kinds(cfg: Config, data: ClaimsData, model: str, label: str) -> None:
-    """Claim 4: Pass@K / Maj@K on claims.eval_prompts prompts of each kind (A: the task, B: hard_params)."""
+def _evaluate_kinds(cfg: Config, data: ClaimsData, model: str, label: str, *, hard: bool = True) -> None:
+    """Claim 4: Pass@K / Maj@K on claims.eval_prompts prompts of each kind (A: the task, B: hard_params, unless
+    ``hard`` is False)."""
     ev = {"eval.max_prompts": cfg.claims.eval_prompts, "eval.greedy": True}
     kinds = {"A": derive(cfg, ev)}
-    if cfg.claims.hard_params:
+    if cfg.claims.hard_params and hard:
         kinds["B"] = derive(cfg, {**ev, "data.params": dict(cfg.claims.hard_params)})
     for kind, kind_cfg in kinds.items():
         data.evals[f"{kind}/{label}"] = _eval(kind_cfg, model, label, cfg.run_dir / "eval" / f"{kind}_{label}")
@@ -278,7 +318,7 @@ def _train(run_cfg: Config, out: Path, start: str) -> AlgoRun:
     return run
 
 
-def _hacking(cfg: Config, data: ClaimsData, rm_dir: Path) -> HackingResult:
+def _hacking_runs(cfg: Config, data: ClaimsData, rm_dir: Path) -> HackingResult:
     """Claim 5's runs. They are claims' own, so a changed setting retrains them (log.overwrite); runs trained
     from other weights (a retrained reward model, another starting model) are neither read back nor resumed."""
     hack = hacking_config(cfg, rm_dir)
@@ -286,7 +326,7 @@ def _hacking(cfg: Config, data: ClaimsData, rm_dir: Path) -> HackingResult:
     if not _stamped(hack.run_dir, text):
         for run_cfg in grid_configs(hack, cfg.claims.hacking_betas, [cfg.seed]).values():
             (run_cfg.run_dir / "config.yaml").unlink(missing_ok=True)  # so not finished, not resumed: trained again
-    title = f"claims: GRPO on a reward model made from {cfg.model.name_or_path}"
+    title = f"claims: GRPO on a reward model made from {data.start_model}"
     result = hacking(hack, cfg.claims.hacking_betas, [cfg.seed], title=title)
     _stamp(hack.run_dir, text)
     return result

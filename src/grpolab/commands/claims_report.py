@@ -10,27 +10,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grpolab import jsonio
+from grpolab.commands.claims_data import ClaimsData, g_run, run_name, seeds, setup_line
+from grpolab.commands.claims_pass_maj import pass_maj_section
 from grpolab.commands.claims_verdicts import (
     Verdict,
     critic_verdict,
     group_verdict,
     hacking_verdict,
     kl_verdict,
-    overall,
-    pass_maj_verdict,
+    spread,
 )
 from grpolab.commands.hacking_analysis import HackingNumbers, analyse
 from grpolab.config import Config
-from grpolab.distributed.host import describe_cpu
-from grpolab.eval.intervals import bootstrap_paired_diff
-from grpolab.eval.report import add_caption, plot_pass_maj, save_figure
-from grpolab.eval.results import ModelEval
-from grpolab.models.loading import cpu_has_bf16_matmul
+from grpolab.eval.report import add_caption, save_figure
 from grpolab.runtime.logging import read_metrics
 
 CLAIMS = {
@@ -40,42 +36,6 @@ CLAIMS = {
     4: "RL sharpens, it does not widen (Maj@K rises, Pass@K at large K does not)",
     5: "Neural reward models get hacked",
 }
-
-
-@dataclass
-class ClaimsData:
-    """Everything the report reads (commands/claims.py fills it stage by stage)."""
-
-    cfg: Config
-    start_model: str
-    evals: dict[str, ModelEval] = field(default_factory=dict)
-    """"A/base", "A/GRPO", "B/base", "B/GRPO" (Pass@K / Maj@K); "greedy/base", "greedy/G4", ... (greedy only)."""
-    runs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Training run name -> compare.summarise's row, with its metrics rows under "rows"."""
-    kl: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Policy name -> eval.kl.KLMeasure as a dict."""
-    reward_model: dict[str, Any] = field(default_factory=dict)
-    """The preference pairs' counts and train-rm's history."""
-    hacking_runs: dict[str, str] = field(default_factory=dict)
-    """Run name -> run folder: the runs on the reward model and the rule-reward contrast."""
-    seconds: dict[str, float] = field(default_factory=dict)
-    """Stage -> seconds it took when it ran (a stage read back keeps them)."""
-    loads: dict[str, float] = field(default_factory=dict)
-    """Stage -> the 1-minute load average at its end: what else ran on the machine."""
-
-
-def setup_line(cfg: Config) -> str:
-    """Model, task, steps, seed, engine, dtype and CPU: under every figure."""
-    t, r = cfg.train, cfg.rollout
-    if cfg.model.autocast == "none" or (cfg.model.autocast == "auto" and not cpu_has_bf16_matmul()):
-        dtype = f"{cfg.model.dtype} weights, no autocast"
-    else:
-        dtype = f"{cfg.model.dtype} weights, bf16 autocast"
-    return (
-        f"`{cfg.model.name_or_path}`; data.source={cfg.data.source} {dict(cfg.data.params)}; {t.num_steps} steps of "
-        f"{t.prompts_per_step} prompts x G={r.num_generations}, lr {cfg.optim.lr:g}, beta {cfg.algo.beta:g}; seed "
-        f"{cfg.seed}; engine {r.engine}; {dtype}; {describe_cpu()}"
-    )
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
@@ -91,30 +51,43 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
 
 # --- claim 1 --------------------------------------------------------------------------------------------
 
+def kl_end(rows: list[dict[str, Any]]) -> float:
+    """The logged KL to the reference over the last fifth of a run's steps: nats per token, by the run's own
+    estimator (algo.kl_estimator: GRPO's k3, PPO's k1, which a single step can put below 0)."""
+    return _mean(rows[-max(1, len(rows) // 5) :], "kl")
+
+
 def critic_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
-    grpo, ppo = data.runs["grpo"], data.runs["ppo"]
-    ev = [r.get("train/value_explained_var", math.nan) for r in ppo["rows"]]
-    verdict = critic_verdict(grpo, ppo, ev)
+    cfg = data.cfg
+    grpo = [{**data.runs[run_name("grpo", s)], "seed": s} for s in seeds(cfg)]
+    ppo = [{**data.runs[run_name("ppo", s)], "seed": s} for s in seeds(cfg)]
+    evs = [[r.get("train/value_explained_var", math.nan) for r in p["rows"]] for p in ppo]
+    verdict = critic_verdict(grpo, ppo, evs)
     phases = ["generation", "scoring", "reference", "value_forward", "policy_update", "value_update"]
     lines = [
-        "| | models loaded | parameters (policy / value / total) | peak memory | s per step | "
-        + " | ".join(p.replace("_", " ") for p in phases) + " | reward (first -> last fifth) |",
-        "|---|---|---|---|---|" + "---|" * len(phases) + "---|",
+        "| | seed | models loaded | parameters (policy / value / total) | peak memory | s per step | "
+        + " | ".join(p.replace("_", " ") for p in phases) + " | reward (first -> last fifth) | KL at the end |",
+        "|---|---|---|---|---|---|" + "---|" * len(phases) + "---|---|",
     ]
-    for name, row in (("GRPO", grpo), ("PPO", ppo)):
-        params = f"{row['params_policy'] / 1e6:.1f}M / {_fmt((row.get('params_value') or 0) / 1e6, 1)}M / {row['params_total'] / 1e6:.1f}M"
-        lines.append(
-            f"| {name} | {', '.join(row['models_loaded'])} | {params} | {_fmt(row['peak_mem_mb'], 0)} MB | "
-            f"{_fmt(row['time_step_s'], 2)} | " + " | ".join(_fmt(row.get(f"time_{p}_s"), 2) for p in phases)
-            + f" | {_fmt(row['reward_first'])} -> {_fmt(row['reward_last'])} |"
-        )
-    _plot_critic(grpo, ppo, ev, plots / "ppo_vs_grpo.png", setup_line(data.cfg))
+    for name, rows in (("GRPO", grpo), ("PPO", ppo)):
+        for row in rows:
+            params = (f"{row['params_policy'] / 1e6:.1f}M / {_fmt((row.get('params_value') or 0) / 1e6, 1)}M / "
+                      f"{row['params_total'] / 1e6:.1f}M")
+            lines.append(
+                f"| {name} | {row['seed']} | {', '.join(row['models_loaded'])} | {params} | {_fmt(row['peak_mem_mb'], 0)} MB | "
+                f"{_fmt(row['time_step_s'], 2)} | " + " | ".join(_fmt(row.get(f"time_{p}_s"), 2) for p in phases)
+                + f" | {_fmt(row['reward_first'])} -> {_fmt(row['reward_last'])} | {_fmt(kl_end(row['rows']), 4)} |"
+            )
+    _plot_critic(grpo[0], ppo[0], evs, plots / "ppo_vs_grpo.png", setup_line(cfg, data.warm_start))
     lines += ["", "![PPO against GRPO](plots/ppo_vs_grpo.png)", "",
-              "Times are means over steps 2.. in seconds; peak memory is the process's RSS on a CPU (max allocated on a GPU)."]
+              "Times are means over steps 2.. in seconds; peak memory is the process's RSS on a CPU (max allocated on a "
+              "GPU); KL at the end: the logged KL to the reference, nats per token, over the last fifth of the steps, by "
+              "each run's estimator (GRPO k3, PPO k1: an estimate that can read below 0). "
+              "The figure's bars are the first seed's; its curves every seed's."]
     return verdict, lines
 
 
-def _plot_critic(grpo, ppo, ev, path: Path, caption: str) -> None:
+def _plot_critic(grpo, ppo, evs, path: Path, caption: str) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     axes[0].bar(["GRPO", "PPO"], [grpo["peak_mem_mb"] or 0, ppo["peak_mem_mb"] or 0], color=["C0", "C1"])
@@ -126,7 +99,8 @@ def _plot_critic(grpo, ppo, ev, path: Path, caption: str) -> None:
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     axes[1].set_ylabel("seconds per step")
     axes[1].legend(fontsize=7)
-    axes[2].plot(range(1, len(ev) + 1), ev, "o-", color="C1")
+    for ev in evs:
+        axes[2].plot(range(1, len(ev) + 1), ev, "o-", color="C1", alpha=0.7)
     axes[2].set_xlabel("PPO step")
     axes[2].set_ylabel("critic explained variance")
     axes[2].grid(alpha=0.3)
@@ -136,49 +110,57 @@ def _plot_critic(grpo, ppo, ev, path: Path, caption: str) -> None:
 # --- claim 2 --------------------------------------------------------------------------------------------
 
 def group_rows(data: ClaimsData) -> list[dict[str, Any]]:
+    """One row per G and seed: the price (time, memory), the signal (groups without spread), the gain."""
     cfg = data.cfg
-    base = data.evals["greedy/base"].greedy_accuracy or 0.0
     rows = []
-    for g in sorted(cfg.claims.group_sizes):
-        name = "grpo" if g == cfg.rollout.num_generations else f"grpo_G{g}"
-        run, after = data.runs[name], data.evals[f"greedy/G{g}"].greedy_accuracy or 0.0
-        minutes = sum(r.get("sys/step_time_s", 0.0) for r in run["rows"]) / 60
-        rows.append({
-            "g": g, "time_step_s": run["time_step_s"], "time_generation_s": run["time_generation_s"],
-            "peak_mem_mb": run["peak_mem_mb"], "zero_spread": _mean(run["rows"], "frac_reward_zero_std"),
-            "groups": len(run["rows"]) * cfg.train.prompts_per_step,
-            "greedy_before": base, "greedy_after": after, "train_min": minutes,
-            "gain_per_min": (after - base) / minutes if minutes else math.nan,
-        })
+    for seed in seeds(cfg):
+        base = data.evals[f"greedy/base_s{seed}"].greedy_accuracy or 0.0
+        for g in sorted(cfg.claims.group_sizes):
+            run, after = data.runs[g_run(cfg, g, seed)], data.evals[f"greedy/G{g}_s{seed}"].greedy_accuracy or 0.0
+            minutes = sum(r.get("sys/step_time_s", 0.0) for r in run["rows"]) / 60
+            rows.append({
+                "g": g, "seed": seed, "time_step_s": run["time_step_s"], "time_generation_s": run["time_generation_s"],
+                "peak_mem_mb": run["peak_mem_mb"], "zero_spread": _mean(run["rows"], "frac_reward_zero_std"),
+                "groups": len(run["rows"]) * cfg.train.prompts_per_step, "greedy_before": base, "greedy_after": after,
+                "train_min": minutes, "gain_per_min": (after - base) / minutes if minutes else math.nan,
+                "kl_end": kl_end(run["rows"]),
+            })
     return rows
 
 
 def group_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
     rows = group_rows(data)
-    lines = ["| G | s per step | generation s | peak memory | groups without spread | greedy before -> after | "
-             "training minutes | gain per minute |", "|---|---|---|---|---|---|---|---|"]
+    gs = sorted({r["g"] for r in rows})
+
+    def cell(g: int, key: str, fmt: str) -> str:
+        return spread([r[key] for r in rows if r["g"] == g]).text(fmt)
+
+    lines = ["| G | s per step | generation s | peak memory, MB | groups without spread | greedy before -> after | "
+             "training minutes | gain per minute | KL at the end |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [
-        f"| {r['g']} | {r['time_step_s']:.2f} | {_fmt(r['time_generation_s'], 2)} | {r['peak_mem_mb']:.0f} MB | "
-        f"{r['zero_spread']:.2f} | {r['greedy_before']:.3f} -> {r['greedy_after']:.3f} | {r['train_min']:.1f} | "
-        f"{r['gain_per_min']:+.3f} |"
-        for r in rows
+        f"| {g} | {cell(g, 'time_step_s', '.2f')} | {cell(g, 'time_generation_s', '.2f')} | {cell(g, 'peak_mem_mb', '.0f')} | "
+        f"{cell(g, 'zero_spread', '.2f')} | {cell(g, 'greedy_before', '.3f')} -> {cell(g, 'greedy_after', '.3f')} | "
+        f"{cell(g, 'train_min', '.1f')} | {cell(g, 'gain_per_min', '+.3f')} | {cell(g, 'kl_end', '.4f')} |"
+        for g in gs
     ]
-    n = data.evals["greedy/base"].num_prompts
+    n = data.evals[f"greedy/base_s{data.cfg.seed}"].num_prompts
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
-    gs = [r["g"] for r in rows]
     for ax, key, label in ((axes[0], "time_step_s", "seconds per step"), (axes[1], "zero_spread", "groups without spread"),
                            (axes[2], "gain_per_min", "greedy gain per minute")):
-        ax.plot(gs, [r[key] for r in rows], "o-")
+        s = [spread([r[key] for r in rows if r["g"] == g]) for g in gs]
+        ax.errorbar(gs, [x.mean for x in s], yerr=[[x.mean - x.low for x in s], [x.high - x.mean for x in s]], fmt="o-",
+                    capsize=3)
         ax.set_xscale("log", base=2)
         ax.set_xticks(gs, [str(g) for g in gs])
         ax.set_xlabel("G")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    _save(fig, plt, plots / "group_size.png", setup_line(data.cfg))
+    _save(fig, plt, plots / "group_size.png", setup_line(data.cfg, data.warm_start))
     lines += ["", "![G](plots/group_size.png)", "",
-              f"Greedy accuracy on all {n} held-out prompts of the task; the same prompts per step for every G, so "
-              "G times the samples. Training minutes: the sum of the steps' times (model loading aside)."]
+              f"Each cell: the mean over the seeds, and its range in brackets (bars in the figure). Greedy accuracy on "
+              f"all {n} held-out prompts of each seed (each seed draws its own problems); the same prompts per step for "
+              "every G, so G times the samples. Training minutes: the sum of the steps' times (model loading aside)."]
     return group_verdict(rows), lines
 
 
@@ -207,38 +189,6 @@ def kl_section(data: ClaimsData) -> tuple[Verdict, list[str]]:
     return kl_verdict(data.kl), lines
 
 
-# --- claim 4 --------------------------------------------------------------------------------------------
-
-def pass_maj_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
-    verdicts, lines = [], []
-    names = {"A": "the task's own problems", "B": f"harder problems, data.params {dict(data.cfg.claims.hard_params)}"}
-    for kind in ("A", "B"):
-        if f"{kind}/base" not in data.evals:
-            continue
-        before, after = data.evals[f"{kind}/base"], data.evals[f"{kind}/GRPO"]
-        ks = sorted(set(before.ks) & set(after.ks))
-        k = ks[-1]
-        d_maj = bootstrap_paired_diff(before.per_prompt["maj"][k], after.per_prompt["maj"][k], seed=data.cfg.seed)
-        d_pass = bootstrap_paired_diff(before.per_prompt["pass"][k], after.per_prompt["pass"][k], seed=data.cfg.seed)
-        verdicts.append(pass_maj_verdict(f"{kind} ({names[kind]})", k, before.pass_at[k], d_maj, d_pass))
-        plot_pass_maj([before, after], plots / f"pass_maj_{kind}.png", f"{kind}: {names[kind]}; {setup_line(data.cfg)}".replace("`", ""))
-        lines += [
-            f"**{kind}: {names[kind]}**, {before.num_prompts} prompts x {before.num_samples} samples at "
-            f"T={before.temperature:g}; greedy {_fmt(before.greedy_accuracy)} -> {_fmt(after.greedy_accuracy)}",
-            "",
-            "| K | " + " | ".join(str(x) for x in ks) + " |",
-            "|---|" + "---|" * len(ks),
-            "| pass@K before | " + " | ".join(f"{before.pass_at[x]:.3f}" for x in ks) + " |",
-            "| pass@K after | " + " | ".join(f"{after.pass_at[x]:.3f}" for x in ks) + " |",
-            "| maj@K before | " + " | ".join(f"{before.maj_at[x]:.3f}" for x in ks) + " |",
-            "| maj@K after | " + " | ".join(f"{after.maj_at[x]:.3f}" for x in ks) + " |",
-            "",
-            f"![Pass@K and Maj@K, {kind}](plots/pass_maj_{kind}.png)",
-            "",
-        ]
-    return overall(verdicts), lines
-
-
 # --- claim 5 --------------------------------------------------------------------------------------------
 
 def hacking_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
@@ -249,7 +199,7 @@ def hacking_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
     verdict = hacking_verdict(numbers, contrast)
     hack = data.cfg.claims
     caption = (f"reward-model runs: lr {hack.hacking_lr or data.cfg.optim.lr:g}, {hack.hacking_steps or data.cfg.train.num_steps} "
-               f"steps; {setup_line(data.cfg)}")
+               f"steps; {setup_line(data.cfg, data.warm_start)}")
     _plot_hacking({**numbers, **({"rule reward (contrast)": contrast} if contrast else {})}, plots / "hacking.png", caption)
     rm = data.reward_model
     history = rm.get("history", [{}])
@@ -313,14 +263,18 @@ def _save(fig, plt, path: Path, caption: str) -> None:
 def write_claims_report(out: Path, data: ClaimsData) -> Path:
     """Write ``out/claims.md``, ``out/claims.json`` and ``out/plots/*.png``; returns the report's path."""
     plots = Path(out) / "plots"
+    setup = setup_line(data.cfg, data.warm_start)
     sections = {
-        1: critic_section(data, plots),
-        2: group_section(data, plots),
-        3: kl_section(data),
-        4: pass_maj_section(data, plots),
-        5: hacking_section(data, plots),
+        i: (dataclasses.replace(verdict, setup=setup.replace("`", "")), body)
+        for i, (verdict, body) in {
+            1: critic_section(data, plots),
+            2: group_section(data, plots),
+            3: kl_section(data),
+            4: pass_maj_section(data, plots),
+            5: hacking_section(data, plots),
+        }.items()
     }
-    lines = [f"# grpolab claims: {data.cfg.log.run_name}", "", f"- **setup**: {setup_line(data.cfg)}",
+    lines = [f"# grpolab claims: {data.cfg.log.run_name}", "", f"- **setup**: {setup}",
              f"- **time**: {sum(data.seconds.values()) / 60:.1f} min in all (stage: seconds, load average at its end); "
              + ", ".join(f"{k} {v:.0f} s ({data.loads.get(k, math.nan):.1f})" for k, v in data.seconds.items()), "",
              "| claim | verdict |", "|---|---|"]
@@ -330,9 +284,11 @@ def write_claims_report(out: Path, data: ClaimsData) -> Path:
     path = Path(out) / "claims.md"
     jsonio.write_whole(path, "\n".join(lines) + "\n")
     summary = {
-        "setup": setup_line(data.cfg),
+        "setup": setup,
         "verdicts": {str(i): dataclasses.asdict(v) for i, (v, _) in sections.items()},
-        "runs": {k: {kk: vv for kk, vv in v.items() if kk != "rows"} for k, v in data.runs.items()},
+        "warm_start": data.warm_start,
+        "runs": {k: {kk: vv for kk, vv in v.items() if kk != "rows"} | {"kl_end": kl_end(v["rows"])}
+                 for k, v in data.runs.items()},
         "kl": data.kl,
         "reward_model": {k: v for k, v in data.reward_model.items() if k != "history"},
         "seconds": data.seconds,

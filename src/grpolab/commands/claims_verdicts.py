@@ -3,13 +3,17 @@
 Each function returns a Verdict: "held", "not held" or "inconclusive", and a sentence that names the
 numbers it rests on. The rules, per claim (the thresholds are stated in the sentence):
 
-1. The critic: PPO loads a value model and GRPO does not, the other three roles equal; the critic's
-   parameters are the difference; PPO's peak memory and time per step exceed GRPO's. Its fit (the
-   explained variance of its values against the returns, over the last third of the steps) is reported;
-   below 0.5 it is called hard to fit.
-2. The group: time per step and peak memory rise with G, and the share of groups without reward spread
-   (no signal) does not rise by more than 2 standard errors (a share of a few dozen groups is noisy); the G
-   with the best greedy-accuracy gain per training minute is named.
+1. The critic, in every seed of claims.seeds: PPO loads a value model and GRPO does not, the other three
+   roles equal; the critic's parameters are the difference; PPO's peak memory and time per step exceed
+   GRPO's. The ratios are reported as their mean and range over the seeds. The critic's fit (the explained
+   variance of its values against the returns, over the last third of the steps) is reported; below 0.5 it
+   is called hard to fit.
+2. The group, in every seed: time per step and generation time per step rise with G; the share of groups
+   without reward spread (no signal), pooled over the seeds, does not rise by more than 2 standard errors (a
+   share of a few dozen groups is noisy); the G with the best mean greedy-accuracy gain per training minute
+   is named. Peak memory is reported, not judged: a colocated vLLM engine allocates its KV cache once and
+   micro-batches bound the trainer's activations, so on that engine the group need not cost memory (with
+   grpolab's own decoder it did, round one). Each number is a mean with its range over the seeds.
 3. The KL: held when, at every sampled position, both estimators' exact expectations under pi (sums over
    the vocabulary, eval/kl.py) equal the exact KL to within 1e-9 nats (float64 rounding), and k3 is never
    negative, on the sampled tokens and over the whole vocabulary. Each estimator's exact variance near and
@@ -18,7 +22,10 @@ numbers it rests on. The rules, per claim (the thresholds are stated in the sent
 4. Pass@K / Maj@K, per kind of held-out problem, with 95% paired-bootstrap intervals over prompts: held
    when Maj@K rises (interval above 0) and Pass@K at the largest K does not (interval holds 0 and is
    narrower than 0.2); not held when Pass@K at the largest K rises (interval above 0); inconclusive
-   otherwise, or when the starting model's Pass@K is already >= 0.95 (no room to rise).
+   otherwise, or when the starting model's Pass@K is already >= 0.95 (no room to rise). The word comes from
+   the format-blind grading (eval.blind_grader), where RL cannot win by fixing the format; the task
+   reward's verdicts are reported as the finding about format. A warm start that ran its budget without
+   bringing format errors down to its target makes the claim inconclusive: format may still decide.
 5. Hacking: the gold reward fell more than min_drop after its peak while the proxy did not fall
    (commands/hacking_analysis.py) in a run on the reward model; otherwise not held within the budget,
    with how far the policy was pushed (sqrt(KL)) and what the gold did.
@@ -49,9 +56,34 @@ NOISE_SE = 2.0
 class Verdict:
     word: str
     sentence: str
+    setup: str = ""
+    """What it was measured on: model, task, steps, seeds, engine, dtype, CPU (claims_report.setup_line)."""
 
     def __str__(self) -> str:
-        return f"**{self.word}**: {self.sentence}"
+        return f"**{self.word}**: {self.sentence}" + (f" Measured on: {self.setup}." if self.setup else "")
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One measurement over seeds: its mean, least and greatest value."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    def text(self, fmt: str = ".2f") -> str:
+        if self.n <= 1:
+            return format(self.mean, fmt)
+        return f"{self.mean:{fmt}} ({self.low:{fmt}} to {self.high:{fmt}})"
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """Mean, min and max of the values that are numbers (NaN left out); all NaN when none is."""
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    if not kept:
+        return Spread(math.nan, math.nan, math.nan, 0)
+    return Spread(statistics.fmean(kept), min(kept), max(kept), len(kept))
 
 
 def _combine(verdicts: Sequence[Verdict]) -> str:
@@ -59,39 +91,49 @@ def _combine(verdicts: Sequence[Verdict]) -> str:
     return NOT_HELD if NOT_HELD in words else INCONCLUSIVE if INCONCLUSIVE in words else HELD
 
 
-def critic_verdict(grpo: Mapping[str, Any], ppo: Mapping[str, Any], explained_var: Sequence[float]) -> Verdict:
-    """Claim 1 from compare.summarise's rows of the two runs and PPO's train/value_explained_var per step."""
+def critic_verdict(
+    grpo: Sequence[Mapping[str, Any]], ppo: Sequence[Mapping[str, Any]], explained_var: Sequence[Sequence[float]]
+) -> Verdict:
+    """Claim 1 from compare.summarise's rows of the two runs of each seed (in seed order, each with its
+    "seed") and PPO's train/value_explained_var per step of each seed."""
     fails = []
-    extra = set(ppo["models_loaded"]) - set(grpo["models_loaded"])
-    if extra != {"value"} or set(grpo["models_loaded"]) - set(ppo["models_loaded"]):
-        fails.append(f"PPO loaded {ppo['models_loaded']} and GRPO {grpo['models_loaded']}")
-    if (ppo["params_total"] - grpo["params_total"]) != (ppo.get("params_value") or 0):
-        fails.append("the parameter difference is not the critic's")
-    mem = (ppo["peak_mem_mb"] or 0) - (grpo["peak_mem_mb"] or 0)
-    step = (ppo["time_step_s"] or 0) - (grpo["time_step_s"] or 0)
-    if mem <= 0:
-        fails.append(f"PPO's peak memory was not above GRPO's ({ppo['peak_mem_mb']:.0f} vs {grpo['peak_mem_mb']:.0f} MB)")
-    if step <= 0:
-        fails.append(f"PPO's step was not slower ({ppo['time_step_s']:.1f} vs {grpo['time_step_s']:.1f} s)")
-    ev = [v for v in explained_var if not math.isnan(v)]
-    tail = ev[-max(1, len(ev) // 3) :] if ev else []
-    fit = statistics.fmean(tail) if tail else math.nan
+    for g, p in zip(grpo, ppo, strict=True):
+        seed = f"seed {g.get('seed', 0)}"
+        extra = set(p["models_loaded"]) - set(g["models_loaded"])
+        if extra != {"value"} or set(g["models_loaded"]) - set(p["models_loaded"]):
+            fails.append(f"{seed}: PPO loaded {p['models_loaded']} and GRPO {g['models_loaded']}")
+        if (p["params_total"] - g["params_total"]) != (p.get("params_value") or 0):
+            fails.append(f"{seed}: the parameter difference is not the critic's")
+        if (p["peak_mem_mb"] or 0) <= (g["peak_mem_mb"] or 0):
+            fails.append(f"{seed}: PPO's peak memory was not above GRPO's ({p['peak_mem_mb']:.0f} vs {g['peak_mem_mb']:.0f} MB)")
+        if (p["time_step_s"] or 0) <= (g["time_step_s"] or 0):
+            fails.append(f"{seed}: PPO's step was not slower ({p['time_step_s']:.1f} vs {g['time_step_s']:.1f} s)")
+    mem = spread([p["peak_mem_mb"] / g["peak_mem_mb"] for g, p in zip(grpo, ppo, strict=True)])
+    extra_mb = spread([p["peak_mem_mb"] - g["peak_mem_mb"] for g, p in zip(grpo, ppo, strict=True)])
+    step = spread([p["time_step_s"] / g["time_step_s"] for g, p in zip(grpo, ppo, strict=True)])
+    fit = spread([_fit(ev) for ev in explained_var])
     fit_words = (
         "no explained variance was logged"
-        if not tail
-        else f"the critic's explained variance of the returns, over the last third of the steps, was {fit:.2f}"
-        + (f" (below {EV_HARD}: hard to fit)" if fit < EV_HARD else "")
+        if not fit.n
+        else f"the critic's explained variance of the returns, over the last third of the steps, was {fit.text()}"
+        + (f" (below {EV_HARD}: hard to fit)" if fit.mean < EV_HARD else "")
     )
+    ratios = (f"PPO's peak memory was {mem.text()}x GRPO's ({extra_mb.text('+.0f')} MB) and its time per step "
+              f"{step.text()}x, over {len(grpo)} seed(s) (mean, and range)")
     if fails:
-        return Verdict(NOT_HELD, f"not held on this model, because {'; '.join(fails)}; {fit_words}.")
-    value = ppo.get("params_value") or 0
+        return Verdict(NOT_HELD, f"not held on this model, because {'; '.join(fails)}; {ratios}; {fit_words}.")
+    g, p = grpo[0], ppo[0]
+    value = p.get("params_value") or 0
     return Verdict(
         HELD,
-        f"GRPO loaded {len(grpo['models_loaded'])} models, PPO {len(ppo['models_loaded'])}: the critic adds "
-        f"{value / 1e6:.1f}M parameters ({value / grpo['params_policy']:.2f}x the policy), {mem:.0f} MB of peak "
-        f"memory (+{mem / grpo['peak_mem_mb']:.0%}) and {step:.1f} s per step (+{step / grpo['time_step_s']:.0%}); "
-        f"{fit_words}.",
+        f"GRPO loaded {len(g['models_loaded'])} models, PPO {len(p['models_loaded'])}, in every seed: the critic "
+        f"adds {value / 1e6:.1f}M parameters ({value / g['params_policy']:.2f}x the policy); {ratios}; {fit_words}.",
     )
+
+
+def _fit(explained_var: Sequence[float]) -> float:
+    ev = [v for v in explained_var if not math.isnan(v)]
+    return statistics.fmean(ev[-max(1, len(ev) // 3) :]) if ev else math.nan
 
 
 def _rising(values: Sequence[float]) -> bool:
@@ -103,35 +145,51 @@ def _proportion_se(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
     return math.sqrt(sum(r["zero_spread"] * (1 - r["zero_spread"]) / max(r.get("groups", 1), 1) for r in (a, b)))
 
 
+def pooled_groups(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per G (sorted): the share of groups without reward spread over every seed's groups, and their count."""
+    out = []
+    for g in sorted({r["g"] for r in rows}):
+        mine = [r for r in rows if r["g"] == g]
+        groups = sum(r.get("groups", 1) for r in mine)
+        share = sum(r["zero_spread"] * r.get("groups", 1) for r in mine) / groups
+        out.append({"g": g, "zero_spread": share, "groups": groups})
+    return out
+
+
 def group_verdict(rows: Sequence[Mapping[str, Any]]) -> Verdict:
-    """Claim 2 from one row per G (sorted by G): g, time_step_s, peak_mem_mb, zero_spread (over ``groups``
+    """Claim 2 from one row per G and seed: g, seed, time_step_s, peak_mem_mb, zero_spread (over ``groups``
     groups), gain_per_min. The share without spread is noisy (a few dozen groups): a rise within NOISE_SE
     standard errors of the difference is not counted against the claim, and the sentence gives the numbers."""
-    rows = sorted(rows, key=lambda r: r["g"])
-    gs = [r["g"] for r in rows]
+    gs = sorted({r["g"] for r in rows})
+    by_seed: dict[Any, list[Mapping[str, Any]]] = {}
+    for r in sorted(rows, key=lambda r: r["g"]):
+        by_seed.setdefault(r.get("seed", 0), []).append(r)
     fails = []
-    if not _rising([r["time_step_s"] for r in rows]):
-        fails.append("time per step did not rise with G")
-    if not _rising([r["peak_mem_mb"] for r in rows]):
-        fails.append("peak memory did not rise with G")
-    rose = [
-        (a["g"], b["g"])
-        for a, b in zip(rows, rows[1:], strict=False)
-        if b["zero_spread"] - a["zero_spread"] > NOISE_SE * _proportion_se(a, b)
-    ]
+    for key, label in (("time_step_s", "time per step"), ("time_generation_s", "generation time per step")):
+        flat = [seed for seed, mine in by_seed.items() if not _rising([r[key] for r in mine])]
+        if flat:
+            fails.append(f"{label} did not rise with G in seed {', '.join(map(str, flat))}")
+    pooled = pooled_groups(rows)
+    rose = [(a["g"], b["g"]) for a, b in zip(pooled, pooled[1:], strict=False)
+            if b["zero_spread"] - a["zero_spread"] > NOISE_SE * _proportion_se(a, b)]
     if rose:
         fails.append(
             "the share of groups without reward spread rose from G=" + ", G=".join(f"{a} to {b}" for a, b in rose)
             + f" by more than {NOISE_SE:g} standard errors"
         )
-    best = max(rows, key=lambda r: r["gain_per_min"])
-    def column(key: str, fmt: str) -> str:
-        return ", ".join(format(r[key], fmt) for r in rows)
 
+    def column(key: str, fmt: str) -> str:
+        return ", ".join(spread([r[key] for r in rows if r["g"] == g]).text(fmt) for g in gs)
+
+    gains = {g: spread([r["gain_per_min"] for r in rows if r["g"] == g]) for g in gs}
+    best = max(gs, key=lambda g: gains[g].mean)
     numbers = (
-        f"G={gs}: {column('time_step_s', '.1f')} s per step, {column('peak_mem_mb', '.0f')} MB peak, "
-        f"{column('zero_spread', '.2f')} of the groups without reward spread; the best greedy-accuracy gain per "
-        f"training minute was G={best['g']} ({best['gain_per_min']:+.3f} per min)"
+        f"G={gs}, over {len(by_seed)} seed(s) (mean, and range): {column('time_step_s', '.1f')} s per step, of "
+        f"which generation {column('time_generation_s', '.1f')} s; {column('peak_mem_mb', '.0f')} MB peak (reported, "
+        "not judged); "
+        f"{', '.join(format(p['zero_spread'], '.2f') for p in pooled)} of the groups without reward spread "
+        f"({', '.join(str(p['groups']) for p in pooled)} groups); the best greedy-accuracy gain per training "
+        f"minute was G={best} ({gains[best].text('+.3f')} per min)"
     )
     if fails:
         return Verdict(NOT_HELD, f"not held on this model, because {'; '.join(fails)} ({numbers}).")
@@ -192,6 +250,27 @@ def pass_maj_verdict(kind: str, k: int, base_pass: float, d_maj: Interval, d_pas
         return Verdict(INCONCLUSIVE, f"{kind}: inconclusive: maj@{k} rose, but pass@{k}'s interval is "
                        f"[{d_pass.low:+.3f}, {d_pass.high:+.3f}], too wide to call it flat; {numbers}.")
     return Verdict(HELD, f"{kind}: maj@{k} rose and pass@{k} did not; {numbers}.")
+
+
+def sharpening_verdict(
+    blind: Sequence[Verdict], strict: Sequence[Verdict], warm_start: Mapping[str, Any] | None, kl: float | None
+) -> Verdict:
+    """Claim 4: the word from the format-blind grading's verdicts per kind (``blind``); the task reward's
+    (``strict``) reported as the finding about format; inconclusive when a warm start ran its budget without
+    reaching its format target. ``kl``: the GRPO policy's exact KL from its start, nats per token."""
+    moved = "" if kl is None else f" The GRPO policy moved {kl:.4f} nats per token (exact KL) from its start."
+    findings = " ".join(f"{v.sentence} [{v.word}]" for v in strict)
+    text = (f"Format-blind grading: {' '.join(v.sentence for v in blind)} By the task's reward, format included: "
+            f"{findings}{moved}")
+    if warm_start and not warm_start.get("reached"):
+        errors = warm_start.get("dev_format_errors")
+        return Verdict(
+            INCONCLUSIVE,
+            f"inconclusive: the warm start ran {warm_start['steps']} of its {warm_start['budget']} steps and left "
+            f"{'n/a' if errors is None else format(errors, '.3f')} of its greedy dev replies with format errors, above the target "
+            f"{warm_start['target_format_errors']:g}, so format may still decide Pass@K. {text}",
+        )
+    return Verdict(_combine(blind), text)
 
 
 def overall(verdicts: Sequence[Verdict]) -> Verdict:

@@ -5,9 +5,12 @@ tokens of a batch (``sft.completion_format`` filled with the answer, then EOS); 
 only. Log-probs come from the ``completion_logprobs`` the GRPO trainer uses, so SFT and RL see the same
 inputs (left-padded prompt, right-padded target, positions from the attention mask, fp32 head).
 
-Early stop (docs/algorithms.md 6.0): every ``sft.check_every`` steps, greedy accuracy on a dev set carved
-from the training examples; training stops once it reaches ``sft.target_accuracy``. RL needs a policy
-that sometimes succeeds, and the SFT learning curve is sharp, so a step count is a poor stopping rule.
+Early stop (docs/algorithms.md 6.0): every ``sft.check_every`` steps, greedy decoding of a dev set carved
+from the training examples; training stops once its accuracy reaches ``sft.target_accuracy`` and / or its
+share of format errors (eval.metrics.format_errors, with eval.blind_grader) falls to
+``sft.target_format_errors``, whichever are set. RL needs a policy that sometimes succeeds (or, for
+``grpolab claims``, one that answers in format), and the SFT learning curve is sharp, so a step count is a
+poor stopping rule.
 The result is a model folder (``save_pretrained`` + tokenizer) that ``grpolab train`` loads by path.
 """
 
@@ -25,7 +28,7 @@ from pathlib import Path
 import torch
 
 from grpolab import jsonio
-from grpolab.config import Config, ConfigError, dump_config
+from grpolab.config import Config, ConfigError, SFTConfig, dump_config
 from grpolab.data import DataError, PromptOrder, check_prompt_chars, split_eval, tokenize_prompts
 from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
 from grpolab.eval.runner import Grader, greedy_decode, greedy_sampler
@@ -57,6 +60,26 @@ class SFTResult:
     seconds: float
     stopped_by: int | None = None
     """The signal (SIGINT, SIGTERM) that stopped it after a checkpoint; ``grpolab sft --resume`` continues."""
+    dev_format_errors: float | None = None
+    """Share of format errors among the greedy dev replies at the end (None without a target)."""
+
+
+@dataclass(frozen=True)
+class DevCheck:
+    """One greedy pass over the dev set."""
+
+    accuracy: float
+    format_errors: float
+    """Share of the replies that failed on format (eval.metrics.format_errors)."""
+
+
+def reached(s: SFTConfig, check: DevCheck | None) -> bool:
+    """Every target set (sft.target_accuracy, sft.target_format_errors) is reached; False when none is set."""
+    if check is None or (s.target_accuracy is None and s.target_format_errors is None):
+        return False
+    return (s.target_accuracy is None or check.accuracy >= s.target_accuracy) and (
+        s.target_format_errors is None or check.format_errors <= s.target_format_errors
+    )
 
 
 def tokenize_targets(examples: Sequence[Example], tokenizer, completion_format: str) -> list[list[int]]:
@@ -112,21 +135,22 @@ def sft_loss_step(
     return loss_sum, float(norm)
 
 
-def dev_checker(cfg: Config, model, tok, dev: Sequence[Example]) -> Callable[[], float]:
-    """A function returning the greedy accuracy on ``dev`` graded with the configured rewards, decoded by
-    the engine of ``rollout.engine``. Each check builds its sampler and closes it after: between checks
-    the training steps get back the memory it holds (hf: a low-precision copy of the weights)."""
+def dev_checker(cfg: Config, model, tok, dev: Sequence[Example]) -> Callable[[], DevCheck]:
+    """A function returning the greedy accuracy and format-error share on ``dev``, graded with the configured
+    rewards (and eval.blind_grader), decoded by the engine of ``rollout.engine``. Each check builds its sampler
+    and closes it after: between checks the training steps get back the memory it holds (hf: a low-precision
+    copy of the weights)."""
 
     grader = Grader.from_config(cfg)
     prompt_ids = tokenize_prompts(dev, tok, cfg.data)
 
-    def check() -> float:
+    def check() -> DevCheck:
         sampler = greedy_sampler(cfg, model, tok)
         try:
-            correct, _ = greedy_decode(sampler, prompt_ids, dev, grader)
+            graded = greedy_decode(sampler, prompt_ids, dev, grader)
         finally:
             sampler.close()
-        return sum(correct) / len(correct)
+        return DevCheck(sum(graded.correct) / len(dev), sum(graded.format_errors) / len(dev))
 
     return check
 
@@ -153,15 +177,17 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
     examples = training_examples(cfg)
     if missing := [i for i, e in enumerate(examples) if e.answer is None]:  # before any model loads
         raise DataError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
-    if s.target_accuracy is not None:
+    targets = s.target_accuracy is not None or s.target_format_errors is not None
+    if targets:
         check_engine(cfg.rollout.engine, cfg)  # the dev checks decode with it
+        Grader.from_config(cfg)  # and grade with it: a bad reward or eval.blind_grader before any model loads
     check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)
     out = cfg.sft_dir
     point = _resume_point(out, resume)  # before any model loads
     model, tok = load_model(cfg.model)
     amp = resolve_autocast(cfg.model, resolve_device(cfg.model))
     dev: list[Example] = []
-    if s.target_accuracy is not None:
+    if targets:
         examples, dev = split_eval(examples, s.dev_size)
     prompts = tokenize_prompts(examples, tok, cfg.data)
     targets = tokenize_targets(examples, tok, s.completion_format)
@@ -170,6 +196,7 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
     order = PromptOrder(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     resumable = SFTResumable(model, tok, optimizer, order)
     start, accuracy = resumable.restore(point) if point is not None else (0, None)
+    last: DevCheck | None = None  # after a resume, the next check decides
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
     logger = RunLogger(out, tensorboard=False, resume_step=start if point is not None else None)
@@ -190,10 +217,12 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
         )
         metrics = {"sft/loss": loss, "sft/grad_norm": norm}
         if check is not None and (step % s.check_every == 0 or step == s.steps):
-            accuracy = metrics["sft/dev_greedy_accuracy"] = check()
+            last = check()
+            accuracy = metrics["sft/dev_greedy_accuracy"] = last.accuracy
+            metrics["sft/dev_format_errors"] = last.format_errors
         logger.log(step, metrics)
         bar.update(step, loss=loss, **({} if accuracy is None else {"dev_greedy": accuracy}))
-        if accuracy is not None and accuracy >= s.target_accuracy:
+        if reached(s, last):
             break
         if stop.requested and step < s.steps:  # SIGINT / SIGTERM: a checkpoint, then stop
             resumable.save(cfg, step, accuracy)
@@ -202,17 +231,23 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
             return SFTResult(out, step, accuracy, False, time.perf_counter() - t0, stopped_by=stop.signum)
     bar.close()
     logger.close()
-    reached = accuracy is not None and accuracy >= s.target_accuracy
-    if check is not None and not reached:
-        log.warning("sft: dev accuracy %.3f after %d steps, below sft.target_accuracy", accuracy or 0.0, step)
+    done = reached(s, last)
+    errors = None if last is None else last.format_errors
+    if check is not None and not done:
+        log.warning(
+            "sft: greedy dev accuracy %.3f, format errors %s after %d steps: sft.target_accuracy=%s, "
+            "sft.target_format_errors=%s not reached", accuracy or 0.0, errors, step, s.target_accuracy,
+            s.target_format_errors,
+        )
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     shutil.rmtree(ckpt.checkpoint_root(out), ignore_errors=True)  # the model is saved: a stop's checkpoint is done
-    result = SFTResult(out, step, accuracy, reached, time.perf_counter() - t0)
+    result = SFTResult(out, step, accuracy, done, time.perf_counter() - t0, dev_format_errors=errors)
     summary = {
         "steps": step,
         "dev_greedy_accuracy": accuracy,
-        "reached_target": reached,
+        "dev_format_errors": errors,
+        "reached_target": done,
         "seconds": result.seconds,
     }
     (out / "sft_result.json").write_text(jsonio.dumps(summary, indent=1) + "\n")

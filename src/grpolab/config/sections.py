@@ -351,6 +351,11 @@ class EvalConfig:
     """K values for Pass@K / Maj@K; empty = 1, 2, 4, ... up to num_samples."""
     correct_threshold: float = 0.5
     """A sample counts as correct when its total reward is above this."""
+    blind_grader: str | None = None
+    """A second grading of every sample that ignores format: a reward name as in reward.functions, e.g.
+    answer_anywhere (the reference answer anywhere in the reply). Its Pass@K / Maj@K are reported beside the
+    rewards', with the share of format errors (wrong by the rewards and right by it, or no answer extracted).
+    null = none."""
     prompts_per_batch: int = 32
     """Eval prompts sampled together (each with num_samples completions)."""
     output_dir: str = ""

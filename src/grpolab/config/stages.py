@@ -15,7 +15,7 @@ class SFTConfig:
     """Supervised warm start (``grpolab sft``): cross-entropy on the answer tokens and EOS only."""
 
     steps: int = 1000
-    """Maximum optimizer steps; fewer when target_accuracy is reached first."""
+    """Maximum optimizer steps; fewer when the targets (target_accuracy, target_format_errors) are reached first."""
     batch_size: int = 64
     """Examples per optimizer step (split into train.micro_batch_size forwards)."""
     lr: float = 1e-5
@@ -26,12 +26,20 @@ class SFTConfig:
     """Target text, with {answer} replaced by the example's answer; EOS is appended."""
     target_accuracy: float | None = None
     """Stop once greedy dev accuracy reaches this (docs/algorithms.md 6.0); null = run all steps."""
+    target_format_errors: float | None = None
+    """Stop once the share of format errors among the greedy dev replies is at most this (wrong by the rewards
+    and right by eval.blind_grader, or no answer extracted); with target_accuracy too, once both are reached;
+    null = not a stop."""
     check_every: int = 25
-    """Steps between dev-accuracy checks."""
+    """Steps between dev checks (target_accuracy, target_format_errors)."""
     dev_size: int = 200
-    """Training examples set aside, never trained on, to check target_accuracy."""
+    """Training examples set aside, never trained on, to check the targets."""
     output_dir: str = ""
     """Model folder the result is saved to; empty = <log.output_dir>/<log.run_name>/sft."""
+
+    def __post_init__(self) -> None:
+        if self.target_format_errors is not None and not 0 <= self.target_format_errors < 1:
+            raise ConfigError("sft.target_format_errors must be in [0, 1) (e.g. 0.05), or null")
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,13 @@ class ClaimsConfig:
     """Claim 5: optim.lr of the runs on the reward model (a larger one pushes further); null = optim.lr."""
     hacking_steps: int = 0
     """Claim 5: steps of each run on the reward model; 0 = train.num_steps."""
+    warm_start: bool = False
+    """Stage 0: ``grpolab sft`` of model.name_or_path on the task's answer format (the sft: section; sft.steps
+    is its budget, sft.target_format_errors its stop), as DeepSeekMath's RL starts from its Instruct model; the
+    warm-started model is then the start of every experiment. false = start from model.name_or_path."""
+    seeds: int = 1
+    """Claims 1 and 2: each training run once per seed (seed, seed + 1, ...), the ratios reported as mean and
+    range; claims 3, 4 and 5 read the first seed's GRPO run."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -151,6 +166,7 @@ class ClaimsConfig:
             (not self.hacking_betas or min(self.hacking_betas) < 0, "claims.hacking_betas: give betas >= 0, e.g. [0.0, 0.04]"),
             (self.hacking_lr is not None and not self.hacking_lr > 0, "claims.hacking_lr must be > 0 (or null)"),
             (self.hacking_steps < 0, "claims.hacking_steps must be >= 0 (0 = train.num_steps)"),
+            (self.seeds < 1, "claims.seeds must be >= 1 (e.g. 3: seed, seed + 1, seed + 2)"),
         ]
         for bad, message in checks:
             if bad:

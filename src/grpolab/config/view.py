@@ -23,7 +23,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "eval": ("model", "data", "rollout", "reward", "eval", "log", "seed"),
     "train-rm": ("reward_model", "log", "seed"),
     "serve": ("model", "data", "rollout", "vllm", "seed"),
-    "claims": (*_RUN, "reward_model", "claims"),
+    "claims": (*_RUN, "vllm", "sft", "reward_model", "claims"),
 }
 """Verb -> the top-level config keys it reads."""
 

@@ -16,7 +16,10 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-__all__ = ["mean_at_n", "maj_at_k", "pass_at_k", "curve_means", "pass_maj_curves", "pass_maj_per_problem"]
+__all__ = [
+    "blind_vote_keys", "curve_means", "format_errors", "maj_at_k", "mean_at_n", "pass_at_k", "pass_maj_curves",
+    "pass_maj_per_problem",
+]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -125,3 +128,22 @@ def pass_maj_curves(
 def curve_means(values: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
     """The mean over problems of each list pass_maj_per_problem returns."""
     return {kind: {k: sum(v) / len(v) for k, v in by_k.items()} for kind, by_k in values.items()}
+
+
+def format_errors(correct: Sequence[bool], answers: Sequence[str], blind: Sequence[bool] | None = None) -> list[bool]:
+    """[n] True where a sample failed on format: wrong by the rewards, and right by the format-blind grader
+    (``blind``) or with no answer extracted (an empty ``answers`` entry)."""
+    if len(correct) != len(answers) or (blind is not None and len(blind) != len(correct)):
+        raise ValueError(f"format_errors: {len(correct)} grades, {len(answers)} answers, {len(blind or [])} blind grades")
+    return [
+        not ok and (not a or (blind is not None and bool(b)))
+        for ok, a, b in zip(correct, answers, blind if blind is not None else [False] * len(correct), strict=True)
+    ]
+
+
+def blind_vote_keys(answers: Sequence[str], blind: Sequence[bool], reference: str) -> list[str]:
+    """[n] Maj@K vote keys under a format-blind grader: ``reference`` for a sample it grades right (the answer
+    was there, however written), else the sample's extracted ``answers`` entry; an extracted answer equal to the
+    reference on a sample graded wrong votes apart, so that one key never holds both grades."""
+    keys = [reference if ok else a for a, ok in zip(answers, blind, strict=True)]
+    return [k + " [graded wrong]" if k == reference and not ok else k for k, ok in zip(keys, blind, strict=True)]

@@ -150,22 +150,24 @@ def summary_sentence(before: ModelEval, after: ModelEval) -> str:
 
 
 def pass_maj_table(evals: Sequence[ModelEval]) -> str:
-    """A markdown table: one row per (model, metric), one column per K."""
+    """A markdown table: one row per (model, metric), one column per K; with eval.blind_grader, its rows too."""
     ks = sorted(set.intersection(*(set(e.ks) for e in evals)))
     lines = ["| | " + " | ".join(f"K={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
-    for metric, attr in (("pass", "pass_at"), ("maj", "maj_at")):
+    for metric, attr in (("pass", "pass_at"), ("maj", "maj_at"), ("blind pass", "blind_pass_at"), ("blind maj", "blind_maj_at")):
         for e in evals:
             values = getattr(e, attr)
-            lines.append(f"| {e.label} {metric}@K | " + " | ".join(f"{values[k]:.3f}" for k in ks) + " |")
+            if values:
+                lines.append(f"| {e.label} {metric}@K | " + " | ".join(f"{values[k]:.3f}" for k in ks) + " |")
     return "\n".join(lines)
 
 
 def summary_table(evals: Sequence[ModelEval]) -> str:
-    lines = ["| model | greedy | pass@1 | mean length | eval time |", "|---|---|---|---|---|"]
+    lines = ["| model | greedy | pass@1 | format errors | mean length | eval time |", "|---|---|---|---|---|---|"]
     for e in evals:
         greedy = "-" if e.greedy_accuracy is None else f"{e.greedy_accuracy:.3f}"
+        errors = "-" if e.format_error_share is None else f"{e.format_error_share:.3f}"
         lines.append(
-            f"| {e.label} | {greedy} | {e.pass_at[1]:.3f} | {e.mean_length:.2f} | {e.seconds:.1f} s |"
+            f"| {e.label} | {greedy} | {e.pass_at[1]:.3f} | {errors} | {e.mean_length:.2f} | {e.seconds:.1f} s |"
         )
     return "\n".join(lines)
 

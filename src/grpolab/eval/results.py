@@ -40,6 +40,20 @@ class ModelEval:
     per_prompt: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     """{"pass": {K: [pass@K of each prompt]}, "maj": {...}}, prompts in held-out order: what an interval over
     prompts resamples (grpolab.eval.intervals); {} in files written before it existed."""
+    blind_grader: str | None = None
+    """eval.blind_grader: the format-blind grading of the blind_* fields; None = none (they are empty)."""
+    blind_pass_at: dict[int, float] = field(default_factory=dict)
+    """K -> mean pass@K when the blind grader decides what is right."""
+    blind_maj_at: dict[int, float] = field(default_factory=dict)
+    """K -> mean maj@K under the blind grader (its vote keys: eval.metrics.blind_vote_keys)."""
+    blind_per_prompt: dict[str, dict[int, list[float]]] = field(default_factory=dict)
+    """As per_prompt, under the blind grader."""
+    format_error_share: float | None = None
+    """Share of the sampled completions that failed on format (eval.metrics.format_errors)."""
+    greedy_blind_accuracy: float | None = None
+    """Greedy accuracy under the blind grader."""
+    greedy_format_error_share: float | None = None
+    """Share of the greedy completions that failed on format."""
 
     @property
     def ks(self) -> list[int]:
@@ -47,21 +61,23 @@ class ModelEval:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["pass_at"] = {str(k): v for k, v in self.pass_at.items()}
-        data["maj_at"] = {str(k): v for k, v in self.maj_at.items()}
-        data["per_prompt"] = {kind: {str(k): v for k, v in by_k.items()} for kind, by_k in self.per_prompt.items()}
+        for curve in ("pass_at", "maj_at", "blind_pass_at", "blind_maj_at"):
+            data[curve] = {str(k): v for k, v in getattr(self, curve).items()}
+        for per in ("per_prompt", "blind_per_prompt"):
+            data[per] = {kind: {str(k): v for k, v in by_k.items()} for kind, by_k in getattr(self, per).items()}
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelEval:
+        """Read back; the fields a file written before them lacks take their defaults."""
         data = dict(data)
-        data["pass_at"] = {int(k): float(v) for k, v in data["pass_at"].items()}
-        data["maj_at"] = {int(k): float(v) for k, v in data["maj_at"].items()}
+        for curve in ("pass_at", "maj_at", "blind_pass_at", "blind_maj_at"):
+            data[curve] = {int(k): float(v) for k, v in data.get(curve, {}).items()}
         data["gold_mean"] = {k: math.nan if v is None else v for k, v in data.get("gold_mean", {}).items()}
-        data["per_prompt"] = {
-            kind: {int(k): [float(x) for x in v] for k, v in by_k.items()}
-            for kind, by_k in data.get("per_prompt", {}).items()
-        }
+        for per in ("per_prompt", "blind_per_prompt"):
+            data[per] = {
+                kind: {int(k): [float(x) for x in v] for k, v in by_k.items()} for kind, by_k in data.get(per, {}).items()
+            }
         return cls(**data)
 
 

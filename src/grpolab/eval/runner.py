@@ -12,6 +12,11 @@ Where this departs from a plain definition, and why:
   (the extraction math_accuracy grades). If
   the rewards grade the same answer string both correct and wrong (a format or length term decides),
   the wrong ones vote for a separate key, so votes never mix grades and maj@1 equals pass@1.
+* With ``eval.blind_grader`` (e.g. answer_anywhere) every sample is graded a second time, blind to format, and
+  Pass@K / Maj@K are computed under both gradings. Under the blind one a sample it grades right votes for the
+  reference answer (it was there, however written), any other for its extracted answer (metrics.blind_vote_keys).
+  A format error is a sample wrong by the rewards and right by the blind grader, or with no answer extracted
+  (metrics.format_errors); their share is reported for the sampled and the greedy replies.
 """
 
 from __future__ import annotations
@@ -23,13 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
-from grpolab.config import Config
+from grpolab.config import Config, ConfigError
 from grpolab.distributed import dist
-from grpolab.eval.metrics import curve_means, pass_maj_per_problem
+from grpolab.eval.metrics import blind_vote_keys, curve_means, format_errors, pass_maj_per_problem
 from grpolab.eval.results import ModelEval
 from grpolab.models.loading import resolve_autocast
 from grpolab.progress import Progress
-from grpolab.rewards import WeightedReward, build_rewards, score_batch
+from grpolab.rewards import WeightedReward, build_reward, build_rewards, score_batch
 from grpolab.rewards.math_answer import prediction_text
 from grpolab.rollout.base import NonFiniteLogits, without_failures
 from grpolab.rollout.engines import build_sampler
@@ -51,11 +56,13 @@ class Grader:
     timeout_s: float | None
     gold: Sequence[WeightedReward] = ()
     """reward.gold: scored on the same samples and reported (ModelEval.gold_mean), never grading them."""
+    blind: WeightedReward | None = None
+    """eval.blind_grader: the second, format-blind grading (a sample is right when it scores above 0.5)."""
 
     @classmethod
     def from_config(cls, cfg: Config) -> Grader:
         rewards = build_rewards(cfg)  # the same checks and messages as train
-        return cls(rewards, cfg.eval.correct_threshold, cfg.reward.timeout_s, build_gold_rewards(cfg))
+        return cls(rewards, cfg.eval.correct_threshold, cfg.reward.timeout_s, build_gold_rewards(cfg), blind_grader(cfg))
 
     def grade(self, completions: Completions, examples: Sequence[Example]) -> tuple[list[bool], list[float]]:
         """([N] correct, [N] total reward, None read as 0) for prompt-major completions of ``examples``."""
@@ -73,6 +80,17 @@ class Grader:
         scores = score_batch(self.gold, completions.items(), repeated, timeout_s=self.timeout_s)
         return {**scores.components, "gold_total": scores.total}
 
+    def grade_all(self, completions: Completions, examples: Sequence[Example]) -> Graded:
+        """Both gradings and the extracted answers of prompt-major completions of ``examples``."""
+        correct, totals = self.grade(completions, examples)
+        blind = None
+        if self.blind is not None:
+            repeated = [e for e in examples for _ in range(completions.num_generations)]
+            scores = score_batch([self.blind], completions.items(), repeated, timeout_s=self.timeout_s).total
+            blind = [t is not None and t > 0.5 for t in scores]
+        texts = list(completions.texts)
+        return Graded(texts, correct, totals, blind, [self.answer(t) for t in texts])
+
     def answer(self, text: str) -> str:
         """The final answer a sample votes for (module docstring)."""
         for wr in self.rewards:
@@ -80,6 +98,60 @@ class Grader:
             if extract is not None:
                 return (extract(text) or "").strip()
         return prediction_text(text)[0].strip()
+
+
+def blind_grader(cfg: Config) -> WeightedReward | None:
+    """eval.blind_grader built (None when null); a bad name is one line naming the key."""
+    name = cfg.eval.blind_grader
+    if name is None:
+        return None
+    try:
+        return build_reward(name)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"eval.blind_grader={name!r}: {err}") from err
+
+
+@dataclass(frozen=True)
+class Graded:
+    """Completions graded, [N] each, prompt-major."""
+
+    texts: list[str]
+    correct: list[bool]
+    """By the rewards (total above eval.correct_threshold)."""
+    totals: list[float]
+    blind: list[bool] | None
+    """By eval.blind_grader; None without one."""
+    answers: list[str]
+    """The extracted answer each sample votes for ("" when none)."""
+
+    @classmethod
+    def joined(cls, parts: Sequence[Graded]) -> Graded:
+        """Batches graded one after another, as one."""
+
+        def cat(name: str) -> list:
+            return [x for part in parts for x in getattr(part, name)]
+
+        blind = None if any(part.blind is None for part in parts) else cat("blind")
+        return cls(cat("texts"), cat("correct"), cat("totals"), blind, cat("answers"))
+
+    @property
+    def format_errors(self) -> list[bool]:
+        return format_errors(self.correct, self.answers, self.blind)
+
+    def votes(self, examples: Sequence[Example], n: int) -> tuple[list[tuple], list[tuple]]:
+        """Per prompt, (vote keys [n], correct [n]) by the rewards and by the blind grader ([] without one)."""
+        strict, blind = [], []
+        for p, example in enumerate(examples):
+            rows = slice(p * n, (p + 1) * n)
+            strict.append((vote_keys(self.answers[rows], self.correct[rows], _same), self.correct[rows]))
+            if self.blind is not None:
+                reference = str(example.answer).strip()
+                blind.append((blind_vote_keys(self.answers[rows], self.blind[rows], reference), self.blind[rows]))
+        return strict, blind
+
+
+def _same(text: str) -> str:
+    return text
 
 
 def default_ks(n: int) -> list[int]:
@@ -109,66 +181,42 @@ def greedy_sampler(cfg: Config, model, tok):
     return build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=amp, temperature=0.0)
 
 
-def greedy_decode(
-    sampler, prompt_ids, examples, grader: Grader, *, batch: int = 256
-) -> tuple[list[bool], list[str]]:
-    """([P] correct, [P] text) of the greedy completion of every prompt, by a ``greedy_sampler``."""
-    correct: list[bool] = []
-    texts: list[str] = []
+def greedy_decode(sampler, prompt_ids, examples, grader: Grader, *, batch: int = 256) -> Graded:
+    """The greedy completion of every prompt ([P] each), by a ``greedy_sampler``, graded."""
+    parts = []
     for start in range(0, len(prompt_ids), batch):
         comps = without_failures(sampler.sample(prompt_ids[start : start + batch], num_generations=1), "greedy eval")
-        c, _ = grader.grade(comps, examples[start : start + batch])
-        correct += c
-        texts += comps.texts
-    return correct, texts
+        parts.append(grader.grade_all(comps, examples[start : start + batch]))
+    return Graded.joined(parts)
 
 
 def evaluate_model(
     model, tok, prompt_ids, examples, grader: Grader, cfg: Config, *, label: str, path: str, progress: bool
 ) -> ModelEval:
-    """Pass@K, Maj@K, greedy accuracy and mean length of one loaded model."""
+    """Pass@K and Maj@K (under the rewards and, with one, eval.blind_grader), greedy accuracy and mean length
+    of one loaded model."""
     t0 = time.perf_counter()
-    device = next(model.parameters()).device
-    amp = resolve_autocast(cfg.model, device)
-    n, chunk = cfg.eval.num_samples, cfg.eval.prompts_per_batch
-    sampler = build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=amp, temperature=cfg.eval.temperature)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)
-    per_problem, texts, lengths, totals = [], [], [], []
-    gold: dict[str, list] = {}
+    n, ks = cfg.eval.num_samples, cfg.eval.ks or default_ks(cfg.eval.num_samples)
     mine = dist.my_range(len(examples))  # under torchrun each rank samples its share of the prompts
-    log.info("eval %s: rank %d samples prompts %d..%d of %d", label, dist.world().rank, mine.start, mine.stop - 1, len(examples))
-    bar = Progress(total=len(examples), enabled=progress and dist.is_main(), title=f"eval {label}", unit="prompt")
-    for start in range(mine.start, mine.stop, chunk):
-        stop = min(start + chunk, mine.stop)
-        try:
-            comps = without_failures(sampler.sample(prompt_ids[start:stop], num_generations=n, generator=generator), f"eval of {label}")
-        except NonFiniteLogits as err:  # the model and what is evaluated, on one line
-            raise NonFiniteLogits(f"eval of {label} ({path}): {err}; no eval.json entry was written for it") from err
-        correct, total = grader.grade(comps, examples[start:stop])
-        for p in range(len(comps.texts) // n):
-            rows = slice(p * n, (p + 1) * n)
-            per_problem.append((vote_keys(comps.texts[rows], correct[rows], grader.answer), correct[rows]))
-        texts += comps.texts
-        lengths += comps.lengths.tolist()
-        totals += total
-        for name, values in grader.gold_scores(comps, examples[start:stop]).items():
-            gold.setdefault(name, []).extend(values)
-        bar.update(stop)
-    bar.close()
-    sampler.close()
-    per_problem, texts, lengths, totals = dist.gather_lists(per_problem, texts, lengths, totals)
+    graded, lengths, gold = _sample_graded(model, tok, prompt_ids, examples, grader, cfg, mine, label, path, progress)
+    strict, blind = graded.votes(examples[mine.start : mine.stop], n)
+    per_problem, blind_problem, texts, lengths, totals, errors = dist.gather_lists(
+        strict, blind, graded.texts, lengths, graded.totals, graded.format_errors
+    )
     names = [wr.name for wr in grader.gold] + (["gold_total"] if grader.gold else [])  # the same on every rank
     gold = dict(zip(names, dist.gather_lists(*[gold.get(name, []) for name in names]), strict=True))
-    values = pass_maj_per_problem(per_problem, cfg.eval.ks or default_ks(n))
+    values = pass_maj_per_problem(per_problem, ks)
     curves = curve_means(values)
-    greedy_ok, greedy_texts = None, None
+    blind_values = pass_maj_per_problem(blind_problem, ks) if grader.blind is not None else {}
+    blind_curves = curve_means(blind_values) if blind_values else {"pass": {}, "maj": {}}
+    greedy = None
     if cfg.eval.greedy:
-        greedy = greedy_sampler(cfg, model, tok)
-        greedy_ok, greedy_texts = greedy_decode(
-            greedy, prompt_ids[mine.start : mine.stop], examples[mine.start : mine.stop], grader
+        sampler = greedy_sampler(cfg, model, tok)
+        greedy = greedy_decode(sampler, prompt_ids[mine.start : mine.stop], examples[mine.start : mine.stop], grader)
+        sampler.close()
+        greedy_ok, greedy_texts, greedy_blind, greedy_errors = dist.gather_lists(
+            greedy.correct, greedy.texts, greedy.blind or [], greedy.format_errors
         )
-        greedy.close()
-        greedy_ok, greedy_texts = dist.gather_lists(greedy_ok, greedy_texts)
     return ModelEval(
         label=label,
         path=path,
@@ -177,14 +225,50 @@ def evaluate_model(
         temperature=cfg.eval.temperature,
         pass_at=curves["pass"],
         maj_at=curves["maj"],
-        greedy_accuracy=None if greedy_ok is None else sum(greedy_ok) / len(greedy_ok),
-        mean_length=sum(lengths) / len(lengths),
-        reward_mean=sum(totals) / len(totals),
+        greedy_accuracy=None if greedy is None else _mean(greedy_ok),
+        mean_length=_mean(lengths),
+        reward_mean=_mean(totals),
         seconds=time.perf_counter() - t0,
-        samples=_sample_records(examples, texts, [c for _, c in per_problem], greedy_texts, n),
+        samples=_sample_records(examples, texts, [c for _, c in per_problem], None if greedy is None else greedy_texts, n),
         gold_mean={name: _mean(scores) for name, scores in gold.items()},
         per_prompt=values,
+        blind_grader=cfg.eval.blind_grader,
+        blind_pass_at=blind_curves["pass"],
+        blind_maj_at=blind_curves["maj"],
+        blind_per_prompt=blind_values,
+        format_error_share=_mean(errors),
+        greedy_blind_accuracy=_mean(greedy_blind) if greedy is not None and grader.blind is not None else None,
+        greedy_format_error_share=None if greedy is None else _mean(greedy_errors),
     )
+
+
+def _sample_graded(
+    model, tok, prompt_ids, examples, grader: Grader, cfg: Config, mine: range, label: str, path: str, progress: bool
+) -> tuple[Graded, list[int], dict[str, list]]:
+    """This rank's prompts (``mine``) sampled eval.num_samples times each and graded: (graded, [N] lengths,
+    gold reward name -> [N] scores)."""
+    device = next(model.parameters()).device
+    amp = resolve_autocast(cfg.model, device)
+    n, chunk = cfg.eval.num_samples, cfg.eval.prompts_per_batch
+    sampler = build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=amp, temperature=cfg.eval.temperature)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)
+    parts, lengths, gold = [], [], {}
+    log.info("eval %s: rank %d samples prompts %d..%d of %d", label, dist.world().rank, mine.start, mine.stop - 1, len(examples))
+    bar = Progress(total=len(examples), enabled=progress and dist.is_main(), title=f"eval {label}", unit="prompt")
+    for start in range(mine.start, mine.stop, chunk):
+        stop = min(start + chunk, mine.stop)
+        try:
+            comps = without_failures(sampler.sample(prompt_ids[start:stop], num_generations=n, generator=generator), f"eval of {label}")
+        except NonFiniteLogits as err:  # the model and what is evaluated, on one line
+            raise NonFiniteLogits(f"eval of {label} ({path}): {err}; no eval.json entry was written for it") from err
+        parts.append(grader.grade_all(comps, examples[start:stop]))
+        lengths += comps.lengths.tolist()
+        for name, values in grader.gold_scores(comps, examples[start:stop]).items():
+            gold.setdefault(name, []).extend(values)
+        bar.update(stop)
+    bar.close()
+    sampler.close()
+    return Graded.joined(parts), lengths, gold
 
 
 def _sample_records(examples, texts, correct, greedy_texts, n: int, shown: int = 8) -> list[dict]:

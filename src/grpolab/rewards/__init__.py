@@ -74,6 +74,7 @@ def _make_env_reward() -> Reward:
 REWARDS: dict[str, Callable[..., Reward]] = {
     "env": _make_env_reward,
     "exact_match": rules.make_exact_match,
+    "answer_anywhere": rules.make_answer_anywhere,
     "math_accuracy": make_math_accuracy,
     "r1_format": rules.make_r1_format,
     "soft_overlong": rules.make_soft_overlong,
@@ -86,7 +87,7 @@ REWARDS: dict[str, Callable[..., Reward]] = {
 
 
 IN_PROCESS = frozenset(
-    {"exact_match", "r1_format", "soft_overlong", "length_penalty", "truncation_penalty", "code_tests", "reward_model"}
+    {"exact_match", "answer_anywhere", "r1_format", "soft_overlong", "length_penalty", "truncation_penalty", "code_tests", "reward_model"}
 )
 """REWARDS that run in the trainer even with a timeout (rewards.timeouts): grpolab's rule rewards are short string
 code whose regexes run in linear time, code_tests kills its own sandboxes, the reward model needs the trainer's

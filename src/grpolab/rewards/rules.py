@@ -1,4 +1,4 @@
-"""Rule rewards: exact match, the DeepSeek-R1 format reward, and length shaping.
+"""Rule rewards: exact match, a format-blind answer check, the DeepSeek-R1 format reward, and length shaping.
 
 Each reward is a plain per-sample function ``fn(completion, example, **options) -> float``; the
 ``make_*`` factories check the options once and return the batched reward the registry builds.
@@ -8,6 +8,10 @@ Where the code departs from the papers, and why:
   the reasoning is not the final answer, and counting it would reward hedging in the think block.
 * ``r1_format`` allows empty think and answer blocks: R1 (arXiv 2501.12948, Sec. 2.2) defines the
   format reward by the tags alone; an empty answer still earns no accuracy reward.
+* ``answer_anywhere`` is not a training reward but a grader blind to format (``eval.blind_grader``): the
+  answer counts wherever it stands in the reply, reasoning included. Where the prompt itself holds the
+  answer ("What is 0 + 7?"), a number copied from the prompt cannot be told from an answer, so there only
+  the reply's last number (a non-numeric answer: its last line) counts.
 """
 
 from __future__ import annotations
@@ -95,6 +99,40 @@ def exact_match(completion: Completion, example: Example, *, extract: Extract = 
     return float(predicted is not None and predicted == gold)
 
 
+def _as_number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _numbers(text: str) -> list[float]:
+    return [v for n in _NUMBER_RE.findall(text) if (v := _as_number(n)) is not None]
+
+
+def _normalised(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+def answer_anywhere(completion: Completion, example: Example) -> float:
+    """1.0 when ``example.answer`` appears anywhere in the reply, whatever the format (module docstring).
+
+    A numeric answer is compared numerically with every number in the reply ("42.0" and "1,042" count for 42 and
+    1042); any other answer as a substring of the reply, both case-folded with whitespace collapsed.
+    """
+    gold = require_answer(example, "answer_anywhere").strip()
+    value = _as_number(gold)
+    if value is not None:
+        if value in _numbers(example.prompt):
+            return float(_numbers(final_region(completion.text))[-1:] == [value])
+        return float(value in _numbers(completion.text))
+    if not gold:
+        return 0.0
+    echoed = _normalised(gold) in _normalised(example.prompt)
+    region = (extract_last_line(final_region(completion.text)) or "") if echoed else completion.text
+    return float(_normalised(gold) in _normalised(region))
+
+
 def r1_format(completion: Completion, example: Example, *, prefilled_think: bool = False) -> float:
     """1.0 iff the text is ``<think>...</think> <answer>...</answer>``, one of each tag, nothing after.
 
@@ -141,6 +179,10 @@ def make_exact_match(*, extract: Extract = "answer_tag") -> PerSample:
     if extract == "last_number":  # evaluation votes on the number, not on the whole reply (eval.runner)
         reward.extract_answer = extract_last_number
     return reward
+
+
+def make_answer_anywhere() -> PerSample:
+    return per_sample(answer_anywhere, name="answer_anywhere")
 
 
 def make_r1_format(*, prefilled_think: bool = False) -> PerSample:

@@ -66,6 +66,8 @@ def engine_kwargs(
         kwargs["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
     if v.max_num_seqs is not None:
         kwargs["max_num_seqs"] = v.max_num_seqs
+    if v.block_size is not None:
+        kwargs["block_size"] = v.block_size
     if v.sleep_mode and not cpu:
         kwargs["enable_sleep_mode"] = True
     if dist.world().size > 1:
@@ -121,6 +123,10 @@ def check_vllm(cfg: Config, *, device_type: str) -> None:
         local_source(cfg.model.name_or_path), revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
     )
     check_max_model_len(cfg)
+    if device_type == "cpu" and cfg.vllm.block_size is not None and cfg.vllm.block_size % 32:
+        raise ConfigError(
+            f"vllm.block_size={cfg.vllm.block_size}: vLLM's CPU attention needs a multiple of 32 (e.g. 32), or null"
+        )
     _check_architecture(hf, device_type)
     _check_kv_cache(cfg, hf, device_type)
 

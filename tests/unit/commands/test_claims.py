@@ -6,13 +6,15 @@ import os
 
 import pytest
 
-from grpolab.commands.claims import check_claims, grpo_label, hacking_config, training_configs
+from grpolab.commands.claims import check_claims, hacking_config, training_configs
+from grpolab.commands.claims_data import g_run, run_name, seeds
+from grpolab.commands.claims_start import warm_start_config
 from grpolab.config import ClaimsConfig, ConfigError, load_config
 
 BASE = [
     "data.source=arithmetic", "data.size=90", "data.params={digits: 1}", "data.eval_size=8",
     "rollout.num_generations=4", "reward.functions=[{name: exact_match}]", "eval.num_samples=8",
-    "claims.group_sizes=[2, 4, 8]", "claims.eval_prompts=4", "optim.lr=1.0e-4",
+    "claims.group_sizes=[2, 4, 8]", "claims.eval_prompts=4", "optim.lr=1.0e-4", "eval.blind_grader=answer_anywhere",
 ]
 
 
@@ -23,15 +25,36 @@ def cfg(tiny_model_dir, tmp_path):
 
 def test_training_runs_share_everything_but_the_algorithm_and_g(cfg, tmp_path):
     runs = training_configs(cfg, tmp_path)
-    assert list(runs) == ["grpo", "ppo", "grpo_G2", "grpo_G8"]
+    assert list(runs) == ["grpo_s0", "ppo_s0", "grpo_G2_s0", "grpo_G8_s0"]
     assert [r.rollout.num_generations for r in runs.values()] == [4, 4, 2, 8]
-    assert runs["ppo"].algo.name == "ppo" and runs["ppo"].algo.needs_critic
+    assert runs["ppo_s0"].algo.name == "ppo" and runs["ppo_s0"].algo.needs_critic
     for run in runs.values():
         assert run.reward.gold == cfg.reward.functions  # the rule reward watched as gold: claim 5's contrast
         assert (run.train, run.data, run.seed, run.optim) == (cfg.train, cfg.data, cfg.seed, cfg.optim)
         assert run.run_dir == tmp_path / run.log.run_name
         assert run.claims == ClaimsConfig()  # a run does not read claims: changing them does not redo it
-    assert [grpo_label(cfg, n) for n in ("grpo", "grpo_G2")] == ["G4", "G2"]
+    assert [g_run(cfg, g, 0) for g in (2, 4)] == ["grpo_G2_s0", "grpo_s0"]  # claim 2's G=4 is claim 1's GRPO run
+
+
+def test_each_seed_trains_every_run_seed_major(tiny_model_dir, tmp_path):
+    cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}", *BASE, "seed=5", "claims.seeds=3",
+                             "claims.group_sizes=[2, 4]"])
+    runs = training_configs(cfg, tmp_path)
+    assert seeds(cfg) == [5, 6, 7] and list(runs)[:3] == ["grpo_s5", "ppo_s5", "grpo_G2_s5"]
+    assert sorted(runs) == sorted(run_name(n, s) for n in ("grpo", "ppo", "grpo_G2") for s in (5, 6, 7))
+    assert [runs[run_name("ppo", s)].seed for s in (5, 6, 7)] == [5, 6, 7]
+    assert {r.optim for r in runs.values()} == {cfg.optim}
+
+
+def test_the_warm_start_folder_names_what_it_reads(cfg, tmp_path):
+    """A changed SFT setting trains a new model in a new folder (later stages, stamped with the folder, redo);
+    a setting the SFT does not read leaves it."""
+    common = [f"model.name_or_path={cfg.model.name_or_path}", f"log.output_dir={tmp_path}", *BASE]
+    folder = warm_start_config(load_config(None, common)).sft_dir
+    assert folder.parent == tmp_path / "run" and folder.name.startswith("warm_start_")
+    assert warm_start_config(load_config(None, [*common, "train.num_steps=99", "claims.seeds=2"])).sft_dir == folder
+    for changed in ("sft.lr=3e-4", "sft.target_format_errors=0.2", "eval.blind_grader=null", "seed=1"):
+        assert warm_start_config(load_config(None, [*common, changed])).sft_dir != folder, changed
 
 
 def test_the_hacking_runs_train_on_the_reward_model_alone_and_watch_the_rule(cfg, tmp_path):
@@ -52,6 +75,9 @@ def test_the_hacking_runs_train_on_the_reward_model_alone_and_watch_the_rule(cfg
         ("claims.group_sizes=[2, 8]", "claims.group_sizes=[2, 8] must hold rollout.num_generations=4"),
         ("claims.eval_prompts=20", "data.eval_size >= claims.eval_prompts (8 < 20)"),
         ("claims.hard_params={digitz: 2}", "claims.hard_params={'digitz': 2} (the harder held-out kind): "),
+        ("eval.blind_grader=null", "claims needs eval.blind_grader (e.g. answer_anywhere)"),
+        ("eval.blind_grader=nope", "eval.blind_grader='nope': unknown reward"),
+        ("claims.warm_start=true", "claims.warm_start needs sft.target_format_errors"),
     ],
 )
 def test_bad_claims_settings_fail_before_any_model_loads(cfg, tiny_model_dir, override, message):
@@ -62,7 +88,9 @@ def test_bad_claims_settings_fail_before_any_model_loads(cfg, tiny_model_dir, ov
 
 
 @pytest.mark.parametrize(
-    "override", ["claims.group_sizes=[1, 4]", "claims.group_sizes=[4, 4]", "claims.hacking_betas=[-1]", "claims.rm_prompts=1"]
+    "override",
+    ["claims.group_sizes=[1, 4]", "claims.group_sizes=[4, 4]", "claims.hacking_betas=[-1]", "claims.rm_prompts=1",
+     "claims.seeds=0"],
 )
 def test_out_of_range_claims_keys_are_config_errors(override):
     with pytest.raises(ConfigError, match="claims."):
@@ -74,9 +102,9 @@ def test_each_training_run_is_its_algorithms_fresh_load(tiny_model_dir, tmp_path
     """PPO runs PPO's preset (2 minibatches) where the user left a field unset, and keeps what the user set."""
     common = [f"model.name_or_path={tiny_model_dir}", f"log.output_dir={tmp_path}", *BASE, *user]
     runs = training_configs(load_config(None, common), tmp_path)
-    for run_name, algo in (("grpo", "grpo"), ("ppo", "ppo"), ("grpo_G2", "grpo")):
-        assert runs[run_name].algo == load_config(None, [*common, f"algo.name={algo}"]).algo, run_name
-    assert runs["ppo"].algo.num_minibatches == 2
+    for name, algo in (("grpo_s0", "grpo"), ("ppo_s0", "ppo"), ("grpo_G2_s0", "grpo")):
+        assert runs[name].algo == load_config(None, [*common, f"algo.name={algo}"]).algo, name
+    assert runs["ppo_s0"].algo.num_minibatches == 2
     if user:
         assert {(r.algo.mu, r.algo.beta) for r in runs.values()} == {(2, 0.02)}
 
@@ -145,14 +173,14 @@ def test_the_runs_on_a_retrained_reward_model_are_trained_again(cfg, tmp_path, m
         (run.run_dir / "config.yaml").write_text("the run's config")
 
     trained()
-    claims._hacking(cfg, data, rm)
+    claims._hacking_runs(cfg, data, rm)
     assert not (run.run_dir / "config.yaml").exists()  # no stamp yet: not read back
     assert seen[-1].log.overwrite  # claims' own runs: a changed setting trains them again, no refusal
     trained()
-    claims._hacking(cfg, data, rm)
+    claims._hacking_runs(cfg, data, rm)
     assert (run.run_dir / "config.yaml").exists()  # the same reward model: read back
     _retrained(rm)
-    claims._hacking(cfg, data, rm)
+    claims._hacking_runs(cfg, data, rm)
     assert not (run.run_dir / "config.yaml").exists()
 
 
@@ -181,8 +209,9 @@ def test_a_training_stage_is_read_back_only_from_the_same_starting_weights(cfg, 
 
     monkeypatch.setattr(claims, "train_in_child", train_in_child)
     monkeypatch.setattr(claims, "finished", lambda run_cfg: True)  # its config and metrics: the same run
-    run = claims.training_configs(cfg, tmp_path)["grpo"]
+    name = claims.run_name("grpo", cfg.seed)
+    run = claims.training_configs(cfg, tmp_path)[name]
     claims._train(run, tmp_path, "start@1")
-    assert claims._train(run, tmp_path, "start@1").wall_s == 1.5 and trained == ["grpo"]  # read back
+    assert claims._train(run, tmp_path, "start@1").wall_s == 1.5 and trained == [name]  # read back
     claims._train(run, tmp_path, "start@2")  # the starting model changed at the same path
-    assert trained == ["grpo", "grpo"]
+    assert trained == [name, name]

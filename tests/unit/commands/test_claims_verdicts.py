@@ -12,6 +12,9 @@ from grpolab.commands.claims_verdicts import (
     kl_verdict,
     overall,
     pass_maj_verdict,
+    pooled_groups,
+    sharpening_verdict,
+    spread,
 )
 from grpolab.commands.hacking_analysis import analyse
 from grpolab.eval.intervals import Interval
@@ -22,32 +25,64 @@ PPO = {"models_loaded": ["policy", "reference", "value"], "params_policy": 100, 
        "peak_mem_mb": 1500.0, "time_step_s": 16.0}
 
 
-def test_the_critic_claim_holds_when_ppo_pays_for_exactly_one_more_model():
-    v = critic_verdict(GRPO, PPO, [0.1, 0.2, 0.3])
+def test_a_spread_is_the_mean_and_range_over_seeds_nan_left_out():
+    sp = spread([1.5, 2.0, float("nan"), 1.0])
+    assert (sp.mean, sp.low, sp.high, sp.n) == (1.5, 1.0, 2.0, 3)
+    assert sp.text() == "1.50 (1.00 to 2.00)" and spread([0.25]).text(".3f") == "0.250"
+    assert spread([float("nan")]).n == 0
+
+
+def test_the_critic_claim_holds_when_ppo_pays_for_exactly_one_more_model_in_every_seed():
+    v = critic_verdict([GRPO], [PPO], [[0.1, 0.2, 0.3]])
     assert v.word == HELD
-    assert "GRPO loaded 2 models, PPO 3" in v.sentence and "500 MB" in v.sentence and "+60%" in v.sentence
-    assert "was 0.30 (below 0.5: hard to fit)" in v.sentence
+    assert "GRPO loaded 2 models, PPO 3" in v.sentence and "1.50x GRPO's (+500 MB)" in v.sentence
+    assert "time per step 1.60x, over 1 seed(s)" in v.sentence and "was 0.30 (below 0.5: hard to fit)" in v.sentence
+    # three seeds: memory 1.5, 1.2, 1.8x; time 1.6, 1.3, 1.9x -> means 1.50 and 1.60 with their ranges
+    ppos = [PPO, {**PPO, "peak_mem_mb": 1200.0, "time_step_s": 13.0}, {**PPO, "peak_mem_mb": 1800.0, "time_step_s": 19.0}]
+    v = critic_verdict([{**GRPO, "seed": s} for s in range(3)], ppos, [[0.2], [0.4], [0.9]])
+    assert v.word == HELD and "1.50 (1.20 to 1.80)x GRPO's (+500 (+200 to +800) MB)" in v.sentence
+    assert "1.60 (1.30 to 1.90)x, over 3 seed(s)" in v.sentence and "was 0.50 (0.20 to 0.90)" in v.sentence
 
 
-def test_the_critic_claim_fails_on_memory_or_on_a_second_extra_model():
-    v = critic_verdict(GRPO, {**PPO, "peak_mem_mb": 900.0}, [0.9])
-    assert v.word == NOT_HELD and "peak memory was not above" in v.sentence and "hard to fit" not in v.sentence
-    v = critic_verdict(GRPO, {**PPO, "models_loaded": ["policy", "reference", "value", "reward"]}, [])
+def test_the_critic_claim_fails_on_memory_in_one_seed_or_on_a_second_extra_model():
+    grpos = [{**GRPO, "seed": s} for s in (0, 1)]
+    v = critic_verdict(grpos, [PPO, {**PPO, "peak_mem_mb": 900.0}], [[0.9], [0.9]])
+    assert v.word == NOT_HELD and "seed 1: PPO's peak memory was not above GRPO's (900 vs 1000 MB)" in v.sentence
+    assert "seed 0" not in v.sentence and "hard to fit" not in v.sentence
+    v = critic_verdict([GRPO], [{**PPO, "models_loaded": ["policy", "reference", "value", "reward"]}], [[]])
     assert v.word == NOT_HELD and "no explained variance was logged" in v.sentence
 
 
-def _g(g, t, mem, zero, gain, groups=80):
-    return {"g": g, "time_step_s": t, "peak_mem_mb": mem, "zero_spread": zero, "gain_per_min": gain, "groups": groups}
+def _g(g, t, mem, zero, gain, groups=80, seed=0, gen=None):
+    return {"g": g, "time_step_s": t, "peak_mem_mb": mem, "zero_spread": zero, "gain_per_min": gain, "groups": groups,
+            "seed": seed, "time_generation_s": t / 2 if gen is None else gen}
 
 
 def test_the_group_claim_reads_the_price_and_the_signal_and_names_the_best_g():
     rows = [_g(16, 30.0, 3000, 0.1, 0.01), _g(4, 9.0, 2000, 0.5, 0.02), _g(8, 16.0, 2500, 0.3, 0.03)]
     v = group_verdict(rows)
-    assert v.word == HELD and "G=[4, 8, 16]: 9.0, 16.0, 30.0 s per step" in v.sentence and "was G=8" in v.sentence
+    assert v.word == HELD and "G=[4, 8, 16], over 1 seed(s) (mean, and range): 9.0, 16.0, 30.0 s per step, of which " \
+        "generation 4.5, 8.0, 15.0 s; 2000, 2500, 3000 MB peak" in v.sentence
+    assert "was G=8" in v.sentence
     v = group_verdict([_g(4, 9.0, 2000, 0.2, 0.0), _g(8, 16.0, 2500, 0.4, 0.0)])  # +0.2, se 0.071: 2.8 se
     assert v.word == NOT_HELD and "rose from G=4 to 8 by more than 2 standard errors" in v.sentence
     noise = group_verdict([_g(4, 9.0, 2000, 0.53, 0.0), _g(8, 16.0, 2500, 0.56, 0.0)])  # +0.03, se 0.079
     assert noise.word == HELD and "0.53, 0.56 of the groups" in noise.sentence
+
+
+def test_the_group_claim_over_seeds_pools_the_groups_and_checks_every_seed():
+    rows = [_g(4, 9.0, 2000, 0.50, 0.02, seed=0), _g(8, 16.0, 2500, 0.30, 0.04, seed=0),
+            _g(4, 11.0, 2100, 0.40, 0.00, groups=40, seed=1), _g(8, 18.0, 2600, 0.35, 0.02, groups=40, seed=1)]
+    # pooled shares: G=4 (0.5 * 80 + 0.4 * 40) / 120 = 0.4667; G=8 (0.3 * 80 + 0.35 * 40) / 120 = 0.3167
+    assert [round(p["zero_spread"], 4) for p in pooled_groups(rows)] == [0.4667, 0.3167]
+    assert [p["groups"] for p in pooled_groups(rows)] == [120, 120]
+    v = group_verdict(rows)
+    assert v.word == HELD and "10.0 (9.0 to 11.0), 17.0 (16.0 to 18.0) s per step" in v.sentence
+    assert "0.47, 0.32 of the groups without reward spread (120, 120 groups)" in v.sentence
+    assert "G=8 (+0.030 (+0.020 to +0.040) per min)" in v.sentence
+    flat = group_verdict([*rows[:2], _g(4, 11.0, 2700, 0.4, 0.0, seed=1, gen=5.0), _g(8, 18.0, 2600, 0.35, 0.0, seed=1, gen=4.0)])
+    assert flat.word == NOT_HELD and "generation time per step did not rise with G in seed 1" in flat.sentence
+    assert "peak memory" not in flat.sentence.split("because")[1].split("(")[0]  # memory falling is reported, not judged
 
 
 def _kl(**kw):
@@ -99,3 +134,26 @@ def test_hacking_holds_when_the_gold_falls_as_the_proxy_rises():
     assert v.word == HELD and "in rm" in v.sentence and "gold 0.200 -> 0.600" in v.sentence
     v = hacking_verdict({"rm": honest}, None)
     assert v.word == NOT_HELD and "sqrt(KL) 1.41" in v.sentence
+
+
+WARM = {"steps": 300, "budget": 300, "dev_format_errors": 0.2, "target_format_errors": 0.05, "reached": False}
+
+
+def test_sharpening_is_judged_on_the_format_blind_grading_with_the_reward_s_verdicts_reported():
+    blind = [pass_maj_verdict("A, format-blind", 64, 0.6, iv(0.2, 0.1, 0.3), iv(0.0, -0.05, 0.05))]
+    strict = [pass_maj_verdict("A, task reward", 64, 0.3, iv(0.2, 0.1, 0.3), iv(0.3, 0.2, 0.4))]
+    v = sharpening_verdict(blind, strict, None, 0.0123)
+    assert v.word == HELD  # the task reward's "not held" (format fixed) does not decide
+    assert "Format-blind grading: A, format-blind: maj@64 rose" in v.sentence
+    assert "pass@64 rose too; maj@64 +0.200 [+0.100, +0.300], pass@64 +0.300 [+0.200, +0.400]" in v.sentence
+    assert "[not held]" in v.sentence and "moved 0.0123 nats per token (exact KL)" in v.sentence
+    assert sharpening_verdict(blind, strict, {**WARM, "reached": True}, None).word == HELD
+    stuck = sharpening_verdict(blind, strict, WARM, None)
+    assert stuck.word == INCONCLUSIVE and "ran 300 of its 300 steps and left 0.200" in stuck.sentence
+    assert "above the target 0.05" in stuck.sentence
+
+
+def test_a_verdict_states_its_setup():
+    v = pass_maj_verdict("A", 64, 0.6, iv(0.2, 0.1, 0.3), iv(0.0, -0.05, 0.05))
+    assert str(v).endswith("(95% paired bootstrap over prompts; base pass@64 0.600).")
+    assert str(type(v)(v.word, v.sentence, "SmolLM2; 3 seeds")).endswith("Measured on: SmolLM2; 3 seeds.")

@@ -26,6 +26,7 @@ def results(tiny_model_dir, tmp_path_factory):
             "rollout.max_completion_length=5",
             "eval.num_samples=8",
             "eval.prompts_per_batch=4",
+            "eval.blind_grader=answer_anywhere",
             f"eval.output_dir={out}",
             "log.progress=false",
         ],
@@ -63,3 +64,22 @@ def test_gold_rewards_score_the_same_samples_without_grading_them(results):
     assert json.loads((out / "eval.json").read_text())[0]["gold_mean"]["length_penalty"] == pytest.approx(
         evals[0].reward_mean
     )
+
+
+def test_the_blind_grader_grades_the_same_samples_a_second_time(results):
+    evals, out = results
+    for e in evals:
+        assert e.blind_grader == "answer_anywhere" and sorted(e.blind_pass_at) == e.ks == sorted(e.blind_maj_at)
+        assert len(e.blind_per_prompt["pass"][8]) == 6 and 0 <= e.format_error_share <= 1
+        assert e.greedy_blind_accuracy is not None and e.greedy_format_error_share is not None
+    assert evals[0].blind_pass_at == evals[1].blind_pass_at  # same samples, same grades
+    assert set(json.loads((out / "eval.json").read_text())[0]["blind_maj_at"]) == {"1", "2", "4", "8"}
+
+
+def test_an_unknown_blind_grader_is_one_config_error():
+    from grpolab.config import ConfigError
+    from grpolab.eval.runner import Grader
+
+    cfg = load_config(None, ["reward.functions=[{name: exact_match}]", "eval.blind_grader=answer_anywher"])
+    with pytest.raises(ConfigError, match="eval.blind_grader='answer_anywher': unknown reward .*answer_anywhere"):
+        Grader.from_config(cfg)

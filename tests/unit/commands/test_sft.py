@@ -50,14 +50,64 @@ def _cfg(model_dir, out, *extra):
 
 
 def test_stops_at_the_first_check_that_reaches_the_target(tiny_model_dir, tmp_path, monkeypatch):
-    accuracies = iter([0.1, 0.4, 0.7, 0.9])
-    monkeypatch.setattr(sft_module, "dev_checker", lambda *a: lambda: next(accuracies))
+    checks = iter(sft_module.DevCheck(a, 0.5) for a in [0.1, 0.4, 0.7, 0.9])
+    monkeypatch.setattr(sft_module, "dev_checker", lambda *a: lambda: next(checks))
     result = sft_module.sft(_cfg(tiny_model_dir, tmp_path, "sft.steps=20", "sft.target_accuracy=0.6"))
     assert result.steps == 6 and result.reached_target and result.dev_accuracy == 0.7
     rows = read_metrics(result.output_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r.get("sft/dev_greedy_accuracy") for r in rows] == [None, 0.1, None, 0.4, None, 0.7]
     assert json.loads((result.output_dir / "sft_result.json").read_text())["steps"] == 6
+
+
+@pytest.mark.parametrize(
+    ("targets", "steps"),
+    [
+        (["sft.target_format_errors=0.1"], 6),  # the third check's 0.08 errors
+        (["sft.target_format_errors=0.1", "sft.target_accuracy=0.5"], 8),  # both: accuracy 0.5 at the fourth
+    ],
+)
+def test_stops_once_format_errors_are_rare_and_every_other_target_is_met(tiny_model_dir, tmp_path, monkeypatch, targets, steps):
+    checks = iter(sft_module.DevCheck(a, e) for a, e in [(0.1, 0.6), (0.2, 0.3), (0.3, 0.08), (0.5, 0.02), (0.6, 0.0)])
+    monkeypatch.setattr(sft_module, "dev_checker", lambda *a: lambda: next(checks))
+    result = sft_module.sft(_cfg(tiny_model_dir, tmp_path, "sft.steps=20", *targets))
+    assert result.steps == steps and result.reached_target
+    assert result.dev_format_errors == {6: 0.08, 8: 0.02}[steps]
+    rows = read_metrics(result.output_dir)
+    assert [r.get("sft/dev_format_errors") for r in rows if r["step"] % 2 == 0] == [0.6, 0.3, 0.08, 0.02][: steps // 2]
+    assert json.loads((result.output_dir / "sft_result.json").read_text())["dev_format_errors"] == result.dev_format_errors
+
+
+def test_a_format_target_never_reached_runs_the_budget_and_says_so(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(sft_module, "dev_checker", lambda *a: lambda: sft_module.DevCheck(0.0, 0.5))
+    result = sft_module.sft(_cfg(tiny_model_dir, tmp_path, "sft.steps=4", "sft.target_format_errors=0.1"))
+    assert result.steps == 4 and not result.reached_target and result.dev_format_errors == 0.5
+
+
+def test_the_dev_check_counts_format_errors_with_the_blind_grader(tiny_model_dir):
+    """A random tiny model's greedy replies, graded by hand the way the check grades them."""
+    from grpolab.eval.metrics import format_errors
+    from grpolab.eval.runner import Grader, greedy_decode, greedy_sampler
+    from grpolab.runtime.assemble import load_model
+
+    cfg = _cfg(tiny_model_dir, "/tmp", "eval.blind_grader=answer_anywhere",
+               "reward.functions=[{name: exact_match, kwargs: {extract: last_number}}]")
+    model, tok = load_model(cfg.model)
+    dev = [sft_module.Example("1+2=", "3"), sft_module.Example("4+4=", "8")]
+    result = sft_module.dev_checker(cfg, model, tok, dev)()
+    sampler = greedy_sampler(cfg, model, tok)
+    graded = greedy_decode(sampler, sft_module.tokenize_prompts(dev, tok, cfg.data), dev, Grader.from_config(cfg))
+    sampler.close()
+    expected = format_errors(graded.correct, graded.answers, graded.blind)
+    assert result == sft_module.DevCheck(sum(graded.correct) / 2, sum(expected) / 2)
+
+
+@pytest.mark.parametrize("override", ["sft.target_format_errors=1.5", "sft.target_format_errors=-0.1"])
+def test_out_of_range_targets_are_config_errors(override):
+    from grpolab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        load_config(None, [override])
 
 
 def test_runs_all_steps_when_the_target_is_not_reached_and_saves_a_loadable_model(tiny_model_dir, tmp_path):

@@ -105,3 +105,25 @@ def test_pass_maj_per_problem_keeps_each_problem_in_order():
     assert values["maj"][1] == pytest.approx([0.5, 0.75])
     for kind, curve in pass_maj_curves(problems, [1, 2]).items():
         assert curve_means(values)[kind] == pytest.approx(curve)
+
+
+def test_format_errors_are_wrong_samples_the_blind_grader_calls_right_or_without_an_answer():
+    from grpolab.eval.metrics import format_errors
+
+    correct = [True, False, False, False]
+    answers = ["42", "", "43", "43"]
+    assert format_errors(correct, answers) == [False, True, False, False]  # without a blind grader: no answer only
+    assert format_errors(correct, answers, [True, False, True, False]) == [False, True, True, False]
+    with pytest.raises(ValueError, match="format_errors"):
+        format_errors(correct, answers[:3])
+
+
+def test_blind_votes_go_to_the_reference_and_never_mix_grades():
+    from grpolab.eval.metrics import blind_vote_keys
+
+    answers = ["forty-two", "42", "43", "42", ""]
+    blind = [True, True, False, False, False]  # the 4th: "42" extracted, yet graded wrong (e.g. an echo)
+    keys = blind_vote_keys(answers, blind, "42")
+    assert keys == ["42", "42", "43", "42 [graded wrong]", ""]
+    # maj@5 over these: "42" has 2 votes, the rest 1 each -> right; maj@1 is the mean blind grade
+    assert maj_at_k(keys, blind, 5) == 1.0 and maj_at_k(keys, blind, 1) == pytest.approx(2 / 5)

@@ -47,6 +47,7 @@ def values(wr: WeightedReward) -> list:
 def test_registry_keys():
     assert set(REWARDS) == {
         "exact_match",
+        "answer_anywhere",
         "math_accuracy",
         "r1_format",
         "soft_overlong",

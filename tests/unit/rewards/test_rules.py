@@ -176,3 +176,52 @@ def test_last_number_reads_thousands_commas_and_signs():
 def test_only_last_number_declares_its_extraction_for_voting():
     assert rules.make_exact_match(extract="last_number").extract_answer("7 + 5 = 12") == "12"
     assert not hasattr(rules.make_exact_match(extract="none"), "extract_answer")
+
+
+SUM = Example("What is 17 + 25? Answer with just the number.", "42")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("42", 1.0),
+        ("The sum of 17 and 25 is 42, I think. Let me check: 17 + 25 = 43", 1.0),  # anywhere, not only last
+        ("42.0", 1.0),  # numerically
+        ("<think>42</think> no idea", 1.0),  # reasoning included: blind to where it stands
+        ("17 + 25 = 43", 0.0),
+        ("forty-two", 0.0),  # a number written in words is not the number
+        ("142", 0.0),  # a number, not a digit string inside one
+        ("", 0.0),
+    ],
+)
+def test_answer_anywhere_finds_the_number_wherever_it_stands(text, expected):
+    assert rules.answer_anywhere(c(text), SUM) == expected
+
+
+def test_answer_anywhere_reads_thousands_commas_and_words():
+    assert rules.answer_anywhere(c("That makes 1,042."), Example("What is 1000 + 42?", "1042")) == 1.0
+    paris = Example("Capital of France?", "Paris")
+    assert rules.answer_anywhere(c("It is  PARIS, of course"), paris) == 1.0
+    assert rules.answer_anywhere(c("Lyon"), paris) == 0.0
+
+
+def test_an_answer_the_prompt_holds_counts_only_as_the_last_number():
+    """0 + 7: a reply that restates the question holds 7 without answering it."""
+    zero = Example("What is 0 + 7? Answer with just the number.", "7")
+    assert rules.answer_anywhere(c("0 + 7 = 8"), zero) == 0.0
+    assert rules.answer_anywhere(c("0 + 7 = 7"), zero) == 1.0
+    assert rules.answer_anywhere(c("7"), zero) == 1.0
+    # 7 is a digit of 17, not a number of the prompt: it counts anywhere
+    assert rules.answer_anywhere(c("7, or 8"), Example("What is 17 - 10?", "7")) == 1.0
+    word = Example("Repeat the word cat.", "cat")
+    assert rules.answer_anywhere(c("cat"), word) == 1.0
+    assert rules.answer_anywhere(c("You asked me to repeat the word cat.\nDog"), word) == 0.0
+
+
+def test_answer_anywhere_is_registered_and_needs_the_answer():
+    from grpolab.rewards import build_reward
+
+    reward = build_reward("answer_anywhere").reward
+    assert reward.name == "answer_anywhere" and reward([c("x 42"), c("4 2")], [SUM, SUM]) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="answer_anywhere"):
+        rules.answer_anywhere(c("42"), Example("What is 17 + 25?", None))

@@ -14,7 +14,12 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpolab[
 from grpolab.config import ConfigError, config_from_dict  # noqa: E402
 from grpolab.rollout.base import EngineDied  # noqa: E402
 from grpolab.rollout.vllm import VLLMSampler, engine_alive, start_engine  # noqa: E402
-from grpolab.rollout.vllm_setup import check_max_model_len, engine_kwargs, lora_on_tied_head  # noqa: E402
+from grpolab.rollout.vllm_setup import (  # noqa: E402
+    check_max_model_len,
+    check_vllm,
+    engine_kwargs,
+    lora_on_tied_head,
+)
 
 
 def _cfg(model="m", **vllm):
@@ -42,6 +47,16 @@ def test_with_an_environment_the_episode_counts():
     })  # fmt: skip
     with pytest.raises(ConfigError, match=r"\+ env.max_episode_tokens=64 \+ .* = 104"):
         check_max_model_len(cfg)
+
+
+def test_the_kv_block_size_reaches_the_engine_and_a_bad_one_is_one_line(tiny_model_dir):
+    """vLLM's CPU default (128) caches no block of a shorter prompt: each of its G samples computes it again."""
+    assert engine_kwargs(_cfg(block_size=32), device_type="cpu", autocast_dtype=None)["block_size"] == 32
+    assert "block_size" not in engine_kwargs(_cfg(), device_type="cpu", autocast_dtype=None)  # vLLM's default
+    with pytest.raises(ConfigError, match="vllm.block_size=48: vLLM's CPU attention needs a multiple of 32"):
+        check_vllm(_cfg(tiny_model_dir, block_size=48), device_type="cpu")
+    with pytest.raises(ConfigError, match="vllm.block_size must be a multiple of 16"):
+        _cfg(block_size=20)
 
 
 class _Engine:
