@@ -22,8 +22,9 @@ from grpolab.config.algo_section import (  # noqa: F401
     LossAgg,
     preset_algo,
 )
-from grpolab.config.checks import ConfigWarning, inert_settings  # noqa: F401
+from grpolab.config.checks import ConfigWarning  # noqa: F401
 from grpolab.config.engine import VLLMConfig  # noqa: F401
+from grpolab.config.inert import inert_settings  # noqa: F401
 from grpolab.config.loading import (  # noqa: F401
     config_from_dict,
     config_to_dict,

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from grpolab.config.algo_section import AlgoConfig, preset_algo
-from grpolab.config.checks import check_cross_fields, check_ranges, warn_config
+from grpolab.config.checks import check_cross_fields, check_ranges
 from grpolab.config.engine import VLLMConfig
+from grpolab.config.inert import warn_config
 from grpolab.config.resolve import NOT_A_KEY, from_preset
 from grpolab.config.sections import (
     DataConfig,
