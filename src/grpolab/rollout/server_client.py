@@ -105,6 +105,11 @@ TRANSPORT_ERRORS = (httpcore.TimeoutException, httpcore.NetworkError, httpcore.P
 """What a call to a server can fail with below HTTP (``_errors`` says which is which)."""
 
 
+class ServerGone(RolloutServerError):
+    """The server cannot be reached, or the one this run started has exited: no sample of any prompt can come
+    back, so the run stops at once instead of dropping groups step after step (docs/training.md)."""
+
+
 class ServerStatusError(RolloutServerError):
     """The server answered with an HTTP error status (``status``)."""
 
@@ -248,17 +253,17 @@ class ServerClient:
         try:
             yield
         except httpcore.TimeoutException as err:
-            raise RolloutServerError(
+            raise (ServerGone if self._dead() else RolloutServerError)(
                 f"the vLLM server at {self.url} did not answer {path} within {self.timeout_s:g} s "
                 f"(rollout.sync_timeout_s){self._dead()}"
             ) from err
         except httpcore.ConnectError as err:
-            raise RolloutServerError(
+            raise ServerGone(
                 f"the vLLM server at {self.url} cannot be reached ({shown(str(err), 200)}) at {path}"
                 f"{self._dead()}: {RESUME}"
             ) from err
         except TRANSPORT_ERRORS as err:  # cut short, dropped mid-answer, or not HTTP at all
-            raise RolloutServerError(
+            raise (ServerGone if self._dead() else RolloutServerError)(
                 f"the vLLM server at {self.url} broke off its answer to {path} or did not answer in HTTP "
                 f"({type(err).__name__}: {shown(str(err), 200)}){self._dead()}: {RESUME}"
             ) from err

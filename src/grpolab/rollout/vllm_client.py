@@ -64,6 +64,7 @@ from grpolab.rollout.base import check_prompts, check_sampling, package_completi
 from grpolab.rollout.server_client import (
     NcclControl,
     ServerClient,
+    ServerGone,
     ServerStatusError,
     StreamSource,
     adapter_state,
@@ -246,6 +247,8 @@ class ServerSampler:
                 raise RolloutServerError(
                     f"the vLLM server at {self.client.url} returned {len(outputs)} of {len(prompt_ids)} prompts' samples"
                 )
+        except ServerGone:  # no sample can come back: the run stops (docs/training.md, "Failed samples")
+            raise
         except RolloutServerError as err:  # the samples not back fail; those back are kept (module docstring)
             failure = Failure("engine_error", one_line(err))
             missing = [p for p in range(len(prompt_ids)) if p not in outputs]
@@ -269,6 +272,8 @@ class ServerSampler:
         """One sample from /v1/completions, or its failure (an error answer, no answer in time, a bad answer)."""
         try:
             return self._complete(body)
+        except ServerGone:
+            raise
         except RolloutServerError as err:
             return Failure("engine_error", one_line(err))
 

@@ -5,6 +5,7 @@ kept; every group still reaches the scorer, in its place."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -94,4 +95,23 @@ def test_a_failed_request_or_a_broken_stream_fails_only_what_did_not_come_back(s
     assert out.completion_ids[0].tolist() == [3, 4] and out.lengths.tolist() == [0 if i // 2 in lost else 2 for i in range(6)]
     assert sorted(groups) == [0, 1, 2]  # every group reached the scorer, the failed ones marked
     assert [groups[p].failures is not None for p in range(3)] == [p in lost for p in range(3)]
+    sampler.close()
+
+
+def test_a_server_that_cannot_be_reached_stops_the_run_instead_of_failing_samples(server):
+    """No sample of any prompt can come back from a server that is gone: one ServerGone line, not dropped groups."""
+    from grpolab.rollout.server_client import ServerGone
+
+    url, batched = server
+    tok = build_char_tokenizer()
+    sampler = ServerSampler(ServerClient(url, timeout_s=10), tok, max_completion_length=4, eos_token_ids=[tok.eos_token_id])
+    sampler.version = 0
+    assert sampler.batched == batched  # the route is known before the server goes
+    with socket.socket() as s:  # a port nobody listens on: the connection is refused
+        s.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{s.getsockname()[1]}"
+    sampler.client.close()
+    sampler.client = ServerClient(gone, timeout_s=10)
+    with pytest.raises(ServerGone, match=f"the vLLM server at {gone} cannot be reached"):
+        sampler.sample([[5, 5]], num_generations=2, generator=torch.Generator().manual_seed(0))
     sampler.close()
