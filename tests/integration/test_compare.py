@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from grpolab.cli import main
-from grpolab.commands.compare import validate_algos
 from grpolab.config import load_config
+from grpolab.studies.compare import validate_algos
 
 
 def test_compare_cli_writes_a_report_of_models_memory_and_time(

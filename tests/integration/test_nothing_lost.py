@@ -238,7 +238,7 @@ def test_sigint_during_sft_saves_a_checkpoint_that_resumes_exactly(tiny_model_di
 
 
 def test_hacking_betas_that_print_alike_get_their_own_folders():
-    from grpolab.commands.hacking import run_name
+    from grpolab.studies.hacking import run_name
 
     assert run_name(0.04, 0) == "beta0.04_seed0" and run_name(0.0, 1) == "beta0_seed1"
     assert run_name(0.040000001, 0) == "beta0.040000001_seed0"

@@ -8,8 +8,8 @@ import json
 import os
 import signal
 
-import grpolab.commands.recipe as recipe_command
 import grpolab.commands.train as loop
+import grpolab.studies.recipe as recipe_command
 import grpolab.training.sampling as sampling
 from grpolab.cli import main
 

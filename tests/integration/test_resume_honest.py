@@ -18,11 +18,11 @@ import yaml
 import grpolab.commands.train as loop
 import grpolab.runtime.assemble as assemble_mod
 from grpolab.cli import main
-from grpolab.commands.compare import CompareStopped, compare
 from grpolab.config import load_config
 from grpolab.runtime import checkpoint as ckpt
 from grpolab.runtime.lock import RunDirLocked, hold_run_dir
 from grpolab.runtime.logging import read_metrics
+from grpolab.studies.compare import CompareStopped, compare
 
 
 @pytest.fixture(scope="module", autouse=True)

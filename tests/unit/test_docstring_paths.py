@@ -33,4 +33,4 @@ def test_every_path_named_in_the_source_exists():
 
 
 def test_the_scan_finds_paths():
-    assert "commands/compare.py" in named_paths() or any(p.endswith("compare.py") for p in named_paths())
+    assert "studies/compare.py" in named_paths() or any(p.endswith("compare.py") for p in named_paths())

@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("eval",),
     ("runtime",),
     ("commands",),
+    ("studies",),
     ("trl",),
     ("cli", "api", "api_args", "api_models", "api_eval", "api_callbacks", "api_rewards", "__main__", "__init__"),
 ]

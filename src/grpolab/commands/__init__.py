@@ -1,1 +1,1 @@
-"""One module per verb, each with its outer loop: train, sft, train-rm, iterative, eval, recipe, demo, agent demo, compare, hacking."""
+"""One module per verb, each with its outer loop: train, sft, train-rm, iterative, eval, demo, agent demo."""

@@ -122,7 +122,7 @@ class IterativeConfig:
 
 @dataclass(frozen=True)
 class ClaimsConfig:
-    """``grpolab claims``: the seeds' claims measured on one model and task (commands/claims.py). The
+    """``grpolab claims``: the seeds' claims measured on one model and task (studies/claims.py). The
     experiments share the config's prompts, seed and train.num_steps; what differs is named here."""
 
     group_sizes: tuple[int, ...] = (4, 8, 16)

@@ -2,7 +2,7 @@
 
 The numbers and each sentence come from hacking.analysis; this module only reads the run folders
 (config.yaml, metrics.jsonl, samples.jsonl) and lays them out. The gold curve is the train-time gold
-score of each step's samples (see commands/hacking.py), so the sample completions shown are the ones the
+score of each step's samples (see studies/hacking.py), so the sample completions shown are the ones the
 policy produced at that step, with the proxy and gold scores they received.
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpolab.commands.hacking_analysis import HackingNumbers, analyse, effective_beta, pick_samples, sentence
 from grpolab.config import load_config
 from grpolab.runtime.logging import read_metrics
+from grpolab.studies.hacking_analysis import HackingNumbers, analyse, effective_beta, pick_samples, sentence
 
 
 @dataclass

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from grpolab.commands.hacking import finished, grid_configs
 from grpolab.config import ConfigError, dump_config, load_config
+from grpolab.studies.hacking import finished, grid_configs
 
 
 def _cfg(tmp_path, *extra):
@@ -54,9 +54,9 @@ def test_a_stopped_run_continues_another_config_is_replaced_only_with_overwrite(
     advice this verb takes (log.overwrite, not train's --resume), and replaced with it."""
     import signal
 
-    from grpolab.commands import hacking as hacking_mod
-    from grpolab.commands.compare import CompareStopped
     from grpolab.commands.train import TrainResult
+    from grpolab.studies import hacking as hacking_mod
+    from grpolab.studies.compare import CompareStopped
 
     calls = []
 

@@ -33,11 +33,11 @@ from typing import Any
 
 import yaml
 
-from grpolab.commands.compare_report import write_report
 from grpolab.config import AlgoName, Config, ConfigError, derive, dump_config
 from grpolab.errors import GrpolabError
 from grpolab.runtime.guards import STOP_SIGNALS, detach_from_terminal
 from grpolab.runtime.logging import read_metrics
+from grpolab.studies.compare_report import write_report
 
 log = logging.getLogger(__name__)
 

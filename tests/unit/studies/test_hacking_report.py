@@ -1,11 +1,11 @@
-"""The overoptimisation report (commands/hacking_report.py), from hand-made metrics files."""
+"""The overoptimisation report (studies/hacking_report.py), from hand-made metrics files."""
 
 from __future__ import annotations
 
 import json
 
-from grpolab.commands.hacking_report import write_report
 from grpolab.config import dump_config, load_config
+from grpolab.studies.hacking_report import write_report
 
 GOLD = [0.2, 0.3, 0.4, 0.5, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0]  # peaks at step 5, then falls
 

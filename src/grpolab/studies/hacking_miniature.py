@@ -7,7 +7,7 @@ Built from the embedded default's pieces (grpolab/configs/demo.yaml, the demo's 
    (tasks.preferences.length_shortcut_pairs: chosen = the answer, rejected = the answer less one digit),
    so the reward model can rank every pair by length alone (``<out>/reward_model``);
 3. GRPO against that reward model (the proxy) with exact match as the gold reward, for each beta and
-   seed of the grid (commands/hacking.py), then the report (commands/hacking_report.py) in ``<out>/report.md``.
+   seed of the grid (studies/hacking.py), then the report (studies/hacking_report.py) in ``<out>/report.md``.
 
 Room to exploit the shortcut: rollout.max_completion_length is 8 (the demo's 5 fits the 4-digit sums).
 A stage whose output folder already exists is reused (delete it to redo it): the grid can be rerun, or
@@ -25,13 +25,13 @@ from typing import Any
 
 from grpolab import jsonio
 from grpolab.commands.demo import SIZES, demo_config
-from grpolab.commands.hacking import grid_configs, hacking
 from grpolab.commands.packaged import with_model
 from grpolab.commands.sft import sft
 from grpolab.commands.train_rm import train_reward_model
 from grpolab.config import Config, config_to_dict, derive
 from grpolab.data import load_examples, split_eval
 from grpolab.runtime.logging import read_metrics
+from grpolab.studies.hacking import grid_configs, hacking
 from grpolab.tasks.preferences import length_shortcut_pairs
 from grpolab.tasks.tiny import save_tiny
 

@@ -1,6 +1,6 @@
-"""``claims.md``: a section per claim with its table, figure and verdict (commands/claims_verdicts.py).
+"""``claims.md``: a section per claim with its table, figure and verdict (studies/claims_verdicts.py).
 
-Reads only what commands/claims.py measured (ClaimsData); the numbers of each sentence are computed
+Reads only what studies/claims.py measured (ClaimsData); the numbers of each sentence are computed
 here, never written in advance. Plots (matplotlib, PNG) go to ``<run>/plots/``; ``claims.json`` holds the
 verdicts and the numbers behind them (the README's table is copied from it).
 """
@@ -14,9 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from grpolab import jsonio
-from grpolab.commands.claims_data import ClaimsData, g_run, run_name, seeds, setup_line
-from grpolab.commands.claims_pass_maj import pass_maj_section
-from grpolab.commands.claims_verdicts import (
+from grpolab.config import Config
+from grpolab.eval.report import add_caption, save_figure
+from grpolab.runtime.logging import read_metrics
+from grpolab.studies.claims_data import ClaimsData, g_run, run_name, seeds, setup_line
+from grpolab.studies.claims_pass_maj import pass_maj_section
+from grpolab.studies.claims_verdicts import (
     Verdict,
     critic_verdict,
     group_verdict,
@@ -24,10 +27,7 @@ from grpolab.commands.claims_verdicts import (
     kl_verdict,
     spread,
 )
-from grpolab.commands.hacking_analysis import HackingNumbers, analyse
-from grpolab.config import Config
-from grpolab.eval.report import add_caption, save_figure
-from grpolab.runtime.logging import read_metrics
+from grpolab.studies.hacking_analysis import HackingNumbers, analyse
 
 CLAIMS = {
     1: "GRPO removes the critic, and only it",

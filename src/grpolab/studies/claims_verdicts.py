@@ -27,7 +27,7 @@ numbers it rests on. The rules, per claim (the thresholds are stated in the sent
    reward's verdicts are reported as the finding about format. A warm start that ran its budget without
    bringing format errors down to its target makes the claim inconclusive: format may still decide.
 5. Hacking: the gold reward fell more than min_drop after its peak while the proxy did not fall
-   (commands/hacking_analysis.py) in a run on the reward model; otherwise not held within the budget,
+   (studies/hacking_analysis.py) in a run on the reward model; otherwise not held within the budget,
    with how far the policy was pushed (sqrt(KL)) and what the gold did.
 """
 
@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpolab.commands.hacking_analysis import HackingNumbers
 from grpolab.eval.intervals import Interval
+from grpolab.studies.hacking_analysis import HackingNumbers
 
 HELD, NOT_HELD, INCONCLUSIVE = "held", "not held", "inconclusive"
 FLAT_WIDTH = 0.2

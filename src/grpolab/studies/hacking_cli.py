@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from grpolab.commands.hacking import grid_configs, hacking
-from grpolab.commands.hacking_miniature import DEFAULT_BETAS, DEFAULT_SEEDS, miniature_config, run_miniature
 from grpolab.config import ConfigError, load_config
+from grpolab.studies.hacking import grid_configs, hacking
+from grpolab.studies.hacking_miniature import DEFAULT_BETAS, DEFAULT_SEEDS, miniature_config, run_miniature
 
 
 def _values(text: str, kind, flag: str) -> list:

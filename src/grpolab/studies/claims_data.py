@@ -1,5 +1,5 @@
 """What ``grpolab claims`` measured (ClaimsData), the names of its runs, and the setup line under every
-figure and verdict. commands/claims.py fills the data stage by stage; commands/claims_report.py reads it."""
+figure and verdict. studies/claims.py fills the data stage by stage; studies/claims_report.py reads it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from grpolab.models.loading import cpu_has_bf16_matmul
 
 @dataclass
 class ClaimsData:
-    """Everything the report reads (commands/claims.py fills it stage by stage)."""
+    """Everything the report reads (studies/claims.py fills it stage by stage)."""
 
     cfg: Config
     """The user's config (model.name_or_path: the original model, before any warm start)."""
@@ -23,7 +23,7 @@ class ClaimsData:
     original_model: str | None = None
     """With claims.warm_start: the original model's folder (evaluated as "original")."""
     warm_start: dict[str, Any] = field(default_factory=dict)
-    """With claims.warm_start: its record (commands/claims_start.warm_start); {} without."""
+    """With claims.warm_start: its record (studies/claims_start.warm_start); {} without."""
     evals: dict[str, ModelEval] = field(default_factory=dict)
     """"A/base", "A/GRPO", "B/base", "B/GRPO", "A/original", ... (Pass@K / Maj@K); "greedy/base_s0",
     "greedy/G4_s0", ... (greedy only, per seed)."""

@@ -4,12 +4,12 @@ Every experiment shares the config's model, task, prompts and train.num_steps; `
 (configs/smollm2_claims.yaml; docs/claims.md says how the real run is sized). Stages, in order:
 
 0. With ``claims.warm_start``: ``grpolab sft`` on the task's answer format until format errors are rare
-   (commands/claims_start.py); the warm-started model is the starting model of every stage below, and the
+   (studies/claims_start.py); the warm-started model is the starting model of every stage below, and the
    original model's Pass@K / Maj@K on the task's own prompts are measured too (the format finding).
 1. The starting model's Pass@K / Maj@K (eval.num_samples, e.g. 64) on ``claims.eval_prompts`` held-out
    prompts of each kind (the config's task, and ``claims.hard_params``), graded by the task's rewards and by
    eval.blind_grader, and its greedy accuracy on all of the task's held-out prompts of each seed.
-2. ``grpolab train`` in a subprocess each (its peak memory its own, commands/compare.py), once per seed of
+2. ``grpolab train`` in a subprocess each (its peak memory its own, studies/compare.py), once per seed of
    ``claims.seeds``: GRPO at rollout.num_generations, PPO with a critic of the policy's size, and GRPO at each
    other G of ``claims.group_sizes``; every run logs the rule reward as reward.gold too (the contrast of claim 5).
 3. Greedy accuracy of each G's final model (claim 2); Pass@K / Maj@K of the first seed's GRPO model (claim 4).
@@ -17,8 +17,8 @@ Every experiment shares the config's model, task, prompts and train.num_steps; `
    hf engine whatever rollout.engine, so that the samples are exactly pi.
 5. Preference pairs from the starting model's own samples, labelled by the rule reward; ``train-rm``
    from the starting model (a new one-output head); GRPO on that reward model alone, the rule reward as
-   reward.gold, for each ``claims.hacking_betas`` (commands/hacking.py); its KL measured as in 4.
-6. ``claims.md`` with a section, figure and verdict per claim (commands/claims_report.py).
+   reward.gold, for each ``claims.hacking_betas`` (studies/hacking.py); its KL measured as in 4.
+6. ``claims.md`` with a section, figure and verdict per claim (studies/claims_report.py).
 
 A stage whose result is on disk for the same config, made from the same weights (a retrained model upstream
 is another model: its evaluations and KL are measured again), is read back, not redone, so an interrupted run
@@ -42,12 +42,7 @@ import torch
 import yaml
 
 from grpolab import jsonio
-from grpolab.commands.claims_data import ClaimsData, g_run, grpo_name, run_name, seeds
-from grpolab.commands.claims_report import write_claims_report
-from grpolab.commands.claims_start import check_warm_start, warm_start
-from grpolab.commands.compare import AlgoRun, algo_config, summarise, train_in_child
 from grpolab.commands.eval import evaluate
-from grpolab.commands.hacking import HackingResult, finished, grid_configs, hacking
 from grpolab.commands.train_rm import PreferencePair, train_reward_model, write_pairs
 from grpolab.config import Config, ConfigError, config_to_dict, derive
 from grpolab.config.view import config_view
@@ -64,6 +59,11 @@ from grpolab.runtime.assemble import load_model, split_examples
 from grpolab.runtime.checkpoint import latest_checkpoint, weights_id
 from grpolab.runtime.logging import read_metrics
 from grpolab.runtime.preflight import check_model_source
+from grpolab.studies.claims_data import ClaimsData, g_run, grpo_name, run_name, seeds
+from grpolab.studies.claims_report import write_claims_report
+from grpolab.studies.claims_start import check_warm_start, warm_start
+from grpolab.studies.compare import AlgoRun, algo_config, summarise, train_in_child
+from grpolab.studies.hacking import HackingResult, finished, grid_configs, hacking
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def hacking_config(cfg: Config, rm_dir: Path) -> Config:
             "log.output_dir": str(out.parent),
             "log.run_name": out.name,
             "log.checkpoint_every": 0,
-            "log.overwrite": True,  # claims' own runs: a changed setting retrains them (commands/claims.py, _hacking)
+            "log.overwrite": True,  # claims' own runs: a changed setting retrains them (studies/claims.py, _hacking)
         },
     )
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from grpolab.commands.claims_verdicts import (
+from grpolab.eval.intervals import Interval
+from grpolab.studies.claims_verdicts import (
     HELD,
     INCONCLUSIVE,
     NOT_HELD,
@@ -16,8 +17,7 @@ from grpolab.commands.claims_verdicts import (
     sharpening_verdict,
     spread,
 )
-from grpolab.commands.hacking_analysis import analyse
-from grpolab.eval.intervals import Interval
+from grpolab.studies.hacking_analysis import analyse
 
 GRPO = {"models_loaded": ["policy", "reference"], "params_policy": 100, "params_value": None, "params_total": 200,
         "peak_mem_mb": 1000.0, "time_step_s": 10.0}

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from grpolab.commands.claims import check_claims, hacking_config, training_configs
-from grpolab.commands.claims_data import g_run, run_name, seeds
-from grpolab.commands.claims_start import warm_start_config
 from grpolab.config import ClaimsConfig, ConfigError, load_config
+from grpolab.studies.claims import check_claims, hacking_config, training_configs
+from grpolab.studies.claims_data import g_run, run_name, seeds
+from grpolab.studies.claims_start import warm_start_config
 
 BASE = [
     "data.source=arithmetic", "data.size=90", "data.params={digits: 1}", "data.eval_size=8",
@@ -110,7 +110,7 @@ def test_each_training_run_is_its_algorithms_fresh_load(tiny_model_dir, tmp_path
 
 
 def test_overwrite_deletes_nothing_before_every_check_passed(tiny_model_dir, tmp_path):
-    from grpolab.commands.claims import run_claims
+    from grpolab.studies.claims import run_claims
 
     out = tmp_path / "claims"
     (out / "grpo" / "checkpoints" / "step_2").mkdir(parents=True)  # the previous run's
@@ -132,7 +132,7 @@ def _retrained(folder):
 def test_a_model_retrained_upstream_is_evaluated_again_not_read_back(cfg, tmp_path, monkeypatch):
     """After optim.lr changed, the GRPO model was retrained into the same checkpoints/step_N, and its evaluations
     and KL were read back from the old one: the stamp now records the weights read."""
-    from grpolab.commands import claims
+    from grpolab.studies import claims
 
     measured = []
 
@@ -156,9 +156,9 @@ def test_a_model_retrained_upstream_is_evaluated_again_not_read_back(cfg, tmp_pa
 
 
 def test_the_runs_on_a_retrained_reward_model_are_trained_again(cfg, tmp_path, monkeypatch):
-    from grpolab.commands import claims
-    from grpolab.commands.claims_report import ClaimsData
-    from grpolab.commands.hacking import HackingResult, grid_configs
+    from grpolab.studies import claims
+    from grpolab.studies.claims_report import ClaimsData
+    from grpolab.studies.hacking import HackingResult, grid_configs
 
     seen = []
     monkeypatch.setattr(claims, "hacking", lambda hack, betas, seeds, title: seen.append(hack) or HackingResult(tmp_path, {}))
@@ -185,8 +185,8 @@ def test_the_runs_on_a_retrained_reward_model_are_trained_again(cfg, tmp_path, m
 
 
 def test_advice_to_resume_becomes_advice_claims_takes():
-    from grpolab.commands.claims import ClaimsError, _claims_advice
     from grpolab.errors import TrainingError
+    from grpolab.studies.claims import ClaimsError, _claims_advice
 
     advice = r"--resume optim.lr=<lower> \[in grpolab claims, which takes no --resume: change the setting in the claims"
     with pytest.raises(ClaimsError, match=advice), _claims_advice():
@@ -196,8 +196,8 @@ def test_advice_to_resume_becomes_advice_claims_takes():
 
 
 def test_a_training_stage_is_read_back_only_from_the_same_starting_weights(cfg, tmp_path, monkeypatch):
-    from grpolab.commands import claims
-    from grpolab.commands.compare import AlgoRun
+    from grpolab.studies import claims
+    from grpolab.studies.compare import AlgoRun
 
     trained = []
 

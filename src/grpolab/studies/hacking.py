@@ -3,7 +3,7 @@
 One run per (algo.beta, seed) of the grid, one after another in this process, each a plain
 ``grpolab train`` run with ``reward.gold`` logged (training/gold.py), written to
 ``<log.output_dir>/<log.run_name>/beta<beta>_seed<seed>/``; ``report.md`` and ``plots/`` beside them
-(commands/hacking_report.py). The gold curve is the train-time gold score of each step's on-policy samples,
+(studies/hacking_report.py). The gold curve is the train-time gold score of each step's on-policy samples,
 not a separate evaluation of checkpoints: the same samples the proxy scored, at every step, for free.
 
 The same command again trains only what is missing: a finished run of the same config is read back, and a
@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpolab.commands.compare import CompareStopped
-from grpolab.commands.hacking_analysis import effective_beta
-from grpolab.commands.hacking_report import write_report
 from grpolab.commands.train import train
 from grpolab.config import Config, ConfigError, derive, dump_config
 from grpolab.runtime.checkpoint import list_checkpoints
 from grpolab.runtime.logging import read_metrics
+from grpolab.studies.compare import CompareStopped
+from grpolab.studies.hacking_analysis import effective_beta
+from grpolab.studies.hacking_report import write_report
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ import typing
 
 import pytest
 
-from grpolab.commands.compare import algo_config, validate_algos
-from grpolab.commands.hacking import grid_configs
 from grpolab.config import AlgoName, ConfigError, load_config
+from grpolab.studies.compare import algo_config, validate_algos
+from grpolab.studies.hacking import grid_configs
 
 USER = ["train.prompts_per_step=16", "rollout.num_generations=4", "algo.mu=2", "optim.lr=2e-4"]
 ALGOS = typing.get_args(AlgoName)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpolab.commands.hacking_miniature import miniature_config
+from grpolab.studies.hacking_miniature import miniature_config
 from grpolab.tasks.arithmetic import arithmetic_examples
 from grpolab.tasks.preferences import length_shortcut_pairs
 from grpolab.types import Example

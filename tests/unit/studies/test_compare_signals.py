@@ -1,5 +1,5 @@
 """A signal to ``compare`` / ``claims`` reaches the training process they run (SIGHUP too: a closed terminal),
-and the verb then ends with one line and 128 + the signal, not a traceback (commands/compare.py, cli.py)."""
+and the verb then ends with one line and 128 + the signal, not a traceback (studies/compare.py, cli.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from grpolab.commands import claims
-from grpolab.commands.compare import CompareStopped, _forward_signals
+from grpolab.studies import claims
+from grpolab.studies.compare import CompareStopped, _forward_signals
 
 CHILD = """
 import signal, sys, time

@@ -4,8 +4,8 @@ DeepSeekMath's Fig. 7 (arXiv 2402.03300, Sec. 5.2.2) compares its Instruct model
 and MATH: Maj@K rises, Pass@K at large K does not. A model that fails mostly on format lets RL raise Pass@K at
 every K by fixing the format alone, which says nothing about what the model can solve. So each sample is
 graded twice (eval.blind_grader): the verdict's word comes from the format-blind grading, and the task
-reward's curves stay in the report as the finding about format (commands/claims_verdicts.py, rule 4). With a
-warm start (commands/claims_start.py) the original model's curves are shown beside.
+reward's curves stay in the report as the finding about format (studies/claims_verdicts.py, rule 4). With a
+warm start (studies/claims_start.py) the original model's curves are shown beside.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from grpolab.commands.claims_data import ClaimsData, setup_line
-from grpolab.commands.claims_verdicts import Verdict, pass_maj_verdict, sharpening_verdict
 from grpolab.eval.intervals import bootstrap_paired_diff
 from grpolab.eval.report import plot_pass_maj
 from grpolab.eval.results import ModelEval
+from grpolab.studies.claims_data import ClaimsData, setup_line
+from grpolab.studies.claims_verdicts import Verdict, pass_maj_verdict, sharpening_verdict
 
 
 def blind_view(e: ModelEval) -> ModelEval:

@@ -1,4 +1,4 @@
-"""The overoptimisation analysis's numbers and sentences (commands/hacking_analysis.py), from hand-made
+"""The overoptimisation analysis's numbers and sentences (studies/hacking_analysis.py), from hand-made
 metrics files."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from grpolab.commands.hacking_analysis import analyse, pick_samples, sentence, smooth
 from grpolab.runtime.logging import read_metrics
+from grpolab.studies.hacking_analysis import analyse, pick_samples, sentence, smooth
 
 GOLD = [0.2, 0.3, 0.4, 0.5, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0]  # peaks at step 5, then falls
 
