@@ -38,11 +38,13 @@ from grpolab.rollout.engines import check_engine
 from grpolab.runtime import checkpoint as ckpt
 from grpolab.runtime.assemble import load_model, training_examples
 from grpolab.runtime.guards import GracefulStop
+from grpolab.runtime.lock import hold_run_dir
 from grpolab.runtime.logging import RunLogger
 from grpolab.runtime.resumable import SFTResumable
 from grpolab.runtime.resume import intact_checkpoint
 from grpolab.training.logprobs import completion_logprobs
-from grpolab.training.master import MasterWeightOptimizer, backward, grads_to_clip, wants_master_weights
+from grpolab.training.master import backward, grads_to_clip
+from grpolab.training.optim import adamw
 from grpolab.types import Example
 
 log = logging.getLogger(__name__)
@@ -177,22 +179,31 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
     examples = training_examples(cfg)
     if missing := [i for i, e in enumerate(examples) if e.answer is None]:  # before any model loads
         raise DataError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
-    targets = s.target_accuracy is not None or s.target_format_errors is not None
-    if targets:
+    has_target = s.target_accuracy is not None or s.target_format_errors is not None
+    if has_target:
         check_engine(cfg.rollout.engine, cfg)  # the dev checks decode with it
         Grader.from_config(cfg)  # and grade with it: a bad reward or eval.blind_grader before any model loads
     check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)
-    out = cfg.sft_dir
+    with hold_run_dir(cfg.sft_dir, setting="sft.output_dir"):  # one writer, as train's run dir (runtime/lock.py)
+        return _train(cfg, examples, has_target, progress=progress, resume=resume, stop=stop, t0=t0)
+
+
+def _train(
+    cfg: Config, examples: list[Example], has_target: bool, *, progress: bool | None, resume: bool, stop: GracefulStop,
+    t0: float,
+) -> SFTResult:
+    """The SFT run proper, with the output folder held: load, train, check, save."""
+    s, out = cfg.sft, cfg.sft_dir
     point = _resume_point(out, resume)  # before any model loads
     model, tok = load_model(cfg.model)
     amp = resolve_autocast(cfg.model, resolve_device(cfg.model))
     dev: list[Example] = []
-    if targets:
+    if has_target:
         examples, dev = split_eval(examples, s.dev_size)
     prompts = tokenize_prompts(examples, tok, cfg.data)
     targets = tokenize_targets(examples, tok, s.completion_format)
     check = dev_checker(cfg, model, tok, dev) if dev else None
-    optimizer = _optimizer(model, cfg)
+    optimizer = adamw(model, lr=s.lr, weight_decay=s.weight_decay, betas=cfg.optim.betas)
     order = PromptOrder(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     resumable = SFTResumable(model, tok, optimizer, order)
     start, accuracy = resumable.restore(point) if point is not None else (0, None)
@@ -252,18 +263,6 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
     }
     (out / "sft_result.json").write_text(jsonio.dumps(summary, indent=1) + "\n")
     return result
-
-
-def _optimizer(model, cfg: Config):
-    """AdamW over the trainable weights; through fp32 master weights when they are bf16 / fp16."""
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def adamw(tensors):
-        return torch.optim.AdamW(tensors, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay, betas=cfg.optim.betas)
-
-    if not wants_master_weights(params):
-        return adamw(params)
-    return MasterWeightOptimizer(params, adamw, loss_scaling=any(p.dtype == torch.float16 for p in params))
 
 
 def _resume_point(out: Path, resume: bool) -> Path | None:

@@ -13,7 +13,8 @@ Choices (and why):
 * ``eval/pair_accuracy`` counts a pair as right only when r_chosen > r_rejected (a tie is wrong), and it
   is reported before training too (epoch 0), so the gain over chance is visible.
 * The folder is written under a temporary name and renamed into place: an interrupted save leaves the
-  previous model intact (``output_dir`` may equal ``base_model`` for continued training).
+  previous model intact (``output_dir`` may equal ``base_model`` for continued training). The folder is
+  held (its lock file, runtime/lock.py) from the start, so a second train-rm into it stops with one line.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from grpolab.config import Config, ConfigError, ModelConfig
 from grpolab.data import DataError
 from grpolab.models.loading import count_parameters, resolve_autocast, resolve_device
 from grpolab.rewards.neural import encode_texts, forward_scores, load_classifier, load_rm_tokenizer, rm_text
+from grpolab.runtime.lock import LOCK_NAME, hold_run_dir
+from grpolab.training.optim import adamw
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +143,18 @@ def evaluate_pairs(
 
 
 def train_reward_model(cfg: Config) -> RewardModelResult:
-    """Train ``cfg.reward_model.base_model`` on ``data_path`` comparisons; save to ``cfg.reward_model_dir``."""
+    """Train ``cfg.reward_model.base_model`` on ``data_path`` comparisons; save to ``cfg.reward_model_dir``,
+    held by this run alone while it runs (runtime/lock.py, as train's run directory)."""
     rm = cfg.reward_model
     if not rm.base_model or not rm.data_path:
         raise ConfigError("grpolab train-rm needs reward_model.base_model and reward_model.data_path")
     train_pairs, eval_pairs = split_pairs(read_pairs(rm.data_path), rm.eval_fraction, cfg.seed)
+    with hold_run_dir(cfg.reward_model_dir, setting="reward_model.output_dir"):
+        return _train(cfg, train_pairs, eval_pairs)
+
+
+def _train(cfg: Config, train_pairs: list[PreferencePair], eval_pairs: list[PreferencePair]) -> RewardModelResult:
+    rm = cfg.reward_model
     torch.manual_seed(cfg.seed)
     mc = ModelConfig(name_or_path=rm.base_model, device=rm.device, autocast=rm.autocast)
     device = resolve_device(mc)
@@ -158,7 +168,7 @@ def train_reward_model(cfg: Config) -> RewardModelResult:
         len(eval_pairs),
         count_parameters(model),
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=rm.lr, weight_decay=rm.weight_decay)
+    optimizer = adamw(model, lr=rm.lr, weight_decay=rm.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
     evaluate = lambda: evaluate_pairs(  # noqa: E731
         model, tok, eval_pairs, max_length=rm.max_length, batch_size=rm.batch_size, device=device, amp=amp
@@ -204,6 +214,8 @@ def _save(out: Path, model, tok, history: list[dict[str, float]]) -> None:
     ]
     (tmp / "metrics.jsonl").write_text("".join(jsonio.dumps(row) + "\n" for row in clean))
     (tmp / "eval.json").write_text(jsonio.dumps(clean[-1], indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
+    # The lock file this run holds moves with the new folder: a rename keeps the locked file, so the folder
+    # stays held until the run ends.
+    os.replace(out / LOCK_NAME, tmp / LOCK_NAME)
+    shutil.rmtree(out)
     os.replace(tmp, out)

@@ -86,8 +86,9 @@ def _open_lock(run_dir: Path) -> int:
 
 
 @contextlib.contextmanager
-def hold_run_dir(run_dir: Path | str) -> Iterator[dict]:
-    """Hold ``run_dir`` exclusively for the block; yields the holder record written into the lock file."""
+def hold_run_dir(run_dir: Path | str, *, setting: str = "log.run_name") -> Iterator[dict]:
+    """Hold ``run_dir`` exclusively for the block; yields the holder record written into the lock file.
+    ``setting``: the config key that chooses another folder, named in the refusal."""
     run_dir = Path(run_dir)
     fd = _open_lock(run_dir)
     _HELD.add(fd)
@@ -101,7 +102,7 @@ def hold_run_dir(run_dir: Path | str) -> Iterator[dict]:
             raise RunDirLocked(
                 f"{run_dir} is in use by another run (pid {h.get('pid', '?')} on {h.get('host', '?')}, started "
                 f"{h.get('started', '?')}: {h.get('command', '?')}). Wait for it to finish or stop it, or choose "
-                "another log.run_name"
+                f"another {setting}"
             ) from err
         old = _read_holder(fd)
         if old.get("pid") not in (None, os.getpid()):

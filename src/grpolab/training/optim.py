@@ -24,29 +24,40 @@ def lr_lambda(step: int, *, warmup: int, total: int, schedule: str, min_ratio: f
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Config, *, master_weights: bool | None = None):
-    """(optimizer, scheduler). ``master_weights``: step fp32 copies of bf16 / fp16 parameters
-    (grpolab.training.master); None = whenever a trainable parameter is stored in bf16 / fp16. Pass False
-    where another mechanism keeps fp32 parameters (FSDP2 with a MixedPrecisionPolicy)."""
+def adamw(
+    model: torch.nn.Module,
+    *,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    master_weights: bool | None = None,
+):
+    """AdamW over the trainable parameters of ``model``: the optimizer of every verb (train, sft, train-rm).
+    ``master_weights``: step fp32 copies of bf16 / fp16 parameters (grpolab.training.master); None = whenever
+    a trainable parameter is stored in bf16 / fp16. Pass False where another mechanism keeps fp32 parameters
+    (FSDP2 with a MixedPrecisionPolicy)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
-    o = cfg.optim
 
-    def adamw(tensors):
+    def build(tensors):
         # fused: one kernel per step, no full-size temporaries (the foreach default holds ~2 extra copies
         # of the states at the step's peak); CPU and CUDA floating tensors only
         fused = all(t.device.type in ("cpu", "cuda") and t.is_floating_point() for t in tensors)
-        return torch.optim.AdamW(tensors, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=fused)
+        return torch.optim.AdamW(tensors, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused)
 
     if master_weights is None:
         master_weights = wants_master_weights(params)
     if master_weights:
-        fp16 = any(p.dtype == torch.float16 for p in params)
-        optimizer = MasterWeightOptimizer(params, adamw, loss_scaling=fp16)
-        inner = optimizer.optimizer
-    else:
-        optimizer = inner = adamw(params)
+        return MasterWeightOptimizer(params, build, loss_scaling=any(p.dtype == torch.float16 for p in params))
+    return build(params)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Config, *, master_weights: bool | None = None):
+    """(optimizer, scheduler) of a training run: ``adamw`` with the optim section, and its lr schedule."""
+    o = cfg.optim
+    optimizer = adamw(model, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, master_weights=master_weights)
+    inner = optimizer.optimizer if isinstance(optimizer, MasterWeightOptimizer) else optimizer
     total = cfg.train.num_steps * cfg.optimizer_steps_per_generation
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         inner, lambda s: lr_lambda(s, warmup=o.warmup_steps, total=total, schedule=o.schedule, min_ratio=o.min_lr_ratio)

@@ -7,8 +7,10 @@ import json
 import pytest
 import torch
 
+from grpolab.cli import main
 from grpolab.commands import sft as sft_module
 from grpolab.config import load_config
+from grpolab.runtime.lock import hold_run_dir
 from grpolab.runtime.logging import read_metrics
 from grpolab.tasks.tiny import build_char_tokenizer
 from grpolab.types import Example
@@ -28,25 +30,26 @@ def test_targets_are_the_formatted_answer_then_eos():
 
 
 def _cfg(model_dir, out, *extra):
-    return load_config(
-        None,
-        [
-            f"model.name_or_path={model_dir}",
-            "data.source=arithmetic",
-            "data.size=100",
-            "data.params={digits: 1}",
-            "data.eval_size=10",
-            "reward.functions=[{name: exact_match, kwargs: {extract: none}}]",
-            "rollout.max_completion_length=3",
-            "sft.batch_size=8",
-            "sft.lr=3e-3",
-            "sft.dev_size=6",
-            "sft.check_every=2",
-            f"log.output_dir={out}",
-            "log.progress=false",
-            *extra,
-        ],
-    )
+    return load_config(None, _overrides(model_dir, out, *extra))
+
+
+def _overrides(model_dir, out, *extra) -> list[str]:
+    return [
+        f"model.name_or_path={model_dir}",
+        "data.source=arithmetic",
+        "data.size=100",
+        "data.params={digits: 1}",
+        "data.eval_size=10",
+        "reward.functions=[{name: exact_match, kwargs: {extract: none}}]",
+        "rollout.max_completion_length=3",
+        "sft.batch_size=8",
+        "sft.lr=3e-3",
+        "sft.dev_size=6",
+        "sft.check_every=2",
+        f"log.output_dir={out}",
+        "log.progress=false",
+        *extra,
+    ]
 
 
 def test_stops_at_the_first_check_that_reaches_the_target(tiny_model_dir, tmp_path, monkeypatch):
@@ -130,3 +133,13 @@ def test_runs_all_steps_when_the_target_is_not_reached_and_saves_a_loadable_mode
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
     assert any(not torch.equal(a, b) for a, b in zip(before.parameters(), after.parameters(), strict=True))
     assert (tmp_path / "m" / "tokenizer.json").exists() and (tmp_path / "m" / "config.yaml").exists()
+
+
+def test_a_second_sft_into_a_held_folder_is_one_line(tiny_model_dir, tmp_path, capsys):
+    """Another run holds the output folder: grpolab sft stops with one line, before any model loads."""
+    overrides = _overrides(tiny_model_dir, tmp_path, "sft.steps=2")
+    with hold_run_dir(load_config(None, overrides).sft_dir):
+        assert main(["sft", *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("grpolab: error: ") and "in use by another run" in err[0]
+    assert err[0].endswith("choose another sft.output_dir")

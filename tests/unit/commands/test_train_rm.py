@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from grpolab.cli import main
 from grpolab.commands.train_rm import (
     PreferencePair,
     read_pairs,
     split_pairs,
     write_pairs,
 )
+from grpolab.config import load_config
 from grpolab.data import DataError
+from grpolab.runtime.lock import hold_run_dir
 
 
 def test_held_out_split_is_by_prompt_and_seeded():
@@ -30,3 +33,19 @@ def test_read_pairs_round_trip_and_errors(tmp_path):
     )
     with pytest.raises(DataError, match=r"bad.jsonl:2 needs string fields rejected"):
         read_pairs(tmp_path / "bad.jsonl")
+
+
+def test_a_second_train_rm_into_a_held_folder_is_one_line(tiny_model_dir, tmp_path, capsys):
+    """Another run holds the reward model's folder: grpolab train-rm stops with one line, before any model loads."""
+    write_pairs(tmp_path / "pairs.jsonl", [PreferencePair(f"q{i}", "good", "bad") for i in range(4)])
+    overrides = [
+        f"reward_model.base_model={tiny_model_dir}",
+        f"reward_model.data_path={tmp_path / 'pairs.jsonl'}",
+        f"log.output_dir={tmp_path}",
+        "log.run_name=rm",
+    ]
+    with hold_run_dir(load_config(None, overrides).reward_model_dir):
+        assert main(["train-rm", *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("grpolab: error: ") and "in use by another run" in err[0]
+    assert err[0].endswith("choose another reward_model.output_dir")
