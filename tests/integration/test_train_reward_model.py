@@ -1,7 +1,7 @@
 """A neural reward model end to end: ``grpolab train-rm`` learns a preference task, GRPO is rewarded by it,
 iterative RL alternates the two, and process supervision trains a tiny policy.
 
-The preference task is ``max(3,8,1)=`` (grpolab.tasks.preferences): rejected answers are half smaller digits
+The preference task is ``max(3,8,1)=`` (max_digit.py): rejected answers are half smaller digits
 of the list and half larger digits absent from it, so a rule that ignores the prompt gets 0.60 on the held-out pairs; the
 held-out prompts are never seen in training.
 """
@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from max_digit import max_digit_examples, max_digit_preference_pairs, prompt_blind_accuracy
 
 from grpolab.commands.iterative import iterative_rl
 from grpolab.commands.train import train
@@ -23,7 +24,6 @@ from grpolab.config import load_config
 from grpolab.rewards import build_reward, score_batch
 from grpolab.runtime.checkpoint import latest_checkpoint
 from grpolab.runtime.logging import read_metrics
-from grpolab.tasks.preferences import max_digit_examples, max_digit_preference_pairs, prompt_blind_accuracy
 from grpolab.types import Completion
 
 HERE = Path(__file__).parent
@@ -32,6 +32,12 @@ HERE = Path(__file__).parent
 def jsonl(path: Path, rows) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def test_max_digit_pairs_defeat_prompt_blind_rules():
+    rows = max_digit_preference_pairs(size=200, seed=0)
+    assert all(r["chosen"] == max(r["prompt"][4:-2].split(",")) != r["rejected"] for r in rows)
+    assert prompt_blind_accuracy(rows) < 0.65  # lists holding 9 have no larger absent digit
 
 
 @pytest.fixture(scope="module")
