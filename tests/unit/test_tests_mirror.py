@@ -61,3 +61,34 @@ def test_test_file_names_are_unique():
     names = Counter(path.name for path in (ROOT / "tests").rglob("test_*.py"))
     twice = sorted(name for name, count in names.items() if count > 1)
     assert not twice, f"test files of the same name (pytest imports them by name; add an aspect): {twice}"
+
+
+def _tested_elsewhere() -> dict[str, str]:
+    """docs/layout.md, "Where each module is tested": module path (below src/grpolab) -> the test that covers it."""
+    text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    section = text.split("## Where each module is tested", 1)[1]
+    block = section.split("```", 2)[1]
+    return {line.split()[0]: line.split()[1] for line in block.splitlines() if line.strip()}
+
+
+def _has_own_test(module: Path) -> bool:
+    folder = UNIT / module.parent.relative_to(SRC)
+    return (folder / f"test_{module.stem}.py").exists() or any(folder.glob(f"test_{module.stem}_*.py"))
+
+
+def test_every_module_has_a_test_file_or_a_line_naming_its_test():
+    elsewhere = _tested_elsewhere()
+    modules = [m for m in sorted(SRC.rglob("*.py")) if m.name not in ("__init__.py", "__main__.py")]
+    untested = [str(m.relative_to(SRC)) for m in modules if not _has_own_test(m) and str(m.relative_to(SRC)) not in elsewhere]
+    assert not untested, (
+        f"modules with no tests/unit/<package>/test_<module>.py and no line in docs/layout.md (Where each module "
+        f"is tested): {untested}"
+    )
+    stale = [path for path in elsewhere if not (SRC / path).is_file() or _has_own_test(SRC / path)]
+    assert not stale, f"lines in docs/layout.md for modules that are gone or have a test file of their own: {stale}"
+    missing = {path: test for path, test in elsewhere.items() if not (ROOT / test).is_file()}
+    assert not missing, f"tests named in docs/layout.md that do not exist: {missing}"
+
+
+def test_the_list_of_modules_tested_elsewhere_is_read():
+    assert _tested_elsewhere()["commands/demo.py"] == "tests/integration/test_demo.py"
