@@ -221,8 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    # Before torch loads: OpenMP threads that sleep instead of spinning. On a shared 2-core CPU the
-    # default spin-wait made each backward pass 20-40x slower; idle, the cost is small.
+    # Before torch loads: OpenMP threads that sleep instead of spinning. When other processes share the
+    # cores, the default spin-wait makes each backward pass many times slower; idle, the cost is small.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.agent:
         agent = _module("demo --agent")

@@ -1,7 +1,7 @@
 """torchrun + DDP + bf16 weights: the fp32 master-weight optimizer goes through a DCP checkpoint.
 
 Two gloo ranks train a bf16 tiny model under DDP with MasterWeightOptimizer (fp32 masters, AdamW), write
-a sharded checkpoint (run/sharded.py) after 2 steps and go on to step 4. A fresh model with other
+a sharded checkpoint (runtime/sharded.py) after 2 steps and go on to step 4. A fresh model with other
 weights and a fresh optimizer then load that checkpoint and run steps 3 and 4 again: weights, masters and
 AdamW states must equal the uninterrupted run's. DCP's own get_optimizer_state_dict cannot name the
 masters (they are no parameters of the model), which crashed the first checkpoint and every resume.

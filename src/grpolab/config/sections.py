@@ -158,8 +158,8 @@ class RolloutConfig:
     """server mode: how long a server grpolab starts may take to answer /health."""
     weight_transport: Literal["auto", "shm", "nccl"] = "auto"
     """server mode: how weights reach the server. shm = buckets in shared memory files (/dev/shm), for a
-    server on the same machine (CPU or GPU); nccl = vLLM's NCCL engine (GPUs; untested here), for a server
-    on GPUs of its own named by server_url (the trainer's LoRA adapters need shm); auto = shm for a server
+    server on the same machine (CPU or GPU); nccl = vLLM's NCCL engine (GPUs; no CPU test runs it), for a
+    server on GPUs of its own named by server_url (the trainer's LoRA adapters need shm); auto = shm for a server
     this run starts or a loopback server_url, nccl for a server_url elsewhere (and for grpolab serve bound
     beyond loopback)."""
     sync_bucket_mb: float = 256.0

@@ -28,8 +28,6 @@ from grpolab.distributed import dist
 
 log = logging.getLogger(__name__)
 
-PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
-
 
 def resolve_parallel(mode: str, world_size: int) -> str:
     """``auto``: DDP when launched on several processes, none otherwise."""

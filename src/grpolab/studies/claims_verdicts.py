@@ -273,11 +273,6 @@ def sharpening_verdict(
     return Verdict(_combine(blind), text)
 
 
-def overall(verdicts: Sequence[Verdict]) -> Verdict:
-    """Claims with a verdict per part (4: per kind): one word, the parts' sentences."""
-    return Verdict(_combine(verdicts), " ".join(v.sentence for v in verdicts))
-
-
 def hacking_verdict(rm_runs: Mapping[str, HackingNumbers], contrast: HackingNumbers | None) -> Verdict:
     """Claim 5 from the analysis of each run on the reward model, and of the rule-reward run."""
     hacked = [name for name, n in rm_runs.items() if n.hacked]

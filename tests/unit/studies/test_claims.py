@@ -1,4 +1,4 @@
-"""grpolab claims: its configs and checks (no model loads); the stages run in tests/integration/test_claims.py."""
+"""grpolab claims: its configs and checks (no model loads); the stages run in tests/integration/test_claims_cli.py."""
 
 from __future__ import annotations
 

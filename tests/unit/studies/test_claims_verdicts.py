@@ -11,7 +11,6 @@ from grpolab.studies.claims_verdicts import (
     group_verdict,
     hacking_verdict,
     kl_verdict,
-    overall,
     pass_maj_verdict,
     pooled_groups,
     sharpening_verdict,
@@ -118,8 +117,10 @@ def test_pass_maj_verdict_branches():
     assert wide.word == INCONCLUSIVE and "too wide" in wide.sentence
     assert "did not rise clearly" in pass_maj_verdict("A", 64, 0.6, iv(0.05, -0.01, 0.1), iv(0, 0, 0)).sentence
     assert "no room to rise" in pass_maj_verdict("A", 64, 0.97, iv(0.2, 0.1, 0.3), iv(0, 0, 0)).sentence
-    assert overall([held, wide]).word == INCONCLUSIVE
-    assert overall([held, pass_maj_verdict("B", 64, 0.6, iv(0.2, 0.1, 0.3), iv(0.1, 0.02, 0.2))]).word == NOT_HELD
+    # the kinds' words combined (claim 4): not held wins over inconclusive, inconclusive over held
+    assert sharpening_verdict([held, wide], [], None, None).word == INCONCLUSIVE
+    not_held = pass_maj_verdict("B", 64, 0.6, iv(0.2, 0.1, 0.3), iv(0.1, 0.02, 0.2))
+    assert sharpening_verdict([held, wide, not_held], [], None, None).word == NOT_HELD
 
 
 def _rows(gold, proxy):
