@@ -357,8 +357,8 @@ def _wait(pid: int, deadline_s: float | None = None) -> int:
     return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
-def _remove(folder: str) -> None:
-    """Delete the run's folder, whatever permissions the code left on what it wrote (as sandbox._remove)."""
+def remove_folder(folder: str) -> None:
+    """Delete the run's folder, whatever permissions the code left on what it wrote (the runner uses it too)."""
     stack = [str(folder)]  # open every folder up first (the code may have closed some), top down
     while stack:
         path = stack.pop()
@@ -409,7 +409,7 @@ def main() -> int:
         try:
             return _wait(a)
         finally:
-            _remove(os.path.dirname(os.path.abspath(sys.argv[1])))
+            remove_folder(os.path.dirname(os.path.abspath(sys.argv[1])))
     b = os.fork()
     if b:  # A
         _leave_channels(status_fd)

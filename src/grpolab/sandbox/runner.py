@@ -62,7 +62,6 @@ import math
 import os
 import re
 import selectors
-import shutil
 import subprocess
 import sys
 import time
@@ -73,6 +72,7 @@ from typing import Any, Literal
 
 from grpolab.errors import RewardError
 from grpolab.sandbox.folders import new_run_folder, record_harness, sweep_once
+from grpolab.sandbox.harness import remove_folder
 from grpolab.sandbox.verdict import MAX_DEPTH, RAISED, decode
 
 HARNESS = Path(__file__).with_name("harness.py")
@@ -199,7 +199,7 @@ def run_python(
     the code runs as ``__main__`` with ``stdin`` as its standard input; ``stdout`` is what it printed.
     """
     paths, masks = interpreter_files()
-    sweep_once(_remove)  # folders a killed trainer left behind (sandbox_folders)
+    sweep_once(remove_folder)  # folders a killed trainer left behind (sandbox_folders)
     root = new_run_folder()
     try:
         work = root / "work"  # the fallback's working folder; the namespaces give the code a tmpfs instead
@@ -230,7 +230,7 @@ def run_python(
             os.chown(work, NOBODY, NOBODY)
         return _launch(root, limits)
     finally:
-        _remove(root)
+        remove_folder(root)
 
 
 def _launch(root: Path, limits: SandboxLimits) -> RunResult:
@@ -382,16 +382,3 @@ def _kill(proc: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         if proc.poll() is None:
             proc.kill()
-
-
-def _remove(root: Path) -> None:
-    """Delete the run's folder, whatever permissions the code left on what it wrote (also done by the harness)."""
-    stack = [str(root)]  # open every folder up first (the code may have closed some), top down
-    while stack:
-        path = stack.pop()
-        try:
-            os.chmod(path, 0o700)
-            stack += [e.path for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
-        except OSError:
-            pass
-    shutil.rmtree(root, ignore_errors=True)

@@ -9,7 +9,8 @@ import sys
 import time
 
 from grpolab.sandbox import folders as sf
-from grpolab.sandbox.runner import SandboxLimits, _remove, run_python
+from grpolab.sandbox.harness import remove_folder
+from grpolab.sandbox.runner import SandboxLimits, run_python
 
 
 def _dead_pid() -> int:
@@ -33,7 +34,7 @@ def test_only_folders_whose_owner_and_harness_are_gone_are_swept(tmp_path, monke
     old = time.time() - 2 * sf._GRACE_S
     os.utime(folders["old"], (old, old))  # no owner file, long ago: its trainer died while making it
     (tmp_path / "unrelated").mkdir()
-    assert sf.sweep_once.__wrapped__(_remove) == 2
+    assert sf.sweep_once.__wrapped__(remove_folder) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"{sf.PREFIX}live_owner", f"{sf.PREFIX}live_harness", f"{sf.PREFIX}new", "unrelated"]
     )
@@ -61,7 +62,7 @@ def test_a_harness_that_already_removed_its_folder_is_not_an_error(tmp_path, mon
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(sf.tempfile, "tempdir", None)
     root = sf.new_run_folder()
-    _remove(root)
+    remove_folder(root)
     sf.record_harness(root, os.getpid())
     assert not root.exists()
     live = sf.new_run_folder()
