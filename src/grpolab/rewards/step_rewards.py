@@ -6,7 +6,7 @@ A process reward has a ``name`` and a batched call ``reward(steps, examples) -> 
 reward for step j may read ``steps[i][: j + 1]``, the prefix it ends. A per-step rule is written as
 ``fn(steps: list[str], example, **kwargs) -> list[float]`` and lifted with ``per_step``.
 
-Where the steps come from (token ids, never re-tokenized text) is grpolab.training.step_advantages.
+Where the steps come from (token ids, never re-tokenized text) is grpolab.training.reasoning_steps.
 """
 
 from __future__ import annotations

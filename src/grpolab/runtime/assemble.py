@@ -75,8 +75,8 @@ from grpolab.training.gold import GoldMonitor, build_gold_rewards
 from grpolab.training.master import MasterWeightOptimizer
 from grpolab.training.optim import build_optimizer
 from grpolab.training.ppo import Critic, rollout_batch_builder
+from grpolab.training.reasoning_steps import ProcessSupervision, TurnSupervision, build_process_supervision
 from grpolab.training.step import PolicyLossSpec
-from grpolab.training.step_advantages import ProcessSupervision, TurnSupervision, build_process_supervision
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class Run:
     reference: Reference | None
     critic: Critic | None
     process_supervision: ProcessSupervision | TurnSupervision | None
-    """Process supervision (algo.supervision=process; training/step_advantages.py), else None."""
+    """Process supervision (algo.supervision=process; training/reasoning_steps.py), else None."""
     sampler: Sampler
     optimizer: torch.optim.Optimizer | MasterWeightOptimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler

@@ -19,7 +19,7 @@ from grpolab.distributed import dist
 from grpolab.models.loading import Reference
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.microbatch import prompt_lengths_of, split_rows
-from grpolab.training.step_advantages import StepRewards
+from grpolab.training.reasoning_steps import StepRewards
 from grpolab.types import Completions, RolloutBatch
 
 AdvantageFn = Callable[..., torch.Tensor]

@@ -11,7 +11,7 @@ from grpolab.config import ConfigError, load_config
 from grpolab.rewards.step_rewards import per_step
 from grpolab.tasks.tiny import build_char_tokenizer
 from grpolab.training.batch import build_rollout_batch, outcome_estimator
-from grpolab.training.step_advantages import ProcessSupervision, StepSplitter
+from grpolab.training.reasoning_steps import ProcessSupervision, StepSplitter
 from grpolab.types import Completions, Example
 
 
@@ -148,7 +148,7 @@ def test_turns_are_the_steps_of_an_episode():
     B: m m m e e m m  turn rewards (0.5, none), others add 0: total 0.5, steps (0.5, 0)
     Steps of the group: 0, 1.5, 0.5, 0; mean 0.5, unbiased std sqrt(1.5 / 3); a token's advantage is the
     sum of the normalised rewards of the steps ending at or after it; env tokens get none."""
-    from grpolab.training.step_advantages import TurnSupervision, build_process_supervision
+    from grpolab.training.reasoning_steps import TurnSupervision, build_process_supervision
     from grpolab.types import Episode
 
     cfg = load_config(
