@@ -35,6 +35,7 @@ from grpolab.rollout.multiturn import ChatDelta, MultiTurnSampler, episode_promp
 from grpolab.runtime.logging import read_metrics
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.training.logprobs import completion_logprobs
+from grpolab.training.optim import adamw
 
 SIZES: dict[str, tuple[dict[str, int], list[str]]] = {
     "full": ({"hidden_size": 128, "num_layers": 2, "num_heads": 4}, []),
@@ -137,7 +138,7 @@ def _sft(cfg: Config, examples, shape: dict[str, int]) -> Path:
     tok = _tokenizer(out)
     model = build_tiny_model(tok, seed=cfg.seed, **shape)
     prompts, episodes, masks = sft_traces(examples, tok, _make_env(cfg), seed=cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr)
+    opt = adamw(model, lr=cfg.sft.lr, weight_decay=0.01)  # torch's default decay, which the demo was tuned with
     gen = torch.Generator().manual_seed(cfg.seed)
     model.train()
     for _ in range(cfg.sft.steps):
