@@ -312,6 +312,12 @@ class TrainConfig:
     """Pack each training micro-batch's rows into one padding-free sequence (position ids restart per row;
     transformers masks across rows; flash-attention takes it as varlen): no compute or activation memory
     on pad tokens. The same log-probs and gradients as the padded forward (grpolab.training.packing)."""
+    sequence_parallel: int = 1
+    """DeepSpeed-Ulysses sequence parallelism under torchrun: each group of this many consecutive ranks holds
+    the same rows and splits every training sequence's positions between them (1/N each); attention trades
+    heads for positions with an all-to-all before and after. WORLD_SIZE = data-parallel size x N; the model's
+    attention heads must divide by N. For completions whose activations outgrow one device
+    (grpolab.distributed.sequence, docs/distributed.md, "Long sequences"). 1 = off."""
     deterministic: bool = False
     """Deterministic kernels: torch.use_deterministic_algorithms (an op with no deterministic version stops
     the run, naming it), cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG), cuDNN without autotuning,
