@@ -1,0 +1,88 @@
+"""One train step under sequence parallelism (train.sequence_parallel), on the fixed global batch of
+parallel_cases.py, run in one process or as one rank of a gloo job; used by test_sequence_parallel.py.
+
+Each case also returns the rollout batch's recomputed and reference log-probs (and PPO's values) of this
+rank's rows, so the test compares the split forward's outputs as well as the update they lead to.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import parallel_cases as pc
+import torch
+
+PACKED = ("train.padding_free=true",)
+
+CASES = [
+    ("grpo", "seq-mean-token-mean", ()),
+    ("grpo", "token-mean", PACKED),
+    ("ppo", "token-mean", ()),
+    ("ppo", "token-mean", PACKED),
+]
+"""(algo, loss aggregation, extra overrides): GRPO and PPO, padded and packed micro-batches."""
+
+GRID_JOBS = [(CASES[0], "ddp"), (CASES[1], "fsdp"), (CASES[3], "ddp")]
+"""(case, train.parallel) of the 2 x 2 (data x sequence) job: GRPO padded (DDP) and packed (FSDP2), PPO packed."""
+
+
+def run_case(model_dir: str, algo: str, agg: str, extra: tuple[str, ...], mode: str, n: int) -> dict:
+    """``parallel_cases.run_case`` with ``train.sequence_parallel=n`` (the policy's attention made Ulysses
+    before wrapping, as runtime/assemble.py does); returns weights, metrics and this rank's batch tensors."""
+    from grpolab.distributed import dist, parallel
+    from grpolab.models.loading import Reference, load_policy
+    from grpolab.models.ulysses_attention import install
+    from grpolab.training.batch import LogprobContext
+    from grpolab.training.ppo import Critic, rollout_batch_builder
+    from grpolab.training.step import PolicyLossSpec, update_policy
+
+    cfg = pc.make_config(model_dir, algo, agg, mode, (*extra, f"train.sequence_parallel={n}"))
+    torch.manual_seed(0)
+    model, tok = load_policy(cfg.model)
+    install(model, n)
+    mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
+    reference = parallel.wrap_reference(Reference(model, None), mode, None)
+    model = parallel.wrap(model, mode, torch.device("cpu"))
+    optimizer, scheduler = pc._sgd(model)
+    ctx = LogprobContext(tok.pad_token_id, 1.0, None, cfg.train.micro_batch_size)
+    critic = None
+    if cfg.algo.needs_critic:
+        critic = Critic.from_config(cfg, torch.device("cpu"), ctx)
+        critic.optimizer, critic.scheduler = pc._sgd(critic.model)
+    prompts, comps, rewards = pc.local_share(*pc.global_batch())
+    valid = torch.ones_like(rewards, dtype=torch.bool)
+    batch, metrics = rollout_batch_builder(cfg, critic)(
+        cfg, comps, prompts, rewards, valid, policy=model, reference=reference, ctx=ctx
+    )
+    spec = PolicyLossSpec.from_config(cfg)
+    gen = torch.Generator().manual_seed(1)
+    metrics.update(update_policy(model, optimizer, scheduler, batch, cfg, spec, pad_id=tok.pad_token_id,
+                                 autocast_dtype=None, generator=gen))  # fmt: skip
+    if critic is not None:
+        metrics.update(critic.update(batch))
+    metrics = dist.reduce_metrics(metrics)
+    tensors = {k: getattr(batch, k) for k in ("old_logprobs", "ref_logprobs", "old_values", "advantages")}
+    return {
+        "policy": pc._full_weights(model),
+        "value": None if critic is None else pc._full_weights(critic.model),
+        "metrics": metrics,
+        "batch": {k: None if v is None else v.detach().clone() for k, v in tensors.items()},
+    }
+
+
+def worker(rank: int, world: int, port: int, model_dir: str, out: str, n: int, jobs: list) -> None:
+    """A rank of the job (torch.multiprocessing.spawn): each (case, mode) of ``jobs``; rank 0 saves them."""
+    os.environ.update(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+         "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)}
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    from grpolab.distributed import dist, sequence
+
+    results = {}
+    with dist.session("cpu"), sequence.sequence_parallel(n):
+        for case, mode in jobs:
+            results[(*case, mode)] = run_case(model_dir, *case, mode, n)
+        if dist.is_main():
+            torch.save(results, Path(out))
