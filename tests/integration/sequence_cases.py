@@ -20,8 +20,10 @@ CASES = [
     ("grpo", "token-mean", PACKED),
     ("ppo", "token-mean", ()),
     ("ppo", "token-mean", PACKED),
+    ("grpo", "seq-mean-token-mean", ("model.gradient_checkpointing=true",)),
 ]
-"""(algo, loss aggregation, extra overrides): GRPO and PPO, padded and packed micro-batches."""
+"""(algo, loss aggregation, extra overrides): GRPO and PPO, padded and packed micro-batches; and GRPO with
+activation checkpointing (the recomputed attention gets the whole sequence's mask again)."""
 
 GRID_JOBS = [(CASES[0], "ddp"), (CASES[1], "fsdp"), (CASES[3], "ddp")]
 """(case, train.parallel) of the 2 x 2 (data x sequence) job: GRPO padded (DDP) and packed (FSDP2), PPO packed."""
