@@ -73,6 +73,40 @@ def run_case(model_dir: str, algo: str, agg: str, extra: tuple[str, ...], mode: 
     }
 
 
+FORWARDS = [("sdpa", 1, False), ("eager", 1, True), ("sdpa", 4, True)]
+"""(attention, key / value heads, packed) of the direct forward checks on a 4-head model: one key / value
+head is repeated to the query heads before the split; eager attention gets the additive mask."""
+
+
+def forward_case(attention: str, kv: int, packed: bool, n: int) -> dict:
+    """Log-probs and entropies of a fixed batch and the gradients of a loss of them on a model built here,
+    its attention split over ``n`` ranks; the gradients summed over the ranks (each holds its positions')."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from grpolab.models.ulysses_attention import install
+    from grpolab.training.logprobs import completion_logprobs
+    from grpolab.training.packing import packed_completion_logprobs
+
+    config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=kv, attn_implementation=attention, tie_word_embeddings=True)  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    assert model.config._attn_implementation == attention
+    install(model, n)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 60, (k,), generator=gen).tolist() for k in (3, 5, 2)]
+    ids = torch.randint(3, 60, (3, 7), generator=gen)
+    mask = torch.arange(7)[None] < torch.tensor([7, 4, 1])[:, None]
+    forward = packed_completion_logprobs if packed else completion_logprobs
+    logprobs, entropy = forward(model, prompts, ids, mask, pad_id=0, with_entropy=True, entropy_grad=True)
+    (logprobs.sum() + 0.3 * (logprobs**2).sum() - 0.1 * entropy.sum()).backward()
+    grads = {k: p.grad for k, p in model.named_parameters()}
+    if n > 1:
+        for g in grads.values():
+            torch.distributed.all_reduce(g)
+    return {"logprobs": logprobs.detach(), "entropy": entropy.detach(), "grads": grads}
+
+
 def worker(rank: int, world: int, port: int, model_dir: str, out: str, n: int, jobs: list) -> None:
     """A rank of the job (torch.multiprocessing.spawn): each (case, mode) of ``jobs``; rank 0 saves them."""
     os.environ.update(
@@ -84,6 +118,12 @@ def worker(rank: int, world: int, port: int, model_dir: str, out: str, n: int, j
 
     results = {}
     with dist.session("cpu"), sequence.sequence_parallel(n):
+        seen = [None] * world  # what each rank trains on: its group's first rank's draw
+        torch.distributed.all_gather_object(seen, sequence.shared({"drawn_by": rank, "t": torch.tensor([rank])}))
+        results["shared"] = [(s["drawn_by"], int(s["t"])) for s in seen]
+        if world == n:
+            for case in FORWARDS:
+                results[case] = forward_case(*case, n)
         for case, mode in jobs:
             results[(*case, mode)] = run_case(model_dir, *case, mode, n)
         if dist.is_main():

@@ -79,3 +79,18 @@ def test_two_ranks_splitting_each_sequence_equal_one_process(one, two, tiny_mode
 def test_two_by_two_ranks_equal_one_process(one, grid, tiny_model_dir, case, mode):
     first_half = slice(0, pc.P // 2 * pc.G)  # rank 0 holds data-parallel rank 0's prompts
     _same_step(one[case], grid[(*case, mode)], first_half, _initial(tiny_model_dir))
+
+
+def test_each_group_trains_on_its_first_ranks_draw(two, grid):
+    assert two["shared"] == [(0, 0), (0, 0)]
+    assert grid["shared"] == [(0, 0), (0, 0), (2, 2), (2, 2)]
+
+
+@pytest.mark.parametrize(("attention", "kv", "packed"), sc.FORWARDS, ids=lambda v: str(v))
+def test_the_split_forward_gives_one_process_log_probs_and_gradients(two, attention, kv, packed):
+    ref, got = sc.forward_case(attention, kv, packed, 1), two[(attention, kv, packed)]
+    torch.testing.assert_close(got["logprobs"], ref["logprobs"], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(got["entropy"], ref["entropy"], atol=2e-6, rtol=1e-5)
+    assert float(ref["logprobs"].abs().sum()) > 1 and all(g is not None for g in ref["grads"].values())
+    for k, g in ref["grads"].items():
+        torch.testing.assert_close(got["grads"][k], g, atol=2e-6, rtol=1e-5, msg=k)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -165,3 +166,28 @@ class _SumOverGroup(torch.autograd.Function):
 def sum_over_group(x: torch.Tensor, lay: Layout | None = None) -> torch.Tensor:
     lay = _LAYOUT if lay is None else lay
     return x if lay.size == 1 else _SumOverGroup.apply(x, lay.group)
+
+
+def shared(obj):
+    """The group's first rank's ``obj`` on every rank of its sequence-parallel group: the rows a group
+    trains on are the ones its first rank sampled and scored (sampling is not bitwise reproducible across
+    devices, so the group's ranks must not each keep their own). ``obj`` itself when N = 1.
+
+    Sent as torch.save bytes and loaded with each CUDA tensor on this rank's device (a pickled CUDA tensor
+    would come back on the first rank's GPU); host tensors stay on the host."""
+    if _LAYOUT.size == 1:
+        return obj
+    box = [None]
+    if _LAYOUT.rank == 0:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        box = [buffer.getvalue()]
+    tdist.broadcast_object_list(box, group=_LAYOUT.group, group_src=0)
+    if _LAYOUT.rank == 0:
+        return obj
+    return torch.load(io.BytesIO(box[0]), map_location=_here, weights_only=False)
+
+
+def _here(storage, location: str):
+    """torch.load's map_location: a CUDA storage onto this rank's device, a host one left on the host."""
+    return storage.cuda(torch.cuda.current_device()) if location.startswith("cuda") else storage
