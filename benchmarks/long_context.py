@@ -8,7 +8,8 @@ mu = 1, AdamW, one completion per micro-batch (a single causal sequence: no mask
 gradient checkpointing on (``--checkpointing``). Each (N, length) runs in fresh processes (gloo on a CPU,
 NCCL on CUDA), so each peak is its own: on CUDA ``max_memory_allocated``, on a CPU the process's peak RSS
 (with the ~0.7 GB of Python, torch and transformers). tokens/s = the step's prompt and completion tokens
-over its seconds (every rank trains the same rows; N ranks share them).
+over its seconds (every rank trains the same rows; N ranks share them). The gradient norm (the loss reads 0
+at mu = 1) is the same for every N, to float tolerance: the split changes where the work runs, not the step.
 
 A length is skipped, with the reason, when its peak predicted from the previous length's (linear in the
 length: with checkpointing and flash / memory-efficient attention nothing grows faster) passes
@@ -17,7 +18,7 @@ least doubles the longest sequence per rank. TRL's GRPOTrainer refuses sequence 
 this table).
 
     nice -n 10 python benchmarks/long_context.py --lengths 4096,8192,16384,32768 --limit-gb 16
-    python benchmarks/long_context.py --lengths 256,512 --layers 1     # a quick look on a busy CPU
+    python benchmarks/long_context.py --lengths 128,256 --layers 1 --vocab 4096   # a quick look on a busy CPU
 """
 
 from __future__ import annotations
@@ -45,18 +46,19 @@ def parse(argv=None):
     p.add_argument("--lengths", default="4096,8192,16384,32768", help="completion lengths, comma-separated")
     p.add_argument("--sp", default="1,2", help="train.sequence_parallel values, comma-separated")
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=SHAPE["vocab_size"], help="a smaller vocabulary for a quick look")
     p.add_argument("--limit-gb", type=float, default=16.0, help="skip a length predicted to pass this peak per rank")
     p.add_argument("--checkpointing", default="true", choices=("true", "false", "auto"))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return p.parse_args(argv)
 
 
-def build_model(folder: Path, layers: int) -> None:
+def build_model(folder: Path, layers: int, vocab: int) -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from grpolab.tasks.tiny import build_char_tokenizer
 
-    config = Qwen2Config(**SHAPE, num_hidden_layers=layers, max_position_embeddings=65_536, tie_word_embeddings=True,
+    config = Qwen2Config(**{**SHAPE, "vocab_size": vocab}, num_hidden_layers=layers, max_position_embeddings=65_536, tie_word_embeddings=True,
                          pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
@@ -92,9 +94,10 @@ def one_step(cfg) -> dict:
     optimizer, scheduler = build_optimizer(model, cfg)
     gen = torch.Generator().manual_seed(0)
     length = cfg.rollout.max_completion_length
-    prompt = torch.randint(4, SHAPE["vocab_size"], (PROMPT,), generator=gen).tolist()
+    vocab = _transformers_vocab(model)
+    prompt = torch.randint(4, vocab, (PROMPT,), generator=gen).tolist()
     comps = Completions(
-        prompt_ids=[prompt] * G, completion_ids=torch.randint(4, SHAPE["vocab_size"], (G, length), generator=gen).to(device),
+        prompt_ids=[prompt] * G, completion_ids=torch.randint(4, vocab, (G, length), generator=gen).to(device),
         completion_mask=torch.ones(G, length, dtype=torch.bool, device=device),
         logprobs=torch.zeros(G, length, device=device), texts=[""] * G,
         finish_reasons=["length"] * G, num_generations=G,
@@ -113,6 +116,12 @@ def one_step(cfg) -> dict:
     seconds = time.perf_counter() - t0
     peak_mb = (torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss()) / 2**20
     return {"seconds": seconds, "loss": out["loss"], "grad_norm": out["grad_norm"], "peak_mb": peak_mb}
+
+
+def _transformers_vocab(model) -> int:
+    from grpolab.distributed.parallel import unwrap
+
+    return unwrap(model).config.vocab_size
 
 
 def _peak_rss() -> float:
@@ -157,7 +166,7 @@ def main(argv=None) -> int:
     rows, longest = [], {}
     with tempfile.TemporaryDirectory(prefix="long_context_") as tmp:
         model_dir = Path(tmp) / "model"
-        build_model(model_dir, a.layers)
+        build_model(model_dir, a.layers, a.vocab)
         for n in sizes:
             last = None
             for length in lengths:
@@ -168,11 +177,11 @@ def main(argv=None) -> int:
                 fits = last["peak_mb"] <= limit_mb
                 longest[n] = length if fits else longest.get(n, 0)
                 rows.append(f"| {n} | {length:,} | {last['peak_mb']:,.0f}{'' if fits else ' (over)'} | "
-                            f"{last['tokens_per_s']:,.0f} | {last['loss']:.3e} |")  # fmt: skip
+                            f"{last['tokens_per_s']:,.0f} | {last['grad_norm']:.4e} |")  # fmt: skip
                 print(rows[-1], file=sys.stderr, flush=True)
     print(f"{a.device}, torch {torch.__version__}; Qwen2.5-0.5B shape with {a.layers} layers; {G} completions of "
           f"each length after a {PROMPT}-token prompt; checkpointing={a.checkpointing}\n")  # fmt: skip
-    print("| train.sequence_parallel | completion tokens | peak MB per rank | tokens/s | loss |\n|---|---|---|---|---|")
+    print("| train.sequence_parallel | completion tokens | peak MB per rank | tokens/s | grad norm |\n|---|---|---|---|---|")
     print("\n".join(rows))
     for n in sizes:
         print(f"longest completion within {a.limit_gb} GB per rank, N = {n}: {longest.get(n, 0):,} tokens")
