@@ -95,3 +95,13 @@ def test_the_padded_mask_hides_pads_and_lets_a_pad_see_itself():
          [0, 1, 1, 1]]
     )  # fmt: skip
     assert torch.equal(got, want)
+
+
+def test_the_config_refuses_a_background_sampler_beside_sequence_parallelism():
+    from grpolab.config import load_config
+
+    with pytest.raises(ConfigError, match="set rollout.max_staleness=0"):
+        load_config(None, ["train.sequence_parallel=2", "rollout.max_staleness=1"])
+    with pytest.raises(ConfigError, match="train.sequence_parallel must be >= 1"):
+        load_config(None, ["train.sequence_parallel=0"])
+    assert load_config(None, ["train.sequence_parallel=2"]).train.sequence_parallel == 2
