@@ -231,7 +231,8 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     device = resolve_device(cfg.model)
     amp = resolve_autocast(cfg.model, device)
     if models is None:
-        plain, tok = load_model(cfg.model, placement=("host" if dist.is_main() else "meta") if from_rank0 else "device")
+        placement = ("host" if dist.is_main() else "meta") if from_rank0 else "device"
+        plain, tok = load_model(cfg.model, placement=placement, longest_sequence=cfg.longest_sequence)
         install_ulysses(plain, cfg.train.sequence_parallel)  # before the reference copy and any wrapper
         reference = Reference(plain, amp) if cfg.algo.needs_reference else None
     else:
@@ -321,10 +322,10 @@ def _full_states(plain, reference) -> tuple[dict, dict]:
     return plain.state_dict(), ({} if frozen is None else frozen.state_dict())
 
 
-def load_model(model_cfg: ModelConfig, *, placement: str = "device"):
-    """(policy, tokenizer) of ``model_cfg`` on its device (``placement``: models.load_policy); on a CPU no
-    more threads than the cores this process may use."""
-    model, tok = load_policy(model_cfg, placement=placement)
+def load_model(model_cfg: ModelConfig, *, placement: str = "device", longest_sequence: int = 0):
+    """(policy, tokenizer) of ``model_cfg`` on its device (``placement``, ``longest_sequence``:
+    models.load_policy); on a CPU no more threads than the cores this process may use."""
+    model, tok = load_policy(model_cfg, placement=placement, longest_sequence=longest_sequence)
     if resolve_device(model_cfg).type == "cpu":
         limit_cpu_threads()
     return model, tok

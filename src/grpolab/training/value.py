@@ -103,7 +103,7 @@ def load_value_model(cfg: Config, device: torch.device, *, placement: str = "dev
     else:  # a GGUF source (a file, package:...) is read from its converted folder, as the policy is
         model = _from_policy_checkpoint(source, kwargs)
     install_ulysses(model, cfg.train.sequence_parallel)  # before wrapping; a one-line error if it cannot split
-    if m.checkpointing_on(device.type):
+    if m.checkpointing_on(device.type, cfg.longest_sequence):
         enable_checkpointing(model.body)
     return (model.to(device) if placement == "device" else model).train()
 
