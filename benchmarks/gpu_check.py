@@ -9,7 +9,10 @@ and a ``--resume`` from it in a copy of the run folder:
 * ``fp32+autocast``: fp32 weights (the masters) with bf16 autocast, one process;
 * ``bf16``: bf16 weights with fp32 master weights in the optimizer (training/master.py), one process;
 * ``fsdp2`` and ``ddp``: ``torchrun --nproc_per_node 1`` (NCCL on CUDA, gloo on a CPU), bf16 weights,
-  sharded (DCP) checkpoints.
+  sharded (DCP) checkpoints;
+* ``long``: one GRPO update on two fixed completions of ``--long-length`` tokens (16,384; no generation, no
+  resume), fp32 weights with bf16 autocast, gradient checkpointing, one process (train.sequence_parallel=1):
+  the long-context memory and speed (benchmarks/long_context.py's step, in a fresh process).
 
 The model has Qwen2.5-0.5B's shape and real vocabulary (151,936 ids; hidden 896, 24 layers, 14 query /
 2 KV heads, MLP 4864, tied embeddings) with random weights, and a character tokenizer padded with
@@ -219,7 +222,7 @@ def table(rows: list[dict], device: str) -> str:
             cells += [f"{r['mem'][p][0]:,.0f} / {r['mem'][p][1]:,.0f}" for p in PHASES]
         else:
             cells.append(f"{r['peak MB']:,.0f}")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(c.replace("nan", "-") for c in cells) + " |")  # the long row: no rollout
     return "\n".join(lines)
 
 
@@ -231,7 +234,8 @@ def parse(argv=None):
     p.add_argument("--generations", type=int, default=None)
     p.add_argument("--length", type=int, default=None)
     p.add_argument("--micro-batch", type=int, default=None)
-    p.add_argument("--only", default="fp32+autocast,bf16,fsdp2,ddp", help="comma-separated runs")
+    p.add_argument("--only", default="fp32+autocast,bf16,fsdp2,ddp,long", help="comma-separated runs")
+    p.add_argument("--long-length", type=int, default=None, help="completion tokens of the long run (16384)")
     p.add_argument("--keep", default=None,
                    help="write the runs here and keep them, ~25 GB each at the 0.5B shape (default: a temporary "
                         "folder, each run removed once checked)")  # fmt: skip
@@ -246,6 +250,7 @@ def parse(argv=None):
     a.generations = a.generations or (2 if small else 8)
     a.length = a.length or (8 if small else 256)
     a.micro_batch = a.micro_batch or (8 if small else 64)
+    a.long_length = a.long_length or (256 if small else 16_384)
     assert a.steps >= 3, "--steps must be >= 3 (a checkpoint at steps - 2, then a resume)"
     return a
 
@@ -335,6 +340,8 @@ def run_one(a, name: str, model_dir: Path, data: Path, out: Path, n_params: int,
 
     from grpolab.errors import NONDETERMINISTIC_OP
 
+    if name == "long":
+        return long_row(a, model_dir, out, n_params, peak)
     extra, launched = RUNS[name]
     notes = []
     for deterministic in (True, False):  # the same kernels in both runs (resume == uninterrupted) if torch can
@@ -362,6 +369,29 @@ def run_one(a, name: str, model_dir: Path, data: Path, out: Path, n_params: int,
             if a.keep is None:
                 _remove_run(out, name)
     raise AssertionError("unreachable")
+
+
+def long_row(a, model_dir: Path, out: Path, n_params: int, peak: float) -> dict:
+    """The ``long`` run's row: one checkpointed GRPO update at ``--long-length`` tokens; its loss and gradient
+    norm must be finite and the gradient not zero."""
+    from long_context import PROMPT, G, measure
+
+    setting = argparse.Namespace(device=a.device, checkpointing="true")
+    try:
+        got = measure(setting, model_dir, a.long_length, 1, out)
+    except Exception as err:  # the table must still come out
+        traceback.print_exc()
+        return {"run": "long", "problems": [f"{type(err).__name__}: {str(err).strip()[-1500:]}"]}
+    problems = [] if math.isfinite(got["loss"]) and math.isfinite(got["grad_norm"]) else ["not finite: loss or grad norm"]
+    problems += [] if got["grad_norm"] > 0 else ["no gradient: the step says nothing"]
+    trained = G * (PROMPT + a.long_length)
+    return {
+        "run": f"long ({a.long_length:,} tok)", "gen tok/s": math.nan, "train tok/s": got["tokens_per_s"],
+        "MFU %": 100 * 6 * n_params * trained / got["seconds"] / (peak * 1e12), "loss": got["loss"],
+        "grad norm": got["grad_norm"], "reward": math.nan, "peak MB": got["peak_mb"], "resume max |dw|": math.nan,
+        "mem": {p: (got["peak_mb"], math.nan) if p == "train" else (math.nan, math.nan) for p in PHASES},
+        "problems": problems,
+    }  # fmt: skip
 
 
 def _remove_run(out: Path, name: str) -> None:

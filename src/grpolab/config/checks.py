@@ -119,6 +119,12 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         (t.prompts_per_step < 1, "train.prompts_per_step must be >= 1"),
         (t.num_steps < 0, "train.num_steps must be >= 0"),
         (t.micro_batch_size != "auto" and t.micro_batch_size < 1, "train.micro_batch_size must be >= 1 (or auto)"),
+        (t.sequence_parallel < 1, "train.sequence_parallel must be >= 1 (1 = off; N: N ranks split each sequence)"),
+        (
+            t.sequence_parallel > 1 and r.max_staleness > 0,
+            "train.sequence_parallel > 1 does not run with rollout.max_staleness > 0 (the background sampler's "
+            "collectives span every rank): set rollout.max_staleness=0",
+        ),
         (t.dist_timeout_s <= 0, "train.dist_timeout_s must be > 0 (seconds a collective waits for the other ranks)"),
         (
             t.max_tokens_per_micro_batch is not None and t.max_tokens_per_micro_batch < 1,

@@ -64,6 +64,11 @@ class Config:
         return self.train.prompts_per_step * self.rollout.num_generations
 
     @property
+    def longest_sequence(self) -> int:
+        """The most tokens one training sequence can hold: the longest prompt and the longest completion."""
+        return self.data.max_prompt_length + self.rollout.max_completion_length
+
+    @property
     def optimizer_steps_per_generation(self) -> int:
         return self.algo.mu * self.algo.num_minibatches
 

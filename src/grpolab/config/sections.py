@@ -8,6 +8,12 @@ from typing import Any, Literal
 
 TrackerName = Literal["tensorboard", "wandb", "trackio"]
 
+CHECKPOINT_ABOVE_TOKENS = 8192
+"""model.gradient_checkpointing=auto turns checkpointing on past this many tokens per sequence, on any device.
+Qwen2.5-0.5B keeps ~1 GB of fp32 activations per layer for one 8K-token sequence (24 GB over its 24 layers,
+more than the model, its gradients and AdamW's states together); checkpointed, one hidden state per layer
+(0.7 GB in all). Below it, on a CPU, the third more compute is not worth the memory."""
+
 @dataclass(frozen=True)
 class LoraConfig:
     enabled: bool = False
@@ -45,15 +51,18 @@ class ModelConfig:
     id ("kernels-community/flash-attn"; the kernels package). The vLLM engine picks its own."""
     gradient_checkpointing: bool | Literal["auto"] = "auto"
     """Trade compute for memory in the training forward (generation keeps its KV cache). auto = on with
-    CUDA, where activations, not compute, bound the batch (as in TRL's and verl's GPU recipes); off on a
-    CPU, where memory is plentiful and the recomputed forward costs about a third more time."""
+    CUDA, where activations, not compute, bound the batch (as in TRL's and verl's GPU recipes), and on any
+    device when a training sequence can be longer than CHECKPOINT_ABOVE_TOKENS (8,192: data.max_prompt_length
+    + rollout.max_completion_length); off on a CPU for shorter ones, where memory is plentiful and the
+    recomputed forward costs about a third more time."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA settings."""
 
-    def checkpointing_on(self, device_type: str) -> bool:
-        """gradient_checkpointing resolved for a model on ``device_type`` ("auto": on CUDA only)."""
+    def checkpointing_on(self, device_type: str, longest_sequence: int = 0) -> bool:
+        """gradient_checkpointing resolved for a model on ``device_type`` trained on sequences of up to
+        ``longest_sequence`` tokens ("auto": on CUDA, or past CHECKPOINT_ABOVE_TOKENS)."""
         if self.gradient_checkpointing == "auto":
-            return device_type == "cuda"
+            return device_type == "cuda" or longest_sequence > CHECKPOINT_ABOVE_TOKENS
         return bool(self.gradient_checkpointing)
 
 
@@ -312,6 +321,16 @@ class TrainConfig:
     """Pack each training micro-batch's rows into one padding-free sequence (position ids restart per row;
     transformers masks across rows; flash-attention takes it as varlen): no compute or activation memory
     on pad tokens. The same log-probs and gradients as the padded forward (grpolab.training.packing)."""
+    offload_activations: bool = False
+    """Keep the activations the backward needs in host memory (torch.autograd.graph.save_on_cpu), copied back
+    as the backward reaches them: for the longest sequences, after checkpointing (which leaves one hidden
+    state per layer) and sequence parallelism. Costs a host round trip per saved tensor; a no-op on a CPU."""
+    sequence_parallel: int = 1
+    """DeepSpeed-Ulysses sequence parallelism under torchrun: each group of this many consecutive ranks holds
+    the same rows and splits every training sequence's positions between them (1/N each); attention trades
+    heads for positions with an all-to-all before and after. WORLD_SIZE = data-parallel size x N; the model's
+    attention heads must divide by N. For completions whose activations outgrow one device
+    (grpolab.distributed.sequence, docs/distributed.md, "Long sequences"). 1 = off."""
     deterministic: bool = False
     """Deterministic kernels: torch.use_deterministic_algorithms (an op with no deterministic version stops
     the run, naming it), cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG), cuDNN without autotuning,

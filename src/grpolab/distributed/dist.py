@@ -7,6 +7,11 @@ has none; one device per LOCAL_RANK). Without them the world is one process and 
 process group, but the same helpers run: each then returns its input, so a single process takes the
 very same code path (docs/design.md, "Distribution in one room"). The algorithm calls the named helpers below and never asks
 which rank it is; logging, checkpoints and progress decide that themselves with ``is_main()``.
+
+Under sequence parallelism (train.sequence_parallel = N, grpolab.distributed.sequence) the N ranks of a
+sequence-parallel group hold the same rows: the data helpers below (shares, sums, means, gathers) then run
+over the data-parallel ranks (``data_world``, set by ``set_data_parallel``), so each row is counted once;
+with N = 1 those are all the ranks.
 """
 
 from __future__ import annotations
@@ -38,10 +43,24 @@ class World:
 
 
 _WORLD = World()
+_DATA: tuple[World, Any] | None = None
+"""(this rank's data-parallel coordinates, their process group) under sequence parallelism; None: the world."""
 
 
 def world() -> World:
     return _WORLD
+
+
+def data_world() -> World:
+    """This rank's place among the data-parallel ranks, which hold different rows: the world itself unless
+    sequence parallelism makes groups of ranks share rows."""
+    return _WORLD if _DATA is None else _DATA[0]
+
+
+def set_data_parallel(coordinates: World | None, group=None) -> None:
+    """The data-parallel rank, size and group the data helpers use (None: the whole world again)."""
+    global _DATA
+    _DATA = None if coordinates is None else (coordinates, group)
 
 
 def is_main() -> bool:
@@ -116,6 +135,16 @@ def _group():
     return getattr(_THREAD, "group", None)
 
 
+def _data_group():
+    """The group a data helper reduces over: the thread's side group, else the data-parallel ranks'."""
+    side = _group()
+    return side if side is not None or _DATA is None else _DATA[1]
+
+
+def _data_active() -> bool:
+    return data_world().size > 1 and tdist.is_initialized()
+
+
 def side_group():
     """A process group of its own (gloo, every rank) for a thread that runs collectives beside the main
     thread's: the background sampler of rollout.max_staleness > 0, whose dynamic-sampling rounds all-reduce
@@ -150,17 +179,19 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _reduce(values: Sequence[float], op) -> list[float]:
-    if not _active():
+def _reduce(values: Sequence[float], op, *, data: bool = False) -> list[float]:
+    """``values`` reduced over every rank, or with ``data`` over the data-parallel ranks (a sum or a mean
+    must count the rows that sequence-parallel ranks share once; a maximum may take them all)."""
+    if not (_data_active() if data else _active()):
         return [float(v) for v in values]
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=_device())
-    tdist.all_reduce(t, op=op, group=_group())
+    tdist.all_reduce(t, op=op, group=_data_group() if data else _group())
     return t.cpu().tolist()
 
 
 def all_reduce_sum(value: float) -> float:
-    """The sum of ``value`` over all ranks."""
-    return _reduce([value], tdist.ReduceOp.SUM)[0]
+    """The sum of ``value`` over the data-parallel ranks (all ranks without sequence parallelism)."""
+    return _reduce([value], tdist.ReduceOp.SUM, data=True)[0]
 
 
 def all_reduce_max(value: float) -> float:
@@ -180,7 +211,7 @@ def any_rank(flag: bool) -> bool:
 def sum_dict(values: Mapping[str, float]) -> dict[str, float]:
     """Each value summed over ranks, in one collective. Every rank must pass the same keys."""
     keys = sorted(values)
-    return dict(zip(keys, _reduce([values[k] for k in keys], tdist.ReduceOp.SUM), strict=True))
+    return dict(zip(keys, _reduce([values[k] for k in keys], tdist.ReduceOp.SUM, data=True), strict=True))
 
 
 def reduce_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -188,7 +219,7 @@ def reduce_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     maximum, ``*_min`` the minimum, the rest the mean over ranks (every rank holds the same number of
     prompts and completions, so a mean of per-rank means is the global mean; a ``*_std`` is then the
     mean of per-rank standard deviations). Keys only some ranks hold are left out."""
-    if not _active():
+    if not _data_active():
         return dict(metrics)
     keys = sorted(metrics)
     everyone = _common_keys(keys)
@@ -196,8 +227,9 @@ def reduce_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     for group, op in (("max", tdist.ReduceOp.MAX), ("min", tdist.ReduceOp.MIN), ("mean", tdist.ReduceOp.SUM)):
         names = [k for k in everyone if _kind(k) == group]
         if names:
-            reduced = _reduce([_nan_safe(metrics[k]) for k in names], op)
-            out.update({k: v / _WORLD.size if group == "mean" else v for k, v in zip(names, reduced, strict=True)})
+            reduced = _reduce([_nan_safe(metrics[k]) for k in names], op, data=True)
+            size = data_world().size
+            out.update({k: v / size if group == "mean" else v for k, v in zip(names, reduced, strict=True)})
     return out
 
 
@@ -219,8 +251,8 @@ def _nan_safe(v: float) -> float:
 
 
 def _common_keys(keys: list[str]) -> list[str]:
-    gathered: list[list[str] | None] = [None] * _WORLD.size
-    tdist.all_gather_object(gathered, keys, group=_group())
+    gathered: list[list[str] | None] = [None] * data_world().size
+    tdist.all_gather_object(gathered, keys, group=_data_group())
     common = set(keys)
     for other in gathered:
         common &= set(other or [])
@@ -242,21 +274,21 @@ def barrier() -> None:
 
 
 def gather_rows(t: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``t`` (same shape everywhere) concatenated along dim 0, in rank order."""
-    if not _active():
+    """Every data-parallel rank's ``t`` (same shape everywhere) concatenated along dim 0, in rank order."""
+    if not _data_active():
         return t
     # on the backend's device (rewards and valid flags are host tensors; NCCL takes only CUDA ones), and
     # as uint8: gloo has no bool collectives
     sent = t.to(device=_device(), dtype=torch.uint8 if t.dtype == torch.bool else t.dtype)
-    parts = [torch.empty_like(sent) for _ in range(_WORLD.size)]
-    tdist.all_gather(parts, sent.contiguous(), group=_group())
+    parts = [torch.empty_like(sent) for _ in range(data_world().size)]
+    tdist.all_gather(parts, sent.contiguous(), group=_data_group())
     return torch.cat(parts).to(device=t.device, dtype=t.dtype)
 
 
 def gather_ragged(t: torch.Tensor) -> torch.Tensor:
     """Every rank's 1-D float ``t`` (lengths may differ) concatenated in rank order. Padded to the longest
     with -inf for the collective, so ``t`` must hold finite values only (entropies, log-probs)."""
-    if not _active():
+    if not _data_active():
         return t
     longest = int(all_reduce_max(float(t.numel())))
     padded = torch.cat([t, t.new_full((longest - t.numel(),), float("-inf"))])
@@ -266,35 +298,40 @@ def gather_ragged(t: torch.Tensor) -> torch.Tensor:
 
 def local_rows(t: torch.Tensor) -> torch.Tensor:
     """This rank's slice of a tensor made by ``gather_rows``."""
-    n = t.shape[0] // _WORLD.size
-    return t[_WORLD.rank * n : (_WORLD.rank + 1) * n]
+    me = data_world()
+    n = t.shape[0] // me.size
+    return t[me.rank * n : (me.rank + 1) * n]
 
 
 def shard(rows: Sequence[T]) -> list[T]:
-    """This rank's contiguous share of the step's rows (prompt indices): rank r takes the r-th slice."""
-    n, size = len(rows), _WORLD.size
+    """This rank's contiguous share of the step's rows (prompt indices): data-parallel rank r takes the r-th
+    slice (the ranks of a sequence-parallel group take the same one)."""
+    me = data_world()
+    n, size = len(rows), me.size
     if n % size:
+        where = "ranks (WORLD_SIZE)" if _DATA is None else "data-parallel ranks (WORLD_SIZE / train.sequence_parallel)"
         raise ConfigError(
-            f"train.prompts_per_step={n} does not split evenly over {size} ranks (WORLD_SIZE): "
+            f"train.prompts_per_step={n} does not split evenly over {size} {where}: "
             f"use a multiple of {size}, or launch a number of processes that divides {n}"
         )
     k = n // size
-    return list(rows[_WORLD.rank * k : (_WORLD.rank + 1) * k])
+    return list(rows[me.rank * k : (me.rank + 1) * k])
 
 
 def my_range(n: int) -> range:
     """This rank's contiguous share of ``n`` items, as even as it goes (the first ranks take one more)."""
-    k, extra = divmod(n, _WORLD.size)
-    start = _WORLD.rank * k + min(_WORLD.rank, extra)
-    return range(start, start + k + (1 if _WORLD.rank < extra else 0))
+    me = data_world()
+    k, extra = divmod(n, me.size)
+    start = me.rank * k + min(me.rank, extra)
+    return range(start, start + k + (1 if me.rank < extra else 0))
 
 
 def gather_lists(*lists: list) -> tuple[list, ...]:
     """Each list concatenated over ranks, in rank order (the inverse of ``my_range``)."""
-    if not _active():
+    if not _data_active():
         return lists
-    gathered: list[tuple | None] = [None] * _WORLD.size
-    tdist.all_gather_object(gathered, lists, group=_group())
+    gathered: list[tuple | None] = [None] * data_world().size
+    tdist.all_gather_object(gathered, lists, group=_data_group())
     return tuple([x for part in gathered for x in part[i]] for i in range(len(lists)))
 
 
@@ -305,7 +342,9 @@ def check_divisible(prompts_per_step: int) -> None:
 
 def grad_scale() -> float:
     """DDP and FSDP average gradients over ranks; the loss of each rank is a share of the global
-    loss (its normalisers are global), so it is multiplied by the world size to get the sum."""
+    loss (its normalisers are global), so it is multiplied by the world size to get the sum. Under
+    sequence parallelism the N ranks of a group each back-propagate only through their own positions
+    (their gradients add up to the group's), so the factor is still the whole world's size."""
     return float(_WORLD.size)
 
 
@@ -313,16 +352,16 @@ def global_masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     """The mean of ``x``'s counted entries over all ranks, as a float (a token-weighted metric; the per-row
     tensor version, on one process, is ``grpolab.algo.masked.masked_mean``)."""
     m = mask.to(x.dtype)
-    count, total = _reduce([float(m.sum()), float((x * m).sum())], tdist.ReduceOp.SUM)
+    count, total = _reduce([float(m.sum()), float((x * m).sum())], tdist.ReduceOp.SUM, data=True)
     return total / max(count, 1.0)
 
 
 def global_masked_mean_var(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and unbiased variance of ``x``'s counted entries over all ranks (two passes, as masked_var)."""
     m = mask.to(x.dtype)
-    count, total = _reduce([float(m.sum()), float((x * m).sum())], tdist.ReduceOp.SUM)
+    count, total = _reduce([float(m.sum()), float((x * m).sum())], tdist.ReduceOp.SUM, data=True)
     mean = total / max(count, 1.0)
-    (sq,) = _reduce([float((((x - mean) * m) ** 2).sum())], tdist.ReduceOp.SUM)
+    (sq,) = _reduce([float((((x - mean) * m) ** 2).sum())], tdist.ReduceOp.SUM, data=True)
     var = sq / max(count - 1.0, 1.0)
     return torch.tensor(mean, dtype=x.dtype, device=x.device), torch.tensor(var, dtype=x.dtype, device=x.device)
 

@@ -107,7 +107,7 @@ class ChunkedLMHead(nn.Linear):
             hidden = hidden[:, -t:] if t else hidden[:, :0]
             chunk = request.chunk or chunk_tokens(self.out_features, hidden.device.type)
             logprobs, entropy = ChunkedLogprobs.apply(
-                hidden.reshape(n * t, -1),
+                hidden.reshape(n * t, hidden.shape[-1]),  # t may be 0: a sequence-parallel rank holding no kept position
                 self.weight,
                 self.bias,
                 request.targets.reshape(-1),

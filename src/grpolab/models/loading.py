@@ -126,12 +126,16 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load_policy(cfg: ModelConfig, *, placement: str = "device") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_policy(
+    cfg: ModelConfig, *, placement: str = "device", longest_sequence: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The trainable policy (optionally LoRA-wrapped) and its tokenizer, on the configured device.
 
     ``placement`` for FSDP2 (run/parallel.materialize_from_rank0): "host" loads the weights into host
     memory (rank 0), "meta" builds the model from its config with no storage (the other ranks), so no
     GPU ever holds the unsharded model and only one process reads the files (verl does the same).
+    ``longest_sequence``: the most tokens a training sequence holds (model.gradient_checkpointing=auto
+    checkpoints past CHECKPOINT_ABOVE_TOKENS).
     """
     if not cfg.name_or_path:
         raise ModelLoadError("model.name_or_path is empty: set it to a local model folder or a hub id")
@@ -159,7 +163,7 @@ def load_policy(cfg: ModelConfig, *, placement: str = "device") -> tuple[PreTrai
             model = _wrap_lora(cfg, model)
     if placement != "meta":  # a meta model has no values yet: rank 0 checks the ones it broadcasts
         check_finite_weights(model, cfg.name_or_path)
-    if cfg.checkpointing_on(device.type):
+    if cfg.checkpointing_on(device.type, longest_sequence):
         enable_checkpointing(model)  # backward recomputes each layer with its forward's attention (inference.py)
         model.config.use_cache = False  # training forward only; the sampler passes use_cache=True itself
     return model, tok

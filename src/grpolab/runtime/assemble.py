@@ -40,7 +40,7 @@ import torch
 
 from grpolab.config import Config, ConfigError, ModelConfig, config_to_dict, dump_config
 from grpolab.data import PromptOrder, check_prompt_chars, load_examples, split_eval, tokenize_prompts
-from grpolab.distributed import dist, parallel
+from grpolab.distributed import dist, parallel, sequence
 from grpolab.envs.setup import environment_from_config
 from grpolab.models.inference import limit_cpu_threads
 from grpolab.models.loading import (
@@ -52,6 +52,7 @@ from grpolab.models.loading import (
     resolve_device,
     use_deterministic_kernels,
 )
+from grpolab.models.ulysses_attention import install as install_ulysses
 from grpolab.rewards import WeightedReward, build_rewards, dry_run, start_workers
 from grpolab.rewards.trl_hooks import TrlHooks, attach_hooks
 from grpolab.rollout.base import Sampler
@@ -179,7 +180,11 @@ def session(cfg: Config) -> Iterator[None]:
     """The process group (one process: world size 1) and the run directory's lock, held by the rank
     that writes it, rank 0 (runtime/lock.py): ``assemble`` and the loop run inside it."""
     # a refused lock stops every rank with one line (runtime/lock.py)
-    with dist.session(resolve_device(cfg.model).type, **dist.session_options(cfg.train)), hold_run_dir_for_job(cfg.run_dir):
+    with (
+        dist.session(resolve_device(cfg.model).type, **dist.session_options(cfg.train)),
+        sequence.sequence_parallel(cfg.train.sequence_parallel, timeout_s=cfg.train.dist_timeout_s),
+        hold_run_dir_for_job(cfg.run_dir),
+    ):
         yield
 
 
@@ -226,7 +231,9 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     device = resolve_device(cfg.model)
     amp = resolve_autocast(cfg.model, device)
     if models is None:
-        plain, tok = load_model(cfg.model, placement=("host" if dist.is_main() else "meta") if from_rank0 else "device")
+        placement = ("host" if dist.is_main() else "meta") if from_rank0 else "device"
+        plain, tok = load_model(cfg.model, placement=placement, longest_sequence=cfg.longest_sequence)
+        install_ulysses(plain, cfg.train.sequence_parallel)  # before the reference copy and any wrapper
         reference = Reference(plain, amp) if cfg.algo.needs_reference else None
     else:
         plain, tok, reference = models.policy, models.tokenizer, models.reference
@@ -315,10 +322,10 @@ def _full_states(plain, reference) -> tuple[dict, dict]:
     return plain.state_dict(), ({} if frozen is None else frozen.state_dict())
 
 
-def load_model(model_cfg: ModelConfig, *, placement: str = "device"):
-    """(policy, tokenizer) of ``model_cfg`` on its device (``placement``: models.load_policy); on a CPU no
-    more threads than the cores this process may use."""
-    model, tok = load_policy(model_cfg, placement=placement)
+def load_model(model_cfg: ModelConfig, *, placement: str = "device", longest_sequence: int = 0):
+    """(policy, tokenizer) of ``model_cfg`` on its device (``placement``, ``longest_sequence``:
+    models.load_policy); on a CPU no more threads than the cores this process may use."""
+    model, tok = load_policy(model_cfg, placement=placement, longest_sequence=longest_sequence)
     if resolve_device(model_cfg).type == "cpu":
         limit_cpu_threads()
     return model, tok

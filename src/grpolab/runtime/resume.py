@@ -41,6 +41,7 @@ ACCEPTED = (
     "train.max_bad_steps",
     "train.max_no_signal_steps",
     "train.max_failed_group_share",
+    "train.offload_activations",
     "reward.timeout_s",
     "reward.dry_run_examples",
     "reward.max_retries",

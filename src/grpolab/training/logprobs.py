@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from grpolab.distributed import parallel
+from grpolab.distributed import parallel, sequence
 from grpolab.models.chunked_head import (
     ChunkedLMHead,
     HeadRequest,
@@ -36,6 +36,7 @@ from grpolab.models.chunked_head import (
 )
 from grpolab.models.inference import attention_for
 from grpolab.models.loading import autocast_context, is_peft
+from grpolab.models.ulysses_attention import lm_outputs
 
 _LOGIT_POSTPROCESSING = (
     "final_logit_softcapping",
@@ -200,11 +201,14 @@ class _Forward:
         """transformers turns the cache off under activation checkpointing in training."""
         flag = "is_activation_checkpointing"  # transformers 5; 4.x: is_gradient_checkpointing
         checkpointing = getattr(self.inner, flag if hasattr(self.inner, flag) else "is_gradient_checkpointing", False)
-        return not (checkpointing and self.inner.training)
+        return not (checkpointing and self.inner.training) and not sequence.active()  # a split forward has no cache
 
     def __call__(self, input_ids, attention_mask, position_ids, *, keep: int, cache=None) -> torch.Tensor:
         """Outputs [n, keep, ...] of the last ``keep`` positions (keep=0: all)."""
         rows, width = input_ids.shape
+        if sequence.active():  # this rank's slice of the positions (models/ulysses_attention.py)
+            cols = torch.arange(width - keep if keep else 0, width, device=input_ids.device)
+            return lm_outputs(self.net, input_ids, position_ids, attention_mask, cols)
         past = 0 if cache is None else cache.get_seq_length()
         kw = {"use_cache": False} if cache is None else {"use_cache": True, self.cache_arg: cache}
         shape = {"rows": rows, "q_len": width, "kv_len": past + width}

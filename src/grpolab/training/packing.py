@@ -18,8 +18,10 @@ from collections.abc import Sequence
 
 import torch
 
+from grpolab.distributed import sequence
 from grpolab.models.chunked_head import HeadRequest, head_request
 from grpolab.models.loading import autocast_context
+from grpolab.models.ulysses_attention import lm_outputs
 from grpolab.training.logprobs import _chunked_head, _watched, logprobs_from_logits
 
 
@@ -73,13 +75,21 @@ def packed_completion_logprobs(
         if head is not None:
             request = HeadRequest(targets[None], temp, chunk, into_grad=into_grad and not _watched(model))
             with head_request(head, request):
-                out = model(**forward).logits[0]
+                out = _logits(model, forward)[0]
             lp, ent = out[:, 0], out[:, 1]
         else:
-            logits = model(**forward).logits.float() / temp  # [1, K, V]
+            logits = _logits(model, forward).float() / temp  # [1, K, V]
             lp, ent = (x[0] for x in logprobs_from_logits(logits, targets[None], entropy_grad=entropy_grad))
     logprobs = completion_ids.new_zeros(completion_ids.shape, dtype=lp.dtype).index_put((rows, cols), lp)
     if not with_entropy:
         return logprobs, None
     ent = ent if entropy_grad else ent.detach()
     return logprobs, torch.zeros_like(logprobs).index_put((rows, cols), ent)
+
+
+def _logits(model, forward: dict) -> torch.Tensor:
+    """The forward's ``logits`` (or the chunked head's pairs); under sequence parallelism from this rank's
+    slice of the packed row, every rank then holding all of them (models/ulysses_attention.py)."""
+    if sequence.active():
+        return lm_outputs(model, forward["input_ids"], forward["position_ids"], None, forward["logits_to_keep"])
+    return model(**forward).logits

@@ -40,7 +40,7 @@ import torch
 
 from grpolab.config import Config
 from grpolab.data import PromptOrder
-from grpolab.distributed import dist
+from grpolab.distributed import dist, sequence
 from grpolab.rewards.base import ScoreResult, merge_scores
 from grpolab.rewards.isolate import score_groups
 from grpolab.training.batch import rewards_tensor
@@ -124,7 +124,7 @@ def sample_step(
     groups have a signal. Metrics: ``train/sampling_rounds``, ``train/groups_drawn``, ``train/groups_kept``,
     ``train/reward_mean_drawn`` (over every completion drawn), the generation / scoring times, and the failed
     samples' counts (``failures/*``, training/failures.py). Raises FailedGroups when too many groups failed."""
-    target = cfg.train.prompts_per_step // dist.world().size  # this rank's share (distributed/dist.py shard)
+    target = cfg.train.prompts_per_step // dist.data_world().size  # this rank's share (distributed/dist.py shard)
     dynamic = bool(cfg.algo.dynamic_sampling)
     kept: list[StepGroups] = []
     drawn = n_kept = rounds = 0
@@ -133,7 +133,8 @@ def sample_step(
     seconds = {"sys/time_generation_s": 0.0, "sys/time_scoring_s": 0.0}
     last = None
     for rounds in range(1, (cfg.algo.max_sampling_rounds if dynamic else 1) + 1):  # noqa: B007 - read below
-        last = _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
+        # the ranks that split each sequence all take their first rank's draw (distributed/sequence.py)
+        last = sequence.shared(_draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds))
         drawn += len(last.rows)
         drawn_rewards.append(last.rewards[last.valid])  # a failed group's rows are not valid
         tally.add(last.failures, last.scores.retries + _episode_retries(last.completions))

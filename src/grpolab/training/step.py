@@ -29,6 +29,7 @@ from grpolab.config import Config
 from grpolab.distributed import dist
 from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
 from grpolab.distributed.parallel import clip_grad_norm, gradient_sync
+from grpolab.training.activations import offloaded
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
 from grpolab.training.microbatch import completion_lengths_of, prompt_lengths_of, split_rows
@@ -236,7 +237,8 @@ def update_policy(
             for i, (micro, keep) in enumerate(zip(micros, keeps, strict=True)):
                 mb = batch.select(micro)
                 # DDP: forward and backward inside no_sync (its forward arms the all-reduce), but the last
-                with gradient_sync(model, sync=i == len(micros) - 1):
+                offload = offloaded(cfg.train.offload_activations, batch.completion_ids.device.type)
+                with gradient_sync(model, sync=i == len(micros) - 1), offload:
                     loss, entropy, stats = _micro_batch_loss(
                         model, mb, cfg, spec, pad_id, autocast_dtype, total_seqs=total_seqs, total_tokens=total_tokens,
                         token_keep=keep,

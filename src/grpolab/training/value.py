@@ -28,9 +28,12 @@ import torch
 from torch import nn
 
 from grpolab.config import Config
+from grpolab.distributed import sequence
 from grpolab.models.inference import enable_checkpointing
 from grpolab.models.loading import ModelLoadError, attention_kwargs, autocast_context
 from grpolab.models.sources import local_source
+from grpolab.models.ulysses_attention import install as install_ulysses
+from grpolab.models.ulysses_attention import masks_for, sharded_outputs
 from grpolab.training.logprobs import build_inputs
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,15 @@ class ValueModel(nn.Module):
         self.head = head
 
     def forward(self, input_ids, attention_mask, position_ids, *, autocast_dtype=None) -> torch.Tensor:
+        if sequence.active():  # this rank's slice of the positions, every rank then holding all values
+            every = torch.arange(input_ids.shape[1], device=input_ids.device)
+            return sharded_outputs(lambda local: self._local(local, autocast_dtype), input_ids, position_ids, attention_mask, every)
+        return self._values(input_ids, attention_mask, position_ids, autocast_dtype)
+
+    def _local(self, local, autocast_dtype) -> torch.Tensor:
+        return self._values(local.input_ids, masks_for(self.body, local.shard), local.position_ids, autocast_dtype)[:, local.keep]
+
+    def _values(self, input_ids, attention_mask, position_ids, autocast_dtype) -> torch.Tensor:
         with autocast_context(input_ids.device, autocast_dtype):
             hidden = self.body(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
@@ -90,7 +102,8 @@ def load_value_model(cfg: Config, device: torch.device, *, placement: str = "dev
         model = _from_reward_model(source, kwargs)
     else:  # a GGUF source (a file, package:...) is read from its converted folder, as the policy is
         model = _from_policy_checkpoint(source, kwargs)
-    if m.checkpointing_on(device.type):
+    install_ulysses(model, cfg.train.sequence_parallel)  # before wrapping; a one-line error if it cannot split
+    if m.checkpointing_on(device.type, cfg.longest_sequence):
         enable_checkpointing(model.body)
     return (model.to(device) if placement == "device" else model).train()
 

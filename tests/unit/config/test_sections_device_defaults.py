@@ -30,3 +30,14 @@ def test_the_keys_read_auto_or_a_value_and_refuse_nonsense():
         load_config(None, ["train.micro_batch_size=0"])
     with pytest.raises(ConfigError, match="micro_batch_size"):
         load_config(None, ["train.micro_batch_size=big"])
+
+
+def test_auto_checkpointing_turns_on_past_the_long_sequence_threshold_on_any_device():
+    from grpolab.config.sections import CHECKPOINT_ABOVE_TOKENS
+
+    model = ModelConfig(name_or_path="m")
+    assert CHECKPOINT_ABOVE_TOKENS == 8192
+    assert model.checkpointing_on("cpu", 8192) is False and model.checkpointing_on("cpu", 8193) is True
+    assert ModelConfig(name_or_path="m", gradient_checkpointing=False).checkpointing_on("cpu", 32768) is False
+    cfg = load_config(None, ["data.max_prompt_length=512", "rollout.max_completion_length=8000"])
+    assert cfg.longest_sequence == 8512 and cfg.model.checkpointing_on("cpu", cfg.longest_sequence) is True
