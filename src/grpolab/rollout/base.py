@@ -121,6 +121,24 @@ def check_prompts(prompt_ids: list[list[int]], num_generations: int) -> None:
         raise ValueError(f"prompts {empty} have no tokens: start every prompt with at least one token (e.g. BOS)")
 
 
+def resolve_eos(model, tokenizer, eos_token_ids: Sequence[int] | None) -> list[int]:
+    """The EOS token ids a sampler stops at: ``eos_token_ids`` when given, else the tokenizer's EOS and the
+    model's ``generation_config.eos_token_id`` (one id or a list), without repeats. Every engine stops at
+    the same ids, so a sample ends at the same token whichever engine drew it."""
+    if eos_token_ids is not None:
+        ids = list(eos_token_ids)
+    else:
+        ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        ids += config_eos if isinstance(config_eos, list) else [config_eos] if config_eos is not None else []
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    if not ids:
+        raise ValueError(
+            "no EOS token: the tokenizer and generation_config have none; pass eos_token_ids=[...]"
+        )
+    return ids
+
+
 def package_completions(
     prompt_ids: Sequence[Sequence[int]],
     group: int,

@@ -22,7 +22,7 @@ from grpolab.distributed import dist
 from grpolab.models.loading import resolve_autocast, resolve_device
 from grpolab.models.sources import local_source
 from grpolab.rollout import vllm_batch, vllm_shm
-from grpolab.rollout.hf import _resolve_eos
+from grpolab.rollout.base import resolve_eos
 from grpolab.rollout.server_client import ServerClient
 from grpolab.rollout.vllm_client import MODEL_NAME, ServerSampler
 from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
@@ -136,7 +136,7 @@ def build_server_sampler(
         top_k=r.top_k,
         min_p=r.min_p,
         repetition_penalty=r.repetition_penalty,
-        eos_token_ids=_resolve_eos(policy, tokenizer, None),
+        eos_token_ids=resolve_eos(policy, tokenizer, None),
         weights_from=wrapped if wrapped is not None else policy,
         device=device,
         transport=weight_transport(r),
