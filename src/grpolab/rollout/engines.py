@@ -24,8 +24,8 @@ from grpolab.config import Config, ConfigError
 from grpolab.distributed import parallel
 from grpolab.rollout.base import Sampler
 from grpolab.rollout.hf import sampler_from_config
-from grpolab.rollout.server_setup import build_server_sampler
-from grpolab.rollout.vllm_setup import build_vllm_sampler, check_vllm_config
+from grpolab.rollout.vllm.server_setup import build_server_sampler
+from grpolab.rollout.vllm.setup import build_vllm_sampler, check_vllm_config
 
 SamplerBuilder = Callable[..., Sampler]
 """``(cfg, *, policy, tokenizer, autocast_dtype, wrapped=None, temperature=None) -> Sampler``."""
@@ -111,7 +111,7 @@ def build_sampler(
     temperature: float | None = None,
 ) -> Sampler:
     """The sampler of ``cfg.rollout.engine`` (see the module docstring for the arguments). rollout.mode=server
-    and a training policy (``wrapped``): the client of a vLLM server (rollout/server_setup.py); an evaluation
+    and a training policy (``wrapped``): the client of a vLLM server (rollout/vllm/server_setup.py); an evaluation
     (no ``wrapped``) runs the colocated engine, so it never changes the weights a server serves."""
     check_engine(cfg.rollout.engine)
     server = cfg.rollout.mode == "server" and wrapped is not None

@@ -211,7 +211,7 @@ class MultiTurnSampler:
         self.sampler.update_weights(model)
 
     def send_pending(self) -> None:
-        """The inner sampler's first weights, if it holds them back (the server sampler: rollout/vllm_client.py)."""
+        """The inner sampler's first weights, if it holds them back (the server sampler: rollout/vllm/client.py)."""
         getattr(self.sampler, "send_pending", lambda: None)()
 
     def close(self) -> None:
@@ -361,7 +361,7 @@ class MultiTurnSampler:
 
 
 def _versions(version: int | None, n: int) -> list[int] | None:
-    """A server sampler's weight version (rollout/vllm_client.py) for every episode: a sync never falls
+    """A server sampler's weight version (rollout/vllm/client.py) for every episode: a sync never falls
     inside a step's episodes (training/ahead.py), so all their turns share it; None for other engines."""
     return None if version is None else [int(version)] * n
 

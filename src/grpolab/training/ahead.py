@@ -10,7 +10,7 @@ lag is k, the same at every run with the same seeds, and the generation of steps
 overlaps step t's training. The thread draws prompts and seeds from the same data sampler and generator, in the same order,
 as the synchronous loop: the steps see the same prompts and seeds at every k, only older weights.
 
-The server sampler (rollout/vllm_client.py) holds one lock across a whole ``sample`` and a whole sync,
+The server sampler (rollout/vllm/client.py) holds one lock across a whole ``sample`` and a whole sync,
 so every batch is drawn with one weight version, recorded on each sample (``Completions.weight_versions``);
 staleness = the trainer's version when it trains the sample - the sample's version. The engine's log-probs
 (its processed ones) are the behaviour policy's; the loss's rollout correction (algo.rollout_correction)

@@ -1,4 +1,4 @@
-"""rollout/vllm_server.py's start on an IPv6 loopback address: the port is found on that address and the URL
+"""rollout/vllm/server.py's start on an IPv6 loopback address: the port is found on that address and the URL
 brackets it (a fake Popen stands for vLLM's server, whose own bind takes IPv6 addresses)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from grpolab.rollout import vllm_server
+from grpolab.rollout.vllm import server as vllm_server
 
 
 def test_a_server_on_ipv6_loopback_gets_a_port_there_and_a_bracketed_url(monkeypatch, tmp_path):
