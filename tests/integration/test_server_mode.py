@@ -166,7 +166,7 @@ def test_a_trainer_of_another_model_is_refused_and_a_load_that_leaves_layers_out
     load report (its weights for layer 1 were kept, as vLLM's reload keeps a layer it is given nothing for)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    import grpolab.rollout.vllm.client as vllm_client
+    import grpolab.rollout.vllm.weights as vllm_weights
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
@@ -183,8 +183,8 @@ def test_a_trainer_of_another_model_is_refused_and_a_load_that_leaves_layers_out
     assert finished_updates(server) == before  # nothing was sent
 
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    sent = vllm_client.policy_weights
-    monkeypatch.setattr(vllm_client, "policy_weights", lambda *a, **kw: ((n, t) for n, t in sent(*a, **kw) if ".layers.1." not in n))
+    sent = vllm_weights.policy_weights
+    monkeypatch.setattr(vllm_weights, "policy_weights", lambda *a, **kw: ((n, t) for n, t in sent(*a, **kw) if ".layers.1." not in n))
     with pytest.raises(RolloutServerError, match=r"loaded none of this trainer's weights into \d+ of its parameters \(model.layers.1.") as err:
         sampler_of(policy).update_weights(policy)
     assert "\n" not in str(err.value)
