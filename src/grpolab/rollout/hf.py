@@ -38,7 +38,7 @@ from transformers.cache_utils import DynamicLayer
 
 from grpolab.models.inference import WeightCopy, attention_for, wants_eager_attention
 from grpolab.models.loading import is_peft
-from grpolab.rollout.base import NonFiniteLogits, check_prompts, check_sampling, resolve_eos
+from grpolab.rollout.base import NonFiniteLogits, Sampler, check_prompts, check_sampling, resolve_eos
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.rollout.filters import filter_logits, penalise_repeats, seen_tokens
 from grpolab.types import Completions, FinishReason
@@ -48,12 +48,16 @@ FINISHED_CHECK_EVERY_CUDA = 16
 where a sync costs nothing and an extra step would cost a forward)."""
 
 
-class HFSampler:
+class HFSampler(Sampler):
     """Implements ``grpolab.rollout.base.Sampler`` for a transformers (or PEFT-wrapped) causal LM.
 
     The returned tensors live on the model's device and are ordinary tensors (not inference
-    tensors), so the trainer can index with them under autograd.
+    tensors), so the trainer can index with them under autograd. It reads the live model: no weight
+    versions, nothing held back (the contract's defaults).
     """
+
+    takes_examples = False
+    streams_groups = False
 
     def __init__(
         self,

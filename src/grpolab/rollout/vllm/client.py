@@ -52,7 +52,7 @@ import torch
 
 from grpolab.distributed import dist
 from grpolab.errors import one_line
-from grpolab.rollout.base import check_prompts, check_sampling, package_completions
+from grpolab.rollout.base import Sampler, check_prompts, check_sampling, package_completions
 from grpolab.rollout.vllm import batch, server_protocol
 from grpolab.rollout.vllm.engine import SEED_MODULUS, draw_seed
 from grpolab.rollout.vllm.server import RolloutServerError
@@ -71,12 +71,12 @@ _NOTHING = {"token_ids": [], "logprobs": []}
 """A failed sample's tokens: none (its row is never scored or trained on)."""
 
 
-class ServerSampler:
-    """Implements ``grpolab.rollout.base.Sampler`` against a vLLM server (see the module docstring)."""
+class ServerSampler(Sampler):
+    """Implements ``grpolab.rollout.base.Sampler`` against a vLLM server (see the module docstring): it streams
+    groups, numbers its weight versions and holds the first weights back until ``send_pending``."""
 
     takes_examples = False
     streams_groups = True
-    """``sample`` takes ``on_group``: each prompt's group as soon as it is done (training/sampling.py)."""
 
     def __init__(
         self,
@@ -121,7 +121,7 @@ class ServerSampler:
         self.version: int | None = None
         """The weight version the server serves (0 = the first sync; +1 per update_weights)."""
         self.last_sync_s = 0.0
-        self.last_sync_bytes = 0
+        self.last_sync_bytes: int = 0
         self.last_generate_s = 0.0
         self.lock = threading.Lock()
         """Held by a whole ``sample`` and a whole sync: a batch is sampled with one version."""

@@ -43,7 +43,7 @@ import torch
 
 from grpolab.config import ConfigError
 from grpolab.rewards.timeouts import TimedOut, bounded_in_main
-from grpolab.rollout.base import EngineDied, check_prompts, check_sampling, package_completions
+from grpolab.rollout.base import EngineDied, Sampler, check_prompts, check_sampling, package_completions
 from grpolab.rollout.vllm.sync import policy_weights
 from grpolab.types import Completions
 
@@ -80,8 +80,12 @@ class RotaryReloadNoise(logging.Filter):
 SEED_MODULUS = 2**63 - 1
 
 
-class VLLMSampler:
-    """Implements ``grpolab.rollout.base.Sampler`` on a vLLM ``LLM`` (see the module docstring)."""
+class VLLMSampler(Sampler):
+    """Implements ``grpolab.rollout.base.Sampler`` on a vLLM ``LLM`` (see the module docstring). It takes
+    every update before the next ``sample``: no weight versions (the contract's default)."""
+
+    takes_examples = False
+    streams_groups = False
 
     def __init__(
         self,
@@ -153,6 +157,11 @@ class VLLMSampler:
         self.last_sync_s = time.perf_counter() - t0
         log.debug("vllm: weights synced in %.3f s", self.last_sync_s)
 
+    def send_pending(self) -> None:
+        """The weights given as ``weights_from``, if not loaded yet (the first ``sample`` loads them)."""
+        if self._pending is not None:
+            self.update_weights(self._pending)
+
     def sample(
         self,
         prompt_ids: list[list[int]],
@@ -164,7 +173,7 @@ class VLLMSampler:
         check_prompts(prompt_ids, num_generations)
         self._check_fits(prompt_ids)
         state = _ENGINE_STATE.get(id(self.engine), {})
-        if self._pending is not None:
+        if self._pending is not None:  # as send_pending
             self.update_weights(self._pending)
         elif state.get("discarded"):  # slept at level 2 with no sync since: never sample discarded weights
             self.update_weights(state["source"])

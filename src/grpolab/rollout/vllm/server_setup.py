@@ -3,7 +3,7 @@
 ``server_args`` turns the run's engine settings (rollout/vllm/setup.py ``engine_kwargs``, the colocated
 engine's own) into the server's command line, so both modes run the same engine; ``start_server``
 starts one (``grpolab train`` with no rollout.server_url, and ``grpolab serve``); ``build_server_sampler``
-is what rollout/engines.py builds in server mode.
+is the vLLM record's server builder (rollout/vllm/record.py), what rollout/engines.py builds in server mode.
 """
 
 from __future__ import annotations
