@@ -90,6 +90,13 @@ def plugin_path(folder: Path) -> Path:
     return folder
 
 
+def package_root() -> str:
+    """The folder holding this grpolab package (src/ in a checkout), for the server's PYTHONPATH: its plugins
+    import this grpolab, not another one installed. Found from a module at the package's top, so wherever
+    this module sits; a folder inside the package on the path would shadow the standard library (types.py)."""
+    return str(Path(jsonio.__file__).resolve().parents[1])
+
+
 def allowed_plugins() -> str:
     """``VLLM_PLUGINS`` for the server. vLLM loads an endpoint plugin only when this names it, and then loads
     only the plugins it names in every other group too (general, platform, stat-logger, ...), so it names
@@ -173,10 +180,9 @@ class VLLMServer:
         check_bind(host, allow_remote=allow_remote, api_key=api_key)
         port = port or free_port(host if host != "localhost" else "127.0.0.1")
         scratch = tempfile.TemporaryDirectory(prefix="grpolab-vllm-server-")
-        grpolab_src = str(Path(__file__).resolve().parents[2])
         child_env = {**os.environ, **(env or {}), "VLLM_SERVER_DEV_MODE": "1", "VLLM_PLUGINS": allowed_plugins()}
         child_env["PYTHONPATH"] = os.pathsep.join(
-            [str(plugin_path(Path(scratch.name))), grpolab_src, *filter(None, [os.environ.get("PYTHONPATH")])]
+            [str(plugin_path(Path(scratch.name))), package_root(), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
         child_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # colocated mode's setting; the server needs its own
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, "--host", host, "--port", str(port)]
