@@ -129,7 +129,7 @@ def print_table(results: list[dict]) -> None:
 
 
 def run_seed(out: Path, seed: int, a: argparse.Namespace) -> list[dict]:
-    from grpolab.rollout.vllm import shutdown_engines
+    from grpolab.rollout.vllm.engine import shutdown_engines
 
     sft_dir, how = sft_stage(out, seed, a.size)
     print(f"seed {seed}: SFT model {sft_dir} ({how})", flush=True)

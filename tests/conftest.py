@@ -32,7 +32,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def vllm_model_dir(tmp_path_factory) -> str:
     """The vLLM integration tests' model (hidden 64, 2 layers, 2 heads), one folder for their modules: an
-    engine is kept for the process, keyed by its settings and the model's path (rollout/vllm.py,
+    engine is kept for the process, keyed by its settings and the model's path (rollout/vllm/engine.py,
     start_engine), so a colocated run of one module (test_server_mode.py) and the next (test_vllm_train.py)
     share one engine start."""
     from grpolab.tasks.tiny import save_tiny

@@ -17,9 +17,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpolab[
 from grpolab.commands.train import train  # noqa: E402
 from grpolab.config import load_config  # noqa: E402
 from grpolab.envs import EnvStep  # noqa: E402
+from grpolab.rollout.base import Sampler
 from grpolab.rollout.multiturn import MultiTurnSampler, episode_prompt_ids  # noqa: E402
-from grpolab.rollout.vllm import VLLMSampler, shutdown_engines, start_engine  # noqa: E402
-from grpolab.rollout.vllm_setup import engine_kwargs  # noqa: E402
+from grpolab.rollout.vllm.engine import VLLMSampler, shutdown_engines, start_engine  # noqa: E402
+from grpolab.rollout.vllm.setup import engine_kwargs  # noqa: E402
 from grpolab.runtime.logging import read_metrics  # noqa: E402
 from grpolab.training.logprobs import completion_logprobs  # noqa: E402
 from grpolab.types import Example  # noqa: E402
@@ -92,7 +93,7 @@ def tok(model_dir):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-class Recording:
+class Recording(Sampler):
     """The inner sampler, keeping what each model turn drew."""
 
     def __init__(self, inner) -> None:

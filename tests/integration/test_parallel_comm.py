@@ -60,7 +60,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         with gathered(sharded) as whole:
             sampled = {p.dtype for p in whole.parameters()}
         root_after = _root_kept_after_forward(sharded)
-        from grpolab.rollout.vllm_sync import policy_weights, weight_metadata
+        from grpolab.rollout.vllm.sync import policy_weights, weight_metadata
 
         declared = weight_metadata(sharded, torch.bfloat16)  # from the shards: nothing gathered
         gathered_meta = [(n, t.dtype, tuple(t.shape)) for n, t in policy_weights(sharded, torch.bfloat16)]

@@ -25,9 +25,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpolab[
 
 from grpolab.commands.train import train  # noqa: E402
 from grpolab.config import load_config  # noqa: E402
-from grpolab.rollout.server_client import ServerClient  # noqa: E402
-from grpolab.rollout.vllm_client import ServerSampler  # noqa: E402
-from grpolab.rollout.vllm_server import RolloutServerError  # noqa: E402
+from grpolab.rollout.vllm.client import ServerSampler  # noqa: E402
+from grpolab.rollout.vllm.server import RolloutServerError  # noqa: E402
+from grpolab.rollout.vllm.server_client import ServerClient  # noqa: E402
 from grpolab.runtime.logging import read_metrics  # noqa: E402
 from grpolab.training.logprobs import completion_logprobs  # noqa: E402
 
@@ -166,7 +166,7 @@ def test_a_trainer_of_another_model_is_refused_and_a_load_that_leaves_layers_out
     load report (its weights for layer 1 were kept, as vLLM's reload keeps a layer it is given nothing for)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    import grpolab.rollout.vllm_client as vllm_client
+    import grpolab.rollout.vllm.weights as vllm_weights
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
@@ -183,8 +183,8 @@ def test_a_trainer_of_another_model_is_refused_and_a_load_that_leaves_layers_out
     assert finished_updates(server) == before  # nothing was sent
 
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    sent = vllm_client.policy_weights
-    monkeypatch.setattr(vllm_client, "policy_weights", lambda *a, **kw: ((n, t) for n, t in sent(*a, **kw) if ".layers.1." not in n))
+    sent = vllm_weights.policy_weights
+    monkeypatch.setattr(vllm_weights, "policy_weights", lambda *a, **kw: ((n, t) for n, t in sent(*a, **kw) if ".layers.1." not in n))
     with pytest.raises(RolloutServerError, match=r"loaded none of this trainer's weights into \d+ of its parameters \(model.layers.1.") as err:
         sampler_of(policy).update_weights(policy)
     assert "\n" not in str(err.value)
@@ -234,7 +234,7 @@ def test_lora_run_in_server_mode_keeps_the_engine_on_the_trainer(server, model_d
 
 def test_staleness_0_gives_colocated_samples_and_metrics(server, model_dir, addition_jsonl, tmp_path):
     """At staleness 0 server mode is colocated mode: the server runs each step's batch as the colocated engine
-    does (rollout/vllm_batch.py: paused, seeded, added in order, resumed), so the same seeds give the same
+    does (rollout/vllm/batch.py: paused, seeded, added in order, resumed), so the same seeds give the same
     tokens, and so the same rewards and loss; every sample comes from the weights the step trains."""
     data = addition_jsonl(16)
     colocated = read_metrics(train(load_config(None, overrides(model_dir, data, tmp_path, "c", 3))).run_dir)

@@ -39,7 +39,7 @@ def model_dir(vllm_model_dir):
 @pytest.fixture(scope="module", autouse=True)
 def _free_engines():
     yield
-    from grpolab.rollout.vllm import shutdown_engines
+    from grpolab.rollout.vllm.engine import shutdown_engines
 
     shutdown_engines()
 
@@ -99,7 +99,7 @@ def test_torchrun_two_ranks_one_engine_each(model_dir, addition_jsonl, tmp_path)
 def test_eval_samples_with_the_engine(model_dir, addition_jsonl, tmp_path, monkeypatch):
     """``grpolab eval`` with rollout.engine=vllm: greedy completions equal the hf engine's."""
     from grpolab.commands.eval import evaluate
-    from grpolab.rollout.vllm import VLLMSampler
+    from grpolab.rollout.vllm.engine import VLLMSampler
 
     temperatures = []
     sample = VLLMSampler.sample

@@ -28,7 +28,7 @@ from grpolab.rewards import WeightedReward
 from grpolab.runtime.assemble import Models, Run, assemble, session
 from grpolab.runtime.guards import GracefulStop, SamplerGap, sampling_guard
 from grpolab.runtime.logging import PhaseMemory
-from grpolab.training.ahead import AheadSampling, staleness_metrics
+from grpolab.training.ahead import AheadSampling, AheadSource, staleness_metrics
 from grpolab.training.batch import length_by_reward, reward_parts, step_tokens
 from grpolab.training.sampling import StepGroups, sample_step
 from grpolab.training.step import update_policy
@@ -82,8 +82,12 @@ def _loop(run: Run, stop: GracefulStop, after_step: AfterStep | None) -> TrainRe
     ahead = None
     if cfg.rollout.mode == "server" and cfg.rollout.max_staleness > 0 and run.start < cfg.train.num_steps:
         # the next k steps' groups are sampled while this one trains (training/ahead.py)
+        source = AheadSource(
+            cfg=cfg, sampler=run.sampler, rewards=run.rewards, examples=run.examples, prompt_ids=run.prompt_ids,
+            prompt_order=run.prompt_order, generator=run.sampling_generator,
+        )  # fmt: skip
         ahead = AheadSampling(
-            run, first_step=run.start + 1, last_step=cfg.train.num_steps, max_staleness=cfg.rollout.max_staleness
+            source, first_step=run.start + 1, last_step=cfg.train.num_steps, max_staleness=cfg.rollout.max_staleness
         )
     try:
         return _steps(run, stop, ahead, after_step)

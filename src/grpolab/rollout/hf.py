@@ -38,7 +38,7 @@ from transformers.cache_utils import DynamicLayer
 
 from grpolab.models.inference import WeightCopy, attention_for, wants_eager_attention
 from grpolab.models.loading import is_peft
-from grpolab.rollout.base import NonFiniteLogits, check_prompts, check_sampling
+from grpolab.rollout.base import NonFiniteLogits, Sampler, check_prompts, check_sampling, resolve_eos
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.rollout.filters import filter_logits, penalise_repeats, seen_tokens
 from grpolab.types import Completions, FinishReason
@@ -48,12 +48,16 @@ FINISHED_CHECK_EVERY_CUDA = 16
 where a sync costs nothing and an extra step would cost a forward)."""
 
 
-class HFSampler:
+class HFSampler(Sampler):
     """Implements ``grpolab.rollout.base.Sampler`` for a transformers (or PEFT-wrapped) causal LM.
 
     The returned tensors live on the model's device and are ordinary tensors (not inference
-    tensors), so the trainer can index with them under autograd.
+    tensors), so the trainer can index with them under autograd. It reads the live model: no weight
+    versions, nothing held back (the contract's defaults).
     """
+
+    takes_examples = False
+    streams_groups = False
 
     def __init__(
         self,
@@ -93,7 +97,7 @@ class HFSampler:
         self.autocast_dtype = autocast_dtype
         self.max_batch_sequences = max_batch_sequences
         self.kv_cache_budget_bytes = kv_cache_budget_bytes
-        self.eos_token_ids = _resolve_eos(model, tokenizer, eos_token_ids)
+        self.eos_token_ids = resolve_eos(model, tokenizer, eos_token_ids)
         self.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         )
@@ -312,21 +316,6 @@ def sampler_from_config(
         cast_weights=cast_weights,
         kv_cache_budget_bytes=None if rollout.kv_cache_budget_mb is None else int(rollout.kv_cache_budget_mb * 2**20),
     )
-
-
-def _resolve_eos(model, tokenizer, eos_token_ids: Sequence[int] | None) -> list[int]:
-    if eos_token_ids is not None:
-        ids = list(eos_token_ids)
-    else:
-        ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        ids += config_eos if isinstance(config_eos, list) else [config_eos] if config_eos is not None else []
-    ids = list(dict.fromkeys(int(i) for i in ids))
-    if not ids:
-        raise ValueError(
-            "no EOS token: the tokenizer and generation_config have none; pass eos_token_ids=[...]"
-        )
-    return ids
 
 
 def _check_inputs(prompt_ids, num_generations: int, generator, device: torch.device) -> None:

@@ -34,7 +34,6 @@ engine with prefix caching reuses it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -46,6 +45,7 @@ from grpolab.config.sections import EnvConfig
 from grpolab.envs.base import Environment, EnvStep, Message
 from grpolab.envs.contract import EnvLoop, EnvTimedOut, checked_reset, env_failure, env_name, guarded_step
 from grpolab.errors import ConfigError, one_line
+from grpolab.rollout.base import Sampler
 from grpolab.types import Completions, Episode, Example, Failure, FinishReason
 
 log = logging.getLogger(__name__)
@@ -161,15 +161,17 @@ class _Running:
         self.tool_errors += step.tool_errors
 
 
-class MultiTurnSampler:
-    """Implements ``grpolab.rollout.base.Sampler`` for environment episodes, over an inner Sampler."""
+class MultiTurnSampler(Sampler):
+    """Implements ``grpolab.rollout.base.Sampler`` for environment episodes, over an inner Sampler: it takes
+    the examples (the environments are reset with them), hands the whole batch back at once, and has the
+    inner sampler's weight versions."""
 
     takes_examples = True
-    """``sample`` needs ``examples=``: the environments are reset with them (rollout/base.py)."""
+    streams_groups = False
 
     def __init__(
         self,
-        sampler,
+        sampler: Sampler,
         tokenizer,
         make_env: Callable[[], Environment],
         *,
@@ -193,26 +195,26 @@ class MultiTurnSampler:
         self.step_timeout_s = step_timeout_s
         self.max_retries = max_retries
         self.delta = ChatDelta(tokenizer, make_env().tools)
-        self.pad_token_id = getattr(sampler, "pad_token_id", tokenizer.pad_token_id)
+        self.pad_token_id = sampler.pad_token_id
         self._device = torch.device("cpu")
         """Where the inner sampler's tensors live; the episode's tensors go there too."""
 
     @property
     def version(self) -> int | None:
-        """The inner server sampler's weight version (rollout.mode=server), else None."""
-        return getattr(self.sampler, "version", None)
+        """The inner sampler's weight version (the server sampler's; None for an engine without versions)."""
+        return self.sampler.version
 
     @property
     def last_sync_bytes(self) -> int:
-        return getattr(self.sampler, "last_sync_bytes", 0)
+        return self.sampler.last_sync_bytes
 
     def update_weights(self, model) -> None:
         """The inner engine takes the policy's weights (rollout.base.Sampler)."""
         self.sampler.update_weights(model)
 
     def send_pending(self) -> None:
-        """The inner sampler's first weights, if it holds them back (the server sampler: rollout/vllm_client.py)."""
-        getattr(self.sampler, "send_pending", lambda: None)()
+        """The inner sampler's first weights, if it holds them back (the server sampler: rollout/vllm/client.py)."""
+        self.sampler.send_pending()
 
     def close(self) -> None:
         self.sampler.close()
@@ -238,9 +240,8 @@ class MultiTurnSampler:
         # one loop for the whole call (clients opened in a step stay usable), in its own thread, so that
         # every wait on the environments' steps is bounded (envs.contract)
         loop = EnvLoop(self.step_timeout_s)
-        awake = getattr(self.sampler, "awake", contextlib.nullcontext)  # colocated vLLM: one sleep per batch
         try:
-            with awake():
+            with self.sampler.awake():  # colocated vLLM: one sleep per batch
                 self._turns(episodes, loop, generator, envs)
         finally:
             loop.close(_close_all(envs))
@@ -361,7 +362,7 @@ class MultiTurnSampler:
 
 
 def _versions(version: int | None, n: int) -> list[int] | None:
-    """A server sampler's weight version (rollout/vllm_client.py) for every episode: a sync never falls
+    """A server sampler's weight version (rollout/vllm/client.py) for every episode: a sync never falls
     inside a step's episodes (training/ahead.py), so all their turns share it; None for other engines."""
     return None if version is None else [int(version)] * n
 

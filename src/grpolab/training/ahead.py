@@ -10,7 +10,7 @@ lag is k, the same at every run with the same seeds, and the generation of steps
 overlaps step t's training. The thread draws prompts and seeds from the same data sampler and generator, in the same order,
 as the synchronous loop: the steps see the same prompts and seeds at every k, only older weights.
 
-The server sampler (rollout/vllm_client.py) holds one lock across a whole ``sample`` and a whole sync,
+The server sampler (rollout/vllm/client.py) holds one lock across a whole ``sample`` and a whole sync,
 so every batch is drawn with one weight version, recorded on each sample (``Completions.weight_versions``);
 staleness = the trainer's version when it trains the sample - the sample's version. The engine's log-probs
 (its processed ones) are the behaviour policy's; the loss's rollout correction (algo.rollout_correction)
@@ -28,20 +28,47 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from grpolab.config import Config
+from grpolab.data import PromptOrder
 from grpolab.distributed import dist
+from grpolab.rewards.base import WeightedReward
+from grpolab.rollout.base import Sampler
 from grpolab.training.sampling import StepGroups, sample_step
+from grpolab.types import Example
+
+
+@dataclass(frozen=True)
+class AheadSource:
+    """What the background sampler draws and samples from: the same objects the synchronous loop passes to
+    ``sample_step``, so both draw the same prompts and seeds. The trainer's loop builds it from its run."""
+
+    cfg: Config
+    """The run's config (``sample_step`` reads rollout.*, algo.* dynamic sampling, reward.* bounds)."""
+    sampler: Sampler
+    """The server sampler (or the multi-turn one over it): it numbers its weight versions."""
+    rewards: Sequence[WeightedReward]
+    """The reward functions that score each group (as it finishes: ``streams_groups``)."""
+    examples: Sequence[Example]
+    """The training examples, in the order of ``prompt_ids``."""
+    prompt_ids: Sequence[Sequence[int]]
+    """The examples' tokenized prompts."""
+    prompt_order: PromptOrder
+    """The seeded, resumable prompt order; ``checkpoint_state`` sets it back to before a step's draw."""
+    generator: torch.Generator
+    """The sampling generator (the steps' seeds); set back with ``prompt_order``."""
 
 
 class AheadSampling:
     """The background sampler of one run (module docstring); ``take`` returns the groups of the next step."""
 
-    def __init__(self, run, *, first_step: int, last_step: int, max_staleness: int) -> None:
-        self.run = run
-        getattr(run.sampler, "send_pending", lambda: None)()  # version 0 from this thread: a sync's collectives stay on the main thread
+    def __init__(self, source: AheadSource, *, first_step: int, last_step: int, max_staleness: int) -> None:
+        self.source = source
+        source.sampler.send_pending()  # version 0 from this thread: a sync's collectives stay on the main thread
         self.group = dist.side_group()
         """The thread's own process group under torchrun (its collectives beside the trainer's: dist.side_group)."""
         self.first, self.last, self.k = first_step, last_step, max_staleness
@@ -67,7 +94,7 @@ class AheadSampling:
             self._steps()
 
     def _steps(self) -> None:
-        run = self.run
+        src = self.source
         try:
             for step in range(self.first, self.last + 1):
                 t0 = time.perf_counter()
@@ -78,12 +105,12 @@ class AheadSampling:
                 if self.stop.is_set():
                     return
                 with self.draw_lock:
-                    self.before[step] = (run.prompt_order.state_dict(), run.sampling_generator.get_state())
+                    self.before[step] = (src.prompt_order.state_dict(), src.generator.get_state())
                     drawn = sample_step(
-                        run.cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
-                        prompt_ids=run.prompt_ids, generator=run.sampling_generator,
+                        src.cfg, sampler=src.sampler, rewards=src.rewards, data=src.prompt_order, examples=src.examples,
+                        prompt_ids=src.prompt_ids, generator=src.generator,
                     )  # fmt: skip
-                    self.drawn_after[step] = run.prompt_order.drawn
+                    self.drawn_after[step] = src.prompt_order.drawn
                 self.out.put((step, drawn, idle))
                 with self.cond:
                     self.drawn_through = step
@@ -137,31 +164,31 @@ class AheadSampling:
         """The data sampler and generator set back to before ``next_step``'s draw (if drawn already) while the
         body saves a checkpoint; the thread waits meanwhile."""
         with self.draw_lock:
-            run = self.run
+            src = self.source
             saved = self.before.get(next_step)
-            now = (run.prompt_order.state_dict(), run.sampling_generator.get_state())
+            now = (src.prompt_order.state_dict(), src.generator.get_state())
             if saved is not None:
-                run.prompt_order.load_state_dict(saved[0])
-                run.sampling_generator.set_state(saved[1])
+                src.prompt_order.load_state_dict(saved[0])
+                src.generator.set_state(saved[1])
             try:
                 yield
             finally:
-                run.prompt_order.load_state_dict(now[0])
-                run.sampling_generator.set_state(now[1])
+                src.prompt_order.load_state_dict(now[0])
+                src.generator.set_state(now[1])
 
     def close(self) -> None:
         self.stop.set()
         with self.cond:
             self.cond.notify_all()
-        self.thread.join(timeout=self.run.cfg.rollout.sync_timeout_s + 10)
+        self.thread.join(timeout=self.source.cfg.rollout.sync_timeout_s + 10)
         if not self.thread.is_alive():
             dist.destroy_group(self.group)
 
 
-def staleness_metrics(drawn: StepGroups, sampler) -> dict[str, float]:
-    """Staleness mean / max, the weight versions in the batch, and the last sync's time and bytes (server mode)."""
+def staleness_metrics(drawn: StepGroups, sampler: Sampler) -> dict[str, float]:
+    """Staleness mean / max, the weight versions in the batch, and the last sync's bytes (server mode)."""
     versions = drawn.completions.weight_versions
-    current = getattr(sampler, "version", None)
+    current = sampler.version
     if versions is None or current is None:
         return {}
     lag = torch.tensor([current - v for v in versions], dtype=torch.float64)

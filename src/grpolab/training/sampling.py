@@ -43,6 +43,7 @@ from grpolab.data import PromptOrder
 from grpolab.distributed import dist, sequence
 from grpolab.rewards.base import ScoreResult, merge_scores
 from grpolab.rewards.isolate import score_groups
+from grpolab.rollout.base import Sampler
 from grpolab.training.batch import rewards_tensor
 from grpolab.training.failures import FailureTally, group_failures
 from grpolab.types import Completions, Example, Failure
@@ -113,7 +114,7 @@ def groups_with_signal(rewards: torch.Tensor, valid: torch.Tensor) -> list[int]:
 def sample_step(
     cfg: Config,
     *,
-    sampler,
+    sampler: Sampler,
     rewards,
     data: PromptOrder,
     examples: Sequence[Example],
@@ -190,11 +191,11 @@ def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
     rows = dist.shard(data.next(cfg.train.prompts_per_step))  # same order everywhere; this rank's share
     group_size = cfg.rollout.num_generations
     prompts = [prompt_ids[i] for i in rows]
-    if getattr(sampler, "streams_groups", False):
+    if sampler.streams_groups:
         completions, scores = _sample_scoring_groups(cfg, sampler, rewards, prompts, [examples[i] for i in rows], generator, seconds)
     else:
-        # an environment sampler (takes_examples) resets its episodes with the rows' examples
-        items = {"examples": [examples[i] for i in rows]} if getattr(sampler, "takes_examples", False) else {}
+        # an environment sampler resets its episodes with the rows' examples
+        items = {"examples": [examples[i] for i in rows]} if sampler.takes_examples else {}
         completions = sampler.sample(prompts, num_generations=group_size, generator=generator, **items)
         t1 = time.perf_counter()
         repeated = [examples[i] for i in rows for _ in range(completions.num_generations)]

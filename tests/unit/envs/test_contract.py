@@ -16,6 +16,7 @@ import torch
 from grpolab.envs import EnvStep, Tool, ToolLimits, run_tool
 from grpolab.envs.contract import EnvError, checked_reset, checked_step
 from grpolab.envs.tools import ToolEnv
+from grpolab.rollout.base import Sampler
 from grpolab.rollout.multiturn import MultiTurnSampler, episode_prompt_ids
 from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer
 from grpolab.types import Completions, Example
@@ -71,7 +72,7 @@ def test_a_reset_returning_a_string_is_refused_before_training():
     assert checked_reset(Env(), [{"role": "user", "content": LONE}]) == [{"role": "user", "content": "ok \ufffd\ufffd end"}]
 
 
-class OneTurn:
+class OneTurn(Sampler):
     """An inner sampler: the turn ``text`` for every context (e.g. a tool call)."""
 
     def __init__(self, tok, text="1"):

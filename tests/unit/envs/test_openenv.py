@@ -17,6 +17,7 @@ from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
 from grpolab.envs import ToolLimits, build_environment  # noqa: E402
+from grpolab.rollout.base import Sampler
 from grpolab.rollout.multiturn import MultiTurnSampler, episode_prompt_ids  # noqa: E402
 from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer  # noqa: E402
 from grpolab.types import Completions, Example  # noqa: E402
@@ -79,7 +80,7 @@ def server_url():
     thread.join(timeout=10)
 
 
-class Guesser:
+class Guesser(Sampler):
     """An inner sampler: guesses 40 first, then 36 once told "lower"."""
 
     def __init__(self, tok):

@@ -147,7 +147,7 @@ def test_an_episode_budget_sets_the_length_limits():
 
     from grpolab.config import load_config
     from grpolab.data import DataError
-    from grpolab.rollout.vllm_setup import max_model_len
+    from grpolab.rollout.vllm.setup import max_model_len
     from grpolab.runtime.preflight import check_context
     from grpolab.training.step import PolicyLossSpec
 

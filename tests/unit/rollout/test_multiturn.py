@@ -8,6 +8,7 @@ import torch
 
 from grpolab.config import load_config
 from grpolab.envs import EnvStep, ToolLimits, build_environment
+from grpolab.rollout.base import Sampler
 from grpolab.rollout.hf import HFSampler
 from grpolab.rollout.multiturn import ChatDelta, MultiTurnSampler, episode_prompt_ids
 from grpolab.tasks.tiny import CHAT_TEMPLATE
@@ -29,7 +30,7 @@ def calc_env():
     return build_environment("calculator", {"call_format": "python"}, ToolLimits())
 
 
-class Scripted:
+class Scripted(Sampler):
     """An inner sampler that answers a context with a fixed turn: a call first, the result's number after."""
 
     def __init__(self, tok, wrong: bool = False):

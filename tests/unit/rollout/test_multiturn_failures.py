@@ -13,7 +13,7 @@ import torch
 
 from grpolab.envs import EnvStep, Tool
 from grpolab.envs.tools import ToolEnv
-from grpolab.rollout.base import SampleFailed, without_failures
+from grpolab.rollout.base import SampleFailed, Sampler, without_failures
 from grpolab.rollout.multiturn import MultiTurnSampler, episode_prompt_ids
 from grpolab.sandbox.runner import SandboxError
 from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer
@@ -46,7 +46,7 @@ class Remote:
         return EnvStep(reward=1.0, done=True)
 
 
-class OneTurn:
+class OneTurn(Sampler):
     """An inner sampler: the turn "1" + EOS for every context; rows in ``failed`` (by call and row) fail."""
 
     def __init__(self, tok, failed=()):

@@ -10,7 +10,8 @@ import grpolab.runtime.assemble as assemble_mod
 from grpolab.commands.train import train
 from grpolab.config import ConfigError, load_config
 from grpolab.rewards import build_reward
-from grpolab.rollout.engines import ENGINES, EXTRAS, build_hf_sampler
+from grpolab.rollout.base import EngineRecord, Sampler
+from grpolab.rollout.engines import ENGINES, build_hf_sampler
 from grpolab.rollout.hf import HFSampler
 from grpolab.runtime.assemble import assemble, session
 from grpolab.runtime.logging import read_metrics
@@ -72,7 +73,10 @@ def test_a_kl_penalty_brings_a_reference_and_ppo_a_critic(tiny_model_dir, additi
 def test_vllm_without_its_sampler_is_one_line_before_the_model_loads(
     tiny_model_dir, addition_jsonl, tmp_path, monkeypatch, no_model
 ):
-    monkeypatch.delitem(ENGINES, "vllm", raising=False)  # as in an installation without the extra
+    import importlib.util
+
+    find_spec = importlib.util.find_spec  # as in an installation without the extra: no vllm package
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
     cfg = load_config(None, overrides(tiny_model_dir, addition_jsonl(16), tmp_path, "rollout.engine=vllm"))
     with pytest.raises(ConfigError) as err:
         assembled(cfg)
@@ -84,8 +88,8 @@ def test_vllm_without_its_sampler_is_one_line_before_the_model_loads(
 def test_a_registered_engine_whose_package_is_missing_says_how_to_install_it(
     tiny_model_dir, addition_jsonl, tmp_path, monkeypatch, no_model
 ):
-    monkeypatch.setitem(ENGINES, "vllm", build_hf_sampler)
-    monkeypatch.setitem(EXTRAS, "vllm", ("grpolab_no_such_package", "pip install 'grpolab[vllm]'"))
+    engine = EngineRecord(build=build_hf_sampler, requires=("grpolab_no_such_package", "pip install 'grpolab[vllm]'"))
+    monkeypatch.setitem(ENGINES, "vllm", engine)
     cfg = load_config(None, overrides(tiny_model_dir, addition_jsonl(16), tmp_path, "rollout.engine=vllm"))
     with pytest.raises(ConfigError, match=r"pip install 'grpolab\[vllm\]'"):
         assembled(cfg)
@@ -115,7 +119,7 @@ def _fresh(cfg):
     return dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, run_name="trained"))
 
 
-class RecordingSampler:
+class RecordingSampler(Sampler):
     """The hf sampler, recording what the loop hands it."""
 
     def __init__(self, inner, calls):
@@ -143,7 +147,7 @@ def test_the_sampler_takes_the_weights_after_each_update_and_after_a_resume(
         policies.append(kwargs["wrapped"])
         return RecordingSampler(build_hf_sampler(cfg, **kwargs), calls)
 
-    monkeypatch.setitem(ENGINES, "hf", recording)
+    monkeypatch.setitem(ENGINES, "hf", EngineRecord(build=recording))
     data = addition_jsonl(16)
     train(load_config(None, overrides(tiny_model_dir, data, tmp_path, "log.checkpoint_every=1")))
     names = [c if isinstance(c, str) else c[0] for c in calls]

@@ -5,13 +5,14 @@ import torch
 from grpolab.config import load_config
 from grpolab.data import PromptOrder
 from grpolab.rewards import build_reward
+from grpolab.rollout.base import Sampler
 from grpolab.training.sampling import groups_with_signal, sample_step
 from grpolab.types import Completions, Example
 
 G = 4
 
 
-class ScriptedSampler:
+class ScriptedSampler(Sampler):
     """Prompt k answers "k" correctly in the first ``k % 3`` of its G samples: prompts with k % 3 == 0 are
     always wrong (no signal), the others mixed. Lengths vary, so rounds must be padded together."""
 

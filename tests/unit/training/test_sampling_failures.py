@@ -14,6 +14,7 @@ from grpolab.config import load_config
 from grpolab.data import PromptOrder
 from grpolab.envs import EnvStep
 from grpolab.rewards import WeightedReward
+from grpolab.rollout import base
 from grpolab.rollout.multiturn import MultiTurnSampler, episode_prompt_ids
 from grpolab.sandbox.runner import SandboxError
 from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer
@@ -25,7 +26,7 @@ G = 4
 P = 6
 
 
-class Sampler:
+class Sampler(base.Sampler):
     """Prompt k's G samples: "k" for the first 1 + k % 3, "x" for the rest (every group mixed: a signal). The rows of
     the prompts in ``engine_fails`` come back failed, as a server's failed requests do."""
 
@@ -183,7 +184,7 @@ class Remote:
         return EnvStep(reward=float(model_turn == self.example.answer), done=True)
 
 
-class Turns:
+class Turns(base.Sampler):
     """An inner sampler for episodes: every turn "1" + EOS."""
 
     def __init__(self, tok):

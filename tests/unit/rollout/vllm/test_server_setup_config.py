@@ -103,7 +103,7 @@ def test_a_trainers_transport_that_cannot_reach_its_server_is_one_line(monkeypat
 def test_grpolab_serves_server_takes_most_of_its_gpus_and_one_the_run_starts_shares_the_trainers():
     """vllm.gpu_memory_utilization null: 0.3 beside the trainer (TRL colocate's), 0.9 for grpolab serve's
     server on GPUs of its own (vLLM's and TRL vllm-serve's); a value set is kept for both."""
-    from grpolab.rollout.server_setup import server_args
+    from grpolab.rollout.vllm.server_setup import server_args
 
     def share(c, serving):
         args, _ = server_args(c, device_type="cuda", autocast_dtype=None, context=512, serving=serving)

@@ -18,9 +18,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpolab[
 from grpolab.config import ConfigError, config_from_dict  # noqa: E402
 from grpolab.rollout.base import Sampler  # noqa: E402
 from grpolab.rollout.hf import HFSampler  # noqa: E402
-from grpolab.rollout.vllm import VLLMSampler, shutdown_engines, start_engine  # noqa: E402
-from grpolab.rollout.vllm_setup import check_vllm, engine_kwargs  # noqa: E402
-from grpolab.rollout.vllm_sync import policy_weights  # noqa: E402
+from grpolab.rollout.vllm.engine import VLLMSampler, shutdown_engines, start_engine  # noqa: E402
+from grpolab.rollout.vllm.setup import check_vllm, engine_kwargs  # noqa: E402
+from grpolab.rollout.vllm.sync import policy_weights  # noqa: E402
 from grpolab.training.logprobs import completion_logprobs  # noqa: E402
 
 G = 4
@@ -205,7 +205,7 @@ def test_an_fp32_policy_is_sent_to_a_bf16_engine_in_bf16(chunked_engine, tok, po
     """vLLM warns once per tensor of another dtype than its parameter's ("Attempted to load weight ...
     with dtype torch.float32 into parameter with dtype torch.bfloat16"): the sync casts first. What is sent
     is checked directly (vLLM's warnings may already have been shown once by an earlier test in the run)."""
-    from grpolab.rollout import vllm as module
+    from grpolab.rollout.vllm import engine as module
 
     sent: list[torch.dtype] = []
     real = module.policy_weights
@@ -279,7 +279,7 @@ def test_lora_merged_into_the_weights_sent(engine, tok, policy, prompts):
 def test_engine_start_keeps_the_trainers_random_state_and_threads(monkeypatch):
     import random
 
-    from grpolab.rollout import vllm as module
+    from grpolab.rollout.vllm import engine as module
 
     torch.manual_seed(11)
     random.seed(11)
@@ -297,7 +297,7 @@ def test_engine_start_keeps_the_trainers_random_state_and_threads(monkeypatch):
 def test_the_reloads_false_alarm_about_rotary_embeddings_is_dropped_and_others_shown():
     import logging
 
-    from grpolab.rollout.vllm import RELOAD_LOGGER, RotaryReloadNoise, import_vllm
+    from grpolab.rollout.vllm.engine import RELOAD_LOGGER, RotaryReloadNoise, import_vllm
 
     import_vllm()
     import_vllm()  # a second call adds no second filter

@@ -1,4 +1,4 @@
-"""rollout/vllm_batch.py: the batch route's sequence against a fake engine (pause, seed, add in order,
+"""rollout/vllm/batch.py: the batch route's sequence against a fake engine (pause, seed, add in order,
 resume; aborts and resumes on every failure; heartbeats while queued), and the key guard: with an API
 key every route but /health needs it (vLLM's own check covers /v1 and a few others only, not the RL
 endpoints)."""
@@ -15,7 +15,7 @@ fastapi = pytest.importorskip("fastapi", reason="fastapi comes with vLLM (make t
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from grpolab.rollout.vllm_batch import BatchEndpoint  # noqa: E402
+from grpolab.rollout.vllm.batch import BatchEndpoint  # noqa: E402
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_loaded_names_what_any_worker_left_out(monkeypatch):
 
 
 def test_the_worker_extension_reports_what_its_transfer_engine_left_out():
-    from grpolab.rollout.vllm_batch import WorkerExtension
+    from grpolab.rollout.vllm.batch import WorkerExtension
 
     worker = WorkerExtension()
     assert worker.grpolab_missing_weights() is None  # no transfer engine
@@ -187,7 +187,7 @@ def test_a_pause_cut_short_still_resumes_the_engine():
 
 
 def test_a_batch_waiting_for_another_sends_heartbeats(monkeypatch):
-    import grpolab.rollout.vllm_batch as vb
+    import grpolab.rollout.vllm.batch as vb
 
     monkeypatch.setattr(vb, "HEARTBEAT_S", 0.05)
     engine = FakeEngine(1)

@@ -4,7 +4,7 @@ One in-process engine per training process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``
 ``external_launcher`` executor, so every rank's engine generates that rank's groups). The policy's
 weights go into the engine through vLLM's in-place reload (``collective_rpc("reload_weights")``, then
 ``reset_prefix_cache``): after every optimizer step, after a resume, and before the first ``sample``
-(rollout/vllm_sync.py gathers FSDP2 shards, merges LoRA, unwraps DDP). See docs/vllm.md.
+(rollout/vllm/sync.py gathers FSDP2 shards, merges LoRA, unwraps DDP). See docs/vllm.md.
 
 Sampling means what it means in rollout/hf.py: temperature (0 = greedy), top-p, top-k, at most
 ``max_completion_length`` tokens, stop at the same EOS ids, G samples per prompt; the token ids are the
@@ -43,8 +43,8 @@ import torch
 
 from grpolab.config import ConfigError
 from grpolab.rewards.timeouts import TimedOut, bounded_in_main
-from grpolab.rollout.base import EngineDied, check_prompts, check_sampling, package_completions
-from grpolab.rollout.vllm_sync import policy_weights
+from grpolab.rollout.base import EngineDied, Sampler, check_prompts, check_sampling, package_completions
+from grpolab.rollout.vllm.sync import policy_weights
 from grpolab.types import Completions
 
 log = logging.getLogger(__name__)
@@ -80,8 +80,12 @@ class RotaryReloadNoise(logging.Filter):
 SEED_MODULUS = 2**63 - 1
 
 
-class VLLMSampler:
-    """Implements ``grpolab.rollout.base.Sampler`` on a vLLM ``LLM`` (see the module docstring)."""
+class VLLMSampler(Sampler):
+    """Implements ``grpolab.rollout.base.Sampler`` on a vLLM ``LLM`` (see the module docstring). It takes
+    every update before the next ``sample``: no weight versions (the contract's default)."""
+
+    takes_examples = False
+    streams_groups = False
 
     def __init__(
         self,
@@ -153,6 +157,11 @@ class VLLMSampler:
         self.last_sync_s = time.perf_counter() - t0
         log.debug("vllm: weights synced in %.3f s", self.last_sync_s)
 
+    def send_pending(self) -> None:
+        """The weights given as ``weights_from``, if not loaded yet (the first ``sample`` loads them)."""
+        if self._pending is not None:
+            self.update_weights(self._pending)
+
     def sample(
         self,
         prompt_ids: list[list[int]],
@@ -164,13 +173,13 @@ class VLLMSampler:
         check_prompts(prompt_ids, num_generations)
         self._check_fits(prompt_ids)
         state = _ENGINE_STATE.get(id(self.engine), {})
-        if self._pending is not None:
+        if self._pending is not None:  # as send_pending
             self.update_weights(self._pending)
         elif state.get("discarded"):  # slept at level 2 with no sync since: never sample discarded weights
             self.update_weights(state["source"])
         self._wake()  # the KV cache (and, before any sync, the weights)
         greedy = self.temperature == 0
-        seed = None if generator is None or greedy else _draw_seed(generator)
+        seed = None if generator is None or greedy else draw_seed(generator)
         # one request per prompt: vLLM fans it out into G samples, prefix caching computes its KV once
         # (greedy: one sample, repeated below; vLLM refuses n > 1 when greedy)
         requests = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompt_ids]
@@ -319,7 +328,7 @@ def _engine_dtype(engine) -> torch.dtype | None:
     return dtype if isinstance(dtype, torch.dtype) else None
 
 
-def _draw_seed(generator: torch.Generator) -> int:
+def draw_seed(generator: torch.Generator) -> int:
     """One seed from the step's generator (advancing it, so the next step and a resumed run differ / agree)."""
     return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
 

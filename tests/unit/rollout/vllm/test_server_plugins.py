@@ -1,9 +1,9 @@
-"""rollout/vllm_server.py's VLLM_PLUGINS: the allowlist that admits grpolab's endpoint plugin must keep every
+"""rollout/vllm/server.py's VLLM_PLUGINS: the allowlist that admits grpolab's endpoint plugin must keep every
 other vLLM plugin installed (vLLM filters every group by it, the platform plugins too)."""
 
 from __future__ import annotations
 
-from grpolab.rollout.vllm_server import allowed_plugins, plugin_path
+from grpolab.rollout.vllm.server import allowed_plugins, plugin_path
 
 
 def test_every_installed_vllm_plugin_stays_allowed_with_grpolabs(tmp_path, monkeypatch):
@@ -28,5 +28,5 @@ def test_a_list_the_user_set_is_kept_with_grpolabs_added(monkeypatch):
 
 def test_the_metadata_folder_declares_both_plugins(tmp_path):
     text = (plugin_path(tmp_path) / "grpolab_vllm_plugin-0.dist-info" / "entry_points.txt").read_text()
-    assert "[vllm.general_plugins]\ngrpolab_shm = grpolab.rollout.vllm_shm:register" in text
-    assert "[vllm.endpoint_plugins]\ngrpolab_batch = grpolab.rollout.vllm_batch:BatchEndpoint" in text
+    assert "[vllm.general_plugins]\ngrpolab_shm = grpolab.rollout.vllm.shm:register" in text
+    assert "[vllm.endpoint_plugins]\ngrpolab_batch = grpolab.rollout.vllm.batch:BatchEndpoint" in text

@@ -1,9 +1,9 @@
 """From a config to a vLLM server and its client sampler (rollout.mode=server; docs/server_mode.md).
 
-``server_args`` turns the run's engine settings (rollout/vllm_setup.py ``engine_kwargs``, the colocated
+``server_args`` turns the run's engine settings (rollout/vllm/setup.py ``engine_kwargs``, the colocated
 engine's own) into the server's command line, so both modes run the same engine; ``start_server``
 starts one (``grpolab train`` with no rollout.server_url, and ``grpolab serve``); ``build_server_sampler``
-is what rollout/engines.py builds in server mode.
+is the vLLM record's server builder (rollout/vllm/record.py), what rollout/engines.py builds in server mode.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from grpolab.config.server_checks import weight_transport
 from grpolab.distributed import dist
 from grpolab.models.loading import resolve_autocast, resolve_device
 from grpolab.models.sources import local_source
-from grpolab.rollout import vllm_batch, vllm_shm
-from grpolab.rollout.hf import _resolve_eos
-from grpolab.rollout.server_client import ServerClient
-from grpolab.rollout.vllm_client import MODEL_NAME, ServerSampler
-from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
-from grpolab.rollout.vllm_setup import check_vllm, engine_kwargs
+from grpolab.rollout.base import resolve_eos
+from grpolab.rollout.vllm import batch, shm
+from grpolab.rollout.vllm.client import ServerSampler
+from grpolab.rollout.vllm.server import RolloutServerError, VLLMServer
+from grpolab.rollout.vllm.server_client import ServerClient
+from grpolab.rollout.vllm.setup import check_vllm, engine_kwargs
+from grpolab.rollout.vllm.weights import MODEL_NAME
 
 
 def server_args(
@@ -45,8 +46,8 @@ def server_args(
         "--gpu-memory-utilization", str(kw["gpu_memory_utilization"]),
         "--logprobs-mode", kw["logprobs_mode"], "--seed", str(kw["seed"]),
         "--enable-prefix-caching" if kw["enable_prefix_caching"] else "--no-enable-prefix-caching",
-        "--worker-extension-cls", vllm_batch.EXTENSION,
-        "--weight-transfer-config", json.dumps({"backend": vllm_shm.BACKEND if weight_transport(cfg.rollout, serving=serving) == "shm" else "nccl"}),
+        "--worker-extension-cls", batch.EXTENSION,
+        "--weight-transfer-config", json.dumps({"backend": shm.BACKEND if weight_transport(cfg.rollout, serving=serving) == "shm" else "nccl"}),
     ]  # fmt: skip
     if kw.get("revision"):
         args += ["--revision", kw["revision"]]
@@ -57,7 +58,7 @@ def server_args(
     if "max_num_seqs" in kw:
         args += ["--max-num-seqs", str(kw["max_num_seqs"])]
     env = {}
-    if cfg.model.lora.enabled:  # the adapter goes to the server per version (rollout/vllm_client.py)
+    if cfg.model.lora.enabled:  # the adapter goes to the server per version (rollout/vllm/client.py)
         rank = next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= cfg.model.lora.r)  # vLLM's allowed ranks
         args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2"]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
@@ -136,7 +137,7 @@ def build_server_sampler(
         top_k=r.top_k,
         min_p=r.min_p,
         repetition_penalty=r.repetition_penalty,
-        eos_token_ids=_resolve_eos(policy, tokenizer, None),
+        eos_token_ids=resolve_eos(policy, tokenizer, None),
         weights_from=wrapped if wrapped is not None else policy,
         device=device,
         transport=weight_transport(r),

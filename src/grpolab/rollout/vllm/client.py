@@ -1,7 +1,7 @@
 """rollout.mode=server: the trainer as a client of a vLLM OpenAI server (docs/server_mode.md).
 
 ``ServerSampler`` implements the Sampler contract (rollout/base.py) over HTTP. A server grpolab starts has
-grpolab's batch route (rollout/vllm_batch.py): a step's whole batch is one call, which the server runs as the
+grpolab's batch route (rollout/vllm/batch.py): a step's whole batch is one call, which the server runs as the
 colocated engine runs it (paused, seeded with the step's seed, every prompt added with ``n = G``, resumed), so
 the same seeds give colocated mode's tokens. A server without it (a plain ``vllm serve``) gets one
 /v1/completions request per sample with ``seed = base + p*G + g``, sent together from a thread pool so the
@@ -9,15 +9,15 @@ engine batches them. Either way ``base`` is drawn from the step's generator, the
 and the log-probs its processed ones (``--logprobs-mode processed_logprobs``: log_softmax(logits / T), the
 trainer's); greedy samples each prompt once and repeats it G times.
 
-Weights go by version (``update_weights``): /pause (in-flight requests finish first), /start_weight_update,
+Weights go by version (``update_weights``; rollout/vllm/weights.py sends them): /pause (in-flight requests finish first), /start_weight_update,
 the buckets (/update_weights, each at most rollout.sync_bucket_mb, one parameter gathered at a time
-under FSDP2: rollout/vllm_sync.py), /finish_weight_update with the new version, /reset_prefix_cache,
+under FSDP2: rollout/vllm/sync.py), /finish_weight_update with the new version, /reset_prefix_cache,
 then /weight_info must report that version, then /resume. Before every sample the server's version is
 checked too: a server that restarted (with its own weights) stops the run instead of sampling from them.
-Transports: ``shm`` (rollout/vllm_shm.py: files in shared memory; any device, same machine) and ``nccl``
+Transports: ``shm`` (rollout/vllm/shm.py: files in shared memory; any device, same machine) and ``nccl``
 (vLLM's NCCL engine; GPUs; written, not tested here). Every call is bounded as a whole (rollout.sync_timeout_s),
-and any failure is one RolloutServerError line (the HTTP calls: rollout/server_client.py). What the server
-sends is checked before it is used (rollout/server_protocol.py): every sample, and, at the first sync, that
+and any failure is one RolloutServerError line (the HTTP calls: rollout/vllm/server_client.py). What the server
+sends is checked before it is used (rollout/vllm/server_protocol.py): every sample, and, at the first sync, that
 it serves this model (its parameters' names, shapes and dtype); after every sync it must have loaded all
 of its parameters.
 
@@ -40,57 +40,43 @@ each rank then samples its own groups with its own seeds.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import os
-import shutil
 import threading
 import time
-import urllib.parse
-import uuid
-import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from grpolab.distributed import dist, parallel
+from grpolab.distributed import dist
 from grpolab.errors import one_line
-from grpolab.rollout import server_protocol, vllm_batch, vllm_shm
-from grpolab.rollout.base import check_prompts, check_sampling, package_completions
-from grpolab.rollout.server_client import (
-    NcclControl,
+from grpolab.rollout.base import Sampler, check_prompts, check_sampling, package_completions
+from grpolab.rollout.vllm import batch, server_protocol
+from grpolab.rollout.vllm.engine import SEED_MODULUS, draw_seed
+from grpolab.rollout.vllm.server import RolloutServerError
+from grpolab.rollout.vllm.server_client import (
     ServerClient,
     ServerGone,
     ServerStatusError,
-    StreamSource,
-    adapter_state,
-    address_towards,
-    buckets,
-    consume,
 )
-from grpolab.rollout.vllm import SEED_MODULUS, _draw_seed
-from grpolab.rollout.vllm_server import RolloutServerError
-from grpolab.rollout.vllm_sync import policy_weights, weight_metadata
+from grpolab.rollout.vllm.sync import weight_metadata
+from grpolab.rollout.vllm.weights import WeightSender
 from grpolab.types import Completions, Failure
 
 log = logging.getLogger(__name__)
 
-MODEL_NAME = "grpolab"
-"""The name the server serves the model under (``--served-model-name``)."""
 _NOTHING = {"token_ids": [], "logprobs": []}
 """A failed sample's tokens: none (its row is never scored or trained on)."""
 
 
-class ServerSampler:
-    """Implements ``grpolab.rollout.base.Sampler`` against a vLLM server (see the module docstring)."""
+class ServerSampler(Sampler):
+    """Implements ``grpolab.rollout.base.Sampler`` against a vLLM server (see the module docstring): it streams
+    groups, numbers its weight versions and holds the first weights back until ``send_pending``."""
 
     takes_examples = False
     streams_groups = True
-    """``sample`` takes ``on_group``: each prompt's group as soon as it is done (training/sampling.py)."""
 
     def __init__(
         self,
@@ -131,24 +117,16 @@ class ServerSampler:
         self.eos_token_ids = [int(i) for i in eos_token_ids]
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.device = torch.device(device)
-        self.transport = transport
-        self.bucket_bytes = int(bucket_bytes)
-        self.dtype = dtype
+        self.weights = WeightSender(client, transport=transport, bucket_bytes=bucket_bytes, dtype=dtype, lora=lora)
         self.version: int | None = None
         """The weight version the server serves (0 = the first sync; +1 per update_weights)."""
         self.last_sync_s = 0.0
-        self.last_sync_bytes = 0
+        self.last_sync_bytes: int = 0
         self.last_generate_s = 0.0
         self.lock = threading.Lock()
         """Held by a whole ``sample`` and a whole sync: a batch is sampled with one version."""
         self._pending = weights_from
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="grpolab-vllm-request")
-        self._shm_dir: Path | None = None
-        self._nccl = None
-        self.lora = lora
-        self._tag = uuid.uuid4().hex[:8]  # this sampler's adapters never take another trainer's names
-        self.model_name = MODEL_NAME
-        """What requests name: the base model, or (LoRA) the adapter of the current version."""
 
     # ------------------------------------------------------------------ sampling
 
@@ -167,7 +145,7 @@ class ServerSampler:
         check_prompts(prompt_ids, num_generations)
         self.send_pending()
         greedy = self.temperature == 0
-        base = None if generator is None or greedy else _draw_seed(generator)
+        base = None if generator is None or greedy else draw_seed(generator)
         per_prompt = 1 if greedy else num_generations
         with self.lock:
             self._check_version()
@@ -205,40 +183,40 @@ class ServerSampler:
 
     @functools.cached_property
     def info(self) -> dict:
-        """The server's ``/grpolab/info`` (rollout/vllm_batch.py), {} for a server without it (a plain vllm serve)."""
+        """The server's ``/grpolab/info`` (rollout/vllm/batch.py), {} for a server without it (a plain vllm serve)."""
         try:
-            return self.client.call_json("GET", vllm_batch.INFO_ROUTE)
+            return self.client.call_json("GET", batch.INFO_ROUTE)
         except ServerStatusError as err:
             if err.status != 404:
                 raise
-            log.info("vllm server %s has no %s: one seeded request per sample", self.client.url, vllm_batch.ROUTE)
+            log.info("vllm server %s has no %s: one seeded request per sample", self.client.url, batch.ROUTE)
             return {}
 
     @functools.cached_property
     def batched(self) -> bool:
-        """Whether the server has grpolab's batch route (a server grpolab starts; rollout/vllm_batch.py)."""
-        return self.info.get("protocol") == vllm_batch.PROTOCOL
+        """Whether the server has grpolab's batch route (a server grpolab starts; rollout/vllm/batch.py)."""
+        return self.info.get("protocol") == batch.PROTOCOL
 
     def _check_server(self, model: torch.nn.Module) -> None:
         """The first sync, on every rank (each raises, none waits in a gather): the server takes weights by this
-        trainer's transport and serves this model (rollout/server_protocol.py)."""
-        server_protocol.check_transport(self.client.url, self.info, self.transport)
-        metadata = weight_metadata(model, self.dtype, merge_lora=False)  # the names and shapes sent, merged or not
+        trainer's transport and serves this model (rollout/vllm/server_protocol.py)."""
+        server_protocol.check_transport(self.client.url, self.info, self.weights.transport)
+        metadata = weight_metadata(model, self.weights.dtype, merge_lora=False)  # the names and shapes sent, merged or not
         server_protocol.check_model(self.client.url, self.info, metadata)
 
     def _batch(self, prompt_ids, per_prompt: int, seed: int | None, finished) -> list[dict]:
-        """The whole batch in one call, sampled as the colocated engine samples it (rollout/vllm_batch.py);
+        """The whole batch in one call, sampled as the colocated engine samples it (rollout/vllm/batch.py);
         ``finished(p, samples)`` as each prompt's samples come back."""
         body = server_protocol.batch_request(self.model_name, prompt_ids, per_prompt, seed, self._sampling())
         outputs: dict[int, list[dict | Failure]] = {}
         try:
-            for line in self.client.stream(vllm_batch.ROUTE, body):
+            for line in self.client.stream(batch.ROUTE, body):
                 if "done" in line:
                     break
                 if "queued" in line:  # another rank's batch holds the engine; the wait for the next line restarts
                     continue
                 p, got = server_protocol.batch_line(
-                    self.client.url, vllm_batch.ROUTE, line, prompts=len(prompt_ids), per_prompt=per_prompt,
+                    self.client.url, batch.ROUTE, line, prompts=len(prompt_ids), per_prompt=per_prompt,
                     seen=outputs, **self._limits(),
                 )  # fmt: skip
                 outputs[p] = got
@@ -282,7 +260,7 @@ class ServerSampler:
         return server_protocol.completion(self.client.url, "/v1/completions", answer, **self._limits())
 
     def _limits(self) -> dict[str, int]:
-        """What every sample the server sends is checked against (rollout/server_protocol.py)."""
+        """What every sample the server sends is checked against (rollout/vllm/server_protocol.py)."""
         return {"vocab_size": self.vocab_size, "max_tokens": self.max_completion_length}
 
     def _sampling(self) -> dict[str, Any]:
@@ -304,7 +282,7 @@ class ServerSampler:
     def _package(self, prompt_ids, group: int, choices: list[dict | Failure], *, device=None, texts=None) -> Completions:
         failures = [c if isinstance(c, Failure) else None for c in choices]
         choices = [_NOTHING if isinstance(c, Failure) else c for c in choices]
-        tokens = [list(c["token_ids"]) for c in choices]  # checked as they came (rollout/server_protocol.py)
+        tokens = [list(c["token_ids"]) for c in choices]  # checked as they came (rollout/vllm/server_protocol.py)
         logprobs = [c["logprobs"] for c in choices]
         out = package_completions(
             prompt_ids, group, tokens, logprobs, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
@@ -315,6 +293,11 @@ class ServerSampler:
 
     # ------------------------------------------------------------------ weights
 
+    @property
+    def model_name(self) -> str:
+        """What requests name: the base model, or (LoRA) the adapter of the current version."""
+        return self.weights.model_name
+
     def update_weights(self, model: torch.nn.Module) -> None:
         """Send ``model``'s weights as the next version (module docstring); the version the server then
         reports is checked."""
@@ -323,7 +306,7 @@ class ServerSampler:
             version = 0 if self.version is None else self.version + 1
             if version == 0:
                 self._check_server(model)
-            sent = self._sync_adapter(model, version) if self.lora else self._sync_or_consume(model, version)
+            sent = self.weights.send(model, version, reports_loaded=bool(self.info))
             if dist.world().size > 1:
                 dist.barrier()  # no rank samples before rank 0's sync is done
             self.version = version
@@ -332,134 +315,11 @@ class ServerSampler:
             self.last_sync_bytes = sent
             log.debug("vllm server: version %d sent (%d bytes) in %.3f s", version, sent, self.last_sync_s)
 
-    def _sync_or_consume(self, model: torch.nn.Module, version: int, *, merge_lora: bool = True) -> int:
-        """Rank 0 sends ``model``'s weights as ``version``; the other ranks take part in the gathers. The bytes sent."""
-        weights = policy_weights(model, self.dtype, merge_lora=merge_lora)
-        if not dist.is_main():
-            return consume(weights)
-        nccl = self.transport == "nccl"  # its engine sizes the receive buffers first, from the metadata
-        return self._sync(weights, version, weight_metadata(model, self.dtype, merge_lora=merge_lora) if nccl else None)
-
-    def _sync(self, weights, version: int, metadata=None) -> int:
-        """The sender's half of ``update_weights``: the bytes sent."""
-        c = self.client
-        c.call("POST", "/pause?mode=wait")
-        try:
-            if self.transport == "nccl":  # its engine drives start / update / finish itself
-                sent = self._send_nccl(weights, metadata)
-                c.call("POST", "/update_weight_version", {"new_version": str(version)})
-            else:
-                c.call("POST", "/start_weight_update")
-                sent = self._send(weights)
-                c.call("POST", "/finish_weight_update", {"weight_version": str(version)})
-            c.call("POST", "/reset_prefix_cache")  # cached prompt KV was computed with the old weights
-            self._check_loaded()
-            served = c.version()
-            if served != str(version):
-                raise RolloutServerError(
-                    f"the vLLM server at {c.url} reports weight version {served!r} after the trainer sent {version}"
-                )
-        except BaseException:
-            with contextlib.suppress(RolloutServerError):  # the first failure is the one to tell
-                c.call("POST", "/resume")
-            raise
-        c.call("POST", "/resume")
-        return sent
-
-    def _check_loaded(self) -> None:
-        """The server loaded every parameter of its model (a server with grpolab's routes says so)."""
-        if self.info:
-            report = self.client.call_json("GET", vllm_batch.LOADED_ROUTE)
-            server_protocol.check_loaded(self.client.url, report)
-
-    def _sync_adapter(self, model: torch.nn.Module, version: int) -> int:
-        """LoRA: this version's adapter as a PEFT folder, loaded as ``grpolab-<tag>-v<N>`` (module docstring);
-        the first time, the base weights too (whatever an earlier trainer left in the server)."""
-        base = 0
-        if self.model_name == MODEL_NAME:
-            base = self._sync_or_consume(model, version, merge_lora=False)
-        state = adapter_state(model)  # every rank: FSDP2 gathers
-        sent = base + sum(t.numel() * t.element_size() for t in state.values())
-        name = f"grpolab-{dist.broadcast_object(self._tag)}-v{version}"
-        if not dist.is_main():
-            self.model_name = name
-            return sent
-        from safetensors.torch import save_file
-
-        folder = self._transfer_dir() / f"adapter-v{version}"
-        folder.mkdir()
-        peft_model = parallel.unwrap(model)
-        peft_model.peft_config[peft_model.active_adapter].save_pretrained(str(folder))
-        save_file(state, str(folder / "adapter_model.safetensors"))
-        c, previous = self.client, self.model_name
-        c.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
-        c.call("POST", "/update_weight_version", {"new_version": str(version)})
-        if previous != MODEL_NAME:
-            c.call("POST", "/v1/unload_lora_adapter", {"lora_name": previous})
-            shutil.rmtree(self._transfer_dir() / f"adapter-v{previous.rsplit('-v', 1)[1]}", ignore_errors=True)
-        self.model_name = name
-        served = c.version()
-        if served != str(version):
-            raise RolloutServerError(f"the vLLM server at {c.url} reports weight version {served!r} after the trainer sent {version}")
-        return sent
-
-    def _transfer_dir(self) -> Path:
-        if self._shm_dir is None:
-            self._shm_dir = vllm_shm.SHM_ROOT / f"grpolab-{uuid.uuid4().hex}"
-            self._shm_dir.mkdir(mode=0o700)
-            weakref.finalize(self, shutil.rmtree, self._shm_dir, ignore_errors=True)  # also when close is never called
-            if self.client.server is not None:  # removed with the server should this process be killed outright
-                self.client.server.own(self._shm_dir)
-        return self._shm_dir
-
-    def _send(self, weights) -> int:
-        """shm: every bucket written to a file, posted, and deleted; returns the bytes sent."""
-        if self._shm_dir is None:
-            self.client.call("POST", "/init_weight_transfer_engine", {"init_info": {"folder": self._transfer_dir().name}})
-        sent = 0
-        for i, bucket in enumerate(buckets(weights, self.bucket_bytes)):
-            path = self._shm_dir / f"bucket-{i}"
-            info = vllm_shm.write_bucket(path, bucket)
-            try:
-                self.client.call("POST", "/update_weights", {"update_info": info})
-            finally:
-                path.unlink(missing_ok=True)
-            sent += sum(t.numel() * t.element_size() for _, t in bucket)  # the tensors', not the alignment's
-        return sent
-
-    def _send_nccl(self, weights, metadata) -> int:
-        """vLLM's NCCL engine (GPUs only; written against vLLM 0.32's API, not run on this machine). The
-        weights stream from the iterator, one gathered parameter at a time, as in the shm path."""
-        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
-
-        source = StreamSource(weights, metadata)
-        if self._nccl is None:
-            host = urllib.parse.urlsplit(self.client.url).hostname or "127.0.0.1"
-            init = NCCLTrainerInitInfo(
-                master_address=os.environ.get("GRPOLAB_NCCL_ADDRESS") or address_towards(host),
-                master_port=int(os.environ.get("GRPOLAB_NCCL_PORT", "29555")),
-                world_size=1 + self._server_world_size(),
-                rank=0,
-            )
-            self._nccl = WeightTransferTrainerFactory.trainer_init(init, client=NcclControl(self.client), source=source)
-        self._nccl.source = source
-        self._nccl.send_weights()
-        return source.sent
-
-    def _server_world_size(self) -> int:
-        answer = self.client.call_json("GET", "/get_world_size")
-        return self.client.field("/get_world_size", answer, "world_size", int)
-
     def close(self) -> None:
         """Stop the request threads, unload this sampler's adapter, remove the transfer folder, and stop the
         server if this run started it."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if self.model_name != MODEL_NAME and dist.is_main():
-            with contextlib.suppress(RolloutServerError):
-                self.client.call("POST", "/v1/unload_lora_adapter", {"lora_name": self.model_name})
-        if self._shm_dir is not None:
-            shutil.rmtree(self._shm_dir, ignore_errors=True)
+        self.weights.close()
         self.client.close()
         if self.client.server is not None:
             self.client.server.stop()

@@ -14,9 +14,9 @@ import time
 import pytest
 import torch
 
-from grpolab.rollout import vllm_shm
-from grpolab.rollout.server_client import ServerClient, buckets
-from grpolab.rollout.vllm_server import RolloutServerError, check_bind, plugin_path
+from grpolab.rollout.vllm import shm as vllm_shm
+from grpolab.rollout.vllm.server import RolloutServerError, check_bind, plugin_path
+from grpolab.rollout.vllm.server_client import ServerClient, buckets
 
 
 def test_a_bucket_file_round_trips_every_tensor_aligned(tmp_path):
@@ -73,7 +73,7 @@ def test_the_plugin_folder_exposes_the_vllm_entry_point(tmp_path):
     out = subprocess.run(
         [sys.executable, "-c", code], env={"PYTHONPATH": str(folder)}, capture_output=True, text=True, timeout=60
     )
-    assert "grpolab.rollout.vllm_shm:register" in out.stdout, out.stderr
+    assert "grpolab.rollout.vllm.shm:register" in out.stdout, out.stderr
     assert importlib.metadata  # the parent's own metadata is untouched: nothing was installed
 
 
@@ -104,7 +104,7 @@ def test_a_server_that_is_gone_is_one_line():
 def test_the_nccl_rendezvous_is_this_machines_address_towards_the_server():
     """vLLM's NCCL rendezvous binds on the trainer (its rank 0) and the server's workers connect to it: the
     address is this machine's on the route to the server, not the server's own (it would not bind here)."""
-    from grpolab.rollout.server_client import address_towards
+    from grpolab.rollout.vllm.server_client import address_towards
 
     assert address_towards("127.0.0.1") == "127.0.0.1"
     with socket.socket() as s:
@@ -120,8 +120,8 @@ def test_the_nccl_source_streams_the_weights_its_metadata_declares():
     are taken one at a time (the iterator is not drained ahead)."""
     from peft import LoraConfig, get_peft_model
 
-    from grpolab.rollout.server_client import StreamSource
-    from grpolab.rollout.vllm_sync import policy_weights, weight_metadata
+    from grpolab.rollout.vllm.server_client import StreamSource
+    from grpolab.rollout.vllm.sync import policy_weights, weight_metadata
     from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 
     policy = build_tiny_model(build_char_tokenizer(), hidden_size=16, num_layers=1, num_heads=2)

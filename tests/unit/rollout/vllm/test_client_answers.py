@@ -1,4 +1,4 @@
-"""The server sampler (rollout/vllm_client.py) against a stub server (tests/unit/rollout/server_stubs.py)
+"""The server sampler (rollout/vllm/client.py) against a stub server (tests/unit/rollout/vllm/server_stubs.py)
 that sends samples of the wrong shape, or serves another model: each is one RolloutServerError line
 naming the server, before anything reaches the trainer (or, for another model, before any weight is sent)."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from server_stubs import StubServer, ndjson
 
-from grpolab.rollout.server_client import ServerClient
-from grpolab.rollout.vllm_batch import served_weights
-from grpolab.rollout.vllm_client import ServerSampler
-from grpolab.rollout.vllm_server import RolloutServerError
+from grpolab.rollout.vllm.batch import served_weights
+from grpolab.rollout.vllm.client import ServerSampler
+from grpolab.rollout.vllm.server import RolloutServerError
+from grpolab.rollout.vllm.server_client import ServerClient
 from grpolab.tasks.tiny import build_tiny_model
 
 INFO = {"protocol": 1, "weight_transfer": "grpolab_shm", "dtype": "float32", "weights": None}
@@ -122,7 +122,7 @@ def test_a_line_after_every_prompt_came_back_is_a_warning(stub, tok, caplog):
     """The batch's samples had all come back, checked, before the stray line: they are kept; the line is said."""
     lines = [{"prompt": 0, "samples": [GOOD, GOOD]}] * 2
     server = stub({("GET", "/grpolab/info"): (200, INFO), ("POST", "/grpolab/generate"): (200, ndjson(*lines))})
-    with caplog.at_level(logging.WARNING, logger="grpolab.rollout.vllm_client"):
+    with caplog.at_level(logging.WARNING, logger="grpolab.rollout.vllm.client"):
         out = sampler(server.url, tok).sample([[5]], num_generations=2)
     assert out.failures is None and out.completion_ids.shape[0] == 2
     assert "a line for prompt 0: asked for prompts 0..0, each once" in caplog.text

@@ -1,4 +1,4 @@
-"""rollout/server_client.py against servers that misbehave (loopback stand-ins in threads, tests/unit/rollout/
+"""rollout/vllm/server_client.py against servers that misbehave (loopback stand-ins in threads, tests/unit/rollout/
 server_stubs.py): whatever comes back (an HTML page, another protocol, an answer cut short, a stream dropped
 mid-line, JSON of another shape, a trickle) is one RolloutServerError line naming the server and the
 route, and rollout.sync_timeout_s bounds a whole call, not each read."""
@@ -11,8 +11,8 @@ import time
 import pytest
 from server_stubs import RawServer, StubServer
 
-from grpolab.rollout.server_client import ServerClient, ServerStatusError
-from grpolab.rollout.vllm_server import RolloutServerError
+from grpolab.rollout.vllm.server import RolloutServerError
+from grpolab.rollout.vllm.server_client import ServerClient, ServerStatusError
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A vLLM server that dies with the process that started it, whatever kills that process.
 
-rollout/vllm_server.py does not start the server itself: it starts this file as a script (standard library
+rollout/vllm/server.py does not start the server itself: it starts this file as a script (standard library
 only, so it starts in milliseconds and imports nothing of grpolab's), in a new session, with the server's
 command line after ``--``. The guard is the leader of the session's process group, starts the server in
 that group (the server's engine core joins it too) and waits. It stops the whole group when
@@ -20,7 +20,7 @@ the owner reads the server's status as the guard's.
 
 The record (``--record``, JSON) is the owner's: pid and start time of the owner and of the group, and the
 paths to remove. It is what is left when the guard itself was killed outright with its owner; the next
-server started on this machine reads it and stops what is left (vllm_server.reclaim_stale).
+server started on this machine reads it and stops what is left (rollout/vllm/server.py, reclaim_stale).
 """
 
 from __future__ import annotations

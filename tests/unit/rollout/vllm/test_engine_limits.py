@@ -13,8 +13,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'grpolab[
 
 from grpolab.config import ConfigError, config_from_dict  # noqa: E402
 from grpolab.rollout.base import EngineDied  # noqa: E402
-from grpolab.rollout.vllm import VLLMSampler, engine_alive, start_engine  # noqa: E402
-from grpolab.rollout.vllm_setup import (  # noqa: E402
+from grpolab.rollout.vllm.engine import VLLMSampler, engine_alive, start_engine  # noqa: E402
+from grpolab.rollout.vllm.setup import (  # noqa: E402
     check_max_model_len,
     check_vllm,
     engine_kwargs,

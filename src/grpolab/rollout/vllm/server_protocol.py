@@ -1,7 +1,7 @@
 """What the sampler asks a vLLM server, and what it takes back from it, checked (rollout.mode=server;
 docs/server_mode.md).
 
-The requests: a step's batch for grpolab's batch route (rollout/vllm_batch.py parses it on the server),
+The requests: a step's batch for grpolab's batch route (rollout/vllm/batch.py parses it on the server),
 or a seeded /v1/completions request per sample for a server without it.
 
 The server is input, not a trusted part of the trainer: a sample it sends goes into the loss, so every
@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from grpolab.rollout import vllm_shm
-from grpolab.rollout.server_client import bad_answer, shown
-from grpolab.rollout.vllm_batch import INFO_ROUTE, LOADED_ROUTE
-from grpolab.rollout.vllm_server import RolloutServerError
+from grpolab.rollout.vllm import shm
+from grpolab.rollout.vllm.batch import INFO_ROUTE, LOADED_ROUTE
+from grpolab.rollout.vllm.server import RolloutServerError
+from grpolab.rollout.vllm.server_client import bad_answer, shown
 
 SAME_MODEL = (
     "start the server with this run's model (grpolab serve with the run's config), or point rollout.server_url "
@@ -31,7 +31,7 @@ SAME_MODEL = (
 
 
 def batch_request(model: str, prompts: list[list[int]], n: int, seed: int | None, sampling: dict) -> dict[str, Any]:
-    """The body of grpolab's batch route: every prompt with ``n`` samples from one ``seed`` (rollout/vllm_batch.py);
+    """The body of grpolab's batch route: every prompt with ``n`` samples from one ``seed`` (rollout/vllm/batch.py);
     ``sampling``: temperature, top_p, top_k (-1: off), min_p, repetition_penalty, max_tokens, stop_token_ids."""
     return {"model": model, "prompts": [[int(t) for t in ids] for ids in prompts], "n": n, "seed": seed, "sampling": sampling}
 
@@ -100,17 +100,17 @@ def completion(url: str, path: str, answer: dict, **limits) -> dict:
 def check_transport(url: str, info: dict, transport: str) -> None:
     """The server takes weights over the transport this trainer sends them by (rollout.weight_transport on
     both sides: ``auto`` can differ, e.g. a grpolab serve bound to 0.0.0.0 and a trainer's loopback URL)."""
-    served, mine = info.get("weight_transfer"), vllm_shm.BACKEND if transport == "shm" else "nccl"
+    served, mine = info.get("weight_transfer"), shm.BACKEND if transport == "shm" else "nccl"
     if served is not None and served != mine:
         raise RolloutServerError(
             f"the vLLM server at {url} takes weights over {served}, this trainer sends them over "
-            f"{mine}: set rollout.weight_transport={'shm' if served == vllm_shm.BACKEND else served} for the "
+            f"{mine}: set rollout.weight_transport={'shm' if served == shm.BACKEND else served} for the "
             "trainer, or start the server with the trainer's"
         )
 
 
 def check_model(url: str, info: dict, metadata: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> None:
-    """The server serves the model whose weights this trainer sends (``metadata``: rollout/vllm_sync.py's
+    """The server serves the model whose weights this trainer sends (``metadata``: rollout/vllm/sync.py's
     ``weight_metadata``): the same parameter names and shapes, in the dtype sent. A server that does not
     say (a plain vllm serve, an architecture transformers lacks) is checked by ``check_loaded`` alone."""
     weights = info.get("weights")
