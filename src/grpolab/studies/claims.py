@@ -59,6 +59,7 @@ from grpolab.runtime.assemble import load_model, split_examples
 from grpolab.runtime.checkpoint import latest_checkpoint, weights_id
 from grpolab.runtime.logging import read_metrics
 from grpolab.runtime.preflight import check_model_source
+from grpolab.studies.child import in_child
 from grpolab.studies.claims_data import ClaimsData, g_run, grpo_name, run_name, seeds
 from grpolab.studies.claims_report import write_claims_report
 from grpolab.studies.claims_start import check_warm_start, warm_start
@@ -198,7 +199,7 @@ def _starting_model(cfg: Config, data: ClaimsData) -> Config:
     start = cfg
     if cfg.claims.warm_start:
         with _timed(data, "warm start"):
-            start, data.warm_start = warm_start(cfg)
+            start, data.warm_start = in_child("claims' warm start", warm_start, cfg)
         data.original_model, data.start_model = data.start_model, start.model.name_or_path
         with _timed(data, "evaluate the original model"):  # the format finding, on the task's kind only: its
             _evaluate_kinds(cfg, data, data.original_model, "original", hard=False)  # long replies cost the most
@@ -281,9 +282,14 @@ def _eval(cfg: Config, model: str, label: str, folder: Path) -> ModelEval:
     if _stamped(folder, text) and (folder / "eval.json").is_file():
         [result] = load_evals(folder / "eval.json")
         return result
-    [result] = evaluate(cfg, [model], labels=[label], out_dir=folder, progress=False)
+    in_child(f"claims' evaluation of {label}", _evaluate_into, cfg, model, label, folder)  # its memory returned
+    [result] = load_evals(folder / "eval.json")
     _stamp(folder, text)
     return result
+
+
+def _evaluate_into(cfg: Config, model: str, label: str, folder: Path) -> None:
+    evaluate(cfg, [model], labels=[label], out_dir=folder, progress=False)
 
 
 def _evaluate_kinds(cfg: Config, data: ClaimsData, model: str, label: str, *, hard: bool = True) -> None:
@@ -350,18 +356,22 @@ def _kl(cfg: Config, start: str, policy_path: str, path: Path) -> dict[str, floa
     text = _stage_text(cfg, weights_id(start), weights_id(policy_path), c.kl_prompts, c.kl_samples, "exact moments")
     if _stamped(path.parent / path.stem, text) and path.is_file():
         return json.loads(path.read_text())
+    measured = in_child(f"claims' KL of {policy_path}", _measure_kl, cfg, start, policy_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    jsonio.write_whole(path, jsonio.dumps(measured, indent=1) + "\n")
+    _stamp(path.parent / path.stem, text)
+    return measured
+
+
+def _measure_kl(cfg: Config, start: str, policy_path: str) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
     policy, tok = load_model(dataclasses.replace(cfg.model, name_or_path=policy_path))
     reference, _ = load_model(dataclasses.replace(cfg.model, name_or_path=start))
     _, held_out = split_examples(cfg)
     prompts = tokenize_prompts(held_out[: cfg.claims.kl_prompts], tok, cfg.data)
-    measured = measure_kl(
+    return measure_kl(
         policy.eval(), reference.eval(), tok, prompts, cfg, num_generations=cfg.claims.kl_samples, seed=cfg.seed
     ).to_json()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    jsonio.write_whole(path, jsonio.dumps(measured, indent=1) + "\n")
-    _stamp(path.parent / path.stem, text)
-    return measured
 
 
 def preference_pairs(cfg: Config, model_path: str) -> tuple[list[PreferencePair], dict[str, Any]]:
@@ -417,14 +427,14 @@ def _reward_model(cfg: Config, data: ClaimsData) -> Path:
     if _stamped(cfg.run_dir / "rm_stamp", text) and (folder / "eval.json").is_file() and stats_path.is_file():
         data.reward_model = json.loads(stats_path.read_text())
         return folder
-    pairs, stats = preference_pairs(cfg, data.start_model)
+    pairs, stats = in_child("claims' preference pairs", preference_pairs, cfg, data.start_model)
     if len({p.prompt for p in pairs}) < 2:
         raise ConfigError(
             f"claims: only {stats['prompts_with_both']} of {stats['prompts']} prompts had a right and a wrong sample "
             "of the starting model; raise claims.rm_prompts or rollout.num_generations"
         )
     write_pairs(rm_full.reward_model.data_path, pairs)
-    result = train_reward_model(rm_full)
+    result = in_child("claims' reward model", train_reward_model, rm_full)
     stats |= {"history": result.history, "path": str(folder)}
     jsonio.write_whole(stats_path, jsonio.dumps(stats, indent=1) + "\n")
     _stamp(cfg.run_dir / "rm_stamp", text)

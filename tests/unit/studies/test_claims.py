@@ -143,16 +143,17 @@ def test_a_model_retrained_upstream_is_evaluated_again_not_read_back(cfg, tmp_pa
         return ["measured"]
 
     monkeypatch.setattr(claims, "evaluate", evaluate)
-    monkeypatch.setattr(claims, "load_evals", lambda path: ["read back"])
+    monkeypatch.setattr(claims, "in_child", lambda what, fn, *args: fn(*args))  # the patch reaches no spawned child
+    monkeypatch.setattr(claims, "load_evals", lambda path: [f"eval.json after {len(measured)} evaluations"])
     model = tmp_path / "grpo" / "checkpoints" / "step_2"
     model.mkdir(parents=True)
     (model / "model.safetensors").write_bytes(b"trained")
     folder = tmp_path / "eval" / "A_GRPO"
-    assert claims._eval(cfg, str(model), "GRPO", folder) == "measured"
-    assert claims._eval(cfg, str(model), "GRPO", folder) == "read back"  # the same weights
+    assert claims._eval(cfg, str(model), "GRPO", folder) == "eval.json after 1 evaluations"
+    assert claims._eval(cfg, str(model), "GRPO", folder) == "eval.json after 1 evaluations"  # the same weights
     _retrained(model)
-    assert claims._eval(cfg, str(model), "GRPO", folder) == "measured"
-    assert len(measured) == 2
+    assert claims._eval(cfg, str(model), "GRPO", folder) == "eval.json after 2 evaluations"
+    assert measured == [str(model), str(model)]
 
 
 def test_the_runs_on_a_retrained_reward_model_are_trained_again(cfg, tmp_path, monkeypatch):
