@@ -91,8 +91,8 @@ def _critics(model_dir: str) -> tuple[dict, dict]:
     broadcast), and the plain load of it (every rank reads it, then shards)."""
     from grpolab.config import load_config
     from grpolab.distributed import parallel
-    from grpolab.training.batch import LogprobContext
     from grpolab.training.ppo import Critic
+    from grpolab.training.spec import LogprobContext
     from grpolab.training.value import load_value_model
 
     cfg = load_config(None, [f"model.name_or_path={model_dir}", "model.device=cpu", "model.dtype=bfloat16",

@@ -17,8 +17,7 @@ from grpolab.algo.reinforce import TOKEN_ESTIMATORS
 from grpolab.config import Config
 from grpolab.distributed import dist
 from grpolab.models.loading import Reference
-from grpolab.training.logprobs import completion_logprobs
-from grpolab.training.microbatch import prompt_lengths_of, split_rows
+from grpolab.training.spec import LogprobContext
 from grpolab.training.step_advantages import StepRewards
 from grpolab.types import Completions, RolloutBatch
 
@@ -128,44 +127,6 @@ def rewards_tensor(total: Sequence[float | None], num_prompts: int, num_generati
     valid = torch.tensor([r is not None for r in total], dtype=torch.bool).view(num_prompts, num_generations)
     values = torch.tensor([0.0 if r is None else float(r) for r in total], dtype=torch.float32)
     return values.view(num_prompts, num_generations), valid
-
-
-@dataclass
-class LogprobContext:
-    """What computing log-probs of a batch needs, besides the model."""
-
-    pad_id: int
-    temperature: float
-    autocast_dtype: torch.dtype | None
-    micro_batch_size: int
-    max_tokens: int | None = None
-    """train.max_tokens_per_micro_batch: padded tokens per forward (None = rows only)."""
-
-    @torch.no_grad()
-    def logprobs(self, model, prompt_ids, completion_ids, completion_mask) -> torch.Tensor:
-        """[N, T] log-probs without a graph, in micro-batches."""
-
-        def run(prompts, ids, mask):
-            return completion_logprobs(
-                model, prompts, ids, mask, pad_id=self.pad_id, temperature=self.temperature, autocast_dtype=self.autocast_dtype
-            )[0]
-
-        return self.map_rows(run, prompt_ids, completion_ids, completion_mask)
-
-    def map_rows(self, fn, prompt_ids, completion_ids, completion_mask) -> torch.Tensor:
-        """fn(prompts, completion_ids, completion_mask) -> [n, T] over micro-batches, rows in their order."""
-        rows = torch.arange(len(prompt_ids))
-        if self.max_tokens is None:
-            parts = list(rows.split(self.micro_batch_size))
-        else:
-            lengths = completion_mask.sum(-1).cpu()
-            parts = split_rows(
-                rows, lengths, self.micro_batch_size, max_tokens=self.max_tokens, prompt_lengths=prompt_lengths_of(prompt_ids)
-            )
-        out = [fn([prompt_ids[i] for i in r.tolist()], completion_ids[r], completion_mask[r]) for r in parts]
-        order = torch.cat(parts).to(completion_ids.device)
-        result = torch.cat(out)
-        return torch.empty_like(result).index_copy_(0, order, result)
 
 
 def repeated_prompts(prompt_ids: Sequence[Sequence[int]], num_generations: int) -> list[list[int]]:

@@ -40,7 +40,6 @@ from grpolab.distributed import dist, parallel
 from grpolab.models.loading import Reference
 from grpolab.training.batch import (
     BatchBuilder,
-    LogprobContext,
     build_rollout_batch,
     old_logprobs_if_needed,
     outcome_estimator,
@@ -51,6 +50,7 @@ from grpolab.training.batch import (
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
 from grpolab.training.microbatch import completion_lengths_of, prompt_lengths_of
 from grpolab.training.optim import build_optimizer
+from grpolab.training.spec import LogprobContext
 from grpolab.training.step import micro_batches, minibatch_order
 from grpolab.training.value import ValueModel, load_value_model, token_values
 from grpolab.types import Completions, RolloutBatch

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from grpolab.config import ConfigError, load_config
+from grpolab.runtime.step_spec import policy_loss_spec
 from grpolab.training.batch import build_rollout_batch
 from grpolab.training.ppo import build_ppo_batch, rollout_batch_builder
-from grpolab.training.step import PolicyLossSpec, policy_loss
+from grpolab.training.step import policy_loss
 from grpolab.types import Completions
 
 # P = 1 prompt, G = 2 completions, T = 3; the second completion has 2 counted tokens.
@@ -90,8 +91,8 @@ def test_ppo_advantages_reaching_the_loss_match_a_hand_computation():
     assert batch.old_logprobs is None and torch.equal(batch.ref_logprobs, REF)
     assert metrics["kl"] == pytest.approx((0.5 + 0 + 0.5 - 0.5 + 0) / 5)
     # At ratio 1 the surrogate is -A per token; PPO's preset aggregates as DeepSeekMath Eq. 1: (1/|o|) sum_t.
-    spec = PolicyLossSpec.from_config(cfg)
-    assert spec.kl_fn is None  # the KL is in the reward, not the loss
+    spec = policy_loss_spec(cfg)
+    assert spec.kl is None  # the KL is in the reward, not the loss
     loss, _ = policy_loss(SAMPLED, SAMPLED, batch, spec, total_seqs=2.0, total_tokens=5.0)
     expected = -((-0.015625 + 0.3875 + 0.15) / 3 + (-0.195 + 0.1) / 2) / 2
     assert loss.item() == pytest.approx(expected, abs=1e-6)

@@ -1,0 +1,77 @@
+"""The config read, once, into what a step needs (training/spec.py): the one place a step's settings are chosen.
+
+A loss setting goes from the preset or the user's YAML to the config's section, and from there here, where
+it becomes a bound function (``algo.loss_agg`` an ``Aggregation``, ``algo.policy_loss`` a surrogate with its
+coefficients); the step calls what it is given.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from grpolab.algo.correction import rollout_correction_weights
+from grpolab.algo.kl import KL_ESTIMATORS
+from grpolab.algo.losses import POLICY_LOSSES, Aggregation
+from grpolab.config import Config
+from grpolab.training.spec import LogprobContext, PolicyLossSpec, UpdateSpec
+
+__all__ = ["logprob_context", "policy_loss_spec", "update_spec"]
+
+
+def logprob_context(cfg: Config, *, pad_id: int, autocast_dtype: torch.dtype | None, device_type: str) -> LogprobContext:
+    """The forwards' settings: ``pad_id`` the tokenizer's, ``autocast_dtype`` model.autocast resolved for the
+    device, micro-batches sized for ``device_type`` ("cpu", "cuda")."""
+    t = cfg.train
+    return LogprobContext(
+        pad_id=pad_id,
+        temperature=cfg.rollout.temperature,
+        autocast_dtype=autocast_dtype,
+        micro_batch_size=t.micro_batch_rows(device_type),
+        max_tokens=t.max_tokens_per_micro_batch,
+        padding_free=t.padding_free,
+    )
+
+
+def policy_loss_spec(cfg: Config) -> PolicyLossSpec:
+    """The policy loss of ``cfg.algo``, every choice bound."""
+    a = cfg.algo
+    correction = None
+    if a.rollout_correction != "none":
+        correction = functools.partial(
+            rollout_correction_weights, mode=a.rollout_correction, level=a.rollout_correction_level, cap=a.rollout_correction_cap
+        )
+    own: dict[str, float] = {}
+    if a.policy_loss == "sapo":
+        own = {"temperature_pos": a.sapo_temperature_pos, "temperature_neg": a.sapo_temperature_neg}
+    elif a.policy_loss == "vespo":
+        own = {"k_pos": a.vespo_k_pos, "lambda_pos": a.vespo_lambda_pos, "k_neg": a.vespo_k_neg, "lambda_neg": a.vespo_lambda_neg}
+    surrogate = functools.partial(
+        POLICY_LOSSES[a.policy_loss], clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip,
+        level=a.importance_level, **own,
+    )  # fmt: skip
+    # Dr. GRPO's constant: the longest a completion can be (an episode: its token budget)
+    norm_len = cfg.env.max_episode_tokens if cfg.env.name is not None else cfg.rollout.max_completion_length
+    return PolicyLossSpec(
+        surrogate=surrogate,
+        aggregate=Aggregation.named(a.loss_agg, norm_len=norm_len),
+        kl=KL_ESTIMATORS[a.kl_estimator] if a.kl_in == "loss" and a.beta > 0 else None,
+        beta=a.beta,
+        correction=correction,
+        correction_in_loss=a.policy_loss == "vespo",
+        entropy_coef=a.entropy_coef,
+        off_policy_threshold=a.off_policy_mask_threshold,
+        top_entropy_quantile=a.top_entropy_quantile,
+    )
+
+
+def update_spec(cfg: Config, logprobs: LogprobContext) -> UpdateSpec:
+    """The policy update of ``cfg``, its forwards as ``logprobs`` computes them."""
+    return UpdateSpec(
+        loss=policy_loss_spec(cfg),
+        logprobs=logprobs,
+        mu=cfg.algo.mu,
+        num_minibatches=cfg.algo.num_minibatches,
+        max_grad_norm=cfg.optim.max_grad_norm,
+    )
