@@ -95,8 +95,7 @@ def run_case(model_dir: str, algo: str, agg: str, extra: tuple[str, ...], mode: 
     """One step; returns {"policy": weights, "value": weights or None, "metrics": {...}}."""
     from grpolab.distributed import dist, parallel
     from grpolab.models.loading import Reference, load_policy
-    from grpolab.runtime.step_spec import logprob_context, update_spec
-    from grpolab.training.ppo import Critic, rollout_batch_builder
+    from grpolab.runtime.step_spec import batch_builder, build_critic, logprob_context, update_spec
     from grpolab.training.step import update_policy
 
     cfg = make_config(model_dir, algo, agg, mode, extra)
@@ -109,13 +108,11 @@ def run_case(model_dir: str, algo: str, agg: str, extra: tuple[str, ...], mode: 
     ctx = logprob_context(cfg, pad_id=tok.pad_token_id, autocast_dtype=None, device_type="cpu")
     critic = None
     if cfg.algo.needs_critic:
-        critic = Critic.from_config(cfg, torch.device("cpu"), ctx)
+        critic = build_critic(cfg, torch.device("cpu"), ctx)
         critic.optimizer, critic.scheduler = _sgd(critic.model)
     prompts, comps, rewards = local_share(*global_batch(episodes=EPISODES[0] in extra))
     valid = torch.ones_like(rewards, dtype=torch.bool)
-    batch, metrics = rollout_batch_builder(cfg, critic)(
-        cfg, comps, prompts, rewards, valid, policy=model, reference=reference, ctx=ctx
-    )
+    batch, metrics = batch_builder(cfg, ctx, critic)(comps, prompts, rewards, valid, policy=model, reference=reference)
     spec = update_spec(cfg, ctx)
     gen = torch.Generator().manual_seed(1)
     metrics.update(update_policy(model, optimizer, scheduler, batch, spec, generator=gen))

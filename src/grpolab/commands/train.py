@@ -177,8 +177,8 @@ def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
     batch_started = time.perf_counter()
     parts = reward_parts(drawn.scores.components, {r.name: r.weight for r in run.rewards}, drawn.rewards.shape)
     batch, metrics = run.build_batch(
-        run.cfg, completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,
-        policy=run.policy, reference=run.reference, ctx=run.update.logprobs, parts=parts, **by_step,
+        completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,
+        policy=run.policy, reference=run.reference, parts=parts, **by_step,
     )  # fmt: skip
     metrics.update(run.gold.measure(completions, repeated, batch))  # logged, never trained on
     return batch_started, (batch, metrics)

@@ -69,13 +69,13 @@ from grpolab.runtime.preflight import (
 from grpolab.runtime.resumable import Resumable
 from grpolab.runtime.resume import ResumePoint, record_resume
 from grpolab.runtime.run_info import write_run_info
-from grpolab.runtime.step_spec import logprob_context, update_spec
+from grpolab.runtime.step_spec import batch_builder, build_critic, logprob_context, update_spec
 from grpolab.runtime.trackers import check_trackers
 from grpolab.training.batch import BatchBuilder
 from grpolab.training.gold import GoldMonitor, build_gold_rewards
 from grpolab.training.master import MasterWeightOptimizer
 from grpolab.training.optim import build_optimizer
-from grpolab.training.ppo import Critic, rollout_batch_builder
+from grpolab.training.ppo import Critic
 from grpolab.training.spec import UpdateSpec
 from grpolab.training.step_advantages import ProcessSupervision, TurnSupervision, build_process_supervision
 from grpolab.types import Completion, Example
@@ -252,8 +252,8 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     optimizer, scheduler = build_optimizer(policy, cfg)
     ctx = logprob_context(cfg, pad_id=tok.pad_token_id, autocast_dtype=amp, device_type=device.type)
     update = update_spec(cfg, ctx)
-    critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
-    make_batch = rollout_batch_builder(cfg, critic)
+    critic = build_critic(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
+    make_batch = batch_builder(cfg, ctx, critic)
     gold = GoldMonitor.from_config(cfg, gold_rewards, plain, reference, ctx, amp)  # logged, never trained on
     data = PromptOrder(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)  # each rank its own

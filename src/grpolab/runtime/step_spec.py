@@ -7,17 +7,24 @@ coefficients); the step calls what it is given.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
+from grpolab.algo.advantages import grpo_process_advantages
 from grpolab.algo.correction import rollout_correction_weights
 from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import POLICY_LOSSES, Aggregation
 from grpolab.config import Config
-from grpolab.training.spec import LogprobContext, PolicyLossSpec, UpdateSpec
+from grpolab.distributed import dist, parallel
+from grpolab.training.batch import BatchBuilder, outcome_estimator
+from grpolab.training.optim import build_optimizer
+from grpolab.training.ppo import Critic, rollout_batch_builder
+from grpolab.training.spec import BatchSpec, CriticSpec, LogprobContext, PolicyLossSpec, UpdateSpec
+from grpolab.training.value import load_value_model
 
-__all__ = ["logprob_context", "policy_loss_spec", "update_spec"]
+__all__ = ["batch_builder", "batch_spec", "build_critic", "critic_spec", "logprob_context", "policy_loss_spec", "update_spec"]
 
 
 def logprob_context(cfg: Config, *, pad_id: int, autocast_dtype: torch.dtype | None, device_type: str) -> LogprobContext:
@@ -75,3 +82,52 @@ def update_spec(cfg: Config, logprobs: LogprobContext) -> UpdateSpec:
         num_minibatches=cfg.algo.num_minibatches,
         max_grad_norm=cfg.optim.max_grad_norm,
     )
+
+
+def batch_spec(cfg: Config, logprobs: LogprobContext) -> BatchSpec:
+    """How the step's samples become a batch: the KL's place and estimator, the masks, PPO's GAE."""
+    a = cfg.algo
+    return BatchSpec(
+        logprobs=logprobs,
+        kl=KL_ESTIMATORS[a.kl_estimator],
+        process_advantages=functools.partial(grpo_process_advantages, std=a.std, eps=a.eps),
+        kl_in_reward=a.kl_in == "reward",
+        beta=a.beta,
+        mask_truncated=a.mask_truncated,
+        recompute_old_logprobs=a.needs_old_logprobs,
+        gamma=a.gamma,
+        lam=a.lam,
+        whiten_advantages=a.whiten_advantages,
+    )
+
+
+def batch_builder(cfg: Config, logprobs: LogprobContext, critic: Critic | None) -> BatchBuilder:
+    """The step's batch builder: PPO's GAE with ``critic``, else algo.advantage's estimator."""
+    a = cfg.algo
+    estimator = None if critic is not None else outcome_estimator(a.advantage, std=a.std, eps=a.eps, beta=a.beta, gamma=a.gamma)
+    return rollout_batch_builder(batch_spec(cfg, logprobs), critic, estimator)
+
+
+def critic_spec(cfg: Config, logprobs: LogprobContext) -> CriticSpec:
+    """PPO's value update: the policy's passes and minibatches, its own clip and coefficient."""
+    a = cfg.algo
+    return CriticSpec(
+        logprobs=logprobs, mu=a.mu, num_minibatches=a.num_minibatches, value_clip=a.value_clip, vf_coef=a.vf_coef,
+        warmup_steps=a.critic_warmup_steps, max_grad_norm=cfg.optim.max_grad_norm,
+    )  # fmt: skip
+
+
+def build_critic(cfg: Config, device: torch.device, logprobs: LogprobContext) -> Critic:
+    """PPO's value model (algo.value_init), wrapped as the policy is, with its AdamW at algo.value_lr (else
+    optim.lr) and its own minibatch shuffle (seed + 2)."""
+    mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
+    if not parallel.loads_on_rank0(mode):
+        model = parallel.wrap(load_value_model(cfg, device), mode, device)
+    else:  # FSDP2: no GPU holds the whole critic (rank 0 on the host, the others on meta, then broadcast)
+        plain = load_value_model(cfg, device, placement="host" if dist.is_main() else "meta")
+        full = plain.state_dict() if dist.is_main() else {}
+        model = parallel.wrap(plain, mode, device)
+        parallel.materialize_from_rank0(model, full, device)
+    value_lr = cfg.algo.value_lr or cfg.optim.lr
+    optimizer, scheduler = build_optimizer(model, dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=value_lr)))
+    return Critic(model, critic_spec(cfg, logprobs), optimizer, scheduler, torch.Generator().manual_seed(cfg.seed + 2))

@@ -116,3 +116,52 @@ class UpdateSpec:
     """algo.num_minibatches: optimizer steps per pass, each on a seeded shuffle's share of the rows."""
     max_grad_norm: float = 0.0
     """optim.max_grad_norm: the gradient norm is clipped to it (0: measured, not clipped)."""
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """How a step's sampled groups become a RolloutBatch (training/batch.py; PPO's in training/ppo.py)."""
+
+    logprobs: LogprobContext
+    """The reference's and the old policy's forwards."""
+    kl: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """algo.kl_estimator, ``(logprobs, ref_logprobs) -> [N, T]``: the KL folded into the reward (``kl_in_reward``),
+    and PPO's logged ``kl``."""
+    process_advantages: Callable[..., torch.Tensor]
+    """``(step_rewards, step_end_mask, mask, *, num_generations) -> [N, T]``: process supervision's advantages
+    (algo.grpo_process_advantages with algo.std and algo.eps bound)."""
+    kl_in_reward: bool = False
+    """algo.kl_in=reward: beta x the KL is taken from the reward (RLOO, REINFORCE++, PPO), not added to the loss."""
+    beta: float = 0.0
+    """algo.beta: the KL's coefficient in the reward (PPO; the outcome estimators have it bound)."""
+    mask_truncated: bool = False
+    """algo.mask_truncated: a completion cut at the length limit gets no loss."""
+    recompute_old_logprobs: bool = False
+    """algo.needs_old_logprobs: the policy moves within the batch (mu > 1 or several minibatches), so its
+    log-probs at the sampling weights are computed before the first update; else the ratio is exactly 1."""
+    gamma: float = 1.0
+    """algo.gamma: PPO's GAE discount."""
+    lam: float = 1.0
+    """algo.lam: PPO's GAE lambda."""
+    whiten_advantages: bool = True
+    """algo.whiten_advantages: PPO's advantages whitened over every rank's counted tokens."""
+
+
+@dataclass(frozen=True)
+class CriticSpec:
+    """PPO's value-model update (training/ppo.py ``Critic``): the same passes and minibatches as the policy's."""
+
+    logprobs: LogprobContext
+    """The value forwards' pad id, autocast dtype and micro-batching."""
+    mu: int = 1
+    """algo.mu: passes over the batch."""
+    num_minibatches: int = 1
+    """algo.num_minibatches: optimizer steps per pass."""
+    value_clip: float | None = 0.2
+    """algo.value_clip: the clipped value loss's range around the rollout-time values (None: unclipped)."""
+    vf_coef: float = 1.0
+    """algo.vf_coef: the value loss's coefficient."""
+    warmup_steps: int = 0
+    """algo.critic_warmup_steps: the first steps train only the critic."""
+    max_grad_norm: float = 0.0
+    """optim.max_grad_norm: the value model's gradient norm is clipped to it (0: measured, not clipped)."""
