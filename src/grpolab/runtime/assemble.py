@@ -69,7 +69,13 @@ from grpolab.runtime.preflight import (
 from grpolab.runtime.resumable import Resumable
 from grpolab.runtime.resume import ResumePoint, record_resume
 from grpolab.runtime.run_info import write_run_info
-from grpolab.runtime.step_spec import batch_builder, build_critic, logprob_context, update_spec
+from grpolab.runtime.step_spec import (
+    batch_builder,
+    build_critic,
+    logprob_context,
+    process_supervision,
+    update_spec,
+)
 from grpolab.runtime.trackers import check_trackers
 from grpolab.training.batch import BatchBuilder
 from grpolab.training.gold import GoldMonitor, build_gold_rewards
@@ -77,7 +83,7 @@ from grpolab.training.master import MasterWeightOptimizer
 from grpolab.training.optim import build_optimizer
 from grpolab.training.ppo import Critic
 from grpolab.training.spec import UpdateSpec
-from grpolab.training.step_advantages import ProcessSupervision, TurnSupervision, build_process_supervision
+from grpolab.training.step_advantages import ProcessSupervision, TurnSupervision
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)
@@ -246,7 +252,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     encode = None if make_env is None else functools.partial(episode_prompt_ids, make_env=make_env)
     prompt_ids = tokenize_prompts(examples, tok, cfg.data, encode)  # with an env: its first messages and tools
     check_context(cfg, prompt_ids, plain.config)
-    process = build_process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
+    process = process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
     sampler = build_sampler(cfg, policy=plain, tokenizer=tok, autocast_dtype=amp, wrapped=policy)
     sampler = episode_sampler(sampler, tok, make_env, cfg.env)  # env.name set: multi-turn episodes over it
     optimizer, scheduler = build_optimizer(policy, cfg)
@@ -254,7 +260,9 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     update = update_spec(cfg, ctx)
     critic = build_critic(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
     make_batch = batch_builder(cfg, ctx, critic)
-    gold = GoldMonitor.from_config(cfg, gold_rewards, plain, reference, ctx, amp)  # logged, never trained on
+    gold = GoldMonitor.build(  # logged, never trained on
+        gold_rewards, plain, reference, ctx, measure_kl=cfg.reward.measure_kl, timeout_s=cfg.reward.timeout_s
+    )
     data = PromptOrder(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)  # each rank its own
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
+from collections.abc import Sequence
 
 import torch
 
@@ -18,13 +20,21 @@ from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import POLICY_LOSSES, Aggregation
 from grpolab.config import Config
 from grpolab.distributed import dist, parallel
+from grpolab.rewards.step_rewards import build_process_reward
 from grpolab.training.batch import BatchBuilder, outcome_estimator
 from grpolab.training.optim import build_optimizer
 from grpolab.training.ppo import Critic, rollout_batch_builder
 from grpolab.training.spec import BatchSpec, CriticSpec, LogprobContext, PolicyLossSpec, UpdateSpec
+from grpolab.training.step_advantages import ProcessSupervision, StepSplitter, TurnSupervision
 from grpolab.training.value import load_value_model
+from grpolab.types import Example
 
-__all__ = ["batch_builder", "batch_spec", "build_critic", "critic_spec", "logprob_context", "policy_loss_spec", "update_spec"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "batch_builder", "batch_spec", "build_critic", "critic_spec", "logprob_context", "policy_loss_spec", "process_supervision",
+    "update_spec",
+]  # fmt: skip
 
 
 def logprob_context(cfg: Config, *, pad_id: int, autocast_dtype: torch.dtype | None, device_type: str) -> LogprobContext:
@@ -131,3 +141,24 @@ def build_critic(cfg: Config, device: torch.device, logprobs: LogprobContext) ->
     value_lr = cfg.algo.value_lr or cfg.optim.lr
     optimizer, scheduler = build_optimizer(model, dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=value_lr)))
     return Critic(model, critic_spec(cfg, logprobs), optimizer, scheduler, torch.Generator().manual_seed(cfg.seed + 2))
+
+
+def process_supervision(
+    cfg: Config, tokenizer, examples: Sequence[Example]
+) -> ProcessSupervision | TurnSupervision | None:
+    """The process scorer for algo.supervision=process (dry-run on a few examples), else None. With an
+    environment the steps are the episode's turns (``TurnSupervision``)."""
+    if cfg.algo.supervision != "process":
+        return None
+    if cfg.env.name is not None:
+        weight = sum(f.weight for f in cfg.reward.functions if f.name == "env")
+        log.info("process supervision: the steps are the episode's turns (env reward weight %g)", weight)
+        return TurnSupervision(weight)
+    spec = cfg.reward.process
+    splitter = StepSplitter(tokenizer, spec.delimiter)
+    process = ProcessSupervision(
+        splitter, build_process_reward(spec.name, spec.kwargs), timeout_s=cfg.reward.timeout_s
+    )
+    process.dry_run(list(examples[: cfg.reward.dry_run_examples]))
+    log.info("process supervision: reward '%s', steps end at %r", process.reward.name, spec.delimiter)
+    return process

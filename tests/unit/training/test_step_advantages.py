@@ -144,7 +144,8 @@ def test_turns_are_the_steps_of_an_episode():
     B: m m m e e m m  turn rewards (0.5, none), others add 0: total 0.5, steps (0.5, 0)
     Steps of the group: 0, 1.5, 0.5, 0; mean 0.5, unbiased std sqrt(1.5 / 3); a token's advantage is the
     sum of the normalised rewards of the steps ending at or after it; env tokens get none."""
-    from grpolab.training.step_advantages import TurnSupervision, build_process_supervision
+    from grpolab.runtime.step_spec import process_supervision
+    from grpolab.training.step_advantages import TurnSupervision
     from grpolab.types import Episode
 
     cfg = load_config(
@@ -154,7 +155,7 @@ def test_turns_are_the_steps_of_an_episode():
             "reward.functions=[{name: env}, {name: 'toy:other', weight: 0.5}]",
         ],
     )  # fmt: skip
-    process = build_process_supervision(cfg, None, [])
+    process = process_supervision(cfg, None, [])
     assert isinstance(process, TurnSupervision) and process.env_weight == 1.0
     m, e = True, False
     sampled = torch.tensor([[m, m, e, e, m, m, False], [m, m, m, e, e, m, m]])
