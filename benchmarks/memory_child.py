@@ -39,8 +39,9 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(1)
     from grpolab.config import load_config
+    from grpolab.runtime.step_spec import logprob_context, update_spec
     from grpolab.training.optim import build_optimizer
-    from grpolab.training.step import PolicyLossSpec, update_policy
+    from grpolab.training.step import update_policy
     from grpolab.types import RolloutBatch
 
     overrides = [
@@ -78,8 +79,9 @@ def main() -> None:
         model.cuda()
         torch.cuda.reset_peak_memory_stats()
     metrics = update_policy(
-        model, optimizer, scheduler, batch, cfg, PolicyLossSpec.from_config(cfg), pad_id=0,
-        autocast_dtype=None, generator=torch.Generator().manual_seed(0),
+        model, optimizer, scheduler, batch,
+        update_spec(cfg, logprob_context(cfg, pad_id=0, autocast_dtype=None, device_type="cpu")),  # micro-batch size set
+        generator=torch.Generator().manual_seed(0),
     )
     out = {
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -87,18 +87,18 @@ def _lora_policies(model_dir: str, rank: int) -> tuple[dict, dict]:
 
 
 def _critics(model_dir: str) -> tuple[dict, dict]:
-    """PPO's critic built by Critic.from_config under FSDP2 (rank 0 on the host, rank 1 on meta, then the
+    """PPO's critic built by build_critic under FSDP2 (rank 0 on the host, rank 1 on meta, then the
     broadcast), and the plain load of it (every rank reads it, then shards)."""
     from grpolab.config import load_config
     from grpolab.distributed import parallel
-    from grpolab.training.batch import LogprobContext
-    from grpolab.training.ppo import Critic
+    from grpolab.runtime.step_spec import build_critic
+    from grpolab.training.spec import LogprobContext
     from grpolab.training.value import load_value_model
 
     cfg = load_config(None, [f"model.name_or_path={model_dir}", "model.device=cpu", "model.dtype=bfloat16",
                              "algo.name=ppo", "train.parallel=fsdp"])  # fmt: skip
     cpu = torch.device("cpu")
-    critic = Critic.from_config(cfg, cpu, LogprobContext(0, 1.0, None, 8, None))
+    critic = build_critic(cfg, cpu, LogprobContext(0, 1.0, None, 8, None))
     return _state(parallel.wrap(load_value_model(cfg, cpu), "fsdp", cpu)), _state(critic.model)
 
 

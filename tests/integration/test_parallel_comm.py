@@ -90,7 +90,8 @@ def _update_policy_calls(model, rank: int) -> int:
     from torch.nn.parallel import DistributedDataParallel
 
     from grpolab.config import Config, OptimConfig, RolloutConfig, TrainConfig, preset_algo
-    from grpolab.training.step import PolicyLossSpec, update_policy
+    from grpolab.runtime.step_spec import logprob_context, update_spec
+    from grpolab.training.step import update_policy
     from grpolab.types import RolloutBatch
 
     ddp, calls = DistributedDataParallel(model), []
@@ -105,8 +106,8 @@ def _update_policy_calls(model, rank: int) -> int:
     batch = RolloutBatch([[5, 6]] * 6, ids, mask, mask, adv, old_logprobs=old, ref_logprobs=old - 0.1)
     sgd = torch.optim.SGD(ddp.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(sgd, lambda s: 1.0)
-    metrics = update_policy(ddp, sgd, sched, batch, cfg, PolicyLossSpec.from_config(cfg), pad_id=0, autocast_dtype=None,
-                            generator=torch.Generator().manual_seed(0))  # fmt: skip
+    spec = update_spec(cfg, logprob_context(cfg, pad_id=0, autocast_dtype=None, device_type="cpu"))
+    metrics = update_policy(ddp, sgd, sched, batch, spec, generator=torch.Generator().manual_seed(0))
     assert metrics["grad_norm"] > 0 and metrics["train/skipped_updates"] == 0
     return len(calls)
 

@@ -294,7 +294,8 @@ def test_a_forced_lag_of_1_changes_the_loss_as_the_hand_computed_correction(serv
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpolab.config import config_from_dict
-    from grpolab.training.step import PolicyLossSpec, policy_loss
+    from grpolab.runtime.step_spec import policy_loss_spec
+    from grpolab.training.step import policy_loss
     from grpolab.types import RolloutBatch
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -321,7 +322,7 @@ def test_a_forced_lag_of_1_changes_the_loss_as_the_hand_computed_correction(serv
     cfg = config_from_dict(
         {"model": {"name_or_path": "unused"}, "algo": {"beta": 0.0, "rollout_correction": "tis", "rollout_correction_cap": 2.0}}
     )
-    spec = PolicyLossSpec.from_config(cfg)
+    spec = policy_loss_spec(cfg)
     mb = RolloutBatch(
         prompt_ids=out.prompt_ids, completion_ids=out.completion_ids, completion_mask=mask, loss_mask=mask,
         advantages=adv[:, None].expand_as(lp1).clone(), sampler_logprobs=out.logprobs,

@@ -19,6 +19,7 @@ from grpolab.algo.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from grpolab.algo.losses import (
     AGGREGATIONS,
     POLICY_LOSSES,
+    Aggregation,
     SurrogateLoss,
     aggregate,
     cispo_loss,
@@ -39,6 +40,7 @@ __all__ = [
     "POLICY_LOSSES",
     "ROLLOUT_CORRECTIONS",
     "TOKEN_ESTIMATORS",
+    "Aggregation",
     "SurrogateLoss",
     "aggregate",
     "cispo_loss",

@@ -24,6 +24,7 @@ Where the code departs from the papers, and why:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -36,6 +37,7 @@ from grpolab.algo.surrogate import LOG_RATIO_CLAMP, SurrogateLoss, _check_surrog
 
 __all__ = [
     "AGGREGATIONS",
+    "Aggregation",
     "AggregationMode",
     "POLICY_LOSSES",
     "SurrogateLoss",
@@ -212,6 +214,37 @@ AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
 """
 
 
+@dataclass(frozen=True)
+class Aggregation:
+    """One of ``AGGREGATIONS``, chosen once (``Aggregation.named``) and called per micro-batch as
+    ``aggregate`` would be, without the name."""
+
+    reduce: Callable[..., Tensor]
+    """An ``AGGREGATIONS`` value: ``(loss, mask, *, norm_len, total_seqs, total_tokens) -> []``."""
+    norm_len: int | None = None
+    """The constant length of "seq-mean-token-sum-norm" (Dr. GRPO: the max completion length); ignored by the others."""
+
+    @classmethod
+    def named(cls, mode: AggregationMode, *, norm_len: int | None = None) -> Aggregation:
+        """The aggregation called ``mode`` (a key of ``AGGREGATIONS``)."""
+        if mode not in AGGREGATIONS:
+            raise ValueError(f"mode must be one of {tuple(AGGREGATIONS)}, got {mode!r}")
+        return cls(AGGREGATIONS[mode], norm_len)
+
+    def __call__(
+        self, loss: Tensor, mask: Tensor, *, total_seqs: float | None = None, total_tokens: float | None = None
+    ) -> Tensor:
+        """The scalar of ``loss`` over ``mask`` (see ``aggregate`` for the arguments)."""
+        if mask.dtype != torch.bool or mask.dim() != 2 or loss.shape != mask.shape:
+            raise ValueError(
+                f"loss and mask must be [N, T] (mask bool), got {tuple(loss.shape)} and {mask.dtype} {tuple(mask.shape)}"
+            )
+        for name, total in (("total_seqs", total_seqs), ("total_tokens", total_tokens)):
+            if total is not None and total <= 0:
+                raise ValueError(f"{name} must be > 0 when given, got {total}")
+        return self.reduce(loss, mask, norm_len=self.norm_len, total_seqs=total_seqs, total_tokens=total_tokens)
+
+
 def aggregate(
     loss: Tensor,
     mask: Tensor,
@@ -221,7 +254,8 @@ def aggregate(
     total_seqs: float | None = None,
     total_tokens: float | None = None,
 ) -> Tensor:
-    """Reduce a per-token loss to a scalar with a named normalisation (see ``AGGREGATIONS``).
+    """Reduce a per-token loss to a scalar with a named normalisation (see ``AGGREGATIONS``); a step that
+    aggregates every micro-batch chooses once with ``Aggregation.named``.
 
     Args:
         loss: ``[N, T]`` per-token loss.
@@ -238,16 +272,7 @@ def aggregate(
     Returns:
         A scalar tensor.
     """
-    if mask.dtype != torch.bool or mask.dim() != 2 or loss.shape != mask.shape:
-        raise ValueError(
-            f"loss and mask must be [N, T] (mask bool), got {tuple(loss.shape)} and {mask.dtype} {tuple(mask.shape)}"
-        )
-    if mode not in AGGREGATIONS:
-        raise ValueError(f"mode must be one of {tuple(AGGREGATIONS)}, got {mode!r}")
-    for name, total in (("total_seqs", total_seqs), ("total_tokens", total_tokens)):
-        if total is not None and total <= 0:
-            raise ValueError(f"{name} must be > 0 when given, got {total}")
-    return AGGREGATIONS[mode](loss, mask, norm_len=norm_len, total_seqs=total_seqs, total_tokens=total_tokens)
+    return Aggregation.named(mode, norm_len=norm_len)(loss, mask, total_seqs=total_seqs, total_tokens=total_tokens)
 
 
 def value_loss(

@@ -181,8 +181,8 @@ def _advantages(run: Run, drawn: StepGroups, batch_examples: list[Example]):
     batch_started = time.perf_counter()
     parts = reward_parts(drawn.scores.components, {r.name: r.weight for r in run.rewards}, drawn.rewards.shape)
     batch, metrics = run.build_batch(
-        run.cfg, completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,
-        policy=run.policy, reference=run.reference, ctx=run.logprob_context, parts=parts, **by_step,
+        completions, [run.prompt_ids[i] for i in drawn.rows], drawn.rewards, drawn.valid,
+        policy=run.policy, reference=run.reference, parts=parts, **by_step,
     )  # fmt: skip
     metrics.update(run.gold.measure(completions, repeated, batch))  # logged, never trained on
     return batch_started, (batch, metrics)
@@ -193,12 +193,7 @@ def _update(run: Run, batch, step: int, ahead: AheadSampling | None = None) -> d
     weights (with k > 0: once step + k's groups are drawn); PPO's critic update after the policy's."""
     metrics: dict[str, float] = {}
     if run.critic is None or not run.critic.warming_up(step):
-        metrics.update(
-            update_policy(
-                run.policy, run.optimizer, run.scheduler, batch, run.cfg, run.policy_loss,
-                pad_id=run.tokenizer.pad_token_id, autocast_dtype=run.autocast_dtype, generator=run.minibatch_generator,
-            )  # fmt: skip
-        )
+        metrics.update(update_policy(run.policy, run.optimizer, run.scheduler, batch, run.update, generator=run.minibatch_generator))
         if ahead is not None:
             metrics["sys/time_sync_wait_s"] = ahead.before_sync(step)
         sync_started = time.perf_counter()

@@ -70,14 +70,21 @@ from grpolab.runtime.preflight import (
 from grpolab.runtime.resumable import Resumable
 from grpolab.runtime.resume import ResumePoint, record_resume
 from grpolab.runtime.run_info import write_run_info
+from grpolab.runtime.step_spec import (
+    batch_builder,
+    build_critic,
+    logprob_context,
+    process_supervision,
+    update_spec,
+)
 from grpolab.runtime.trackers import check_trackers
-from grpolab.training.batch import BatchBuilder, LogprobContext
+from grpolab.training.batch import BatchBuilder
 from grpolab.training.gold import GoldMonitor, build_gold_rewards
 from grpolab.training.master import MasterWeightOptimizer
 from grpolab.training.optim import build_optimizer
-from grpolab.training.ppo import Critic, rollout_batch_builder
-from grpolab.training.reasoning_steps import ProcessSupervision, TurnSupervision, build_process_supervision
-from grpolab.training.step import PolicyLossSpec
+from grpolab.training.ppo import Critic
+from grpolab.training.reasoning_steps import ProcessSupervision, TurnSupervision
+from grpolab.training.spec import UpdateSpec
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)
@@ -108,8 +115,6 @@ class Run:
     unwrapped_policy: torch.nn.Module
     tokenizer: Any
     device: torch.device
-    autocast_dtype: torch.dtype | None
-    """The autocast dtype of forward passes, None for full precision."""
     reference: Reference | None
     critic: Critic | None
     process_supervision: ProcessSupervision | TurnSupervision | None
@@ -117,8 +122,9 @@ class Run:
     sampler: Sampler
     optimizer: torch.optim.Optimizer | MasterWeightOptimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    policy_loss: PolicyLossSpec
-    logprob_context: LogprobContext
+    update: UpdateSpec
+    """The policy update's settings (runtime/step_spec.py); ``update.logprobs`` is every forward's: the
+    temperature, pad id, autocast dtype and micro-batching of the batch's log-probs and the critic's values too."""
     build_batch: BatchBuilder
     """The step's batch builder: outcome advantages, or GAE with the critic (PPO)."""
     gold: GoldMonitor
@@ -253,16 +259,17 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     encode = None if make_env is None else functools.partial(episode_prompt_ids, make_env=make_env)
     prompt_ids = tokenize_prompts(examples, tok, cfg.data, encode)  # with an env: its first messages and tools
     check_context(cfg, prompt_ids, plain.config)
-    process = build_process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
+    process = process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
     sampler = build_sampler(cfg, policy=plain, tokenizer=tok, autocast_dtype=amp, wrapped=policy)
     sampler = episode_sampler(sampler, tok, make_env, cfg.env)  # env.name set: multi-turn episodes over it
     optimizer, scheduler = build_optimizer(policy, cfg)
-    spec = PolicyLossSpec.from_config(cfg)
-    t = cfg.train
-    ctx = LogprobContext(tok.pad_token_id, cfg.rollout.temperature, amp, t.micro_batch_rows(device.type), t.max_tokens_per_micro_batch)
-    critic = Critic.from_config(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
-    make_batch = rollout_batch_builder(cfg, critic)
-    gold = GoldMonitor.from_config(cfg, gold_rewards, plain, reference, ctx, amp)  # logged, never trained on
+    ctx = logprob_context(cfg, pad_id=tok.pad_token_id, autocast_dtype=amp, device_type=device.type)
+    update = update_spec(cfg, ctx)
+    critic = build_critic(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
+    make_batch = batch_builder(cfg, ctx, critic)
+    gold = GoldMonitor.build(  # logged, never trained on
+        gold_rewards, plain, reference, ctx, measure_kl=cfg.reward.measure_kl, timeout_s=cfg.reward.timeout_s
+    )
     data = PromptOrder(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
     sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)  # each rank its own
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -273,8 +280,8 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     )
     return Run(
         cfg=cfg, rewards=list(rewards), examples=examples, prompt_ids=prompt_ids, policy=policy, unwrapped_policy=plain,
-        tokenizer=tok, device=device, autocast_dtype=amp, reference=reference, critic=critic, process_supervision=process,
-        sampler=sampler, optimizer=optimizer, scheduler=scheduler, policy_loss=spec, logprob_context=ctx, build_batch=make_batch,
+        tokenizer=tok, device=device, reference=reference, critic=critic, process_supervision=process,
+        sampler=sampler, optimizer=optimizer, scheduler=scheduler, update=update, build_batch=make_batch,
         gold=gold, prompt_order=data, sampling_generator=sample_gen, minibatch_generator=minibatch_gen, bad_steps=bad_steps,
         no_signal=no_signal, resumable=resumable, reward_hooks=hooks,
     )  # fmt: skip

@@ -9,17 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
-from grpolab.algo.advantages import OUTCOME_ESTIMATORS, grpo_process_advantages
+from grpolab.algo.advantages import OUTCOME_ESTIMATORS
 from grpolab.algo.gdpo import COMPONENT_ESTIMATORS
-from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.masked import masked_mean
 from grpolab.algo.reinforce import TOKEN_ESTIMATORS
-from grpolab.config import Config
 from grpolab.distributed import dist
 from grpolab.models.loading import Reference
-from grpolab.training.logprobs import completion_logprobs
-from grpolab.training.microbatch import prompt_lengths_of, split_rows
 from grpolab.training.reasoning_steps import StepRewards
+from grpolab.training.spec import BatchSpec, LogprobContext
 from grpolab.types import Completions, RolloutBatch
 
 AdvantageFn = Callable[..., torch.Tensor]
@@ -54,26 +51,27 @@ def reward_parts(components: Mapping[str, Sequence[float | None]], weights: Mapp
 
 
 BatchBuilder = Callable[..., tuple[RolloutBatch, dict[str, float]]]
-"""``(cfg, completions, prompt_ids, rewards, valid, *, policy, reference, ctx) -> (batch, metrics)``: the
-outcome-advantage builder below, or PPO's with its critic (training/ppo.py); chosen once at assembly."""
+"""``(completions, prompt_ids, rewards, valid, *, policy, reference, parts=None, steps=None) -> (batch, metrics)``:
+the outcome-advantage builder below, or PPO's with its critic (training/ppo.py), with its BatchSpec bound; chosen
+once at assembly."""
 
 
-def outcome_estimator(cfg: Config) -> AdvantageFn:
-    """The advantage function, chosen once: an OUTCOME_ESTIMATORS entry ([P, G], one value along T) or a
-    TOKEN_ESTIMATORS entry (REINFORCE++: [N, T]). Batch-level statistics span every rank under torchrun."""
-    a = cfg.algo
-    if a.advantage in COMPONENT_ESTIMATORS:  # GDPO: each function apart, then the whole batch (all ranks)
-        per_parts = functools.partial(COMPONENT_ESTIMATORS[a.advantage], std=a.std, eps=a.eps)
+def outcome_estimator(advantage: str, *, std, eps: float, beta: float, gamma: float) -> AdvantageFn:
+    """The advantage function of ``advantage`` (algo.advantage; ``std``, ``eps``, ``beta``, ``gamma`` the algo
+    section's), chosen once: an OUTCOME_ESTIMATORS entry ([P, G], one value along T) or a TOKEN_ESTIMATORS
+    entry (REINFORCE++: [N, T]). Batch-level statistics span every rank under torchrun."""
+    if advantage in COMPONENT_ESTIMATORS:  # GDPO: each function apart, then the whole batch (all ranks)
+        per_parts = functools.partial(COMPONENT_ESTIMATORS[advantage], std=std, eps=eps)
         return functools.partial(_from_parts, _over_all_ranks(per_parts))
-    if a.advantage in TOKEN_ESTIMATORS:  # whitened over the batch's tokens: all ranks' tokens
-        return _tokens_over_all_ranks(functools.partial(TOKEN_ESTIMATORS[a.advantage], beta=a.beta, gamma=a.gamma))
-    if a.advantage not in OUTCOME_ESTIMATORS:
+    if advantage in TOKEN_ESTIMATORS:  # whitened over the batch's tokens: all ranks' tokens
+        return _tokens_over_all_ranks(functools.partial(TOKEN_ESTIMATORS[advantage], beta=beta, gamma=gamma))
+    if advantage not in OUTCOME_ESTIMATORS:
         known = sorted([*OUTCOME_ESTIMATORS, *TOKEN_ESTIMATORS])
-        raise ValueError(f"algo.advantage '{a.advantage}' is not a GRPO-path estimator; known: {known}")
-    per_group = functools.partial(OUTCOME_ESTIMATORS[a.advantage], std=a.std, eps=a.eps)
-    if a.advantage in _BATCH_LEVEL:
+        raise ValueError(f"algo.advantage '{advantage}' is not a GRPO-path estimator; known: {known}")
+    per_group = functools.partial(OUTCOME_ESTIMATORS[advantage], std=std, eps=eps)
+    if advantage in _BATCH_LEVEL:
         per_group = _over_all_ranks(per_group)
-    return functools.partial(_per_completion, per_group, beta=a.beta)
+    return functools.partial(_per_completion, per_group, beta=beta)
 
 
 def _per_completion(estimator, rewards, valid, mask, token_kl, *, beta: float, parts=None) -> torch.Tensor:
@@ -130,44 +128,6 @@ def rewards_tensor(total: Sequence[float | None], num_prompts: int, num_generati
     return values.view(num_prompts, num_generations), valid
 
 
-@dataclass
-class LogprobContext:
-    """What computing log-probs of a batch needs, besides the model."""
-
-    pad_id: int
-    temperature: float
-    autocast_dtype: torch.dtype | None
-    micro_batch_size: int
-    max_tokens: int | None = None
-    """train.max_tokens_per_micro_batch: padded tokens per forward (None = rows only)."""
-
-    @torch.no_grad()
-    def logprobs(self, model, prompt_ids, completion_ids, completion_mask) -> torch.Tensor:
-        """[N, T] log-probs without a graph, in micro-batches."""
-
-        def run(prompts, ids, mask):
-            return completion_logprobs(
-                model, prompts, ids, mask, pad_id=self.pad_id, temperature=self.temperature, autocast_dtype=self.autocast_dtype
-            )[0]
-
-        return self.map_rows(run, prompt_ids, completion_ids, completion_mask)
-
-    def map_rows(self, fn, prompt_ids, completion_ids, completion_mask) -> torch.Tensor:
-        """fn(prompts, completion_ids, completion_mask) -> [n, T] over micro-batches, rows in their order."""
-        rows = torch.arange(len(prompt_ids))
-        if self.max_tokens is None:
-            parts = list(rows.split(self.micro_batch_size))
-        else:
-            lengths = completion_mask.sum(-1).cpu()
-            parts = split_rows(
-                rows, lengths, self.micro_batch_size, max_tokens=self.max_tokens, prompt_lengths=prompt_lengths_of(prompt_ids)
-            )
-        out = [fn([prompt_ids[i] for i in r.tolist()], completion_ids[r], completion_mask[r]) for r in parts]
-        order = torch.cat(parts).to(completion_ids.device)
-        result = torch.cat(out)
-        return torch.empty_like(result).index_copy_(0, order, result)
-
-
 def repeated_prompts(prompt_ids: Sequence[Sequence[int]], num_generations: int) -> list[list[int]]:
     """[N] prompt ids: each of the [P] prompts repeated G times, prompt-major, to match the completions."""
     return [list(p) for p in prompt_ids for _ in range(num_generations)]
@@ -184,17 +144,17 @@ def reference_logprobs(
 
 
 def old_logprobs_if_needed(
-    cfg: Config, policy: torch.nn.Module, ctx: LogprobContext, ids: list[list[int]], completions: Completions
+    spec: BatchSpec, policy: torch.nn.Module, ids: list[list[int]], completions: Completions
 ) -> torch.Tensor | None:
     """[N, T] log-probs under the policy before its first update, when it moves within the batch
-    (``algo.needs_old_logprobs``: several epochs or minibatches); else None, the ratio being exactly 1."""
-    if not cfg.algo.needs_old_logprobs:
+    (``spec.recompute_old_logprobs``: several epochs or minibatches); else None, the ratio being exactly 1."""
+    if not spec.recompute_old_logprobs:
         return None
-    return ctx.logprobs(policy, ids, completions.completion_ids, completions.completion_mask)
+    return spec.logprobs.logprobs(policy, ids, completions.completion_ids, completions.completion_mask)
 
 
 def build_rollout_batch(
-    cfg: Config,
+    spec: BatchSpec,
     completions: Completions,
     prompt_ids: Sequence[Sequence[int]],
     rewards: torch.Tensor,
@@ -203,7 +163,6 @@ def build_rollout_batch(
     estimator: AdvantageFn,
     policy: torch.nn.Module,
     reference: Reference | None,
-    ctx: LogprobContext,
     steps: StepRewards | None = None,
     parts: RewardParts | None = None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
@@ -220,24 +179,22 @@ def build_rollout_batch(
     device = completions.completion_ids.device
     mask = completions.completion_mask  # the sequence the trainer runs (a multi-turn episode: env tokens too)
     trains = completions.model_mask  # the tokens the model sampled: only they get loss, KL and advantage
-    loss_mask = trains & ~completions.truncated.to(device)[:, None] if cfg.algo.mask_truncated else trains
-    ref_logprobs = reference_logprobs(reference, ctx, ids, completions)
+    loss_mask = trains & ~completions.truncated.to(device)[:, None] if spec.mask_truncated else trains
+    ref_logprobs = reference_logprobs(reference, spec.logprobs, ids, completions)
     sampler_logprobs = completions.logprobs.to(device)
     token_kl = None
-    if cfg.algo.kl_in == "reward" and ref_logprobs is not None:
+    if spec.kl_in_reward and ref_logprobs is not None:
         # algo.kl_estimator per token (k1 = log(pi/pi_ref) in the presets), with the sampling log-probs as pi
         # (no grad): summed into the sequence reward (RLOO) or into every token's reward (REINFORCE++).
-        kl = KL_ESTIMATORS[cfg.algo.kl_estimator](sampler_logprobs, ref_logprobs)
+        kl = spec.kl(sampler_logprobs, ref_logprobs)
         token_kl = torch.where(trains, kl, torch.zeros_like(ref_logprobs))
     if steps is None:
         adv_tokens = estimator(rewards, valid, trains, token_kl, parts=parts)  # [N, T]
         advantages = masked_mean(adv_tokens, trains, dim=-1).view_as(rewards).cpu()  # [P, G], for metrics
     else:
-        adv_tokens = grpo_process_advantages(  # env tokens get none
-            steps.step_rewards, steps.step_end_mask, trains, num_generations=g, std=cfg.algo.std, eps=cfg.algo.eps
-        )
+        adv_tokens = spec.process_advantages(steps.step_rewards, steps.step_end_mask, trains, num_generations=g)  # env tokens get none
         advantages = adv_tokens[:, 0].reshape_as(rewards).cpu()
-    old_logprobs = old_logprobs_if_needed(cfg, policy, ctx, ids, completions)
+    old_logprobs = old_logprobs_if_needed(spec, policy, ids, completions)
     batch = RolloutBatch(
         prompt_ids=ids,
         completion_ids=completions.completion_ids,

@@ -27,6 +27,7 @@ import torch
 from grpolab.config import Config
 from grpolab.models.loading import Reference
 from grpolab.rewards import WeightedReward, build_rewards, score_batch
+from grpolab.training.spec import LogprobContext
 from grpolab.types import Completions, Example, RolloutBatch
 
 
@@ -63,14 +64,16 @@ class GoldMonitor:
         self._last_total: list[float | None] | None = None
 
     @classmethod
-    def from_config(
-        cls, cfg: Config, rewards: list[WeightedReward], policy, reference: Reference | None, ctx, amp
+    def build(
+        cls, rewards: list[WeightedReward], policy, reference: Reference | None, ctx: LogprobContext, *,
+        measure_kl: bool, timeout_s: float,
     ) -> GoldMonitor:
-        """``reference`` is the loop's (None without a KL penalty); one is made here only to measure."""
-        if not rewards and not cfg.reward.measure_kl:
-            return cls([], None, ctx, cfg.reward.timeout_s)
-        measured_from = reference if reference is not None else Reference(policy, amp)
-        return cls(rewards, measured_from, ctx, cfg.reward.timeout_s)
+        """``reference`` is the loop's (None without a KL penalty); one is made here only to measure (reward.gold
+        or reward.measure_kl), under ``ctx``'s autocast. ``timeout_s``: reward.timeout_s."""
+        if not rewards and not measure_kl:
+            return cls([], None, ctx, timeout_s)
+        measured_from = reference if reference is not None else Reference(policy, ctx.autocast_dtype)
+        return cls(rewards, measured_from, ctx, timeout_s)
 
     @property
     def active(self) -> bool:

@@ -19,40 +19,37 @@ Departures, and why:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from grpolab.algo.advantages import gae_advantages, kl_shaped_token_rewards
-from grpolab.algo.kl import KL_ESTIMATORS
+from grpolab.algo.kl import kl_k1
 from grpolab.algo.losses import value_loss
 from grpolab.algo.masked import masked_mean, masked_var
-from grpolab.config import Config
 from grpolab.distributed import dist, parallel
 from grpolab.models.loading import Reference
 from grpolab.training.batch import (
+    AdvantageFn,
     BatchBuilder,
-    LogprobContext,
     build_rollout_batch,
     old_logprobs_if_needed,
-    outcome_estimator,
     reference_logprobs,
     repeated_prompts,
     rollout_metrics,
 )
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
 from grpolab.training.microbatch import completion_lengths_of, prompt_lengths_of
-from grpolab.training.optim import build_optimizer
+from grpolab.training.spec import BatchSpec, CriticSpec
 from grpolab.training.step import micro_batches, minibatch_order
-from grpolab.training.value import ValueModel, load_value_model, token_values
+from grpolab.training.value import ValueModel, token_values
 from grpolab.types import Completions, RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -79,16 +76,16 @@ def ppo_advantages(
     gamma: float,
     lam: float,
     whiten: bool,
-    kl_estimator: str = "k1",
+    kl: Callable[[Tensor, Tensor], Tensor] = kl_k1,
 ) -> PPOAdvantages:
     """Scores [N] to the token advantages the PPO loss sees: KL-shaped rewards, GAE, whitening.
 
     ``mask`` [N, T] is the completion mask (where the episode runs); ``loss_mask`` [N, T] (a subset) is
     what the loss counts, and what the whitening statistics are taken over. ``ref_logprobs=None`` (beta = 0)
-    means no KL term. ``kl_estimator`` names the per-token KL in the reward (KL_ESTIMATORS; the paper's k1).
+    means no KL term. ``kl`` is the per-token KL in the reward (a KL_ESTIMATORS entry, algo.kl_estimator; the paper's k1).
     """
     ref = logprobs if ref_logprobs is None else ref_logprobs
-    token_rewards = kl_shaped_token_rewards(scores, logprobs, ref, mask, beta=beta, kl_fn=KL_ESTIMATORS[kl_estimator])
+    token_rewards = kl_shaped_token_rewards(scores, logprobs, ref, mask, beta=beta, kl_fn=kl)
     advantages, returns = gae_advantages(token_rewards, values, mask, gamma=gamma, lam=lam)
     if whiten:  # statistics over every rank's tokens (masked_whiten's, made global)
         mean, var = dist.global_masked_mean_var(advantages, loss_mask)
@@ -100,31 +97,18 @@ def ppo_advantages(
 class Critic:
     """The value model V_psi with its own optimizer: values at rollout time, clipped-value updates."""
 
-    def __init__(self, model: ValueModel, cfg: Config, ctx: LogprobContext):
+    def __init__(self, model: ValueModel, spec: CriticSpec, optimizer, scheduler, generator: torch.Generator):
+        """``model`` as it trains (wrapped under torchrun), with its own ``optimizer`` and ``scheduler``;
+        ``generator`` shuffles its minibatches (runtime/step_spec.py ``build_critic`` makes them all)."""
         self.model = model
-        self.cfg = cfg
-        self.ctx = ctx
-        value_lr = cfg.algo.value_lr or cfg.optim.lr
-        self.optimizer, self.scheduler = build_optimizer(
-            model, dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=value_lr))
-        )
-        self.generator = torch.Generator().manual_seed(cfg.seed + 2)
-
-    @classmethod
-    def from_config(cls, cfg: Config, device: torch.device, ctx: LogprobContext) -> Critic:
-        mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
-        if not parallel.loads_on_rank0(mode):
-            return cls(parallel.wrap(load_value_model(cfg, device), mode, device), cfg, ctx)
-        # FSDP2: no GPU holds the whole critic (rank 0 on the host, the others on meta, then broadcast)
-        plain = load_value_model(cfg, device, placement="host" if dist.is_main() else "meta")
-        full = plain.state_dict() if dist.is_main() else {}
-        model = parallel.wrap(plain, mode, device)
-        parallel.materialize_from_rank0(model, full, device)
-        return cls(model, cfg, ctx)
+        self.spec = spec
+        self.ctx = spec.logprobs
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.generator = generator
 
     def warming_up(self, step: int) -> bool:
         """True while only the critic trains (steps 1 .. algo.critic_warmup_steps)."""
-        return step <= self.cfg.algo.critic_warmup_steps
+        return step <= self.spec.warmup_steps
 
     @torch.no_grad()
     def values(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Tensor, completion_mask: Tensor) -> Tensor:
@@ -145,7 +129,7 @@ class Critic:
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """mu passes of clipped-value-loss updates over the batch (token-mean over each minibatch)."""
         t0 = time.perf_counter()
-        a = self.cfg.algo
+        a = self.spec
         sums: dict[str, float] = defaultdict(float)
         updates = 0
         lengths = completion_lengths_of(batch.completion_mask)
@@ -179,7 +163,7 @@ class Critic:
 
     def _step(self) -> float:
         params = grads_to_clip(self.model, self.optimizer)  # the fp32 master weights where there are some
-        max_norm = self.cfg.optim.max_grad_norm
+        max_norm = self.spec.max_grad_norm
         norm = parallel.clip_grad_norm(params, max_norm if max_norm > 0 else math.inf)
         if not torch.isfinite(norm):
             if scale_backed_off(self.optimizer, True):
@@ -206,7 +190,7 @@ class Critic:
 
 
 def build_ppo_batch(
-    cfg: Config,
+    spec: BatchSpec,
     completions: Completions,
     prompt_ids: Sequence[Sequence[int]],
     rewards: Tensor,
@@ -215,7 +199,6 @@ def build_ppo_batch(
     critic: Critic,
     policy: torch.nn.Module,
     reference: Reference | None,
-    ctx: LogprobContext,
     parts=None,
 ) -> tuple[RolloutBatch, dict[str, float]]:
     """Reference log-probs, rollout-time values, KL-shaped token rewards, GAE: the PPO RolloutBatch.
@@ -223,15 +206,14 @@ def build_ppo_batch(
     ``rewards`` and ``valid`` are [P, G]; prompt_ids is [P], each repeated G times, prompt-major. ``parts``
     (each reward function apart, for GDPO) is unused: GAE reads the summed reward.
     """
-    a = cfg.algo
     g = completions.num_generations
     ids = repeated_prompts(prompt_ids, g)
     device = completions.completion_ids.device
     mask = completions.completion_mask
     loss_mask = completions.model_mask & valid.reshape(-1, 1).to(device)  # env tokens: context only
-    if a.mask_truncated:
+    if spec.mask_truncated:
         loss_mask = loss_mask & ~completions.truncated.to(device)[:, None]
-    ref_logprobs = reference_logprobs(reference, ctx, ids, completions)
+    ref_logprobs = reference_logprobs(reference, spec.logprobs, ids, completions)
     t0 = time.perf_counter()
     old_values = critic.values(ids, completions.completion_ids, mask)
     t_values = time.perf_counter() - t0
@@ -243,13 +225,13 @@ def build_ppo_batch(
         old_values,
         mask,
         loss_mask,
-        beta=a.beta if a.kl_in == "reward" else 0.0,
-        gamma=a.gamma,
-        lam=a.lam,
-        whiten=a.whiten_advantages,
-        kl_estimator=a.kl_estimator,
+        beta=spec.beta if spec.kl_in_reward else 0.0,
+        gamma=spec.gamma,
+        lam=spec.lam,
+        whiten=spec.whiten_advantages,
+        kl=spec.kl,
     )
-    old_logprobs = old_logprobs_if_needed(cfg, policy, ctx, ids, completions)
+    old_logprobs = old_logprobs_if_needed(spec, policy, ids, completions)
     batch = RolloutBatch(
         prompt_ids=ids,
         completion_ids=completions.completion_ids,
@@ -266,7 +248,7 @@ def build_ppo_batch(
     metrics = rollout_metrics(completions, rewards, valid, seq_adv)
     metrics.update(_value_metrics(old_values, ppo.returns, loss_mask))
     if ref_logprobs is not None:
-        metrics["kl"] = dist.global_masked_mean(KL_ESTIMATORS[a.kl_estimator](sampled, ref_logprobs), mask)  # as in the reward
+        metrics["kl"] = dist.global_masked_mean(spec.kl(sampled, ref_logprobs), mask)  # as in the reward
     metrics["sys/time_value_forward_s"] = t_values
     return batch, metrics
 
@@ -282,11 +264,9 @@ def _value_metrics(values: Tensor, returns: Tensor, mask: Tensor) -> dict[str, f
     }
 
 
-def rollout_batch_builder(cfg: Config, critic: Critic | None) -> BatchBuilder:
-    """Chosen once: GAE with the critic (PPO), or the configured outcome estimator (GRPO and relatives).
-
-    Either is called as ``(cfg, completions, prompt_ids, rewards, valid, *, policy, reference, ctx)``.
-    """
+def rollout_batch_builder(spec: BatchSpec, critic: Critic | None, estimator: AdvantageFn) -> BatchBuilder:
+    """Chosen once: GAE with the critic (PPO), or ``estimator`` (training/batch.py ``outcome_estimator``: GRPO and
+    relatives), ``spec`` bound; called as ``(completions, prompt_ids, rewards, valid, *, policy, reference, ...)``."""
     if critic is not None:
-        return functools.partial(build_ppo_batch, critic=critic)
-    return functools.partial(build_rollout_batch, estimator=outcome_estimator(cfg))
+        return functools.partial(build_ppo_batch, spec, critic=critic)
+    return functools.partial(build_rollout_batch, spec, estimator=estimator)

@@ -17,17 +17,14 @@ than make an empty one. Step texts are the decoded spans, delimiter included.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from grpolab.config import Config, ConfigError
-from grpolab.rewards.step_rewards import ProcessReward, build_process_reward, score_steps
+from grpolab.errors import ConfigError
+from grpolab.rewards.step_rewards import ProcessReward, score_steps
 from grpolab.types import Completions, Example
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -172,24 +169,3 @@ class TurnSupervision:
             "rollout/steps_mean": float(counts.mean()),
         }
         return StepRewards(rewards.to(mask.device), ends.to(mask.device), metrics)
-
-
-def build_process_supervision(
-    cfg: Config, tokenizer, examples: Sequence[Example]
-) -> ProcessSupervision | TurnSupervision | None:
-    """The process scorer for algo.supervision=process (dry-run on a few examples), else None. With an
-    environment the steps are the episode's turns (``TurnSupervision``)."""
-    if cfg.algo.supervision != "process":
-        return None
-    if cfg.env.name is not None:
-        weight = sum(f.weight for f in cfg.reward.functions if f.name == "env")
-        log.info("process supervision: the steps are the episode's turns (env reward weight %g)", weight)
-        return TurnSupervision(weight)
-    spec = cfg.reward.process
-    splitter = StepSplitter(tokenizer, spec.delimiter)
-    process = ProcessSupervision(
-        splitter, build_process_reward(spec.name, spec.kwargs), timeout_s=cfg.reward.timeout_s
-    )
-    process.dry_run(list(examples[: cfg.reward.dry_run_examples]))
-    log.info("process supervision: reward '%s', steps end at %r", process.reward.name, spec.delimiter)
-    return process

@@ -16,92 +16,21 @@ import functools
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from grpolab.algo.correction import mismatch_sums, rollout_correction_weights
-from grpolab.algo.kl import KL_ESTIMATORS
-from grpolab.algo.losses import POLICY_LOSSES, SurrogateLoss, aggregate
+from grpolab.algo.correction import mismatch_sums
 from grpolab.algo.selection import entropy_threshold, high_entropy_mask, off_policy_sequence_mask
-from grpolab.config import Config
 from grpolab.distributed import dist
 from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
 from grpolab.distributed.parallel import clip_grad_norm, gradient_sync
 from grpolab.training.activations import offloaded
-from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
 from grpolab.training.microbatch import completion_lengths_of, prompt_lengths_of, split_rows
-from grpolab.training.packing import packed_completion_logprobs
+from grpolab.training.spec import LogprobContext, PolicyLossSpec, UpdateSpec
 from grpolab.types import RolloutBatch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PolicyLossSpec:
-    """The loss choices, resolved once from config (no string dispatch in the per-step path)."""
-
-    kl_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
-    beta: float
-    agg_mode: str
-    norm_len: int
-    clip_low: float
-    clip_high: float
-    dual_clip: float | None
-    level: str
-    loss_fn: Callable[..., SurrogateLoss] = POLICY_LOSSES["clip"]
-    correction: Callable[..., torch.Tensor] | None = None
-    """(old_logprobs, sampler_logprobs, mask) -> [N, T] weights (algo.rollout_correction), or None."""
-    entropy_coef: float = 0.0
-    off_policy_threshold: float | None = None
-    """algo.off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask, or None."""
-    top_entropy_quantile: float = 1.0
-    """algo.top_entropy_quantile: below 1, only the minibatch's highest-entropy tokens get policy loss (80/20)."""
-    correction_in_loss: bool = False
-    """VESPO: the rollout-correction weights enter its sequence weight (``is_weights``), as TRL, instead of
-    multiplying the per-token loss."""
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> PolicyLossSpec:
-        a = cfg.algo
-        kl_in_loss = a.kl_in == "loss" and a.beta > 0
-        correction = None
-        if a.rollout_correction != "none":
-            correction = functools.partial(
-                rollout_correction_weights,
-                mode=a.rollout_correction,
-                level=a.rollout_correction_level,
-                cap=a.rollout_correction_cap,
-            )
-        loss_fn = POLICY_LOSSES[a.policy_loss]
-        if a.policy_loss == "sapo":
-            loss_fn = functools.partial(
-                loss_fn, temperature_pos=a.sapo_temperature_pos, temperature_neg=a.sapo_temperature_neg
-            )
-        elif a.policy_loss == "vespo":
-            loss_fn = functools.partial(
-                loss_fn, k_pos=a.vespo_k_pos, lambda_pos=a.vespo_lambda_pos, k_neg=a.vespo_k_neg,
-                lambda_neg=a.vespo_lambda_neg,
-            )  # fmt: skip
-        return cls(
-            kl_fn=KL_ESTIMATORS[a.kl_estimator] if kl_in_loss else None,
-            beta=a.beta,
-            agg_mode=a.loss_agg,
-            # Dr. GRPO's constant: the longest a completion can be (an episode: its token budget)
-            norm_len=cfg.env.max_episode_tokens if cfg.env.name is not None else cfg.rollout.max_completion_length,
-            clip_low=a.clip_low,
-            clip_high=a.clip_high,
-            dual_clip=a.dual_clip,
-            level=a.importance_level,
-            loss_fn=loss_fn,
-            correction=correction,
-            entropy_coef=a.entropy_coef,
-            off_policy_threshold=a.off_policy_mask_threshold,
-            top_entropy_quantile=a.top_entropy_quantile,
-            correction_in_loss=a.policy_loss == "vespo",
-        )
 
 
 def policy_loss(
@@ -124,16 +53,8 @@ def policy_loss(
     weights = None
     if spec.correction is not None and mb.sampler_logprobs is not None:
         weights = spec.correction(old_logprobs, mb.sampler_logprobs, mask)
-    sur = spec.loss_fn(
-        logprobs,
-        old_logprobs,
-        mb.advantages,
-        clip_low=spec.clip_low,
-        clip_high=spec.clip_high,
-        dual_clip=spec.dual_clip,
-        level=spec.level,
-        mask=mask,
-        **({"is_weights": weights} if spec.correction_in_loss else {}),
+    sur = spec.surrogate(
+        logprobs, old_logprobs, mb.advantages, mask=mask, **({"is_weights": weights} if spec.correction_in_loss else {})
     )
     stats = {
         "clip_frac_low": _masked_sum(sur.clipped_low.float(), mask),
@@ -142,12 +63,11 @@ def policy_loss(
     }
     per_token, entropy = _selected(sur.loss, logprobs, old_logprobs, mb, spec, stats, entropy, token_keep)
     per_token = _rollout_terms(per_token, old_logprobs, mb, spec, entropy, weights, stats)
-    if spec.kl_fn is not None:
-        kl = spec.kl_fn(logprobs, mb.ref_logprobs)
+    if spec.kl is not None:
+        kl = spec.kl(logprobs, mb.ref_logprobs)
         per_token = per_token + spec.beta * kl
         stats["kl"] = _masked_sum(kl.detach(), mask)
-    agg = functools.partial(aggregate, mask=mask, mode=spec.agg_mode, norm_len=spec.norm_len, total_seqs=total_seqs,
-                            total_tokens=total_tokens)  # fmt: skip
+    agg = functools.partial(spec.aggregate, mask=mask, total_seqs=total_seqs, total_tokens=total_tokens)
     loss = agg(per_token)
     if spec.entropy_coef > 0 and entropy is not None:  # TRL's policy_loss: the loss without the entropy bonus
         stats["policy_loss"] = float((loss.detach() + spec.entropy_coef * agg(entropy.detach())).item())
@@ -213,36 +133,33 @@ def update_policy(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     batch: RolloutBatch,
-    cfg: Config,
-    spec: PolicyLossSpec,
+    spec: UpdateSpec,
     *,
-    pad_id: int,
-    autocast_dtype: torch.dtype | None,
     generator: torch.Generator,
 ) -> dict[str, float]:
     """mu passes over the batch, num_minibatches optimizer steps each. Returns averaged metrics."""
     sums: dict[str, float] = defaultdict(float)
     counts = {"tokens": 0.0, "updates": 0, "skipped": 0}
+    ctx, loss_spec = spec.logprobs, spec.loss
     lengths = completion_lengths_of(batch.completion_mask)
-    budget = {"max_tokens": cfg.train.max_tokens_per_micro_batch, "prompt_lengths": prompt_lengths_of(batch.prompt_ids)}
+    budget = {"max_tokens": ctx.max_tokens, "prompt_lengths": prompt_lengths_of(batch.prompt_ids)}
     model.train()
-    for _ in range(cfg.algo.mu):
-        for rows in minibatch_order(batch.num_sequences, cfg.algo.num_minibatches, generator):
+    for _ in range(spec.mu):
+        for rows in minibatch_order(batch.num_sequences, spec.num_minibatches, generator):
             total_tokens = dist.global_token_count(batch.loss_mask[rows])  # normalisers over all ranks
             total_seqs = dist.all_reduce_sum(float(len(rows)))
             optimizer.zero_grad(set_to_none=True)
             finite = True
-            micros = micro_batches(rows, lengths, cfg.train.micro_batch_rows(batch.completion_ids.device.type), **budget)
-            keeps = _high_entropy_tokens(model, batch, micros, cfg, spec, pad_id, autocast_dtype)
+            micros = micro_batches(rows, lengths, ctx.micro_batch_size, **budget)
+            keeps = _high_entropy_tokens(model, batch, micros, ctx, loss_spec)
             for i, (micro, keep) in enumerate(zip(micros, keeps, strict=True)):
                 mb = batch.select(micro)
                 # DDP: forward and backward inside no_sync (its forward arms the all-reduce), but the last
-                offload = offloaded(cfg.train.offload_activations, batch.completion_ids.device.type)
+                offload = offloaded(spec.offload_activations, batch.completion_ids.device.type)
                 with gradient_sync(model, sync=i == len(micros) - 1), offload:
                     loss, entropy, stats = _micro_batch_loss(
-                        model, mb, cfg, spec, pad_id, autocast_dtype, total_seqs=total_seqs, total_tokens=total_tokens,
-                        token_keep=keep,
-                    )  # fmt: skip
+                        model, mb, ctx, loss_spec, total_seqs=total_seqs, total_tokens=total_tokens, token_keep=keep
+                    )
                     backward(loss * dist.grad_scale(), optimizer)  # through the fp16 loss scaler when there is one
                 finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
@@ -252,29 +169,18 @@ def update_policy(
             counts["tokens"] += total_tokens
             finite = not dist.any_rank(not finite)  # every rank skips, or none
             give_back_freed_memory()  # before AdamW's states and the step's temporaries (distributed/host.py)
-            _optimizer_step(model, optimizer, scheduler, cfg.optim.max_grad_norm, sums, counts, loss_finite=finite)
+            _optimizer_step(model, optimizer, scheduler, spec.max_grad_norm, sums, counts, loss_finite=finite)
     out = _summarise(sums, counts, scheduler)
-    if spec.entropy_coef > 0:
-        out["entropy_coef"] = spec.entropy_coef  # TRL's name; constant here (TRL can adapt it)
+    if loss_spec.entropy_coef > 0:
+        out["entropy_coef"] = loss_spec.entropy_coef  # TRL's name; constant here (TRL can adapt it)
     return out
 
 
-def _micro_batch_loss(model, mb: RolloutBatch, cfg: Config, spec: PolicyLossSpec, pad_id: int, autocast_dtype, *,
-                      total_seqs: float, total_tokens: float, token_keep: torch.Tensor | None = None):
+def _micro_batch_loss(model, mb: RolloutBatch, ctx: LogprobContext, spec: PolicyLossSpec, *, total_seqs: float,
+                      total_tokens: float, token_keep: torch.Tensor | None = None):
     """(loss, entropy [n, T], stats) of one micro-batch, its graph kept for the backward; packed into one
     padding-free sequence with train.padding_free (training/packing.py)."""
-    logprobs, entropy = _forward(cfg)(
-        model,
-        mb.prompt_ids,
-        mb.completion_ids,
-        mb.completion_mask,
-        pad_id=pad_id,
-        temperature=cfg.rollout.temperature,
-        autocast_dtype=autocast_dtype,
-        with_entropy=True,
-        entropy_grad=spec.entropy_coef > 0,
-        into_grad=True,
-    )
+    logprobs, entropy = ctx.forward(model, mb, entropy_grad=spec.entropy_coef > 0, into_grad=True)
     old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
     loss, stats = policy_loss(
         logprobs, old, mb, spec, total_seqs=total_seqs, total_tokens=max(total_tokens, 1.0), entropy=entropy,
@@ -283,13 +189,8 @@ def _micro_batch_loss(model, mb: RolloutBatch, cfg: Config, spec: PolicyLossSpec
     return loss, entropy, stats
 
 
-def _forward(cfg: Config):
-    return packed_completion_logprobs if cfg.train.padding_free else completion_logprobs
-
-
 @torch.no_grad()
-def _high_entropy_tokens(model, batch: RolloutBatch, micros, cfg: Config, spec: PolicyLossSpec, pad_id: int,
-                         autocast_dtype) -> list[torch.Tensor | None]:
+def _high_entropy_tokens(model, batch: RolloutBatch, micros, ctx: LogprobContext, spec: PolicyLossSpec) -> list[torch.Tensor | None]:
     """Per micro-batch, the tokens the 80/20 rule keeps (algo.top_entropy_quantile < 1), else Nones.
 
     The threshold is the quantile over the whole minibatch's counted tokens on every rank, under the weights
@@ -301,10 +202,7 @@ def _high_entropy_tokens(model, batch: RolloutBatch, micros, cfg: Config, spec: 
     entropies, masks = [], []
     for micro in micros:
         mb = batch.select(micro)
-        _, entropy = _forward(cfg)(
-            model, mb.prompt_ids, mb.completion_ids, mb.completion_mask, pad_id=pad_id,
-            temperature=cfg.rollout.temperature, autocast_dtype=autocast_dtype, with_entropy=True,
-        )  # fmt: skip
+        _, entropy = ctx.forward(model, mb)
         entropies.append(entropy)
         masks.append(mb.loss_mask)
     counted = dist.gather_ragged(torch.cat([e[m] for e, m in zip(entropies, masks, strict=True)]).float())

@@ -90,8 +90,8 @@ def token_values(
 def load_value_model(cfg: Config, device: torch.device, *, placement: str = "device") -> ValueModel:
     """The value model for cfg.algo.value_init, trainable. ``placement``: "device" loads it onto ``device``;
     under FSDP2 rank 0 loads it into host memory ("host") and the other ranks build it on the meta device
-    ("meta": shapes only, no file read), and ``Critic.from_config`` broadcasts rank 0's weights into the
-    shards, as the policy loads (distributed/parallel.py, loads_on_rank0)."""
+    ("meta": shapes only, no file read), and ``build_critic`` (runtime/step_spec.py) broadcasts rank 0's weights
+    into the shards, as the policy loads (distributed/parallel.py, loads_on_rank0)."""
     m, a = cfg.model, cfg.algo
     kwargs = {"revision": m.revision, "dtype": getattr(torch, m.dtype), "trust_remote_code": m.trust_remote_code}
     kwargs |= attention_kwargs(m)

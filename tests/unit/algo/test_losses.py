@@ -5,7 +5,14 @@ import pytest
 import torch
 
 from grpolab.algo.kl import kl_k3
-from grpolab.algo.losses import AGGREGATIONS, aggregate, clipped_surrogate_loss, dpo_loss, value_loss
+from grpolab.algo.losses import (
+    AGGREGATIONS,
+    Aggregation,
+    aggregate,
+    clipped_surrogate_loss,
+    dpo_loss,
+    value_loss,
+)
 
 
 def close(actual, expected, **kw):
@@ -133,6 +140,19 @@ def test_each_mode_on_ragged_mask():
     assert aggregate(LOSS, MASK, "token-mean").item() == pytest.approx(28 / 7)
     assert aggregate(LOSS, MASK, "seq-mean-token-sum-norm", norm_len=5).item() == pytest.approx(28 / 15)
     assert aggregate(LOSS, MASK, "seq-mean-token-sum").item() == pytest.approx(28 / 3)
+
+
+def test_an_aggregation_chosen_once_is_the_named_reduction_with_its_length_bound():
+    dr_grpo = Aggregation.named("seq-mean-token-sum-norm", norm_len=5)
+    assert dr_grpo.reduce is AGGREGATIONS["seq-mean-token-sum-norm"] and dr_grpo.norm_len == 5
+    assert dr_grpo(LOSS, MASK).item() == pytest.approx(28 / 15)
+    # the whole batch's totals, as a micro-batch of a larger batch passes them: 28 / (6 x 5)
+    assert dr_grpo(LOSS, MASK, total_seqs=6.0).item() == pytest.approx(28 / 30)
+    assert Aggregation.named("token-mean")(LOSS, MASK, total_tokens=14.0).item() == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        Aggregation.named("token-sum")  # a bad name fails when chosen, not at the first micro-batch
+    with pytest.raises(ValueError, match="total_seqs must be > 0"):
+        dr_grpo(LOSS, MASK, total_seqs=0.0)
 
 
 def test_modes_are_pairwise_different():

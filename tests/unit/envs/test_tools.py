@@ -149,13 +149,13 @@ def test_an_episode_budget_sets_the_length_limits():
     from grpolab.data import DataError
     from grpolab.rollout.vllm.setup import max_model_len
     from grpolab.runtime.preflight import check_context
-    from grpolab.training.step import PolicyLossSpec
+    from grpolab.runtime.step_spec import policy_loss_spec
 
     base = ["algo.name=dr_grpo", "rollout.max_completion_length=8", "data.max_prompt_length=16"]
     single = load_config(None, base)
     episodes = load_config(None, [*base, "env.name=calculator", "env.max_episode_tokens=40"])
-    assert PolicyLossSpec.from_config(single).norm_len == 8
-    assert PolicyLossSpec.from_config(episodes).norm_len == 40
+    assert policy_loss_spec(single).aggregate.norm_len == 8
+    assert policy_loss_spec(episodes).aggregate.norm_len == 40
     assert max_model_len(single) == 16 + 8 and max_model_len(episodes) == 16 + 40 + 8
     learned_positions = SimpleNamespace(max_position_embeddings=48)  # no rope: past it is an error
     check_context(single, [[1] * 16], learned_positions)  # 16 + 8 fit

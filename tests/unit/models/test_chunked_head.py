@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from grpolab.algo.kl import kl_k3
-from grpolab.algo.losses import AGGREGATIONS
+from grpolab.algo.losses import AGGREGATIONS, Aggregation, clipped_surrogate_loss
 from grpolab.models import chunked_head as chunked_head_module
 from grpolab.models.chunked_head import ChunkedLMHead, ChunkedLogprobs, install_chunked_head
 from grpolab.models.inference import attention_for
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.training import logprobs as logprobs_module
 from grpolab.training.logprobs import build_inputs, completion_logprobs
-from grpolab.training.step import PolicyLossSpec, policy_loss
+from grpolab.training.spec import PolicyLossSpec
+from grpolab.training.step import policy_loss
 from grpolab.types import RolloutBatch
 
 TEMPERATURE = 0.7
@@ -57,7 +60,8 @@ def _loss_and_grads(model, lp, rows, completion, mask, mode):
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.2, -0.2])[:, None].expand_as(mask) * mask
     ref = lp.detach() - 0.1 * torch.linspace(0, 1, lp.numel()).view_as(lp)  # a non-zero KL term
     batch = RolloutBatch(rows, completion, mask, mask, advantages, ref_logprobs=ref)
-    spec = PolicyLossSpec(kl_k3, 0.04, mode, 7, 0.2, 0.2, None, "token")
+    surrogate = functools.partial(clipped_surrogate_loss, clip_low=0.2, clip_high=0.2, dual_clip=None, level="token")
+    spec = PolicyLossSpec(surrogate, Aggregation.named(mode, norm_len=7), kl=kl_k3, beta=0.04)
     old = lp.detach() + 0.05 * torch.linspace(-1, 1, lp.numel()).view_as(lp)  # ratios != 1, some clipped
     loss, _ = policy_loss(lp, old, batch, spec, total_seqs=6.0, total_tokens=float(mask.sum()))
     model.zero_grad()

@@ -11,10 +11,11 @@ from grpolab.envs import EnvStep, ToolLimits, build_environment
 from grpolab.rollout.base import Sampler
 from grpolab.rollout.hf import HFSampler
 from grpolab.rollout.multiturn import ChatDelta, MultiTurnSampler, episode_prompt_ids
+from grpolab.runtime.step_spec import batch_builder, policy_loss_spec
 from grpolab.tasks.tiny import CHAT_TEMPLATE
-from grpolab.training.batch import build_rollout_batch, outcome_estimator, rewards_tensor
+from grpolab.training.batch import rewards_tensor
 from grpolab.training.logprobs import completion_logprobs
-from grpolab.training.step import PolicyLossSpec, policy_loss
+from grpolab.training.step import policy_loss
 from grpolab.types import Completions, Example
 
 EXAMPLE = Example("12*3=", "36")
@@ -142,11 +143,11 @@ def _episodes(tok, wrong_second: bool):
 
 def _pipeline_loss(model, tok, cfg, prompt, comps):
     rewards, valid = rewards_tensor([e.env_reward for e in comps.episodes], 1, 2)
-    batch, _ = build_rollout_batch(cfg, comps, prompt, rewards, valid, estimator=outcome_estimator(cfg), policy=model, reference=None, ctx=None)
+    batch, _ = batch_builder(cfg, None, None)(comps, prompt, rewards, valid, policy=model, reference=None)
     lp, _ = completion_logprobs(model, batch.prompt_ids, batch.completion_ids, batch.completion_mask, pad_id=tok.pad_token_id)
     lp.retain_grad()
     batch.ref_logprobs = lp.detach() - 0.3 * batch.completion_mask  # a KL term that would push every token
-    loss, _ = policy_loss(lp, lp.detach(), batch, PolicyLossSpec.from_config(cfg), total_seqs=2, total_tokens=float(batch.loss_mask.sum()))
+    loss, _ = policy_loss(lp, lp.detach(), batch, policy_loss_spec(cfg), total_seqs=2, total_tokens=float(batch.loss_mask.sum()))
     return loss, lp, batch
 
 

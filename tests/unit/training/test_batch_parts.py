@@ -24,9 +24,11 @@ def test_the_gdpo_estimator_reads_the_parts_and_repeats_each_advantage_along_t()
     totals = torch.tensor([[1.0, 0.5], [1.5, 1.0]])
     mask = torch.tensor([[True, True, False], [True, False, False], [True, True, True], [True, False, False]])
     valid = torch.ones(2, 2, dtype=torch.bool)
-    out = outcome_estimator(cfg)(totals, valid, mask, None, parts=parts)
+    a = cfg.algo
+    estimator = outcome_estimator(a.advantage, std=a.std, eps=a.eps, beta=a.beta, gamma=a.gamma)
+    out = estimator(totals, valid, mask, None, parts=parts)
     want = gdpo_advantages(parts.values, parts.valid, parts.weights).reshape(-1, 1) * mask
     torch.testing.assert_close(out, want)
     assert out[0, 0] > 0 > out[1, 0]  # group 0: acc decides; group 1: fmt decides (half weight)
     with pytest.raises(ValueError, match="pass parts"):
-        outcome_estimator(cfg)(totals, valid, mask, None)
+        estimator(totals, valid, mask, None)

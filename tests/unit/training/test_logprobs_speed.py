@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from grpolab.algo.kl import kl_k3
+from grpolab.algo.losses import Aggregation, clipped_surrogate_loss
 from grpolab.models.loading import Reference
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.training.logprobs import completion_logprobs
-from grpolab.training.step import PolicyLossSpec, policy_loss
+from grpolab.training.spec import PolicyLossSpec
+from grpolab.training.step import policy_loss
 from grpolab.types import RolloutBatch
 
 BF16 = torch.bfloat16
@@ -63,14 +67,10 @@ def _loss(model, rows, completion, mask, amp, ref_logprobs):
         ref_logprobs=ref_logprobs,
     )
     spec = PolicyLossSpec(
-        kl_fn=kl_k3,
+        surrogate=functools.partial(clipped_surrogate_loss, clip_low=0.2, clip_high=0.2, dual_clip=None, level="token"),
+        aggregate=Aggregation.named("seq-mean-token-mean"),  # GRPO (TRL loss_type="grpo")
+        kl=kl_k3,
         beta=0.04,
-        agg_mode="seq-mean-token-mean",  # GRPO (TRL loss_type="grpo")
-        norm_len=7,
-        clip_low=0.2,
-        clip_high=0.2,
-        dual_clip=None,
-        level="token",
     )
     loss, _ = policy_loss(
         logprobs, logprobs.detach(), batch, spec, total_seqs=6.0, total_tokens=float(mask.sum())

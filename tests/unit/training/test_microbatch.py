@@ -7,10 +7,11 @@ import copy
 import torch
 
 from grpolab.config import Config, OptimConfig, TrainConfig, preset_algo
+from grpolab.runtime.step_spec import logprob_context, update_spec
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
-from grpolab.training.batch import LogprobContext
 from grpolab.training.microbatch import split_rows
-from grpolab.training.step import PolicyLossSpec, update_policy
+from grpolab.training.spec import LogprobContext
+from grpolab.training.step import update_policy
 from grpolab.types import RolloutBatch
 
 
@@ -44,7 +45,7 @@ def _one_update(model, batch, cfg):
     scheduler = torch.optim.lr_scheduler.LambdaLR(sgd, lambda s: 1.0)
     before = [p.detach().clone() for p in model.parameters()]
     metrics = update_policy(
-        model, sgd, scheduler, batch, cfg, PolicyLossSpec.from_config(cfg), pad_id=0, autocast_dtype=None,
+        model, sgd, scheduler, batch, update_spec(cfg, logprob_context(cfg, pad_id=0, autocast_dtype=None, device_type="cpu")),
         generator=torch.Generator().manual_seed(0),
     )
     return metrics, [p.detach() - b for p, b in zip(model.parameters(), before, strict=True)]

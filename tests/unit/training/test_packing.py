@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from grpolab.config import Config, OptimConfig, TrainConfig, preset_algo
+from grpolab.runtime.step_spec import logprob_context, update_spec
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.training import logprobs as logprobs_module
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.packing import packed_completion_logprobs, packed_inputs
-from grpolab.training.step import PolicyLossSpec, update_policy
+from grpolab.training.step import update_policy
 from grpolab.types import RolloutBatch
 
 
@@ -76,8 +77,8 @@ def test_an_update_with_padding_free_micro_batches_equals_the_padded_update():
         m = copy.deepcopy(model)
         sgd = torch.optim.SGD(m.parameters(), lr=1.0)
         sched = torch.optim.lr_scheduler.LambdaLR(sgd, lambda s: 1.0)
-        metrics = update_policy(m, sgd, sched, batch, cfg, PolicyLossSpec.from_config(cfg), pad_id=0, autocast_dtype=None,
-                                generator=torch.Generator().manual_seed(0))  # fmt: skip
+        spec = update_spec(cfg, logprob_context(cfg, pad_id=0, autocast_dtype=None, device_type="cpu"))
+        metrics = update_policy(m, sgd, sched, batch, spec, generator=torch.Generator().manual_seed(0))
         moved.append((metrics, [p.detach() - q for p, q in zip(m.parameters(), model.parameters(), strict=True)]))
     (want_m, want), (got_m, got) = moved
     assert abs(got_m["loss"] - want_m["loss"]) < 1e-6 and abs(got_m["grad_norm"] - want_m["grad_norm"]) < 1e-4

@@ -9,10 +9,12 @@ import statistics
 import pytest
 import torch
 
+from grpolab.algo.kl import kl_k1, kl_k2, kl_k3
 from grpolab.config import ConfigError, load_config
+from grpolab.runtime.step_spec import batch_builder, policy_loss_spec
 from grpolab.training.batch import build_rollout_batch
-from grpolab.training.ppo import build_ppo_batch, rollout_batch_builder
-from grpolab.training.step import PolicyLossSpec, policy_loss
+from grpolab.training.ppo import build_ppo_batch
+from grpolab.training.step import policy_loss
 from grpolab.types import Completions
 
 # P = 1 prompt, G = 2 completions, T = 3; the second completion has 2 counted tokens.
@@ -68,16 +70,8 @@ def _cfg(*overrides):
 
 def _batch(cfg, valid=None):
     valid = torch.ones_like(REWARDS, dtype=torch.bool) if valid is None else valid
-    return build_ppo_batch(
-        cfg,
-        _completions(),
-        [[5, 6]],
-        REWARDS,
-        valid,
-        critic=_FixedCritic(),
-        policy=None,
-        reference=_Reference(),
-        ctx=_FixedContext(),
+    return batch_builder(cfg, _FixedContext(), _FixedCritic())(
+        _completions(), [[5, 6]], REWARDS, valid, policy=None, reference=_Reference()
     )
 
 
@@ -90,8 +84,8 @@ def test_ppo_advantages_reaching_the_loss_match_a_hand_computation():
     assert batch.old_logprobs is None and torch.equal(batch.ref_logprobs, REF)
     assert metrics["kl"] == pytest.approx((0.5 + 0 + 0.5 - 0.5 + 0) / 5)
     # At ratio 1 the surrogate is -A per token; PPO's preset aggregates as DeepSeekMath Eq. 1: (1/|o|) sum_t.
-    spec = PolicyLossSpec.from_config(cfg)
-    assert spec.kl_fn is None  # the KL is in the reward, not the loss
+    spec = policy_loss_spec(cfg)
+    assert spec.kl is None  # the KL is in the reward, not the loss
     loss, _ = policy_loss(SAMPLED, SAMPLED, batch, spec, total_seqs=2.0, total_tokens=5.0)
     expected = -((-0.015625 + 0.3875 + 0.15) / 3 + (-0.195 + 0.1) / 2) / 2
     assert loss.item() == pytest.approx(expected, abs=1e-6)
@@ -119,19 +113,19 @@ def test_a_reward_that_does_not_apply_takes_its_completion_out_of_the_loss():
 
 def test_beta_zero_leaves_only_the_score_at_the_last_token():
     cfg = _cfg("algo.beta=0.0", "algo.whiten_advantages=false")
-    batch, _ = build_ppo_batch(
-        cfg, _completions(), [[5, 6]], REWARDS, torch.ones(1, 2, dtype=torch.bool),
-        critic=_FixedCritic(), policy=None, reference=None, ctx=_FixedContext(),
-    )  # fmt: skip
+    batch, _ = batch_builder(cfg, _FixedContext(), _FixedCritic())(
+        _completions(), [[5, 6]], REWARDS, torch.ones(1, 2, dtype=torch.bool), policy=None, reference=None
+    )
     expected = [[1 - 0.5, 1 - 0.4, 1 - 0.8], [0 - 0.2, 0 + 0.1, 0.0]]
     torch.testing.assert_close(batch.advantages, torch.tensor(expected))
 
 
 def test_the_batch_builder_is_chosen_once_from_the_config():
-    grpo = rollout_batch_builder(load_config(None, []), None)
-    assert grpo.func is build_rollout_batch
-    ppo = rollout_batch_builder(_cfg(), _FixedCritic())
+    grpo = batch_builder(load_config(None, []), None, None)
+    assert grpo.func is build_rollout_batch and grpo.args[0].kl is kl_k3 and not grpo.args[0].kl_in_reward  # GRPO: k3 in the loss
+    ppo = batch_builder(_cfg(), None, _FixedCritic())
     assert ppo.func is build_ppo_batch and isinstance(ppo.keywords["critic"], _FixedCritic)
+    assert ppo.args[0].kl is kl_k1 and ppo.args[0].kl_in_reward and ppo.args[0].beta == 0.1
     assert load_config(None, ["algo.name=ppo"]).algo.needs_critic
     assert not load_config(None, ["algo.name=rloo"]).algo.needs_critic
 
@@ -159,7 +153,7 @@ def test_ppo_advantages_put_the_configured_kl_estimator_in_the_token_rewards():
     logprobs, ref = torch.tensor([[-1.0, -3.0]]), torch.tensor([[-1.5, -2.0]])  # x = [0.5, -1]
     mask = torch.ones(1, 2, dtype=torch.bool)
     kw = dict(beta=0.1, gamma=1.0, lam=1.0, whiten=False)
-    k1 = ppo_advantages(scores, logprobs, ref, torch.zeros(1, 2), mask, mask, kl_estimator="k1", **kw)
-    k2 = ppo_advantages(scores, logprobs, ref, torch.zeros(1, 2), mask, mask, kl_estimator="k2", **kw)
+    k1 = ppo_advantages(scores, logprobs, ref, torch.zeros(1, 2), mask, mask, kl=kl_k1, **kw)
+    k2 = ppo_advantages(scores, logprobs, ref, torch.zeros(1, 2), mask, mask, kl=kl_k2, **kw)
     torch.testing.assert_close(k1.token_rewards, torch.tensor([[-0.05, 0.1 + 1.0]]))
     torch.testing.assert_close(k2.token_rewards, torch.tensor([[-0.0125, -0.05 + 1.0]]))

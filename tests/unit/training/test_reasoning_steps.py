@@ -9,8 +9,8 @@ from transformers import PreTrainedTokenizerFast
 
 from grpolab.config import ConfigError, load_config
 from grpolab.rewards.step_rewards import per_step
+from grpolab.runtime.step_spec import batch_builder
 from grpolab.tasks.tiny import build_char_tokenizer
-from grpolab.training.batch import build_rollout_batch, outcome_estimator
 from grpolab.training.reasoning_steps import ProcessSupervision, StepSplitter
 from grpolab.types import Completions, Example
 
@@ -110,16 +110,13 @@ def test_process_advantages_reaching_the_loss_match_hand_numbers(tok):
     )
     assert step_rewards.step_end_mask.tolist() == [[False, True, False, True], [False, True, False, False]]
     assert step_rewards.step_rewards.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]]
-    batch, metrics = build_rollout_batch(
-        cfg,
+    batch, metrics = batch_builder(cfg, None, None)(
         comps,
         [[tok.bos_token_id]],
         torch.zeros(1, 2),
         torch.ones(1, 2, dtype=torch.bool),
-        estimator=outcome_estimator(cfg),
         policy=None,
         reference=None,
-        ctx=None,
         steps=step_rewards,
     )
     expected = torch.tensor(
@@ -128,10 +125,9 @@ def test_process_advantages_reaching_the_loss_match_hand_numbers(tok):
     torch.testing.assert_close(batch.advantages, expected, rtol=0, atol=1e-6)
     assert metrics["rollout/steps_mean"] == 1.5 and metrics["train/step_reward_mean"] == pytest.approx(2 / 3)
     # outcome supervision on the same batch: one value along T (rewards all 0 here, so all 0)
-    outcome, _ = build_rollout_batch(
-        cfg, comps, [[tok.bos_token_id]], torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool),
-        estimator=outcome_estimator(cfg), policy=None, reference=None, ctx=None,
-    )  # fmt: skip
+    outcome, _ = batch_builder(cfg, None, None)(
+        comps, [[tok.bos_token_id]], torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool), policy=None, reference=None
+    )
     assert not outcome.advantages.any()
 
 
@@ -148,7 +144,8 @@ def test_turns_are_the_steps_of_an_episode():
     B: m m m e e m m  turn rewards (0.5, none), others add 0: total 0.5, steps (0.5, 0)
     Steps of the group: 0, 1.5, 0.5, 0; mean 0.5, unbiased std sqrt(1.5 / 3); a token's advantage is the
     sum of the normalised rewards of the steps ending at or after it; env tokens get none."""
-    from grpolab.training.reasoning_steps import TurnSupervision, build_process_supervision
+    from grpolab.runtime.step_spec import process_supervision
+    from grpolab.training.reasoning_steps import TurnSupervision
     from grpolab.types import Episode
 
     cfg = load_config(
@@ -158,7 +155,7 @@ def test_turns_are_the_steps_of_an_episode():
             "reward.functions=[{name: env}, {name: 'toy:other', weight: 0.5}]",
         ],
     )  # fmt: skip
-    process = build_process_supervision(cfg, None, [])
+    process = process_supervision(cfg, None, [])
     assert isinstance(process, TurnSupervision) and process.env_weight == 1.0
     m, e = True, False
     sampled = torch.tensor([[m, m, e, e, m, m, False], [m, m, m, e, e, m, m]])
@@ -180,10 +177,9 @@ def test_turns_are_the_steps_of_an_episode():
     steps = process.score(comps, [Example("q")] * 2, totals, torch.ones(1, 2, dtype=torch.bool))
     assert steps.step_end_mask.nonzero().tolist() == [[0, 1], [0, 5], [1, 2], [1, 6]]
     assert steps.step_rewards[steps.step_end_mask].tolist() == [0.0, 1.5, 0.5, 0.0]
-    batch, metrics = build_rollout_batch(
-        cfg, comps, [[1]], totals, torch.ones(1, 2, dtype=torch.bool),
-        estimator=outcome_estimator(cfg), policy=None, reference=None, ctx=None, steps=steps,
-    )  # fmt: skip
+    batch, metrics = batch_builder(cfg, None, None)(
+        comps, [[1]], totals, torch.ones(1, 2, dtype=torch.bool), policy=None, reference=None, steps=steps
+    )
     s = 0.5**0.5 + cfg.algo.eps  # std of (-0.5, 1, 0, -0.5) over 3, plus eps
     a1, a2, b1, b2 = -0.5 / s, 1.0 / s, 0.0 / s, -0.5 / s  # the normalised step rewards
     expected = torch.tensor(

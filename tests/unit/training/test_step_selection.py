@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from grpolab.config import Config, OptimConfig, TrainConfig, load_config, preset_algo
+from grpolab.runtime.step_spec import logprob_context, policy_loss_spec, update_spec
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.training.logprobs import completion_logprobs
-from grpolab.training.step import PolicyLossSpec, _high_entropy_tokens, _summarise, policy_loss, update_policy
+from grpolab.training.step import _high_entropy_tokens, _summarise, policy_loss, update_policy
 from grpolab.types import RolloutBatch
 
 MASK = torch.tensor([[True, True], [True, False]])
@@ -24,7 +25,7 @@ def _loss(overrides, sampler, *, token_keep=None, entropy=None, lp=OLD):
     batch = RolloutBatch([[1], [1]], torch.zeros(2, 2, dtype=torch.long), MASK, MASK, ADV, sampler_logprobs=sampler)
     lp = lp.clone().requires_grad_(True)
     loss, stats = policy_loss(
-        lp, OLD, batch, PolicyLossSpec.from_config(cfg), total_seqs=2, total_tokens=3, entropy=entropy,
+        lp, OLD, batch, policy_loss_spec(cfg), total_seqs=2, total_tokens=3, entropy=entropy,
         token_keep=token_keep,
     )  # fmt: skip
     loss.backward()
@@ -52,7 +53,7 @@ def test_off_policy_mask_keeps_the_kl_term_of_a_dropped_row():
     batch = RolloutBatch([[1], [1]], torch.zeros(2, 2, dtype=torch.long), MASK, MASK, ADV, ref_logprobs=ref,
                          sampler_logprobs=sampler)  # fmt: skip
     lp = OLD.clone().requires_grad_(True)
-    loss, _ = policy_loss(lp, OLD, batch, PolicyLossSpec.from_config(cfg), total_seqs=2, total_tokens=3)
+    loss, _ = policy_loss(lp, OLD, batch, policy_loss_spec(cfg), total_seqs=2, total_tokens=3)
     loss.backward()
     # k3 = exp(ref - lp) - (ref - lp) - 1; d/dlp = 1 - exp(ref - lp) = 1 - 0.5 at row 1; times beta / 3 tokens
     torch.testing.assert_close(lp.grad[1], torch.tensor([0.5 * 0.5 / 3, 0.0]))
@@ -120,7 +121,8 @@ def test_the_entropy_threshold_spans_the_minibatch_whatever_the_micro_batches():
     for micro in (1, 4, 64):
         cfg = _cfg(micro, 0.2)
         micros = [torch.arange(6)[i : i + micro] for i in range(0, 6, micro)]
-        keeps = _high_entropy_tokens(model, batch, micros, cfg, PolicyLossSpec.from_config(cfg), 0, None)
+        ctx = logprob_context(cfg, pad_id=0, autocast_dtype=None, device_type="cpu")
+        keeps = _high_entropy_tokens(model, batch, micros, ctx, policy_loss_spec(cfg))
         got = torch.zeros_like(want)
         for rows, keep in zip(micros, keeps, strict=True):
             got[rows] = keep
@@ -137,9 +139,8 @@ def test_an_update_with_the_entropy_mask_does_not_depend_on_the_micro_batch_size
         sgd = torch.optim.SGD(m.parameters(), lr=1.0)
         before = [p.detach().clone() for p in m.parameters()]
         cfg = _cfg(micro, rho)
-        update_policy(m, sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda s: 1.0), batch, cfg,
-                      PolicyLossSpec.from_config(cfg), pad_id=0, autocast_dtype=None,
-                      generator=torch.Generator().manual_seed(0))  # fmt: skip
+        update_policy(m, sgd, torch.optim.lr_scheduler.LambdaLR(sgd, lambda s: 1.0), batch,
+                      update_spec(cfg, logprob_context(cfg, pad_id=0, autocast_dtype=None, device_type="cpu")), generator=torch.Generator().manual_seed(0))  # fmt: skip
         deltas[micro, rho] = torch.cat([(p.detach() - b).flatten() for p, b in zip(m.parameters(), before, strict=True)])
     torch.testing.assert_close(deltas[1, 0.2], deltas[64, 0.2], atol=1e-6, rtol=1e-4)
     assert (deltas[64, 0.2] - deltas[64, 1.0]).abs().max() > 1e-3  # the mask does change the update

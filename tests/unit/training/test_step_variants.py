@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from grpolab.config import load_config
+from grpolab.runtime.step_spec import policy_loss_spec
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.training.logprobs import completion_logprobs
-from grpolab.training.step import PolicyLossSpec, _summarise, policy_loss
+from grpolab.training.step import _summarise, policy_loss
 from grpolab.types import RolloutBatch
 
 MASK = torch.tensor([[True, True], [True, False]])
@@ -31,7 +32,7 @@ def _loss(overrides, entropy=None, sampler=SAMPLER):
     cfg = load_config(None, ["algo.beta=0", "algo.loss_agg=token-mean", *overrides])
     lp = OLD.clone().requires_grad_(True)  # ratio 1: the trainer's own old log-probs
     loss, stats = policy_loss(
-        lp, OLD, _batch(sampler), PolicyLossSpec.from_config(cfg), total_seqs=2, total_tokens=3, entropy=entropy
+        lp, OLD, _batch(sampler), policy_loss_spec(cfg), total_seqs=2, total_tokens=3, entropy=entropy
     )
     loss.backward()
     return float(loss.detach()), lp.grad, stats
@@ -68,7 +69,7 @@ def test_rollout_correction_scales_each_tokens_gradient(mode, level, weights):
 def test_cispo_in_the_step_differs_from_the_clip_loss_off_policy():
     cfg = load_config(None, ["algo.name=cispo", "train.prompts_per_step=16", "algo.clip_high=0.5"])
     lp = (OLD + torch.log(torch.tensor(2.0))).requires_grad_(True)  # ratio 2 on every token
-    loss, _ = policy_loss(lp, OLD, _batch(), PolicyLossSpec.from_config(cfg), total_seqs=2, total_tokens=3)
+    loss, _ = policy_loss(lp, OLD, _batch(), policy_loss_spec(cfg), total_seqs=2, total_tokens=3)
     loss.backward()
     # weight clip(2, 0, 1.5) = 1.5 on every counted token, token-mean over 3
     torch.testing.assert_close(lp.grad, torch.tensor([[-0.5, -0.5], [0.5, 0.0]]))
