@@ -30,7 +30,7 @@ def test_a_hanging_tool_is_cut_off_at_its_timeout():
         result = asyncio.run(run_tool(_tool(fn), {}, ToolLimits(timeout_s=0.3)))
         elapsed = time.perf_counter() - t0
         assert result.error == "timeout" and "timed out after 0.3 s" in result.text
-        assert 0.3 <= elapsed < 2.0, elapsed
+        assert 0.3 <= elapsed < 15.0, elapsed  # cut off, not the 30 s the tool would take (bound loose for a loaded machine)
 
 
 def test_a_raising_tool_gives_a_bounded_error_message():
@@ -116,16 +116,19 @@ def test_bad_env_config_is_one_line():
 
 
 def test_python_tool_runs_in_the_sandbox():
-    env = build_environment("python", {"call_format": "hermes"}, ToolLimits(timeout_s=5))()
+    # a limit no sandbox start reaches on a loaded machine for the call that must answer; a short one for the loop
+    env = build_environment("python", {"call_format": "hermes"}, ToolLimits(timeout_s=120))()
     env.reset(Example("q", "6"))
     call = '<tool_call>{"name": "python", "arguments": {"code": "print(2*3)"}}</tool_call>'
     step = asyncio.run(env.step(call))
     assert step.messages[0]["content"].strip() == "6" and step.tool_errors == 0
+    env = build_environment("python", {"call_format": "hermes"}, ToolLimits(timeout_s=2))()
+    env.reset(Example("q", "6"))
     loop = '<tool_call>{"name": "python", "arguments": {"code": "while True: pass"}}</tool_call>'
     t0 = time.perf_counter()
     step = asyncio.run(env.step(loop))
     assert "killed" in step.messages[0]["content"] or "exit status" in step.messages[0]["content"]  # wall or CPU limit
-    assert time.perf_counter() - t0 < 8
+    assert time.perf_counter() - t0 < 60  # cut off at its limit, not left running
 
 
 def test_env_config_checks():
