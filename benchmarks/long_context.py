@@ -80,10 +80,9 @@ def one_step(cfg) -> dict:
     from grpolab.distributed import dist, parallel
     from grpolab.models.loading import load_policy, resolve_autocast, resolve_device
     from grpolab.models.ulysses_attention import install
-    from grpolab.training.batch import LogprobContext
+    from grpolab.runtime.step_spec import batch_builder, logprob_context, update_spec
     from grpolab.training.optim import build_optimizer
-    from grpolab.training.ppo import rollout_batch_builder
-    from grpolab.training.step import PolicyLossSpec, update_policy
+    from grpolab.training.step import update_policy
     from grpolab.types import Completions
 
     device = resolve_device(cfg.model)
@@ -103,14 +102,13 @@ def one_step(cfg) -> dict:
         finish_reasons=["length"] * G, num_generations=G,
     )  # fmt: skip
     rewards, valid = torch.tensor([[1.0, 0.0]]), torch.ones(1, G, dtype=torch.bool)
-    ctx = LogprobContext(tok.pad_token_id, 1.0, amp, 1)
-    batch, _ = rollout_batch_builder(cfg, None)(cfg, comps, [prompt], rewards, valid, policy=model, reference=None, ctx=ctx)
+    ctx = logprob_context(cfg, pad_id=tok.pad_token_id, autocast_dtype=amp, device_type=device.type)
+    batch, _ = batch_builder(cfg, ctx, None)(comps, [prompt], rewards, valid, policy=model, reference=None)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    out = update_policy(model, optimizer, scheduler, batch, cfg, PolicyLossSpec.from_config(cfg), pad_id=tok.pad_token_id,
-                        autocast_dtype=amp, generator=torch.Generator().manual_seed(1))  # fmt: skip
+    out = update_policy(model, optimizer, scheduler, batch, update_spec(cfg, ctx), generator=torch.Generator().manual_seed(1))
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0

@@ -35,9 +35,8 @@ def run_case(model_dir: str, algo: str, agg: str, extra: tuple[str, ...], mode: 
     from grpolab.distributed import dist, parallel
     from grpolab.models.loading import Reference, load_policy
     from grpolab.models.ulysses_attention import install
-    from grpolab.training.batch import LogprobContext
-    from grpolab.training.ppo import Critic, rollout_batch_builder
-    from grpolab.training.step import PolicyLossSpec, update_policy
+    from grpolab.runtime.step_spec import batch_builder, build_critic, logprob_context, update_spec
+    from grpolab.training.step import update_policy
 
     cfg = pc.make_config(model_dir, algo, agg, mode, (*extra, f"train.sequence_parallel={n}"))
     torch.manual_seed(0)
@@ -47,20 +46,16 @@ def run_case(model_dir: str, algo: str, agg: str, extra: tuple[str, ...], mode: 
     reference = parallel.wrap_reference(Reference(model, None), mode, None)
     model = parallel.wrap(model, mode, torch.device("cpu"))
     optimizer, scheduler = pc._sgd(model)
-    ctx = LogprobContext(tok.pad_token_id, 1.0, None, cfg.train.micro_batch_size)
+    ctx = logprob_context(cfg, pad_id=tok.pad_token_id, autocast_dtype=None, device_type="cpu")
     critic = None
     if cfg.algo.needs_critic:
-        critic = Critic.from_config(cfg, torch.device("cpu"), ctx)
+        critic = build_critic(cfg, torch.device("cpu"), ctx)
         critic.optimizer, critic.scheduler = pc._sgd(critic.model)
     prompts, comps, rewards = pc.local_share(*pc.global_batch())
     valid = torch.ones_like(rewards, dtype=torch.bool)
-    batch, metrics = rollout_batch_builder(cfg, critic)(
-        cfg, comps, prompts, rewards, valid, policy=model, reference=reference, ctx=ctx
-    )
-    spec = PolicyLossSpec.from_config(cfg)
+    batch, metrics = batch_builder(cfg, ctx, critic)(comps, prompts, rewards, valid, policy=model, reference=reference)
     gen = torch.Generator().manual_seed(1)
-    metrics.update(update_policy(model, optimizer, scheduler, batch, cfg, spec, pad_id=tok.pad_token_id,
-                                 autocast_dtype=None, generator=gen))  # fmt: skip
+    metrics.update(update_policy(model, optimizer, scheduler, batch, update_spec(cfg, ctx), generator=gen))
     if critic is not None:
         metrics.update(critic.update(batch))
     metrics = dist.reduce_metrics(metrics)
