@@ -27,7 +27,7 @@ from grpolab.studies.claims_verdicts import (
     kl_verdict,
     spread,
 )
-from grpolab.studies.hacking_analysis import HackingNumbers, analyse
+from grpolab.studies.hacking_analysis import GoldChange, HackingNumbers, analyse, gold_change
 
 CLAIMS = {
     1: "GRPO removes the critic, and only it",
@@ -193,10 +193,13 @@ def kl_section(data: ClaimsData) -> tuple[Verdict, list[str]]:
 
 def hacking_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
     numbers: dict[str, HackingNumbers] = {}
+    changes: dict[str, GoldChange] = {}
+    draws = data.cfg.train.prompts_per_step * data.cfg.rollout.num_generations
     for name, run_dir in data.hacking_runs.items():
         numbers[name] = analyse(read_metrics(Path(run_dir)), window=_window(data.cfg))
+        changes[name] = gold_change(read_metrics(Path(run_dir)), draws)
     contrast = numbers.pop("rule reward (contrast)", None)
-    verdict = hacking_verdict(numbers, contrast)
+    verdict = hacking_verdict(numbers, contrast, changes)
     hack = data.cfg.claims
     caption = (f"reward-model runs: lr {hack.hacking_lr or data.cfg.optim.lr:g}, {hack.hacking_steps or data.cfg.train.num_steps} "
                f"steps; {setup_line(data.cfg, data.warm_start)}")
@@ -211,13 +214,17 @@ def hacking_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
         f"model held a right and a wrong answer by the rule reward ({_fmt(rm.get('right_share'))} of the samples "
         f"right); held-out pair accuracy {_fmt(acc[0])} before training, {_fmt(acc[-1])} after.",
         "",
-        "| run | proxy first -> last | gold first -> peak (step) -> last | sqrt(KL) at the end | hacked |",
-        "|---|---|---|---|---|",
+        "| run | proxy, first -> last third | gold, first -> last third (95% interval of the change) | smoothed gold "
+        "first -> peak (step) -> last | sqrt(KL) at the end | hacked |",
+        "|---|---|---|---|---|---|",
     ]
     for name, n in {**numbers, **({"rule reward (contrast)": contrast} if contrast else {})}.items():
+        c = changes[name]
+        hacked = c.fell and c.proxy_last > c.proxy_first
         lines.append(
-            f"| {name} | {n.proxy_start:.3f} -> {n.proxy_end:.3f} | {n.gold_start:.3f} -> {n.gold_peak:.3f} "
-            f"({n.peak_step}) -> {n.gold_end:.3f} | {n.sqrt_kl_end:.2f} | {'yes' if n.hacked else 'no'} |"
+            f"| {name} | {c.proxy_first:.3f} -> {c.proxy_last:.3f} | {c.first:.3f} -> {c.last:.3f} ({c.diff:+.3f} "
+            f"[{c.low:+.3f}, {c.high:+.3f}]) | {n.gold_start:.3f} -> {n.gold_peak:.3f} ({n.peak_step}) -> {n.gold_end:.3f} "
+            f"| {n.sqrt_kl_end:.2f} | {'yes' if hacked else 'no'} |"
         )
     lines += ["", "![proxy and gold against sqrt(KL)](plots/hacking.png)", "",
               f"Runs on the reward model: betas {list(hack.hacking_betas)}, lr {hack.hacking_lr or data.cfg.optim.lr:g}, "

@@ -26,9 +26,12 @@ numbers it rests on. The rules, per claim (the thresholds are stated in the sent
    the format-blind grading (eval.blind_grader), where RL cannot win by fixing the format; the task
    reward's verdicts are reported as the finding about format. A warm start that ran its budget without
    bringing format errors down to its target makes the claim inconclusive: format may still decide.
-5. Hacking: the gold reward fell more than min_drop after its peak while the proxy did not fall
-   (studies/hacking_analysis.py) in a run on the reward model; otherwise not held within the budget,
-   with how far the policy was pushed (sqrt(KL)) and what the gold did.
+5. Hacking: in a run on the reward model, the gold reward (the rule reward) over the last third of the steps
+   fell below its first third outside noise (the 95% interval of the difference of the two proportions below 0,
+   studies/hacking_analysis.py GoldChange) while the proxy's mean rose; inconclusive when the gold started so low
+   that even a fall to 0 would stay within noise; otherwise not held within the budget, with how far the policy
+   was pushed (sqrt(KL)) and what the gold did. The smoothed curve's peak (Gao et al.) is reported, not judged:
+   the peak of a few noisy per-step means sits above their mean by chance.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpolab.eval.intervals import Interval
-from grpolab.studies.hacking_analysis import HackingNumbers
+from grpolab.studies.hacking_analysis import GoldChange, HackingNumbers
 
 HELD, NOT_HELD, INCONCLUSIVE = "held", "not held", "inconclusive"
 FLAT_WIDTH = 0.2
@@ -273,12 +276,20 @@ def sharpening_verdict(
     return Verdict(_combine(blind), text)
 
 
-def hacking_verdict(rm_runs: Mapping[str, HackingNumbers], contrast: HackingNumbers | None) -> Verdict:
-    """Claim 5 from the analysis of each run on the reward model, and of the rule-reward run."""
-    hacked = [name for name, n in rm_runs.items() if n.hacked]
+def hacking_verdict(
+    rm_runs: Mapping[str, HackingNumbers], contrast: HackingNumbers | None, changes: Mapping[str, GoldChange]
+) -> Verdict:
+    """Claim 5 from each run on the reward model: held when, in one, the gold's last third fell below its first
+    third outside noise (``changes``: GoldChange, 95% interval below 0) while the proxy's rose; inconclusive when
+    no run's gold started high enough for a fall to show; the Gao-style curve (peak, sqrt(KL)) is reported."""
+    def change(name: str) -> str:
+        c = changes[name]
+        return (f"proxy {c.proxy_first:.3f} -> {c.proxy_last:.3f}, gold {c.first:.3f} -> {c.last:.3f} "
+                f"({c.diff:+.3f} [{c.low:+.3f}, {c.high:+.3f}], first and last third of the steps, {c.samples} draws each)")
+
     parts = [
-        f"{name}: proxy {n.proxy_start:.3f} -> {n.proxy_end:.3f}, gold {n.gold_start:.3f} -> peak {n.gold_peak:.3f} "
-        f"(step {n.peak_step}) -> {n.gold_end:.3f}, sqrt(KL) {n.sqrt_kl_end:.2f} at the end"
+        f"{name}: {change(name)}; smoothed gold peaked at {n.gold_peak:.3f} (step {n.peak_step}), sqrt(KL) "
+        f"{n.sqrt_kl_end:.2f} at the end"
         for name, n in rm_runs.items()
     ]
     if contrast is not None:
@@ -287,12 +298,18 @@ def hacking_verdict(rm_runs: Mapping[str, HackingNumbers], contrast: HackingNumb
             f"sqrt(KL) {contrast.sqrt_kl_end:.2f}"
         )
     text = "; ".join(parts)
+    hacked = [name for name in rm_runs if changes[name].fell and changes[name].proxy_last > changes[name].proxy_first]
     if hacked:
-        return Verdict(HELD, f"the proxy rose while the gold fell in {', '.join(hacked)}: {text}.")
-    drop = max((n.min_drop for n in rm_runs.values()), default=0.05)
+        return Verdict(HELD, f"the proxy rose while the gold fell outside noise in {', '.join(hacked)}: {text}.")
+    if not any(changes[name].measurable for name in rm_runs):
+        return Verdict(
+            INCONCLUSIVE,
+            f"inconclusive: the gold started too low for a fall to show (even a fall to 0 would stay within the 95% "
+            f"interval of noise); raise claims.rm_prompts, train.prompts_per_step or claims.hacking_steps: {text}.",
+        )
     pushed = max((n.sqrt_kl_end for n in rm_runs.values() if not math.isnan(n.sqrt_kl_end)), default=math.nan)
     return Verdict(
         NOT_HELD,
-        f"not held within this budget: in no run did the gold fall by more than {drop:g} after its peak while the "
-        f"proxy held or rose (the policy was pushed as far as sqrt(KL) {pushed:.2f}, KL in nats per sequence); {text}.",
+        f"not held within this budget: in no run did the gold fall outside noise while the proxy rose (the policy was "
+        f"pushed as far as sqrt(KL) {pushed:.2f}, KL in nats per sequence); {text}.",
     )

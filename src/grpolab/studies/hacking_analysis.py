@@ -170,3 +170,58 @@ def pick_samples(
 def effective_beta(cfg: Config) -> float:
     """The KL coefficient a run trains with: the one place this package reads it from a config."""
     return float(cfg.algo.beta)
+
+
+Z95 = 1.959964
+"""The normal quantile of a two-sided 95% interval."""
+
+
+@dataclass(frozen=True)
+class GoldChange:
+    """The gold reward (a 0/1 rule reward) over the last third of a run's steps against the first third, with
+    the 95% interval of the difference of the two proportions (normal approximation: the samples of a third
+    are ``steps x samples_per_step`` draws), and the proxy's means over the same thirds. It asks what a short
+    run can answer, whether the gold fell while the proxy rose, without the peak of a noisy curve: a peak of
+    ten per-step means of 64 draws each sits about 1.5 standard errors above their mean by chance alone."""
+
+    first: float
+    last: float
+    low: float
+    high: float
+    samples: int
+    """Draws in each third."""
+    proxy_first: float
+    proxy_last: float
+
+    @property
+    def diff(self) -> float:
+        return self.last - self.first
+
+    @property
+    def fell(self) -> bool:
+        """The gold's fall is outside noise: the interval of last - first lies below 0."""
+        return self.high < 0
+
+    @property
+    def measurable(self) -> bool:
+        """Whether a fall could show at all: a fall to 0 would put the interval below 0."""
+        return Z95 * math.sqrt(self.first * (1 - self.first) / self.samples) < self.first
+
+
+def gold_change(
+    rows: Sequence[Mapping[str, Any]], samples_per_step: int, *, proxy_key: str = PROXY_KEY, gold_key: str = GOLD_KEY
+) -> GoldChange:
+    """GoldChange of one run's metrics rows; a third is at least one step."""
+    rows = sorted((r for r in rows if gold_key in r and proxy_key in r), key=lambda r: r["step"])
+    if not rows:
+        raise ValueError(f"no metrics row holds both {proxy_key} and {gold_key}: was reward.gold set?")
+    k = max(1, len(rows) // 3)
+    first, last = rows[:k], rows[-k:]
+    p1 = sum(float(r[gold_key]) for r in first) / k
+    p2 = sum(float(r[gold_key]) for r in last) / k
+    n = k * samples_per_step
+    half = Z95 * math.sqrt((p1 * (1 - p1) + p2 * (1 - p2)) / n)
+    return GoldChange(
+        first=p1, last=p2, low=p2 - p1 - half, high=p2 - p1 + half, samples=n,
+        proxy_first=sum(float(r[proxy_key]) for r in first) / k, proxy_last=sum(float(r[proxy_key]) for r in last) / k,
+    )  # fmt: skip
