@@ -58,8 +58,8 @@ from grpolab.api_args import (
     model_source,
     no_stop_without_signal,
     raw_args,
-    refuse_environments,
     set_key,
+    with_environment,
 )
 from grpolab.api_callbacks import Callbacks
 from grpolab.api_eval import evaluate_policy
@@ -112,7 +112,7 @@ class GRPOTrainer:
     def __init__(
         self,
         model: str | os.PathLike[str],
-        reward_funcs: RewardFunc | Sequence[RewardFunc],
+        reward_funcs: RewardFunc | Sequence[RewardFunc] | None = None,
         args: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
@@ -125,11 +125,11 @@ class GRPOTrainer:
         tools: Sequence[Callable[..., Any]] | None = None,
         environment_factory: Any = None,
     ) -> None:
-        refuse_environments(tools, environment_factory)
         self._callbacks = Callbacks(callbacks, args)
         with config_warnings_logged():
             tokenizers = self._reward_tokenizers(reward_funcs, reward_processing_classes)
-            self._configure(model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights, tokenizers)
+            env = (tools, environment_factory, reward_funcs, reward_weights, tokenizers)
+            self._configure(model, args, train_dataset, peft_config, processing_class, env)
             self.eval_dataset = None if eval_dataset is None else eval_examples(eval_dataset, self.args)
             """The eval_dataset's rows as examples (None: no eval_dataset)."""
         self.num_generations_eval = eval_generations(args, self.args)
@@ -152,10 +152,14 @@ class GRPOTrainer:
         """The frozen reference (algo.beta > 0, full fine-tuning); None with beta = 0 and under LoRA (the policy
         with its adapter disabled is the reference there), as in TRL."""
 
-    def _configure(self, model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights, tokenizers) -> None:
+    def _configure(self, model, args, train_dataset, peft_config, processing_class, env) -> None:
         """``args``, the rewards and the data as a Config, reward objects and examples; a model object or a
-        tokenizer object written to a folder (api_models)."""
+        tokenizer object written to a folder (api_models); TRL's tools / environment_factory as env.name trl."""
+        tools, environment_factory, reward_funcs, reward_weights, tokenizers = env
         raw, reward_weights, self.trl_conversion = raw_args(args, train_dataset, reward_weights)
+        reward_funcs, reward_weights, tokenizers = with_environment(
+            self, raw, tools, environment_factory, (reward_funcs, reward_weights, tokenizers)
+        )
         if not isinstance(args, Config | str | os.PathLike):  # a dict, TRL's GRPOConfig or None
             no_stop_without_signal(raw)
         self.model_folder: ModelFolder | None = None

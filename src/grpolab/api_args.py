@@ -11,12 +11,15 @@ import copy
 import logging
 import os
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from grpolab.api_rewards import as_list
 from grpolab.config import Config, ConfigWarning, DataConfig, config_to_dict, load_config, user_settings
 from grpolab.data import DataError
+from grpolab.envs.trl_env import register, unregister
 from grpolab.errors import ConfigError
 from grpolab.trl.convert import TrlConversion, convert_trl
 
@@ -175,13 +178,26 @@ def eval_generations(args: Any, cfg: Config) -> int:
     return cfg.eval.num_samples if args is not None else cfg.rollout.num_generations
 
 
-def refuse_environments(tools: Any, environment_factory: Any) -> None:
-    """TRL's ``tools`` and ``environment_factory`` are not taken by the Python API (one line, with the way grpolab
-    runs tool-calling episodes)."""
-    for name, value in (("tools", tools), ("environment_factory", environment_factory)):
-        if value:
-            raise ConfigError(
-                f"{name} is not taken by grpolab's GRPOTrainer: give the run an environment instead, env.name "
-                "'calculator' / 'python' or 'package.module:attribute' returning a grpolab.envs.Environment (a "
-                "ToolEnv over your tools: grpolab.envs.Tool.from_function), docs/multiturn.md"
-            )
+def with_environment(owner: Any, raw: dict[str, Any], tools: Any, environment_factory: Any, rewards: tuple) -> tuple:
+    """TRL's ``tools`` / ``environment_factory`` as ``env.name: trl`` (grpolab.envs.trl_env), registered while
+    ``owner`` lives; an environment class with ``get_reward`` adds the ``env`` reward (weight 1), as TRL adds
+    one reward per such class. ``rewards`` is (reward_funcs, reward_weights, reward tokenizers), returned
+    with that reward added; with no reward at all, one line (TRL: "No reward source provided")."""
+    reward_funcs, weights, tokenizers = rewards
+    rewarded = False
+    if tools or environment_factory:
+        handle, spec = register(tools, environment_factory)
+        weakref.finalize(owner, unregister, handle)
+        set_key(raw, "env", "name", "trl")
+        set_key(raw, "env", "kwargs", {"handle": handle})
+        rewarded = bool(spec.rewarded)
+    if rewarded:
+        reward_funcs = [*(as_list(reward_funcs) if reward_funcs is not None else []), "env"]
+        weights = None if weights is None else [*weights, 1.0]
+        tokenizers = None if tokenizers is None else [*tokenizers, None]
+    if not reward_funcs:
+        raise ConfigError(
+            "No reward source provided: pass reward_funcs, or an environment_factory whose environment defines "
+            "get_reward()"
+        )
+    return reward_funcs, weights, tokenizers
