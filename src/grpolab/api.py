@@ -57,6 +57,7 @@ from grpolab.api_args import (
     lora_section,
     model_source,
     no_stop_without_signal,
+    note_router_loss,
     raw_args,
     set_key,
     with_environment,
@@ -151,6 +152,11 @@ class GRPOTrainer:
         self.ref_model: torch.nn.Module | None = reference.frozen_model if reference is not None else None
         """The frozen reference (algo.beta > 0, full fine-tuning); None with beta = 0 and under LoRA (the policy
         with its adapter disabled is the reference there), as in TRL."""
+        self.aux_loss_enabled = False
+        """TRL's flag for the MoE load-balancing loss: False, as grpolab adds none (a GRPOConfig's
+        router_aux_loss_coef is refused; with it unset, a note says what TRL would have added)."""
+        if self.trl_conversion is not None and self.model is not None:
+            note_router_loss(self.model.config)
 
     def _configure(self, model, args, train_dataset, peft_config, processing_class, env) -> None:
         """``args``, the rewards and the data as a Config, reward objects and examples; a model object or a

@@ -178,6 +178,19 @@ def eval_generations(args: Any, cfg: Config) -> int:
     return cfg.eval.num_samples if args is not None else cfg.rollout.num_generations
 
 
+def note_router_loss(config: Any) -> None:
+    """A Mixture-of-Experts model trained from TRL's GRPOConfig: TRL 1.16 adds the model's load-balancing loss
+    (``router_aux_loss_coef`` of its config) when the GRPOConfig leaves it unset; grpolab adds none. Logged."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    coef = getattr(text, "router_aux_loss_coef", 0.0)
+    if hasattr(text, "output_router_logits") and coef:
+        log.warning(
+            "%s is a Mixture-of-Experts model: TRL would add its load-balancing loss (router_aux_loss_coef %g, from "
+            "its config); grpolab adds none, so the router is trained by the GRPO loss alone (trainer.aux_loss_enabled "
+            "is False)", type(config).__name__.removesuffix("Config"), coef,
+        )
+
+
 def with_environment(owner: Any, raw: dict[str, Any], tools: Any, environment_factory: Any, rewards: tuple) -> tuple:
     """TRL's ``tools`` / ``environment_factory`` as ``env.name: trl`` (grpolab.envs.trl_env), registered while
     ``owner`` lives; an environment class with ``get_reward`` adds the ``env`` reward (weight 1), as TRL adds

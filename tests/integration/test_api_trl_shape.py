@@ -151,3 +151,25 @@ def test_trl_rewards_get_trainer_state_and_their_logs_reach_metrics_and_samples(
     assert [r["log_metric/reward"] for r in rows] == [7.0, 7.0] and rows[0]["reward"] != 7.0
     samples = [json.loads(line) for line in (result.run_dir / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2 * 2 * 2 and all(s["first_char"] == s["completion"][:1] for s in samples)
+
+
+def test_a_moe_model_from_trls_config_notes_the_load_balancing_loss_trl_would_add(tmp_path, caplog):
+    """TRL 1.16 adds a Mixture-of-Experts model's router loss when router_aux_loss_coef is unset; grpolab adds
+    none: aux_loss_enabled is False (TRL's test reads it) and a warning names the coefficient TRL would use."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from trl import GRPOConfig
+
+    from grpolab.tasks.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    config = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
+                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                            num_experts=2, num_experts_per_tok=1, router_aux_loss_coef=0.25)  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "moe")
+    tok.save_pretrained(tmp_path / "moe")
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=4, use_cpu=True, bf16=False, report_to="none")  # fmt: skip
+    with caplog.at_level("WARNING", logger="grpolab"):
+        trainer = GRPOTrainer(str(tmp_path / "moe"), reward_len, args=args, train_dataset=ROWS)
+    assert trainer.aux_loss_enabled is False
+    assert "Qwen3Moe is a Mixture-of-Experts model: TRL would add its load-balancing loss (router_aux_loss_coef 0.25" in caplog.text
