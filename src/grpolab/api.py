@@ -379,6 +379,13 @@ def dataset_rows(dataset: Any, name: str = "train_dataset") -> list[dict[str, An
             raise DataError(f"{name} row {i + 1} is a {type(row).__name__}; each row must be a dict of columns")
     if not rows:
         raise DataError(f"{name} holds no rows")
+    for column in ("image", "images"):  # TRL's vision-language columns: a text model would train without them
+        if any(r.get(column) not in (None, []) for r in rows):
+            raise DataError(
+                f"{name} has an '{column}' column: grpolab trains text models only and would leave the images out "
+                "of every prompt (vision-language models are not supported, docs/trl.md); drop the column to "
+                "train on the text alone"
+            )
     return [dict(r) for r in rows]
 
 

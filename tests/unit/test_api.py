@@ -95,6 +95,17 @@ def test_a_datasets_dataset_is_read_row_by_row():
         dataset_rows(datasets.DatasetDict({"train": ds}))
 
 
+@pytest.mark.parametrize("column", ["image", "images"])
+def test_rows_with_images_are_refused_and_an_empty_image_column_is_not(column):
+    """TRL's vision-language datasets: a text model would silently train without the images."""
+    prompt = [{"role": "user", "content": "What color is the sky?"}]
+    with pytest.raises(GrpolabError, match=f"eval_dataset has an '{column}' column: grpolab trains text models only"):
+        dataset_rows([{"prompt": prompt, column: None}, {"prompt": prompt, column: "<a PIL image>"}], "eval_dataset")
+    assert dataset_rows([{"prompt": prompt, column: None if column == "image" else []}]) == [
+        {"prompt": prompt, column: None if column == "image" else []}
+    ]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
