@@ -60,6 +60,7 @@ from grpolab.api_args import (
     note_router_loss,
     raw_args,
     set_key,
+    trl_logging_steps,
     with_environment,
 )
 from grpolab.api_callbacks import Callbacks
@@ -71,6 +72,7 @@ from grpolab.api_models import (
     save_model,
     tokenizer_folder,
     train_summary,
+    unlogged_by_trl,
 )
 from grpolab.api_rewards import RewardFunc, as_list, build_reward_funcs, named_reward, recorded_spec
 from grpolab.commands.train import train as train_loop
@@ -133,6 +135,8 @@ class GRPOTrainer:
             self._configure(model, args, train_dataset, peft_config, processing_class, env)
             self.eval_dataset = None if eval_dataset is None else eval_examples(eval_dataset, self.args)
             """The eval_dataset's rows as examples (None: no eval_dataset)."""
+        self.trl_logging_steps = trl_logging_steps(args)
+        """TRL's logging_steps (optimizer steps) when ``args`` is its GRPOConfig, else None (grpolab logs every step)."""
         self.num_generations_eval = eval_generations(args, self.args)
         """Completions sampled per eval prompt: TRL's num_generations_eval (eval.num_samples), else num_generations."""
         self.reward_func_names = [r.name for r in self.reward_funcs or ()]
@@ -227,6 +231,10 @@ class GRPOTrainer:
         per_step = self.args.train.prompts_per_step * self.args.rollout.num_generations
         elapsed = time.perf_counter() - started
         self._summary = train_summary(rows, self._result.start_step + 1, self._result.final_step, elapsed, per_step)
+        if self.trl_logging_steps:  # TRL's final row also carries what it had not logged yet
+            updates = self.args.algo.num_minibatches * self.args.algo.mu
+            leftover = unlogged_by_trl(rows, self._result.final_step, self.trl_logging_steps, updates)
+            self._summary = {**leftover, **self._summary}
         if self._callbacks:
             self._callbacks.log(self._summary)
             self._callbacks.train_end()

@@ -178,6 +178,14 @@ def eval_generations(args: Any, cfg: Config) -> int:
     return cfg.eval.num_samples if args is not None else cfg.rollout.num_generations
 
 
+def trl_logging_steps(args: Any) -> int | None:
+    """TRL's logging interval in optimizer steps, for a GRPOConfig that logs by steps (a fraction of the run is
+    refused by the conversion); None otherwise."""
+    if not _is_trl_config(args) or str(getattr(args, "logging_strategy", "steps")).split(".")[-1].lower() != "steps":
+        return None
+    return max(int(args.logging_steps), 1)
+
+
 def note_router_loss(config: Any) -> None:
     """A Mixture-of-Experts model trained from TRL's GRPOConfig: TRL 1.16 adds the model's load-balancing loss
     (``router_aux_loss_coef`` of its config) when the GRPOConfig leaves it unset; grpolab adds none. Logged."""

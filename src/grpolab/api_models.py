@@ -208,6 +208,25 @@ def train_summary(rows: list[dict[str, Any]], first_step: int, last_step: int, r
     }
 
 
+_TRAINER_LOGGED = ("step", "loss", "grad_norm", "learning_rate")  # transformers' Trainer logs these, not TRL's metrics
+
+
+def unlogged_by_trl(rows: list[dict[str, Any]], last_step: int, logging_steps: int, updates_per_step: int) -> dict[str, Any]:
+    """The metrics TRL's final row carries: the mean of each metric over the steps after its last ``logging_steps``
+    row (TRL averages what it gathered since then into the next log call, the end-of-training one included).
+
+    TRL counts optimizer steps, ``updates_per_step`` of them per grpolab step (algo.num_minibatches x algo.mu); a
+    step whose last update comes after the last multiple of ``logging_steps`` was not logged by TRL yet."""
+    logged_to = (last_step * updates_per_step // logging_steps) * logging_steps
+    since = [r for r in rows if logged_to < r.get("step", 0) * updates_per_step and r.get("step", 0) <= last_step]
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for r in since for k in r):
+        values = [r[key] for r in since if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)]
+        if key not in _TRAINER_LOGGED and values:
+            out[key] = sum(values) / len(values)
+    return out
+
+
 def save_model(run_dir: Path, out: Path, base_name: str | None) -> Path:
     """The latest checkpoint of ``run_dir`` as a ``from_pretrained`` folder (or a PEFT adapter) at ``out``."""
     root = checkpoint_root(Path(run_dir)).resolve()
