@@ -143,6 +143,10 @@ class GRPOTrainer:
         """The rewards' names, as logged (rewards/<name>/mean); TRL's attribute."""
         self.reward_weights = torch.tensor([r.weight for r in self.reward_funcs or ()], dtype=torch.float32)
         """One weight per reward, a float32 tensor as in TRL."""
+        given = reward_processing_classes if isinstance(reward_processing_classes, list | tuple) else [reward_processing_classes]
+        self.reward_processing_classes = [*given, *[None] * (len(self.reward_func_names) - len(given))]
+        """TRL's attribute, one entry per reward: what was given (None where nothing was, and for the environment's
+        reward). TRL fills a reward model's missing entry with its tokenizer; grpolab loads that with the reward."""
         self._result: TrainResult | None = None
         self._eval_rows: list[dict[str, Any]] = []
         self._last_step = 0
@@ -199,7 +203,8 @@ class GRPOTrainer:
         funcs = as_list(reward_funcs) if reward_funcs is not None else []
         if len(classes) != len(funcs):
             raise ConfigError(
-                f"reward_processing_classes has {len(classes)} entries for {len(funcs)} reward_funcs: give one per "
+                f"reward_processing_classes has {len(classes)} entries for {len(funcs)} reward_funcs: the lengths must "
+                "match; give one per "
                 "reward (None for a reward function, whose entry is not read)"
             )
         out: list[str | None] = []

@@ -29,6 +29,7 @@ def test_a_reward_models_tokenizer_is_given_as_an_object(tiny_model_dir, bare_rm
     trainer = GRPOTrainer(tiny_model_dir, bare_rm_dir, train_dataset=ROWS, reward_processing_classes=tokenizer)
     scorer = trainer.reward_funcs[0].reward
     assert scorer.tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert trainer.reward_processing_classes == [tokenizer]  # TRL's attribute: the object given
     (spec,) = trainer.args.reward.functions
     assert spec.name == "reward_model" and spec.kwargs["path"] == bare_rm_dir  # config.yaml says what ran
     assert AutoTokenizer.from_pretrained(spec.kwargs["tokenizer"]).get_vocab() == tokenizer.get_vocab()
@@ -43,8 +44,10 @@ def test_a_folder_goes_into_the_config_and_a_functions_entry_is_not_read(tiny_mo
         reward_processing_classes=["not read, as in TRL", tiny_model_dir],
     )  # fmt: skip
     assert [s.kwargs.get("tokenizer") for s in trainer.args.reward.functions] == [None, tiny_model_dir]
+    assert trainer.reward_processing_classes == ["not read, as in TRL", tiny_model_dir]
+    assert GRPOTrainer(tiny_model_dir, [constant, "r1_format"], train_dataset=ROWS).reward_processing_classes == [None, None]
 
 
 def test_one_entry_per_reward(tiny_model_dir, bare_rm_dir):
-    with pytest.raises(ConfigError, match="reward_processing_classes has 2 entries for 1 reward_funcs"):
+    with pytest.raises(ConfigError, match="reward_processing_classes has 2 entries for 1 reward_funcs: the lengths must match"):
         GRPOTrainer(tiny_model_dir, bare_rm_dir, train_dataset=ROWS, reward_processing_classes=[None, None])
