@@ -193,9 +193,9 @@ def clip(v: float, t: TrlView) -> dict[str, Any]:
     if t["loss_type"] == "cispo":
         # TRL: clamp(ratio, max=epsilon_high).detach(); grpolab: clamp(ratio, 1 - clip_low, 1 + clip_high)
         if high <= 1:
-            raise Refused(
-                f"loss_type=cispo caps the IS weight at epsilon_high={high:g} itself (not 1 + epsilon_high): "
-                "set epsilon_high > 1 (ScaleRL: 5.0)"
+            t.note(
+                f"loss_type=cispo caps the IS weight at epsilon_high={high:g} itself (not 1 + epsilon_high): every "
+                "token's weight is at most that, as in TRL (ScaleRL sets epsilon_high 5.0)"
             )
         return {"algo.clip_low": 1.0, "algo.clip_high": high - 1.0, "algo.dual_clip": None}
     out = {"algo.clip_low": v, "algo.clip_high": high, "algo.dual_clip": None}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpolab.config import ConfigError, config_from_dict
+from grpolab.config import ConfigError, config_from_dict, load_config
 from grpolab.trl.convert import SCRIPT_FIELDS, TRL_FIELDS, convert_trl, markdown_table, trl_defaults
 
 trl = pytest.importorskip("trl")
@@ -306,8 +306,14 @@ def test_cispo_caps_the_weight_at_epsilon_high_itself():
     ours = cispo_loss(logps, old, adv[:, 0], clip_low=k["algo.clip_low"], clip_high=k["algo.clip_high"]).loss
     trl_loss = -torch.clamp(torch.exp(logps - old), max=5.0) * adv * logps  # loss_type == "cispo"
     torch.testing.assert_close(ours, trl_loss)
-    with pytest.raises(ConfigError, match="set epsilon_high > 1"):
-        keys(loss_type="cispo")  # epsilon_high defaults to epsilon = 0.2: a cap below 1
+    # epsilon_high defaults to epsilon = 0.2: TRL caps every weight at 0.2 (clip_high -0.8), said in a note
+    k = keys(loss_type="cispo")
+    assert (k["algo.clip_low"], k["algo.clip_high"]) == (1.0, pytest.approx(-0.8))
+    ours = cispo_loss(logps, old, adv[:, 0], clip_low=k["algo.clip_low"], clip_high=k["algo.clip_high"]).loss
+    torch.testing.assert_close(ours, -torch.clamp(torch.exp(logps - old), max=0.2) * adv * logps)
+    load_config(None, ["algo.name=cispo", "algo.clip_low=1.0", "algo.clip_high=-0.8"])  # a valid config
+    with pytest.raises(ConfigError, match="cispo: clip_high down to > -1"):
+        load_config(None, ["algo.name=cispo", "algo.clip_low=0.5", "algo.clip_high=-0.8"])  # an empty range
 
 
 def test_beta_uses_trls_k3_in_the_loss():
