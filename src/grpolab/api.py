@@ -64,6 +64,7 @@ from grpolab.api_args import (
     with_environment,
 )
 from grpolab.api_callbacks import Callbacks
+from grpolab.api_data import dataset_rows, eval_sets, stream_limit
 from grpolab.api_eval import evaluate_policy
 from grpolab.api_models import (
     ModelFolder,
@@ -77,7 +78,7 @@ from grpolab.api_models import (
 from grpolab.api_rewards import RewardFunc, as_list, build_reward_funcs, named_reward, recorded_spec
 from grpolab.commands.train import train as train_loop
 from grpolab.config import Config, DataConfig, config_from_dict
-from grpolab.data import DataError, examples_from_rows
+from grpolab.data import examples_from_rows
 from grpolab.distributed import dist
 from grpolab.errors import ConfigError
 from grpolab.rewards import TrlReward, WeightedReward
@@ -133,8 +134,9 @@ class GRPOTrainer:
             tokenizers = self._reward_tokenizers(reward_funcs, reward_processing_classes)
             env = (tools, environment_factory, reward_funcs, reward_weights, tokenizers)
             self._configure(model, args, train_dataset, peft_config, processing_class, env)
-            self.eval_dataset = None if eval_dataset is None else eval_examples(eval_dataset, self.args)
-            """The eval_dataset's rows as examples (None: no eval_dataset)."""
+            self.eval_dataset = eval_dataset
+            """The eval_dataset as given (TRL's attribute)."""
+            self._eval_sets = eval_sets(eval_dataset, self.args)
         self.trl_logging_steps = trl_logging_steps(args)
         """TRL's logging_steps (optimizer steps) when ``args`` is its GRPOConfig, else None (grpolab logs every step)."""
         self.num_generations_eval = eval_generations(args, self.args)
@@ -262,17 +264,19 @@ class GRPOTrainer:
         """TRL's ``evaluate()``: ``num_generations_eval`` completions per prompt of ``eval_dataset`` (default: the
         one given to the trainer), sampled by the policy as it is now and scored by the rewards; TRL's metric
         names with the ``eval_`` prefix (grpolab.api_eval says which, and why not eval_loss)."""
-        examples = self.eval_dataset if eval_dataset is None else eval_examples(eval_dataset, self.args)
-        if examples is None:
+        sets = self._eval_sets if eval_dataset is None else eval_sets(eval_dataset, self.args)
+        if sets is None:
             raise ConfigError("evaluate() needs an eval_dataset: give it to GRPOTrainer(eval_dataset=...) or to evaluate()")
         if self.model is None:
             raise ConfigError("evaluate() under torchrun is not supported: the models load in train(); run grpolab eval")
         if not self.reward_funcs:
             raise ConfigError("evaluate() scores with reward_funcs: give them to GRPOTrainer (reward.functions in a config is not read here)")
-        metrics = evaluate_policy(
-            self.args, self.model, self.processing_class, self.reward_funcs, examples, self.num_generations_eval,
-            prefix=metric_key_prefix,
-        )  # fmt: skip
+        metrics: dict[str, float] = {}
+        for name, examples in sets.items():  # a dict of datasets: each under eval_<name>_, as transformers does
+            metrics |= evaluate_policy(
+                self.args, self.model, self.processing_class, self.reward_funcs, examples, self.num_generations_eval,
+                prefix=metric_key_prefix if name is None else f"{metric_key_prefix}_{name}",
+            )  # fmt: skip
         self._eval_rows.append({**metrics, "step": self._last_step})
         if self._callbacks:
             self._callbacks.evaluated(metrics)
@@ -360,7 +364,7 @@ def _assemble(
     else:
         if raw.get("data", {}).get("path"):
             raise ConfigError("the data is given twice, as train_dataset and in the config's data.path: keep one")
-        rows = dataset_rows(train_dataset)
+        rows = dataset_rows(train_dataset, limit=stream_limit(raw, train_dataset))
         default = DataConfig.answer_field
         if raw.get("data", {}).get("answer_field", default) == default and not any(default in r for r in rows):
             set_key(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
@@ -369,39 +373,3 @@ def _assemble(
     if rows is not None and any(isinstance(r.reward, TrlReward) for r in rewards or ()):
         check_columns(list(dict.fromkeys(k for r in rows for k in r)), "train_dataset")
     return cfg, rewards, examples
-
-
-def dataset_rows(dataset: Any, name: str = "train_dataset") -> list[dict[str, Any]]:
-    """A ``datasets.Dataset`` or a sequence of dicts as a list of rows; errors name the argument ``name``."""
-    if isinstance(dataset, Mapping):  # a DatasetDict, or one row
-        raise DataError(
-            f"{name} is a mapping with keys {sorted(dataset)[:5]}: pass one split (e.g. dataset['train']) "
-            "or a list of rows"
-        )
-    if hasattr(dataset, "to_list") and hasattr(dataset, "column_names"):  # datasets.Dataset
-        rows = dataset.to_list()
-    elif isinstance(dataset, Sequence) and not isinstance(dataset, str | bytes):
-        rows = list(dataset)
-    else:
-        raise DataError(
-            f"{name} is a {type(dataset).__name__}: give a datasets.Dataset or a list of dicts "
-            "(an IterableDataset: materialise it with datasets.Dataset.from_list(list(it)))"
-        )
-    for i, row in enumerate(rows):
-        if not isinstance(row, Mapping):
-            raise DataError(f"{name} row {i + 1} is a {type(row).__name__}; each row must be a dict of columns")
-    if not rows:
-        raise DataError(f"{name} holds no rows")
-    for column in ("image", "images"):  # TRL's vision-language columns: a text model would train without them
-        if any(r.get(column) not in (None, []) for r in rows):
-            raise DataError(
-                f"{name} has an '{column}' column: grpolab trains text models only and would leave the images out "
-                "of every prompt (vision-language models are not supported, docs/trl.md); drop the column to "
-                "train on the text alone"
-            )
-    return [dict(r) for r in rows]
-
-
-def eval_examples(dataset: Any, cfg: Config) -> list[Example]:
-    """An eval_dataset's rows as examples, read as train_dataset's are."""
-    return examples_from_rows(dataset_rows(dataset, "eval_dataset"), cfg.data, origin="eval_dataset")
