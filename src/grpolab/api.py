@@ -70,6 +70,7 @@ from grpolab.api_models import (
     ModelFolder,
     TrainerState,
     model_folder,
+    reward_model_folders,
     save_model,
     tokenizer_folder,
     train_summary,
@@ -130,6 +131,7 @@ class GRPOTrainer:
         environment_factory: Any = None,
     ) -> None:
         self._callbacks = Callbacks(callbacks, args)
+        reward_funcs = reward_model_folders(reward_funcs, self)  # a loaded reward model: written to a folder
         with config_warnings_logged():
             tokenizers = self._reward_tokenizers(reward_funcs, reward_processing_classes)
             env = (tools, environment_factory, reward_funcs, reward_weights, tokenizers)

@@ -18,6 +18,7 @@ next training of the run prunes or deletes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -90,6 +91,27 @@ def tokenizer_folder(tokenizer: Any, owner: object) -> ModelFolder:
         cleanup()
         raise ConfigError(f"processing_class could not be written to a folder ({type(err).__name__}: {err})") from err
     return ModelFolder(path, {"tokenizer": str(path)}, None, cleanup)
+
+
+def reward_model_folders(reward_funcs: Any, owner: object) -> Any:
+    """TRL's reward model given as a loaded ``PreTrainedModel`` (a sequence-classification head): each written to a
+    temporary folder removed with ``owner``, with the tokenizer of the folder it was loaded from when there is one,
+    and named by that folder as a reward model given by path is. Other entries are returned as they are."""
+    from transformers import AutoTokenizer, PreTrainedModel
+
+    def folder(model: PreTrainedModel) -> str:
+        path = Path(tempfile.mkdtemp(prefix="grpolab-reward-model-"))
+        weakref.finalize(owner, shutil.rmtree, path, True)
+        model.save_pretrained(path)
+        with contextlib.suppress(OSError, ValueError):  # none there: reward_processing_classes gives it
+            AutoTokenizer.from_pretrained(model.name_or_path).save_pretrained(path)
+        return str(path)
+
+    if isinstance(reward_funcs, PreTrainedModel):
+        return folder(reward_funcs)
+    if isinstance(reward_funcs, list | tuple):
+        return [folder(f) if isinstance(f, PreTrainedModel) else f for f in reward_funcs]
+    return reward_funcs
 
 
 def _check_object(model: Any) -> None:

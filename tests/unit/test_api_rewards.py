@@ -51,3 +51,19 @@ def test_a_folder_goes_into_the_config_and_a_functions_entry_is_not_read(tiny_mo
 def test_one_entry_per_reward(tiny_model_dir, bare_rm_dir):
     with pytest.raises(ConfigError, match="reward_processing_classes has 2 entries for 1 reward_funcs: the lengths must match"):
         GRPOTrainer(tiny_model_dir, bare_rm_dir, train_dataset=ROWS, reward_processing_classes=[None, None])
+
+
+def test_a_loaded_reward_model_is_a_reward_model_as_in_trl(tiny_model_dir, bare_rm_dir):
+    """TRL takes reward_funcs=AutoModelForSequenceClassification.from_pretrained(...): written to a folder the
+    trainer owns, scored as a reward model given by path, with the tokenizer given for it."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(bare_rm_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    trainer = GRPOTrainer(tiny_model_dir, model, train_dataset=ROWS, reward_processing_classes=tokenizer)
+    (spec,) = trainer.args.reward.functions
+    assert spec.name == "reward_model" and spec.kwargs["path"] != bare_rm_dir  # the trainer's copy
+    scorer = trainer.reward_funcs[0].reward
+    assert scorer.tokenizer.get_vocab() == tokenizer.get_vocab()
+    for name, weight in model.named_parameters():  # the very weights given
+        torch.testing.assert_close(scorer.model.get_parameter(name), weight, rtol=0, atol=0)
