@@ -96,6 +96,7 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         ),
         (a.eps <= 0, "algo.eps must be > 0 (1e-4): it keeps a zero-std group from dividing by zero"),
         (a.ref_reset_every < 0, "algo.ref_reset_every must be >= 0 (0 = never)"),
+        (not 0 < a.ref_mixup_alpha <= 1, "algo.ref_mixup_alpha must be in (0, 1] (1 = replace the reference; TR-DPO: 0.6)"),
         (o.weight_decay < 0, "optim.weight_decay must be >= 0"),
         (any(not 0 <= b < 1 for b in o.betas), "optim.betas must both be in [0, 1) (AdamW: 0.9, 0.99)"),
         (o.max_grad_norm < 0, "optim.max_grad_norm must be >= 0 (0 = no clip)"),

@@ -213,13 +213,8 @@ def clip(v: float, t: TrlView) -> dict[str, Any]:
 def sync_ref(v: bool, t: TrlView) -> dict[str, Any]:
     if not v:
         return {"algo.ref_reset_every": 0}
-    if t["ref_model_mixup_alpha"] != 1.0:
-        raise Refused(
-            f"ref_model_mixup_alpha={t['ref_model_mixup_alpha']:g} mixes policy and reference (TR-DPO); grpolab "
-            "replaces the reference by the policy (alpha = 1): set ref_model_mixup_alpha=1.0"
-        )
     every = to_generation_steps(t, t["ref_model_sync_steps"], "ref_model_sync_steps")
-    return {"algo.ref_reset_every": every}
+    return {"algo.ref_reset_every": every, "algo.ref_mixup_alpha": t["ref_model_mixup_alpha"]}
 
 
 def entropy(v: float, t: TrlView) -> dict[str, Any]:
