@@ -218,12 +218,7 @@ def sync_ref(v: bool, t: TrlView) -> dict[str, Any]:
 
 
 def entropy(v: float, t: TrlView) -> dict[str, Any]:
-    if v and t["loss_type"] not in ("dapo", "cispo"):
-        t.note(
-            "entropy_coef: TRL adds the mean per-token entropy whatever the loss_type; grpolab aggregates the "
-            f"bonus like the policy loss ({_LOSS_AGG.get(t['loss_type'], '?')}), the same for token-mean losses"
-        )
-    return {"algo.entropy_coef": v}
+    return {"algo.entropy_coef": v}  # both subtract coef x the mean per-token entropy, whatever the loss_type
 
 
 _IS_MODES = {
