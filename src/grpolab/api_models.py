@@ -101,8 +101,9 @@ def reward_model_folders(reward_funcs: Any, owner: object) -> Any:
     from transformers import AutoTokenizer, PreTrainedModel
 
     def folder(model: PreTrainedModel) -> str:
-        path = Path(tempfile.mkdtemp(prefix="grpolab-reward-model-"))
-        weakref.finalize(owner, shutil.rmtree, path, True)
+        root = Path(tempfile.mkdtemp(prefix="grpolab-reward-model-"))
+        weakref.finalize(owner, shutil.rmtree, root, True)
+        path = root / (Path(str(model.name_or_path)).name or "reward_model")  # the name it is logged under
         model.save_pretrained(path)
         with contextlib.suppress(OSError, ValueError):  # none there: reward_processing_classes gives it
             AutoTokenizer.from_pretrained(model.name_or_path).save_pretrained(path)

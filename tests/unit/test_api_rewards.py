@@ -67,3 +67,12 @@ def test_a_loaded_reward_model_is_a_reward_model_as_in_trl(tiny_model_dir, bare_
     assert scorer.tokenizer.get_vocab() == tokenizer.get_vocab()
     for name, weight in model.named_parameters():  # the very weights given
         torch.testing.assert_close(scorer.model.get_parameter(name), weight, rtol=0, atol=0)
+
+
+def test_two_reward_models_are_named_after_their_folders_as_in_trl(tiny_model_dir, bare_rm_dir, tmp_path):
+    other = tmp_path / "other-rm"
+    load_classifier(tiny_model_dir, num_labels=1).save_pretrained(other)
+    trainer = GRPOTrainer(tiny_model_dir, [bare_rm_dir, str(other)], train_dataset=ROWS,
+                          reward_processing_classes=[tiny_model_dir, tiny_model_dir])  # fmt: skip
+    assert trainer.reward_func_names == [bare_rm_dir.rstrip("/").split("/")[-1], "other-rm"]
+    assert [s.alias for s in trainer.args.reward.functions] == trainer.reward_func_names
