@@ -55,7 +55,7 @@ def check_data_named(data: Mapping[str, Any]) -> None:
     refuses a missing train_dataset, before any model loads."""
     if data.get("source", DataConfig.source) in ("jsonl", "hf") and not data.get("path"):
         raise DataError(
-            "train_dataset is None and the config names no data (data.path is empty): give train_dataset (a "
+            "train_dataset is required: it is None and the config names no data (data.path is empty): give train_dataset (a "
             "datasets.Dataset or a list of dicts), or data.path, or a built-in data.source such as arithmetic"
         )
 
