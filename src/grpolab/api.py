@@ -57,24 +57,29 @@ from grpolab.api_args import (
     lora_section,
     model_source,
     no_stop_without_signal,
+    note_router_loss,
     raw_args,
-    refuse_environments,
     set_key,
+    trl_logging_steps,
+    with_environment,
 )
 from grpolab.api_callbacks import Callbacks
+from grpolab.api_data import dataset_rows, eval_sets, stream_limit
 from grpolab.api_eval import evaluate_policy
 from grpolab.api_models import (
     ModelFolder,
     TrainerState,
     model_folder,
+    reward_model_folders,
     save_model,
     tokenizer_folder,
     train_summary,
+    unlogged_by_trl,
 )
 from grpolab.api_rewards import RewardFunc, as_list, build_reward_funcs, named_reward, recorded_spec
 from grpolab.commands.train import train as train_loop
 from grpolab.config import Config, DataConfig, config_from_dict
-from grpolab.data import DataError, examples_from_rows
+from grpolab.data import examples_from_rows
 from grpolab.distributed import dist
 from grpolab.errors import ConfigError
 from grpolab.rewards import TrlReward, WeightedReward
@@ -112,7 +117,7 @@ class GRPOTrainer:
     def __init__(
         self,
         model: str | os.PathLike[str],
-        reward_funcs: RewardFunc | Sequence[RewardFunc],
+        reward_funcs: RewardFunc | Sequence[RewardFunc] | None = None,
         args: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
@@ -125,19 +130,27 @@ class GRPOTrainer:
         tools: Sequence[Callable[..., Any]] | None = None,
         environment_factory: Any = None,
     ) -> None:
-        refuse_environments(tools, environment_factory)
         self._callbacks = Callbacks(callbacks, args)
+        reward_funcs = reward_model_folders(reward_funcs, self)  # a loaded reward model: written to a folder
         with config_warnings_logged():
             tokenizers = self._reward_tokenizers(reward_funcs, reward_processing_classes)
-            self._configure(model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights, tokenizers)
-            self.eval_dataset = None if eval_dataset is None else eval_examples(eval_dataset, self.args)
-            """The eval_dataset's rows as examples (None: no eval_dataset)."""
+            env = (tools, environment_factory, reward_funcs, reward_weights, tokenizers)
+            self._configure(model, args, train_dataset, peft_config, processing_class, env)
+            self.eval_dataset = eval_dataset
+            """The eval_dataset as given (TRL's attribute)."""
+            self._eval_sets = eval_sets(eval_dataset, self.args)
+        self.trl_logging_steps = trl_logging_steps(args)
+        """TRL's logging_steps (optimizer steps) when ``args`` is its GRPOConfig, else None (grpolab logs every step)."""
         self.num_generations_eval = eval_generations(args, self.args)
         """Completions sampled per eval prompt: TRL's num_generations_eval (eval.num_samples), else num_generations."""
         self.reward_func_names = [r.name for r in self.reward_funcs or ()]
         """The rewards' names, as logged (rewards/<name>/mean); TRL's attribute."""
         self.reward_weights = torch.tensor([r.weight for r in self.reward_funcs or ()], dtype=torch.float32)
         """One weight per reward, a float32 tensor as in TRL."""
+        given = reward_processing_classes if isinstance(reward_processing_classes, list | tuple) else [reward_processing_classes]
+        self.reward_processing_classes = [*given, *[None] * (len(self.reward_func_names) - len(given))]
+        """TRL's attribute, one entry per reward: what was given (None where nothing was, and for the environment's
+        reward). TRL fills a reward model's missing entry with its tokenizer; grpolab loads that with the reward."""
         self._result: TrainResult | None = None
         self._eval_rows: list[dict[str, Any]] = []
         self._last_step = 0
@@ -151,11 +164,20 @@ class GRPOTrainer:
         self.ref_model: torch.nn.Module | None = reference.frozen_model if reference is not None else None
         """The frozen reference (algo.beta > 0, full fine-tuning); None with beta = 0 and under LoRA (the policy
         with its adapter disabled is the reference there), as in TRL."""
+        self.aux_loss_enabled = False
+        """TRL's flag for the MoE load-balancing loss: False, as grpolab adds none (a GRPOConfig's
+        router_aux_loss_coef is refused; with it unset, a note says what TRL would have added)."""
+        if self.trl_conversion is not None and self.model is not None:
+            note_router_loss(self.model.config)
 
-    def _configure(self, model, reward_funcs, args, train_dataset, peft_config, processing_class, reward_weights, tokenizers) -> None:
+    def _configure(self, model, args, train_dataset, peft_config, processing_class, env) -> None:
         """``args``, the rewards and the data as a Config, reward objects and examples; a model object or a
-        tokenizer object written to a folder (api_models)."""
+        tokenizer object written to a folder (api_models); TRL's tools / environment_factory as env.name trl."""
+        tools, environment_factory, reward_funcs, reward_weights, tokenizers = env
         raw, reward_weights, self.trl_conversion = raw_args(args, train_dataset, reward_weights)
+        reward_funcs, reward_weights, tokenizers = with_environment(
+            self, raw, tools, environment_factory, (reward_funcs, reward_weights, tokenizers)
+        )
         if not isinstance(args, Config | str | os.PathLike):  # a dict, TRL's GRPOConfig or None
             no_stop_without_signal(raw)
         self.model_folder: ModelFolder | None = None
@@ -185,7 +207,8 @@ class GRPOTrainer:
         funcs = as_list(reward_funcs) if reward_funcs is not None else []
         if len(classes) != len(funcs):
             raise ConfigError(
-                f"reward_processing_classes has {len(classes)} entries for {len(funcs)} reward_funcs: give one per "
+                f"reward_processing_classes has {len(classes)} entries for {len(funcs)} reward_funcs: the lengths must "
+                "match; give one per "
                 "reward (None for a reward function, whose entry is not read)"
             )
         out: list[str | None] = []
@@ -217,6 +240,10 @@ class GRPOTrainer:
         per_step = self.args.train.prompts_per_step * self.args.rollout.num_generations
         elapsed = time.perf_counter() - started
         self._summary = train_summary(rows, self._result.start_step + 1, self._result.final_step, elapsed, per_step)
+        if self.trl_logging_steps:  # TRL's final row also carries what it had not logged yet
+            updates = self.args.algo.num_minibatches * self.args.algo.mu
+            leftover = unlogged_by_trl(rows, self._result.final_step, self.trl_logging_steps, updates)
+            self._summary = {**leftover, **self._summary}
         if self._callbacks:
             self._callbacks.log(self._summary)
             self._callbacks.train_end()
@@ -239,17 +266,19 @@ class GRPOTrainer:
         """TRL's ``evaluate()``: ``num_generations_eval`` completions per prompt of ``eval_dataset`` (default: the
         one given to the trainer), sampled by the policy as it is now and scored by the rewards; TRL's metric
         names with the ``eval_`` prefix (grpolab.api_eval says which, and why not eval_loss)."""
-        examples = self.eval_dataset if eval_dataset is None else eval_examples(eval_dataset, self.args)
-        if examples is None:
+        sets = self._eval_sets if eval_dataset is None else eval_sets(eval_dataset, self.args)
+        if sets is None:
             raise ConfigError("evaluate() needs an eval_dataset: give it to GRPOTrainer(eval_dataset=...) or to evaluate()")
         if self.model is None:
             raise ConfigError("evaluate() under torchrun is not supported: the models load in train(); run grpolab eval")
         if not self.reward_funcs:
             raise ConfigError("evaluate() scores with reward_funcs: give them to GRPOTrainer (reward.functions in a config is not read here)")
-        metrics = evaluate_policy(
-            self.args, self.model, self.processing_class, self.reward_funcs, examples, self.num_generations_eval,
-            prefix=metric_key_prefix,
-        )  # fmt: skip
+        metrics: dict[str, float] = {}
+        for name, examples in sets.items():  # a dict of datasets: each under eval_<name>_, as transformers does
+            metrics |= evaluate_policy(
+                self.args, self.model, self.processing_class, self.reward_funcs, examples, self.num_generations_eval,
+                prefix=metric_key_prefix if name is None else f"{metric_key_prefix}_{name}",
+            )  # fmt: skip
         self._eval_rows.append({**metrics, "step": self._last_step})
         if self._callbacks:
             self._callbacks.evaluated(metrics)
@@ -337,7 +366,7 @@ def _assemble(
     else:
         if raw.get("data", {}).get("path"):
             raise ConfigError("the data is given twice, as train_dataset and in the config's data.path: keep one")
-        rows = dataset_rows(train_dataset)
+        rows = dataset_rows(train_dataset, limit=stream_limit(raw, train_dataset))
         default = DataConfig.answer_field
         if raw.get("data", {}).get("answer_field", default) == default and not any(default in r for r in rows):
             set_key(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
@@ -346,32 +375,3 @@ def _assemble(
     if rows is not None and any(isinstance(r.reward, TrlReward) for r in rewards or ()):
         check_columns(list(dict.fromkeys(k for r in rows for k in r)), "train_dataset")
     return cfg, rewards, examples
-
-
-def dataset_rows(dataset: Any, name: str = "train_dataset") -> list[dict[str, Any]]:
-    """A ``datasets.Dataset`` or a sequence of dicts as a list of rows; errors name the argument ``name``."""
-    if isinstance(dataset, Mapping):  # a DatasetDict, or one row
-        raise DataError(
-            f"{name} is a mapping with keys {sorted(dataset)[:5]}: pass one split (e.g. dataset['train']) "
-            "or a list of rows"
-        )
-    if hasattr(dataset, "to_list") and hasattr(dataset, "column_names"):  # datasets.Dataset
-        rows = dataset.to_list()
-    elif isinstance(dataset, Sequence) and not isinstance(dataset, str | bytes):
-        rows = list(dataset)
-    else:
-        raise DataError(
-            f"{name} is a {type(dataset).__name__}: give a datasets.Dataset or a list of dicts "
-            "(an IterableDataset: materialise it with datasets.Dataset.from_list(list(it)))"
-        )
-    for i, row in enumerate(rows):
-        if not isinstance(row, Mapping):
-            raise DataError(f"{name} row {i + 1} is a {type(row).__name__}; each row must be a dict of columns")
-    if not rows:
-        raise DataError(f"{name} holds no rows")
-    return [dict(r) for r in rows]
-
-
-def eval_examples(dataset: Any, cfg: Config) -> list[Example]:
-    """An eval_dataset's rows as examples, read as train_dataset's are."""
-    return examples_from_rows(dataset_rows(dataset, "eval_dataset"), cfg.data, origin="eval_dataset")

@@ -11,12 +11,15 @@ import copy
 import logging
 import os
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from grpolab.api_rewards import as_list
 from grpolab.config import Config, ConfigWarning, DataConfig, config_to_dict, load_config, user_settings
 from grpolab.data import DataError
+from grpolab.envs.trl_env import register, unregister
 from grpolab.errors import ConfigError
 from grpolab.trl.convert import TrlConversion, convert_trl
 
@@ -52,7 +55,7 @@ def check_data_named(data: Mapping[str, Any]) -> None:
     refuses a missing train_dataset, before any model loads."""
     if data.get("source", DataConfig.source) in ("jsonl", "hf") and not data.get("path"):
         raise DataError(
-            "train_dataset is None and the config names no data (data.path is empty): give train_dataset (a "
+            "train_dataset is required: it is None and the config names no data (data.path is empty): give train_dataset (a "
             "datasets.Dataset or a list of dicts), or data.path, or a built-in data.source such as arithmetic"
         )
 
@@ -145,10 +148,22 @@ def model_source(obj: Any, arg: str) -> str:
     raise ConfigError(f"{arg} is a {type(obj).__name__}: give a tokenizer object, its folder or hub id")
 
 
+def refuse_target_parameters(lora: Any, arg: str) -> None:
+    """A LoRA on parameters (peft's target_parameters: a Mixture-of-Experts' stacked expert weights) is one line:
+    grpolab's model.lora adapts modules (target_modules)."""
+    params = getattr(lora, "target_parameters", None)
+    if params:
+        raise ConfigError(
+            f"{arg}'s LoRA targets parameters (target_parameters={sorted(params)}, e.g. a Mixture-of-Experts' expert "
+            "weights): grpolab's model.lora adapts modules only; give target_modules"
+        )
+
+
 def lora_section(peft_config: Any) -> dict[str, Any]:
     """A peft.LoraConfig as the model.lora section."""
     if not all(hasattr(peft_config, a) for a in ("r", "lora_alpha", "lora_dropout", "target_modules")):
         raise ConfigError(f"peft_config is a {type(peft_config).__name__}: grpolab trains LoRA adapters; give a peft.LoraConfig")
+    refuse_target_parameters(peft_config, "peft_config")
     targets = peft_config.target_modules
     if targets is None:
         targets = "all-linear"
@@ -175,13 +190,47 @@ def eval_generations(args: Any, cfg: Config) -> int:
     return cfg.eval.num_samples if args is not None else cfg.rollout.num_generations
 
 
-def refuse_environments(tools: Any, environment_factory: Any) -> None:
-    """TRL's ``tools`` and ``environment_factory`` are not taken by the Python API (one line, with the way grpolab
-    runs tool-calling episodes)."""
-    for name, value in (("tools", tools), ("environment_factory", environment_factory)):
-        if value:
-            raise ConfigError(
-                f"{name} is not taken by grpolab's GRPOTrainer: give the run an environment instead, env.name "
-                "'calculator' / 'python' or 'package.module:attribute' returning a grpolab.envs.Environment (a "
-                "ToolEnv over your tools: grpolab.envs.Tool.from_function), docs/multiturn.md"
-            )
+def trl_logging_steps(args: Any) -> int | None:
+    """TRL's logging interval in optimizer steps, for a GRPOConfig that logs by steps (a fraction of the run is
+    refused by the conversion); None otherwise."""
+    if not _is_trl_config(args) or str(getattr(args, "logging_strategy", "steps")).split(".")[-1].lower() != "steps":
+        return None
+    return max(int(args.logging_steps), 1)
+
+
+def note_router_loss(config: Any) -> None:
+    """A Mixture-of-Experts model trained from TRL's GRPOConfig: TRL 1.16 adds the model's load-balancing loss
+    (``router_aux_loss_coef`` of its config) when the GRPOConfig leaves it unset; grpolab adds none. Logged."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    coef = getattr(text, "router_aux_loss_coef", 0.0)
+    if hasattr(text, "output_router_logits") and coef:
+        log.warning(
+            "%s is a Mixture-of-Experts model: TRL would add its load-balancing loss (router_aux_loss_coef %g, from "
+            "its config); grpolab adds none, so the router is trained by the GRPO loss alone (trainer.aux_loss_enabled "
+            "is False)", type(config).__name__.removesuffix("Config"), coef,
+        )
+
+
+def with_environment(owner: Any, raw: dict[str, Any], tools: Any, environment_factory: Any, rewards: tuple) -> tuple:
+    """TRL's ``tools`` / ``environment_factory`` as ``env.name: trl`` (grpolab.envs.trl_env), registered while
+    ``owner`` lives; an environment class with ``get_reward`` adds the ``env`` reward (weight 1), as TRL adds
+    one reward per such class. ``rewards`` is (reward_funcs, reward_weights, reward tokenizers), returned
+    with that reward added; with no reward at all, one line (TRL: "No reward source provided")."""
+    reward_funcs, weights, tokenizers = rewards
+    rewarded = False
+    if tools or environment_factory:
+        handle, spec = register(tools, environment_factory)
+        weakref.finalize(owner, unregister, handle)
+        set_key(raw, "env", "name", "trl")
+        set_key(raw, "env", "kwargs", {"handle": handle})
+        rewarded = bool(spec.rewarded)
+    if rewarded:
+        reward_funcs = [*(as_list(reward_funcs) if reward_funcs is not None else []), "env"]
+        weights = None if weights is None else [*weights, 1.0]
+        tokenizers = None if tokenizers is None else [*tokenizers, None]
+    if not reward_funcs:
+        raise ConfigError(
+            "No reward source provided: pass reward_funcs, or an environment_factory whose environment defines "
+            "get_reward()"
+        )
+    return reward_funcs, weights, tokenizers

@@ -18,6 +18,7 @@ next training of the run prunes or deletes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpolab.api_args import refuse_target_parameters
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.runtime.checkpoint import checkpoint_root, latest_intact
 from grpolab.runtime.sharded import export
@@ -92,6 +94,28 @@ def tokenizer_folder(tokenizer: Any, owner: object) -> ModelFolder:
     return ModelFolder(path, {"tokenizer": str(path)}, None, cleanup)
 
 
+def reward_model_folders(reward_funcs: Any, owner: object) -> Any:
+    """TRL's reward model given as a loaded ``PreTrainedModel`` (a sequence-classification head): each written to a
+    temporary folder removed with ``owner``, with the tokenizer of the folder it was loaded from when there is one,
+    and named by that folder as a reward model given by path is. Other entries are returned as they are."""
+    from transformers import AutoTokenizer, PreTrainedModel
+
+    def folder(model: PreTrainedModel) -> str:
+        root = Path(tempfile.mkdtemp(prefix="grpolab-reward-model-"))
+        weakref.finalize(owner, shutil.rmtree, root, True)
+        path = root / (Path(str(model.name_or_path)).name or "reward_model")  # the name it is logged under
+        model.save_pretrained(path)
+        with contextlib.suppress(OSError, ValueError):  # none there: reward_processing_classes gives it
+            AutoTokenizer.from_pretrained(model.name_or_path).save_pretrained(path)
+        return str(path)
+
+    if isinstance(reward_funcs, PreTrainedModel):
+        return folder(reward_funcs)
+    if isinstance(reward_funcs, list | tuple):
+        return [folder(f) if isinstance(f, PreTrainedModel) else f for f in reward_funcs]
+    return reward_funcs
+
+
 def _check_object(model: Any) -> None:
     for cls in type(model).__mro__:
         wrapper = _WRAPPERS.get(cls.__name__)
@@ -137,6 +161,7 @@ def _lora_of(model: Any) -> dict[str, Any]:
             f"model's LoRA adapter also trains whole modules ({sorted(pc.modules_to_save)}, modules_to_save): grpolab "
             "trains the adapter's LoRA weights only"
         )
+    refuse_target_parameters(pc, "model")
     targets = pc.target_modules
     targets = targets if isinstance(targets, str) else sorted(targets)
     return {"enabled": True, "r": pc.r, "alpha": pc.lora_alpha, "dropout": pc.lora_dropout, "target_modules": targets}
@@ -206,6 +231,25 @@ def train_summary(rows: list[dict[str, Any]], first_step: int, last_step: int, r
         "train_loss": sum(losses) / len(losses) if losses else 0.0,
         "step": last_step,
     }
+
+
+_TRAINER_LOGGED = ("step", "loss", "grad_norm", "learning_rate")  # transformers' Trainer logs these, not TRL's metrics
+
+
+def unlogged_by_trl(rows: list[dict[str, Any]], last_step: int, logging_steps: int, updates_per_step: int) -> dict[str, Any]:
+    """The metrics TRL's final row carries: the mean of each metric over the steps after its last ``logging_steps``
+    row (TRL averages what it gathered since then into the next log call, the end-of-training one included).
+
+    TRL counts optimizer steps, ``updates_per_step`` of them per grpolab step (algo.num_minibatches x algo.mu); a
+    step whose last update comes after the last multiple of ``logging_steps`` was not logged by TRL yet."""
+    logged_to = (last_step * updates_per_step // logging_steps) * logging_steps
+    since = [r for r in rows if logged_to < r.get("step", 0) * updates_per_step and r.get("step", 0) <= last_step]
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for r in since for k in r):
+        values = [r[key] for r in since if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)]
+        if key not in _TRAINER_LOGGED and values:
+            out[key] = sum(values) / len(values)
+    return out
 
 
 def save_model(run_dir: Path, out: Path, base_name: str | None) -> Path:

@@ -52,7 +52,9 @@ def named_reward(name: str, tokenizer: str | None = None) -> dict[str, Any]:
     """A built-in, "module:function", or (as in TRL) a reward model's folder or hub id, with its tokenizer's."""
     if name in REWARDS or ":" in name:
         return {"name": name}
-    return {"name": "reward_model", "kwargs": {"path": name, **({"tokenizer": tokenizer} if tokenizer else {})}}
+    # logged under the model's own name, as TRL names it (config._name_or_path's last part): two reward models differ
+    alias = name.rstrip("/").split("/")[-1] or "reward_model"
+    return {"name": "reward_model", "alias": alias, "kwargs": {"path": name, **({"tokenizer": tokenizer} if tokenizer else {})}}
 
 
 def recorded_spec(fn: RewardFunc, built: WeightedReward, tokenizer: str | None = None) -> dict[str, Any]:

@@ -147,3 +147,26 @@ def test_a_model_whose_config_carries_a_quantization_config_is_refused_when_the_
     model.config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     with pytest.raises(ConfigError, match=r"model's config carries a quantization config \(bitsandbytes\).*load it unquantized"):
         GRPOTrainer(model, reward_funcs=reward_len, train_dataset=ROWS)
+
+
+def test_a_lora_on_parameters_is_refused_in_one_line(tmp_path):
+    """peft's target_parameters (LoRA on a Mixture-of-Experts' stacked expert weights, TRL's MoE PEFT test): grpolab's
+    model.lora adapts modules, so both a PeftModel carrying one and a peft_config asking for one are one line."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    from grpolab.tasks.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    config = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
+                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                            num_experts=2, num_experts_per_tok=1)  # fmt: skip
+    lora = LoraConfig(target_modules=[], target_parameters=["mlp.experts.down_proj"])
+    model = get_peft_model(AutoModelForCausalLM.from_config(config), lora)
+    message = r"LoRA targets parameters \(target_parameters=\['mlp.experts.down_proj'\].*modules only; give target_modules"
+    with pytest.raises(ConfigError, match="model's " + message):
+        GRPOTrainer(model, reward_len, train_dataset=ROWS, processing_class=tok)
+    tok.save_pretrained(tmp_path)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match="peft_config's " + message):
+        GRPOTrainer(str(tmp_path), reward_len, train_dataset=ROWS, peft_config=lora)

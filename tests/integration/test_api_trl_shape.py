@@ -151,3 +151,49 @@ def test_trl_rewards_get_trainer_state_and_their_logs_reach_metrics_and_samples(
     assert [r["log_metric/reward"] for r in rows] == [7.0, 7.0] and rows[0]["reward"] != 7.0
     samples = [json.loads(line) for line in (result.run_dir / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2 * 2 * 2 and all(s["first_char"] == s["completion"][:1] for s in samples)
+
+
+def test_a_moe_model_from_trls_config_notes_the_load_balancing_loss_trl_would_add(tmp_path, caplog):
+    """TRL 1.16 adds a Mixture-of-Experts model's router loss when router_aux_loss_coef is unset; grpolab adds
+    none: aux_loss_enabled is False (TRL's test reads it) and a warning names the coefficient TRL would use."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from trl import GRPOConfig
+
+    from grpolab.tasks.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    config = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
+                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                            num_experts=2, num_experts_per_tok=1, router_aux_loss_coef=0.25)  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "moe")
+    tok.save_pretrained(tmp_path / "moe")
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=4, use_cpu=True, bf16=False, report_to="none")  # fmt: skip
+    with caplog.at_level("WARNING", logger="grpolab"):
+        trainer = GRPOTrainer(str(tmp_path / "moe"), reward_len, args=args, train_dataset=ROWS)
+    assert trainer.aux_loss_enabled is False
+    assert "Qwen3Moe is a Mixture-of-Experts model: TRL would add its load-balancing loss (router_aux_loss_coef 0.25" in caplog.text
+
+
+def test_the_final_row_carries_what_trl_had_not_logged_since_its_last_logging_steps_row():
+    from grpolab.api_models import unlogged_by_trl
+
+    rows = [{"step": 1, "reward": 1.0}, {"step": 2, "reward": 2.0}, {"step": 3, "reward": 4.0, "flag": True, "loss": 1.0}]
+    assert unlogged_by_trl(rows, 3, logging_steps=2, updates_per_step=1) == {"reward": 4.0}  # logged at 2
+    assert unlogged_by_trl(rows, 3, logging_steps=4, updates_per_step=1) == {"reward": 7 / 3}  # never logged
+    assert unlogged_by_trl(rows, 3, logging_steps=4, updates_per_step=2) == {"reward": 4.0}  # 6 updates, logged at 4
+    assert unlogged_by_trl(rows, 3, logging_steps=3, updates_per_step=1) == {}  # logged at the last step
+
+
+def test_a_trl_config_s_run_ends_with_trls_final_row(tiny_model_dir, tmp_path):
+    from trl import GRPOConfig
+
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=4,
+                      max_steps=3, logging_steps=2, use_cpu=True, bf16=False, report_to="none")  # fmt: skip
+    trainer = GRPOTrainer(tiny_model_dir, reward_len, args=args, train_dataset=ROWS)
+    trainer.train()
+    *steps, final = trainer.state.log_history
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert final["reward"] == steps[2]["reward"]  # TRL logged at step 2; step 3's metrics wait for the end
+    assert "loss" not in final  # transformers' Trainer logs the loss at logging steps only
+    assert final["train_loss"] == pytest.approx(sum(r["loss"] for r in steps) / 3, rel=1e-6)

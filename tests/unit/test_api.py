@@ -95,12 +95,23 @@ def test_a_datasets_dataset_is_read_row_by_row():
         dataset_rows(datasets.DatasetDict({"train": ds}))
 
 
+@pytest.mark.parametrize("column", ["image", "images"])
+def test_rows_with_images_are_refused_and_an_empty_image_column_is_not(column):
+    """TRL's vision-language datasets: a text model would silently train without the images."""
+    prompt = [{"role": "user", "content": "What color is the sky?"}]
+    with pytest.raises(GrpolabError, match=f"eval_dataset has an '{column}' column: grpolab trains text models only"):
+        dataset_rows([{"prompt": prompt, column: None}, {"prompt": prompt, column: "<a PIL image>"}], "eval_dataset")
+    assert dataset_rows([{"prompt": prompt, column: None if column == "image" else []}]) == [
+        {"prompt": prompt, column: None if column == "image" else []}
+    ]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"train_dataset": ["just text"]}, r"train_dataset row 1 is a str"),
         ({"train_dataset": []}, r"train_dataset holds no rows"),
-        ({"train_dataset": None}, r"train_dataset is None and the config names no data \(data.path is empty\)"),
+        ({"train_dataset": None}, r"train_dataset is required: it is None and the config names no data \(data.path is empty\)"),
         ({"train_dataset": [{"question": "x"}]}, r"train_dataset row 1 has no field 'prompt'"),
         ({"reward_weights": [1.0, 2.0]}, r"reward_weights has 2 values for 1 reward_funcs"),
         ({"reward_funcs": "no_such_reward_name:here"}, r"reward_funcs\[0\]: reward 'no_such_reward_name:here': cannot import"),

@@ -94,9 +94,3 @@ def test_reward_names_and_weights_as_trl(tiny_model_dir):
     trainer = GRPOTrainer(tiny_model_dir, [one_per_char, "r1_format"], train_dataset=ROWS, reward_weights=[1.0, 0.5])
     assert trainer.reward_func_names == ["one_per_char", "r1_format"]
     torch.testing.assert_close(trainer.reward_weights, torch.tensor([1.0, 0.5]))
-
-
-@pytest.mark.parametrize("kw", [{"tools": [len]}, {"environment_factory": object}])
-def test_tools_and_environment_factory_are_refused_in_one_line(kw, tiny_model_dir):
-    with pytest.raises(ConfigError, match=r"is not taken by grpolab's GRPOTrainer: .*env.name"):
-        GRPOTrainer(tiny_model_dir, one_per_char, train_dataset=ROWS, **kw)

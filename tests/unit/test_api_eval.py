@@ -9,6 +9,7 @@ import pytest
 
 from grpolab.api import GRPOTrainer
 from grpolab.api_eval import trl_eval_metrics
+from grpolab.data import DataError
 from grpolab.errors import ConfigError
 
 ROWS = [{"prompt": f"{a}+{b}=", "solution": str(a + b)} for a in range(2) for b in range(2)]
@@ -66,3 +67,27 @@ def test_num_generations_eval_defaults_to_num_generations(tiny_model_dir, tmp_pa
     with pytest.raises(ConfigError, match="evaluate\\(\\) needs an eval_dataset"):
         trainer.evaluate()
     assert trainer.evaluate(ROWS[:1], metric_key_prefix="test")["test_samples_per_second"] > 0
+
+
+def test_a_dict_of_eval_datasets_and_streams_are_evaluated_each_under_its_name(tiny_model_dir, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    stream = datasets.Dataset.from_list(ROWS[:2]).to_iterable_dataset()
+    given = datasets.DatasetDict({"small": datasets.Dataset.from_list(ROWS[:1]), "pair": datasets.Dataset.from_list(ROWS[:2])})
+    trainer = GRPOTrainer(tiny_model_dir, one_per_char, args=_args(tmp_path), train_dataset=ROWS, eval_dataset=given)
+    assert trainer.eval_dataset is given  # TRL's attribute: what was given
+    metrics = trainer.evaluate()
+    # transformers' names for a dict: eval_<name>_<metric>; 1 and 2 prompts x num_generations 2
+    assert metrics["eval_small_samples_per_second"] * metrics["eval_small_runtime"] == pytest.approx(2)
+    assert metrics["eval_pair_samples_per_second"] * metrics["eval_pair_runtime"] == pytest.approx(4)
+    streamed = trainer.evaluate(eval_dataset=stream)  # an IterableDataset is read whole
+    assert streamed["eval_samples_per_second"] * streamed["eval_runtime"] == pytest.approx(4)
+
+
+def test_a_streamed_train_dataset_is_read_up_to_the_runs_length(tiny_model_dir, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"prompt": f"{a}+{b}="} for a in range(5) for b in range(2)]
+    stream = datasets.Dataset.from_list(rows).to_iterable_dataset()
+    trainer = GRPOTrainer(tiny_model_dir, one_per_char, args=_args(tmp_path), train_dataset=stream)
+    assert [e.prompt for e in trainer.train_dataset] == ["0+0=", "0+1="]  # num_steps 1 x prompts_per_step 2
+    with pytest.raises(DataError, match="train_dataset is an IterableDataset, which has no length: set the run's length"):
+        GRPOTrainer(tiny_model_dir, one_per_char, args={**_args(tmp_path), "train": {}}, train_dataset=stream)

@@ -29,6 +29,7 @@ def test_a_reward_models_tokenizer_is_given_as_an_object(tiny_model_dir, bare_rm
     trainer = GRPOTrainer(tiny_model_dir, bare_rm_dir, train_dataset=ROWS, reward_processing_classes=tokenizer)
     scorer = trainer.reward_funcs[0].reward
     assert scorer.tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert trainer.reward_processing_classes == [tokenizer]  # TRL's attribute: the object given
     (spec,) = trainer.args.reward.functions
     assert spec.name == "reward_model" and spec.kwargs["path"] == bare_rm_dir  # config.yaml says what ran
     assert AutoTokenizer.from_pretrained(spec.kwargs["tokenizer"]).get_vocab() == tokenizer.get_vocab()
@@ -43,8 +44,35 @@ def test_a_folder_goes_into_the_config_and_a_functions_entry_is_not_read(tiny_mo
         reward_processing_classes=["not read, as in TRL", tiny_model_dir],
     )  # fmt: skip
     assert [s.kwargs.get("tokenizer") for s in trainer.args.reward.functions] == [None, tiny_model_dir]
+    assert trainer.reward_processing_classes == ["not read, as in TRL", tiny_model_dir]
+    assert GRPOTrainer(tiny_model_dir, [constant, "r1_format"], train_dataset=ROWS).reward_processing_classes == [None, None]
 
 
 def test_one_entry_per_reward(tiny_model_dir, bare_rm_dir):
-    with pytest.raises(ConfigError, match="reward_processing_classes has 2 entries for 1 reward_funcs"):
+    with pytest.raises(ConfigError, match="reward_processing_classes has 2 entries for 1 reward_funcs: the lengths must match"):
         GRPOTrainer(tiny_model_dir, bare_rm_dir, train_dataset=ROWS, reward_processing_classes=[None, None])
+
+
+def test_a_loaded_reward_model_is_a_reward_model_as_in_trl(tiny_model_dir, bare_rm_dir):
+    """TRL takes reward_funcs=AutoModelForSequenceClassification.from_pretrained(...): written to a folder the
+    trainer owns, scored as a reward model given by path, with the tokenizer given for it."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(bare_rm_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    trainer = GRPOTrainer(tiny_model_dir, model, train_dataset=ROWS, reward_processing_classes=tokenizer)
+    (spec,) = trainer.args.reward.functions
+    assert spec.name == "reward_model" and spec.kwargs["path"] != bare_rm_dir  # the trainer's copy
+    scorer = trainer.reward_funcs[0].reward
+    assert scorer.tokenizer.get_vocab() == tokenizer.get_vocab()
+    for name, weight in model.named_parameters():  # the very weights given
+        torch.testing.assert_close(scorer.model.get_parameter(name), weight, rtol=0, atol=0)
+
+
+def test_two_reward_models_are_named_after_their_folders_as_in_trl(tiny_model_dir, bare_rm_dir, tmp_path):
+    other = tmp_path / "other-rm"
+    load_classifier(tiny_model_dir, num_labels=1).save_pretrained(other)
+    trainer = GRPOTrainer(tiny_model_dir, [bare_rm_dir, str(other)], train_dataset=ROWS,
+                          reward_processing_classes=[tiny_model_dir, tiny_model_dir])  # fmt: skip
+    assert trainer.reward_func_names == [bare_rm_dir.rstrip("/").split("/")[-1], "other-rm"]
+    assert [s.alias for s in trainer.args.reward.functions] == trainer.reward_func_names

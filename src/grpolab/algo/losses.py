@@ -133,8 +133,10 @@ def cispo_loss(
         ``SurrogateLoss(loss, truncated below, truncated above)``, all ``[N, T]``.
     """
     adv = _check_surrogate_inputs(logprobs, old_logprobs, advantages, mask).detach()
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}")
+    if clip_low < 0 or clip_high <= -1 or clip_low < -clip_high:  # a cap under 1 (TRL's epsilon_high <= 1) is a range
+        raise ValueError(
+            f"clip_low must be >= 0 and clip_high > -1 with 1 - clip_low <= 1 + clip_high, got {clip_low} and {clip_high}"
+        )
     if dual_clip is not None or level != "token":
         raise ValueError("CISPO clips a per-token IS weight: use level='token' and no dual_clip")
     log_ratio = (logprobs - old_logprobs).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)

@@ -153,7 +153,7 @@ def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None, after_step
         run.no_signal.observe(step, metrics)  # raises after train.max_no_signal_steps steps without signal
         gap.observe(step, metrics)  # raises when the sampler drifts from the policy (rollout.max_logprob_gap)
         if cfg.algo.ref_reset_every and step % cfg.algo.ref_reset_every == 0 and run.reference is not None:
-            run.reference.reset_to(parallel.unwrap(run.policy))  # pi_ref <- pi_theta
+            run.reference.reset_to(parallel.unwrap(run.policy), cfg.algo.ref_mixup_alpha)  # pi_ref <- pi_theta (mixed)
         asked_to_stop = after_step is not None and dist.any_rank(bool(after_step(step, dict(metrics))))  # every rank stops
         every = cfg.log.checkpoint_every
         if step == cfg.train.num_steps or (every and step % every == 0) or asked_to_stop or dist.any_rank(stop.requested):

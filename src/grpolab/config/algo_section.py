@@ -66,6 +66,9 @@ class AlgoConfig:
     """Optimizer steps per pass: the generation batch is split into this many minibatches (DAPO: 16). null = preset."""
     ref_reset_every: int = 0
     """Reset the reference to the current policy every N steps (DeepSeek-R1: 400); 0 = never."""
+    ref_mixup_alpha: float = 1.0
+    """At each reset, pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref (TR-DPO, arXiv 2404.09656; TRL's
+    ref_model_mixup_alpha, 0.6 there); 1 = the reference becomes the policy."""
     mask_truncated: bool | None = None
     """DAPO overlong filtering: completions without EOS get no loss. null = preset."""
     supervision: Literal["outcome", "process"] = "outcome"

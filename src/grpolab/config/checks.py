@@ -96,6 +96,7 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         ),
         (a.eps <= 0, "algo.eps must be > 0 (1e-4): it keeps a zero-std group from dividing by zero"),
         (a.ref_reset_every < 0, "algo.ref_reset_every must be >= 0 (0 = never)"),
+        (not 0 < a.ref_mixup_alpha <= 1, "algo.ref_mixup_alpha must be in (0, 1] (1 = replace the reference; TR-DPO: 0.6)"),
         (o.weight_decay < 0, "optim.weight_decay must be >= 0"),
         (any(not 0 <= b < 1 for b in o.betas), "optim.betas must both be in [0, 1) (AdamW: 0.9, 0.99)"),
         (o.max_grad_norm < 0, "optim.max_grad_norm must be >= 0 (0 = no clip)"),
@@ -139,7 +140,9 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         (a.mu < 1, "algo.mu must be >= 1 (1 = a single update per generation batch)"),
         (a.num_minibatches < 1, "algo.num_minibatches must be >= 1"),
         (a.beta < 0, "algo.beta must be >= 0 (0 = no KL and no reference model)"),
-        (a.clip_low < 0 or a.clip_high < 0, "algo.clip_low and algo.clip_high must be >= 0"),
+        (a.clip_low < 0 or (a.clip_high < 0 and not _cispo_cap_under_one(a)),
+         "algo.clip_low and algo.clip_high must be >= 0 (cispo: clip_high down to > -1, an IS-weight cap 1 + clip_high "
+         "under 1, with clip_low >= -clip_high)"),
         (a.dual_clip is not None and a.dual_clip <= 1, "algo.dual_clip must be > 1 (verl uses 3.0), or null"),
         (a.max_sampling_rounds < 1, "algo.max_sampling_rounds must be >= 1 (verl: 10)"),
         (a.rollout_correction_cap <= 0, "algo.rollout_correction_cap must be > 0 (TIS: 2.0)"),
@@ -332,3 +335,9 @@ def _check_process(cfg: Config) -> None:
             "algo.supervision=process implements GRPO with process supervision (DeepSeekMath Sec. 4.1.3): "
             "use algo.name=grpo (or dapo) with algo.advantage=grpo and the KL in the loss"
         )
+
+
+def _cispo_cap_under_one(a) -> bool:
+    """CISPO's weight clip(ratio, 1 - clip_low, 1 + clip_high) with a cap under 1 (TRL's loss_type=cispo with
+    epsilon_high <= 1 caps the weight there): a non-empty range above 0."""
+    return a.policy_loss == "cispo" and a.clip_high > -1 and a.clip_low >= -a.clip_high

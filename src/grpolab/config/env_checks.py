@@ -30,6 +30,7 @@ ENV_KWARGS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "gym_retry": {"retries": (_int_at_least(0), "an integer >= 0"),
                   "retry_discount": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1,
                                      "a number in [0, 1]")},
+    "trl": {"handle": (lambda v: isinstance(v, str), "the handle grpolab.GRPOTrainer registered for its tools")},
 }  # fmt: skip
 """The built-in environments' env.kwargs (grpolab.envs.ENVIRONMENTS; the openenv adapter passes any on): each
 key's check and its range in words. tests/unit/envs checks it against the factories' own signatures."""

@@ -42,7 +42,7 @@ TRL_NAMES: dict[str, str] = {
     "importance_sampling_level": "algo.importance_level (sequence = GSPO; sequence_token, "
     "trl.experimental.gspo_token's, = sequence)",
     "mask_truncated_completions": "algo.mask_truncated",
-    "sync_ref_model": "algo.ref_reset_every (ref_model_mixup_alpha must be 1)",
+    "sync_ref_model": "algo.ref_reset_every, with ref_model_mixup_alpha as algo.ref_mixup_alpha (TR-DPO)",
     "entropy_coef": "algo.entropy_coef",
     "reward_weights": "reward.functions[i].weight",
     "gradient_checkpointing": "model.gradient_checkpointing",

@@ -17,6 +17,7 @@ from grpolab.envs.base import Environment, EnvStep, Message, Tool, ToolLimits, T
 from grpolab.envs.openenv import OpenEnvAdapter
 from grpolab.envs.retry import GymRetryEnv
 from grpolab.envs.tools import ToolEnv, calculator, python_tool
+from grpolab.envs.trl_env import TrlEnvironment
 from grpolab.errors import ConfigError
 
 MakeEnv = Callable[[], Environment]
@@ -59,11 +60,17 @@ def _openenv(limits: ToolLimits, base_url: str, **kwargs: Any) -> MakeEnv:
     return partial(OpenEnvAdapter, base_url, timeout_s=limits.timeout_s, **kwargs)
 
 
+def _trl(limits: ToolLimits, handle: str) -> MakeEnv:
+
+    return partial(TrlEnvironment, handle, limits)
+
+
 ENVIRONMENTS: dict[str, Callable[..., MakeEnv]] = {
     "calculator": _calculator,
     "python": _python,
     "gym_retry": _gym_retry,
     "openenv": _openenv,
+    "trl": _trl,  # TRL's tools / environment_factory given to grpolab.GRPOTrainer (envs/trl_env.py)
 }
 
 

@@ -41,7 +41,8 @@ def _low_precision_memo(model: torch.nn.Module, dtype: torch.dtype) -> dict[int,
         if isinstance(module, torch.nn.Linear):
             for p in module.parameters(recurse=False):
                 if id(p) not in head_params and p.is_floating_point():
-                    memo[id(p)] = torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
+                    # copy=True: a model already in ``dtype`` (a bf16 checkpoint under bf16 autocast) would share them
+                    memo[id(p)] = torch.nn.Parameter(p.detach().to(dtype, copy=True), requires_grad=False)
     return memo
 
 

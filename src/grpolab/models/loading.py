@@ -279,13 +279,22 @@ class Reference:
             with self._policy.disable_adapter():
                 yield self._policy
 
-    def reset_to(self, policy: PreTrainedModel) -> None:
-        """pi_ref <- pi_theta (DeepSeekMath Algorithm 1; DeepSeek-R1 every 400 steps)."""
+    def reset_to(self, policy: PreTrainedModel, alpha: float = 1.0) -> None:
+        """pi_ref <- alpha * pi_theta + (1 - alpha) * pi_ref: alpha 1 is DeepSeekMath's reset (Algorithm 1;
+        DeepSeek-R1 every 400 steps), alpha < 1 TR-DPO's soft update (arXiv 2404.09656, TRL's sync_ref_model)."""
         if is_peft(policy):
             raise NotImplementedError(
                 "resetting the reference under LoRA needs merging the adapter; use algo.ref_reset_every=0 with LoRA"
             )
-        self.frozen_model.load_state_dict(policy.state_dict())
+        if alpha == 1.0:
+            self.frozen_model.load_state_dict(policy.state_dict())
+            return
+        theta, mixed = policy.state_dict(), set()
+        with torch.no_grad():
+            for name, ref in self.frozen_model.state_dict().items():
+                if ref.is_floating_point() and ref.data_ptr() not in mixed:  # tied weights are one tensor: mixed once
+                    mixed.add(ref.data_ptr())
+                    ref.lerp_(theta[name].to(device=ref.device, dtype=ref.dtype), alpha)
 
 
 def count_parameters(model: torch.nn.Module, *, trainable_only: bool = False) -> int:

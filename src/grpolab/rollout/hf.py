@@ -33,7 +33,7 @@ import inspect
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, cache_utils
 from transformers.cache_utils import DynamicLayer
 
 from grpolab.models.inference import WeightCopy, attention_for, wants_eager_attention
@@ -42,6 +42,9 @@ from grpolab.rollout.base import NonFiniteLogits, Sampler, check_prompts, check_
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.rollout.filters import filter_logits, penalise_repeats, seen_tokens
 from grpolab.types import Completions, FinishReason
+
+# transformers' layer of Mamba / gated-delta states (5.x); () where it has none, so no layer is one
+_LINEAR_ATTENTION = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
 
 FINISHED_CHECK_EVERY_CUDA = 16
 """Decode steps between two host syncs that ask whether every row has stopped, on CUDA (1 on a CPU,
@@ -182,7 +185,7 @@ class HFSampler(Sampler):
         if reserved:
             _reserve(cache, rows, capacity, self.autocast_dtype)  # measured: pays off with the plain attention only
         else:
-            cache.batch_select_indices(rows)
+            select_rows(cache, rows)
         padded = len({len(p) for p in prompt_ids[first : last + 1]}) > 1
         mode = decode_mask_mode(logits.device, self._config, padded=padded, reserved=reserved)
         repeats = None
@@ -363,11 +366,26 @@ class _ReservedLayer(DynamicLayer):
         return self.capacity
 
 
+def select_rows(cache, rows: torch.Tensor) -> None:
+    """Keep cache rows ``rows`` (a prompt's row repeated for its samples). A linear-attention layer (the Mamba or
+    gated-delta states of NemotronH, Qwen3.5) has no batch_select_indices, or inherits one that selects only the
+    keys and values beside its states; its reorder_cache selects every state."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        cache.batch_select_indices(rows)
+        return
+    for layer in layers:
+        if isinstance(layer, _LINEAR_ATTENTION) or not hasattr(layer, "batch_select_indices"):
+            layer.reorder_cache(rows)
+        else:
+            layer.batch_select_indices(rows)
+
+
 def _reserve(cache, rows: torch.Tensor, capacity: int, dtype: torch.dtype | None) -> None:
     """Keep cache rows ``rows`` (each prompt's row repeated for its samples), with room for ``capacity``."""
     layers = getattr(cache, "layers", None)
     if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
-        cache.batch_select_indices(rows)  # sliding-window or other layer types: the plain path
+        select_rows(cache, rows)  # sliding-window or other layer types: the plain path
         return
     for i, layer in enumerate(layers):
         layers[i] = _ReservedLayer(layer.keys[rows], layer.values[rows], capacity, dtype or layer.keys.dtype)

@@ -24,8 +24,8 @@ from grpolab.rewards.step_rewards import build_process_reward
 from grpolab.training.batch import BatchBuilder, outcome_estimator
 from grpolab.training.optim import build_optimizer
 from grpolab.training.ppo import Critic, rollout_batch_builder
-from grpolab.training.spec import BatchSpec, CriticSpec, LogprobContext, PolicyLossSpec, UpdateSpec
 from grpolab.training.reasoning_steps import ProcessSupervision, StepSplitter, TurnSupervision
+from grpolab.training.spec import BatchSpec, CriticSpec, LogprobContext, PolicyLossSpec, UpdateSpec
 from grpolab.training.value import load_value_model
 from grpolab.types import Example
 

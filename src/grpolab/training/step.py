@@ -20,6 +20,7 @@ from collections import defaultdict
 import torch
 
 from grpolab.algo.correction import mismatch_sums
+from grpolab.algo.losses import Aggregation
 from grpolab.algo.selection import entropy_threshold, high_entropy_mask, off_policy_sequence_mask
 from grpolab.distributed import dist
 from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
@@ -31,6 +32,9 @@ from grpolab.training.spec import LogprobContext, PolicyLossSpec, UpdateSpec
 from grpolab.types import RolloutBatch
 
 log = logging.getLogger(__name__)
+
+TOKEN_MEAN = Aggregation.named("token-mean")
+"""The entropy bonus's normalisation whatever algo.loss_agg (TRL: L = L_policy - coef * H, H the mean per-token entropy)."""
 
 
 def policy_loss(
@@ -62,15 +66,18 @@ def policy_loss(
         "approx_kl_old": _masked_sum(0.5 * (logprobs.detach() - old_logprobs) ** 2, mask),
     }
     per_token, entropy = _selected(sur.loss, logprobs, old_logprobs, mb, spec, stats, entropy, token_keep)
-    per_token = _rollout_terms(per_token, old_logprobs, mb, spec, entropy, weights, stats)
+    per_token = _rollout_terms(per_token, old_logprobs, mb, spec, weights, stats)
     if spec.kl is not None:
         kl = spec.kl(logprobs, mb.ref_logprobs)
         per_token = per_token + spec.beta * kl
         stats["kl"] = _masked_sum(kl.detach(), mask)
     agg = functools.partial(spec.aggregate, mask=mask, total_seqs=total_seqs, total_tokens=total_tokens)
     loss = agg(per_token)
-    if spec.entropy_coef > 0 and entropy is not None:  # TRL's policy_loss: the loss without the entropy bonus
-        stats["policy_loss"] = float((loss.detach() + spec.entropy_coef * agg(entropy.detach())).item())
+    if spec.entropy_coef > 0 and entropy is not None:
+        # TRL: the bonus is the mean per-token entropy whatever the loss type normalises the policy term by
+        # (L = L_policy - coef * H); policy_loss is the loss without it
+        stats["policy_loss"] = float(loss.detach().item())
+        loss = loss - spec.entropy_coef * TOKEN_MEAN(entropy, mask, total_tokens=total_tokens)
     return loss, stats
 
 
@@ -91,9 +98,8 @@ def _selected(per_token, logprobs, old_logprobs, mb: RolloutBatch, spec: PolicyL
     return per_token, entropy
 
 
-def _rollout_terms(per_token, old_logprobs, mb: RolloutBatch, spec: PolicyLossSpec, entropy, weights, stats):
-    """The sampler/trainer mismatch sums, the rollout-correction weights (already inside VESPO's loss) and the
-    entropy bonus."""
+def _rollout_terms(per_token, old_logprobs, mb: RolloutBatch, spec: PolicyLossSpec, weights, stats):
+    """The sampler/trainer mismatch sums and the rollout-correction weights (already inside VESPO's loss)."""
     mask = mb.loss_mask
     if mb.sampler_logprobs is not None:
         # old_logprobs are the trainer's log-probs at the sampling weights (recomputed, or this pass's own
@@ -104,8 +110,6 @@ def _rollout_terms(per_token, old_logprobs, mb: RolloutBatch, spec: PolicyLossSp
             per_token = per_token * weights
         stats["rollout_weight"] = _masked_sum(weights, mask)
         stats["rollout_masked"] = _masked_sum((weights == 0).float(), mask)
-    if spec.entropy_coef > 0 and entropy is not None:
-        per_token = per_token - spec.entropy_coef * entropy
     return per_token
 
 

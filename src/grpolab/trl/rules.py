@@ -193,9 +193,9 @@ def clip(v: float, t: TrlView) -> dict[str, Any]:
     if t["loss_type"] == "cispo":
         # TRL: clamp(ratio, max=epsilon_high).detach(); grpolab: clamp(ratio, 1 - clip_low, 1 + clip_high)
         if high <= 1:
-            raise Refused(
-                f"loss_type=cispo caps the IS weight at epsilon_high={high:g} itself (not 1 + epsilon_high): "
-                "set epsilon_high > 1 (ScaleRL: 5.0)"
+            t.note(
+                f"loss_type=cispo caps the IS weight at epsilon_high={high:g} itself (not 1 + epsilon_high): every "
+                "token's weight is at most that, as in TRL (ScaleRL sets epsilon_high 5.0)"
             )
         return {"algo.clip_low": 1.0, "algo.clip_high": high - 1.0, "algo.dual_clip": None}
     out = {"algo.clip_low": v, "algo.clip_high": high, "algo.dual_clip": None}
@@ -213,22 +213,12 @@ def clip(v: float, t: TrlView) -> dict[str, Any]:
 def sync_ref(v: bool, t: TrlView) -> dict[str, Any]:
     if not v:
         return {"algo.ref_reset_every": 0}
-    if t["ref_model_mixup_alpha"] != 1.0:
-        raise Refused(
-            f"ref_model_mixup_alpha={t['ref_model_mixup_alpha']:g} mixes policy and reference (TR-DPO); grpolab "
-            "replaces the reference by the policy (alpha = 1): set ref_model_mixup_alpha=1.0"
-        )
     every = to_generation_steps(t, t["ref_model_sync_steps"], "ref_model_sync_steps")
-    return {"algo.ref_reset_every": every}
+    return {"algo.ref_reset_every": every, "algo.ref_mixup_alpha": t["ref_model_mixup_alpha"]}
 
 
 def entropy(v: float, t: TrlView) -> dict[str, Any]:
-    if v and t["loss_type"] not in ("dapo", "cispo"):
-        t.note(
-            "entropy_coef: TRL adds the mean per-token entropy whatever the loss_type; grpolab aggregates the "
-            f"bonus like the policy loss ({_LOSS_AGG.get(t['loss_type'], '?')}), the same for token-mean losses"
-        )
-    return {"algo.entropy_coef": v}
+    return {"algo.entropy_coef": v}  # both subtract coef x the mean per-token entropy, whatever the loss_type
 
 
 _IS_MODES = {

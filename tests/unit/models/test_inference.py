@@ -141,3 +141,15 @@ def test_cpu_threads_are_capped_at_the_available_cores(monkeypatch):
         assert inference.limit_cpu_threads() == 1  # never raised: a lower count set by the user is kept
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_copy_in_the_models_own_dtype_shares_no_weight_with_it():
+    """A bf16 checkpoint under bf16 autocast: the frozen reference must not move with the policy it was copied from."""
+    model = build_tiny_model(build_char_tokenizer(), hidden_size=16, num_layers=1, num_heads=2).to(torch.bfloat16)
+    frozen = inference_copy(model, torch.bfloat16)
+    before = {n: p.clone() for n, p in frozen.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    for name, p in frozen.named_parameters():
+        assert torch.equal(p, before[name]), name

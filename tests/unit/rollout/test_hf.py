@@ -303,3 +303,21 @@ def test_min_p_and_the_penalty_shape_the_draw_not_the_logprobs(model, tok, promp
     sampler = HFSampler(model, tok, max_completion_length=10, temperature=0.7, min_p=0.2, repetition_penalty=1.3)
     out = sampler.sample(prompts, num_generations=G, generator=torch.Generator().manual_seed(0))
     assert_logprobs_match_reference(model, out, temperature=0.7, atol=1e-4)
+
+
+def test_a_hybrid_mamba_model_samples_each_prompts_rows_from_its_own_states(tok, prompts):
+    """NemotronH's cache holds Mamba conv / recurrent states in layers without batch_select_indices: each prompt's
+    prefilled row is repeated for its samples with reorder_cache (rollout.hf.select_rows). Wrong states for a row
+    would show as log-probs unlike the teacher-forced forward's."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    config = NemotronHConfig(vocab_size=len(tok), hidden_size=16, num_attention_heads=4, num_key_value_heads=2,
+                             intermediate_size=32, layers_block_type=["mamba", "attention"], mamba_num_heads=8,
+                             mamba_head_dim=4, mamba_n_groups=1, ssm_state_size=16, mamba_d_conv=4, mamba_expand=2,
+                             use_mamba_kernels=False, pad_token_id=tok.pad_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    model = NemotronHForCausalLM(config).eval()
+    sampler = HFSampler(model, tok, max_completion_length=6, temperature=0.7)
+    out = sampler.sample(prompts, num_generations=2, generator=torch.Generator().manual_seed(0))
+    assert out.completion_ids.shape[0] == 2 * len(prompts)
+    assert_logprobs_match_reference(model, out, temperature=0.7, atol=1e-4)

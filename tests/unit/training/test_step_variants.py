@@ -85,6 +85,16 @@ def test_entropy_bonus_enters_the_loss_with_its_gradient():
     assert "policy_loss" not in _loss([])[2]
 
 
+@pytest.mark.parametrize("agg", ["seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_the_entropy_bonus_is_the_mean_per_token_entropy_whatever_the_loss_aggregation(agg):
+    """TRL: L = L_policy - coef * H with H the mean per-token entropy, not normalised like the policy term."""
+    entropy = torch.tensor([[1.0, 2.0], [3.0, 9.0]])
+    base, _, _ = _loss([f"algo.loss_agg={agg}"])
+    with_bonus, _, stats = _loss([f"algo.loss_agg={agg}", "algo.entropy_coef=0.1"], entropy=entropy)
+    assert with_bonus - base == pytest.approx(-0.1 * (1 + 2 + 3) / 3)
+    assert stats["policy_loss"] == pytest.approx(base, abs=1e-6)
+
+
 def test_entropy_has_a_graph_only_when_asked():
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=0)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpolab.config import ConfigError, config_from_dict
+from grpolab.config import ConfigError, config_from_dict, load_config
 from grpolab.trl.convert import SCRIPT_FIELDS, TRL_FIELDS, convert_trl, markdown_table, trl_defaults
 
 trl = pytest.importorskip("trl")
@@ -306,8 +306,14 @@ def test_cispo_caps_the_weight_at_epsilon_high_itself():
     ours = cispo_loss(logps, old, adv[:, 0], clip_low=k["algo.clip_low"], clip_high=k["algo.clip_high"]).loss
     trl_loss = -torch.clamp(torch.exp(logps - old), max=5.0) * adv * logps  # loss_type == "cispo"
     torch.testing.assert_close(ours, trl_loss)
-    with pytest.raises(ConfigError, match="set epsilon_high > 1"):
-        keys(loss_type="cispo")  # epsilon_high defaults to epsilon = 0.2: a cap below 1
+    # epsilon_high defaults to epsilon = 0.2: TRL caps every weight at 0.2 (clip_high -0.8), said in a note
+    k = keys(loss_type="cispo")
+    assert (k["algo.clip_low"], k["algo.clip_high"]) == (1.0, pytest.approx(-0.8))
+    ours = cispo_loss(logps, old, adv[:, 0], clip_low=k["algo.clip_low"], clip_high=k["algo.clip_high"]).loss
+    torch.testing.assert_close(ours, -torch.clamp(torch.exp(logps - old), max=0.2) * adv * logps)
+    load_config(None, ["algo.name=cispo", "algo.clip_low=1.0", "algo.clip_high=-0.8"])  # a valid config
+    with pytest.raises(ConfigError, match="cispo: clip_high down to > -1"):
+        load_config(None, ["algo.name=cispo", "algo.clip_low=0.5", "algo.clip_high=-0.8"])  # an empty range
 
 
 def test_beta_uses_trls_k3_in_the_loss():
@@ -320,12 +326,32 @@ def test_beta_uses_trls_k3_in_the_loss():
     torch.testing.assert_close(KL_ESTIMATORS[k["algo.kl_estimator"]](logps, ref), trl_kl)
 
 
-def test_sync_ref_model_resets_the_reference_only_at_alpha_one():
+def test_sync_ref_model_resets_or_mixes_the_reference_as_tr_dpo():
     assert keys(beta=0.04, sync_ref_model=True, ref_model_mixup_alpha=1.0, ref_model_sync_steps=64,
                 steps_per_generation=2, per_device_train_batch_size=8)["algo.ref_reset_every"] == 32
     assert keys()["algo.ref_reset_every"] == 0
-    with pytest.raises(ConfigError, match="TR-DPO"):
-        keys(sync_ref_model=True)
+    k = keys(sync_ref_model=True)  # TRL's defaults: alpha 0.6 every 512 optimizer steps
+    assert (k["algo.ref_reset_every"], k["algo.ref_mixup_alpha"]) == (512, 0.6)
+
+
+def test_the_reference_mixes_in_the_policy_by_alpha():
+    """pi_ref <- alpha pi_theta + (1 - alpha) pi_ref (TR-DPO's soft update, TRL's sync_ref_model)."""
+    from grpolab.models.loading import Reference
+    from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    policy = build_tiny_model(tok, hidden_size=16, num_layers=1, num_heads=2, seed=0)
+    reference = Reference(policy, torch.float32)
+    ref_before = {k: v.clone() for k, v in reference.frozen_model.state_dict().items()}
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(1.0)
+    reference.reset_to(policy, alpha=0.6)
+    for name, value in reference.frozen_model.state_dict().items():  # 0.6 (w + 1) + 0.4 w = w + 0.6
+        torch.testing.assert_close(value, ref_before[name] + 0.6)
+    reference.reset_to(policy, alpha=1.0)
+    for name, value in reference.frozen_model.state_dict().items():
+        torch.testing.assert_close(value, policy.state_dict()[name])
 
 
 def test_entropy_coef_and_its_adaptive_form():

@@ -1,0 +1,170 @@
+"""TRL's ``tools`` and ``environment_factory`` given to GRPOTrainer run as grpolab episodes (grpolab.envs.trl_env):
+hermes tool calls, the environment's methods as tools, reset(**row), get_reward, a dict of environments."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from grpolab.api import GRPOTrainer
+from grpolab.envs import ENVIRONMENTS, ToolLimits
+from grpolab.envs.trl_env import TrlEnvironment, register, unregister
+from grpolab.errors import ConfigError
+from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer, build_tiny_model
+from grpolab.types import Example
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiplies two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a * b
+
+
+class Counter:
+    """TRL's test environment: a counter the model increments with a tool; the reward is the count."""
+
+    def reset(self, **kwargs):
+        self.count = 0
+        self.row = kwargs
+        return " (count from 0)"
+
+    def increment(self, step: int) -> int:
+        """Increment the internal counter.
+
+        Args:
+            step: Value to add to the counter.
+        """
+        self.count += step
+        return self.count
+
+    def get_reward(self) -> float:
+        return float(self.count)
+
+
+class Echo:
+    def reset(self, **kwargs):
+        return None
+
+    async def shout(self, text: str) -> str:
+        """Shout the text back.
+
+        Args:
+            text: What to shout.
+        """
+        return text.upper()
+
+
+def call(name: str, **arguments) -> str:
+    import json
+
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def env_for(tools=None, factory=None) -> TrlEnvironment:
+    handle, _ = register(tools, factory)
+    return TrlEnvironment(handle, ToolLimits())
+
+
+def example(row: dict) -> Example:
+    return Example(prompt="", messages=tuple(row["prompt"]), meta={"row": row})
+
+
+ROW = {"prompt": [{"role": "user", "content": "Count"}], "solution": "3"}
+
+
+def test_tools_are_declared_and_run_and_a_turn_without_a_call_ends_the_episode():
+    env = env_for(tools=[multiply])
+    assert [t["function"]["name"] for t in env.tools] == ["multiply"]
+    assert env.reset(example(ROW)) == [{"role": "user", "content": "Count"}]
+    step = asyncio.run(env.step(call("multiply", a=3, b=4) + call("multiply", a=3, c=4)))
+    assert (step.tool_calls, step.tool_errors, step.done) == (2, 1, False)  # the wrong argument name fails
+    assert step.messages[0] == {"role": "tool", "name": "multiply", "content": "12"}
+    assert step.messages[1]["content"].startswith("error: ")
+    last = asyncio.run(env.step("Done!"))
+    assert (last.done, last.reward, last.messages) == (True, None, [])  # no get_reward: the rewards are reward_funcs'
+
+
+def test_the_environment_is_reset_with_the_row_its_methods_are_tools_and_get_reward_is_the_reward():
+    env = env_for(factory=Counter)
+    assert [t["function"]["name"] for t in env.tools] == ["increment"]  # not reset, not get_reward
+    messages = env.reset(example(ROW))
+    assert messages == [{"role": "user", "content": "Count (count from 0)"}]  # reset's text, appended as TRL does
+    assert env.environment.row == ROW
+    step = asyncio.run(env.step(call("increment", step=2) + call("decrement", step=1)))
+    assert (step.tool_calls, step.tool_errors) == (2, 1)  # an unknown tool is a failure the model reads
+    assert step.messages[1]["content"] == "error: no such tool"
+    assert asyncio.run(env.step(call("increment", step=1))).messages[0]["content"] == "3"
+    assert asyncio.run(env.step("I am done")).reward == 3.0
+
+
+def test_a_dict_of_factories_picks_each_row_s_environment_and_declares_every_tool():
+    env = env_for(factory={"counter": Counter, "echo": Echo})
+    assert sorted(t["function"]["name"] for t in env.tools) == ["increment", "shout"]
+    env.reset(example({**ROW, "environment": "echo"}))
+    assert isinstance(env.environment, Echo)
+    assert asyncio.run(env.step(call("shout", text="hi"))).messages[0]["content"] == "HI"  # an async method
+    assert asyncio.run(env.step("bye")).reward is None  # Echo has no get_reward
+    with pytest.raises(ConfigError, match=r"environment='nope', which is not among .*\['counter', 'echo'\]"):
+        env.reset(example({**ROW, "environment": "nope"}))
+
+
+def test_an_environment_without_reset_and_a_handle_of_no_trainer_are_one_line_each():
+    with pytest.raises(ConfigError, match="made a object without a reset method"):
+        register(None, object)
+    with pytest.raises(ConfigError, match="names no tools or environment_factory of this process"):
+        ENVIRONMENTS["trl"](ToolLimits(), "gone")()
+    handle, _ = register([multiply], None)
+    unregister(handle)
+    with pytest.raises(ConfigError, match="names no tools"):
+        TrlEnvironment(handle)
+
+
+ROWS = [{"prompt": [{"role": "user", "content": f"{a}+{b}="}], "solution": str(a + b)} for a in range(2) for b in range(2)]
+
+
+def one_per_char(completions, **kwargs):
+    return [float(len(c[-1]["content"])) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> str:
+    """The tiny model with a chat template its character vocabulary can spell (conversational rows need one)."""
+    tok = build_char_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    path = tmp_path_factory.mktemp("chat_tiny")
+    build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def _args(out) -> dict:
+    return {
+        "rollout": {"num_generations": 2, "max_completion_length": 3},
+        "train": {"num_steps": 1, "prompts_per_step": 2},
+        "log": {"output_dir": str(out), "run_name": "tools", "progress": False, "checkpoint_every": 0},
+        "reward": {"dry_run_examples": 1},
+    }
+
+
+def test_the_trainer_runs_environment_factory_as_episodes(chat_model, tmp_path):
+    trainer = GRPOTrainer(chat_model, one_per_char, _args(tmp_path), ROWS, environment_factory=Echo, tools=[multiply])
+    assert (trainer.args.env.name, trainer.reward_func_names) == ("trl", ["one_per_char"])
+    trainer.train()
+    row = trainer.state.log_history[0]
+    assert row["num_turns/mean"] == 1.0  # the tiny model makes no call: its turn is cut at 3 tokens
+    assert row["tools/call_frequency"] == 0.0
+
+
+def test_get_reward_is_a_reward_of_weight_one_and_no_reward_at_all_is_one_line(chat_model, tmp_path):
+    trainer = GRPOTrainer(chat_model, one_per_char, _args(tmp_path), ROWS, environment_factory=Counter,
+                          reward_weights=[0.5])  # fmt: skip
+    assert trainer.reward_func_names == ["one_per_char", "env"]  # TRL names it after the class: "Counter"
+    assert trainer.reward_weights.tolist() == [0.5, 1.0]
+    assert GRPOTrainer(chat_model, None, _args(tmp_path), ROWS, environment_factory=Counter).reward_func_names == ["env"]
+    with pytest.raises(ConfigError, match="No reward source provided: pass reward_funcs"):
+        GRPOTrainer(chat_model, args=_args(tmp_path), train_dataset=ROWS, tools=[multiply])
