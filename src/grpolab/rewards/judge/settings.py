@@ -136,6 +136,9 @@ def _check_types(s: JudgeSettings) -> None:
         pair = getattr(s, key)
         if len(pair) != 2 or not all(isinstance(v, _NUMBER) and not isinstance(v, bool) for v in pair):
             raise ValueError(f"{key} must be two numbers [low, high], got {list(pair)}")
+    if any(isinstance(w, bool) for w in (*s.verdicts, *s.yes_tokens, *s.no_tokens)):
+        raise ValueError("a verdict or token reads as a boolean: YAML reads yes, no, on, off unquoted as true / false; "
+                         "quote them, e.g. yes_tokens: ['yes']")  # fmt: skip
     for word, value in s.verdicts.items():
         if not isinstance(word, str) or not word.strip() or not isinstance(value, _NUMBER) or isinstance(value, bool):
             raise ValueError(f"verdicts must map words to numbers, e.g. {{correct: 1, incorrect: 0}}; got {word!r}: {value!r}")

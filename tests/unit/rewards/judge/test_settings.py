@@ -35,6 +35,8 @@ BASE = {"base_url": "http://127.0.0.1:9/v1", "model": "m", "template": "Grade: {
         ({"score": "verdict", "verdicts": {}}, False, "verdicts is empty"),
         ({"verdicts": {"good": "high"}}, False, "map words to numbers"),
         ({"api_key_env": "MY-KEY"}, False, "not an environment variable"),
+        ({"yes_tokens": [True]}, False, "YAML reads yes, no, on, off unquoted as true / false; quote them"),
+        ({"verdicts": {True: 1, False: 0}}, False, "quote them"),
         ({"template": "{completions}", "score": "verdict"}, True, "numbers only"),
         ({}, True, r"put \{completions\} in it"),
     ],
