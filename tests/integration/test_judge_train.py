@@ -25,9 +25,13 @@ from fake_judge import FakeJudge, chat, user_text  # noqa: E402
 
 
 def digits_score(body):
-    """1 point per digit of the completion (after 'A:'), at most 10."""
-    text = user_text(body).split("A:", 1)[1]
-    return 200, chat(f"Score: {min(sum(c.isdigit() for c in text), 10)}")
+    """1 point per digit of the completion (after 'A:'), at most 10; a group: one line per completion."""
+    text = user_text(body)
+    if "Completion 1:" in text:
+        shown = re.split(r"Completion (\d+):\n", text)[1:]
+        lines = [f"Completion {i}: {min(sum(c.isdigit() for c in body_), 10)}" for i, body_ in zip(shown[::2], shown[1::2], strict=True)]
+        return 200, chat("\n".join(reversed(lines)))
+    return 200, chat(f"Score: {min(sum(c.isdigit() for c in text.split('A:', 1)[1]), 10)}")
 
 
 @pytest.fixture
@@ -57,6 +61,16 @@ def test_a_run_judged_by_an_endpoint_logs_the_judges_cost(fake, tiny_model_dir, 
         assert row["rewards/judge/failed"] == 0
         assert row["rewards/judge/prompt_tokens"] == 10 * row["rewards/judge/requests"]
     assert fake.calls == sum(r["rewards/judge/requests"] for r in rows)  # no dry run: every request was logged
+
+
+def test_a_run_judged_group_by_group(fake, tiny_model_dir, addition_jsonl, tmp_path):
+    group = "{name: group_judge, kwargs: {base_url: '" + fake.url + "', model: j, template: 'Q: {question} {completions}'}}"
+    cfg = load_config(None, [*overrides(tiny_model_dir, addition_jsonl(8), tmp_path, fake.url, 2), f"reward.functions=[{group}]"])
+    rows = read_metrics(train(cfg).run_dir)
+    dry_run = 4  # reward.dry_run_examples: each asked alone
+    assert [r["rewards/group_judge/requests"] + r["rewards/group_judge/cached"] for r in rows] == [2, 2]  # P requests
+    assert fake.calls == dry_run + sum(r["rewards/group_judge/requests"] for r in rows)
+    assert all(r["rewards/group_judge/failed"] == 0 for r in rows)
 
 
 def test_group_judges_get_g_and_a_judge_never_asks_the_policys_server(fake):

@@ -154,12 +154,11 @@ class JudgeReward:
         return out
 
     def _spans(self, examples: list[Example]) -> list[tuple[int, int]]:
-        """group_judge: (start, end) of each group; G from the run, else runs of one example object (the trainer
-        repeats each prompt's example G times)."""
-        if self.group_size is not None:
-            if len(examples) % self.group_size:
-                raise RewardError(f"reward '{self.name}' got {len(examples)} completions, not whole groups of {self.group_size}")
-            return [(s, s + self.group_size) for s in range(0, len(examples), self.group_size)]
+        """group_judge: (start, end) of each group: whole groups of G (set by the run) when the batch is, else runs
+        of one example object (the trainer repeats each prompt's example G times; the dry run asks one at a time)."""
+        g = self.group_size
+        if g is not None and len(examples) % g == 0:
+            return [(s, s + g) for s in range(0, len(examples), g)]
         starts = [i for i in range(len(examples)) if i == 0 or examples[i] is not examples[i - 1]]
         return list(zip(starts, [*starts[1:], len(examples)], strict=True))
 

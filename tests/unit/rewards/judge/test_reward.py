@@ -55,8 +55,8 @@ def test_scores_are_normalised_and_repeats_are_asked_once(judge_server):
     assert values == pytest.approx([-0.2, -0.6, -0.2, -0.8])  # -1 + 2 * score / 10
     assert server.calls == 3
     assert wr.reward.counts == {"requests": 3.0, "cached": 1.0, "failed": 0.0, "prompt_tokens": 30.0, "completion_tokens": 9.0}
-    assert user_text(server.bodies[0]) == "Q: What is 2+2?\nA: 4\nRef: 4"
-    assert server.bodies[0]["model"] == "j" and server.bodies[0]["temperature"] == 0.0
+    assert sorted(user_text(b) for b in server.bodies) == [f"Q: What is 2+2?\nA: {a}\nRef: 4" for a in ("10", "2", "4")]
+    assert {(b["model"], b["temperature"]) for b in server.bodies} == {("j", 0.0)}
     wr.reward(texts("4"), [ex])  # the same step (no run): from the cache
     assert server.calls == 3
 
@@ -171,8 +171,10 @@ def test_group_judge_asks_once_per_group_and_keeps_the_groups_order(judge_server
     values = wr.reward(texts("2", "9", "5", "1", "7", "3"), [a, a, a, b, b, b])  # groups told apart by example
     assert values == pytest.approx([0.2, 0.9, 0.5, 0.1, 0.7, 0.3])
     assert server.calls == 2
-    assert user_text(server.bodies[0]) == "Question: a\nCompletion 1:\n2\n\nCompletion 2:\n9\n\nCompletion 3:\n5\nScore each of the 3."
-    wr.reward.group_size = 2  # set by the run (rollout.num_generations)
-    assert wr.reward(texts("4", "6"), [a, a]) == pytest.approx([0.4, 0.6])
-    with pytest.raises(Exception, match="not whole groups of 2"):
-        wr.reward(texts("4", "6", "8"), [a, a, a])
+    asked = sorted(user_text(b) for b in server.bodies)  # sent concurrently: in any order
+    assert asked[0] == "Question: a\nCompletion 1:\n2\n\nCompletion 2:\n9\n\nCompletion 3:\n5\nScore each of the 3."
+    wr.reward.group_size = 2  # set by the run (rollout.num_generations): whole groups of 2, one example or not
+    assert wr.reward(texts("4", "6", "8", "1"), [a, a, a, a]) == pytest.approx([0.4, 0.6, 0.8, 0.1])
+    assert server.calls == 4
+    assert wr.reward(texts("3", "5", "7"), [a, b, b]) == pytest.approx([0.3, 0.5, 0.7])  # not whole: by example
+    assert server.calls == 6
