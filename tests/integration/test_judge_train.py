@@ -104,3 +104,34 @@ def test_a_judge_gone_mid_run_is_one_line_naming_it(fake, tiny_model_dir, additi
     assert re.match(rf"grpolab: error: reward 'judge': the judge at {re.escape(fake.url)} is down: none of its \d+ requests", last), last
     assert "Traceback" not in err
     assert any((run_dir / "checkpoints").iterdir())
+
+
+class FakeServed:
+    """What runtime/judges.py starts for a judge with serve, standing in for a vLLM server: the fake endpoint."""
+
+    def __init__(self, url: str):
+        self.url, self.stopped = url.removesuffix("/v1"), False
+
+    def alive(self) -> bool:
+        return not self.stopped
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_grpolab_eval_serves_a_judge_while_it_grades_and_stops_it(fake, tiny_model_dir, tmp_path, monkeypatch):
+    from grpolab.commands.eval import evaluate
+    from grpolab.runtime import judges as judges_module
+
+    started = []
+    monkeypatch.setattr(judges_module, "start_judge_server", lambda serve: started.append(FakeServed(fake.url)) or started[-1])
+    judge = "{name: judge, kwargs: {serve: {model: some/judge}, template: 'Q: {question} A:{completion}'}}"
+    cfg = load_config(None, [
+        f"model.name_or_path={tiny_model_dir}", "data.source=arithmetic", "data.size=20", "data.eval_size=3",
+        f"reward.functions=[{judge}]", "rollout.max_completion_length=5", "eval.num_samples=2",
+        "eval.correct_threshold=0.05", f"eval.output_dir={tmp_path}", "log.progress=false",
+    ])  # fmt: skip
+    [result] = evaluate(cfg)
+    assert len(started) == 1 and started[0].stopped
+    assert result.num_prompts == 3 and fake.calls > 0
+    assert {b["model"] for b in fake.bodies} == {"judge"}  # the name grpolab serves a judge under

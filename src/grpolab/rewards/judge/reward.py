@@ -94,7 +94,7 @@ class JudgeReward:
         if self.server is None:
             raise RewardServiceDown(
                 f"reward '{self.name}' has serve.model={self.settings.serve.model!r} but no server was started for it: "  # type: ignore[union-attr]
-                "grpolab train (and hacking, claims) start one; elsewhere start a vLLM server of it and give base_url"
+                "grpolab train and eval (and hacking, claims) start one; elsewhere start a vLLM server of it and give base_url"
             )
         return self.server.url.rstrip("/") + "/v1"
 
