@@ -88,6 +88,9 @@ def test_template_fields_columns_system_and_key(judge_server, monkeypatch):
     assert server.headers[0]["Authorization"] == "Bearer sekrit"
     with pytest.raises(JudgeFailed, match=r"names \{topic\}, which example 0 .* has no column"):
         wr.reward(texts("5"), [Example(prompt="p", meta={"a": 1})])
+    monkeypatch.delenv("JUDGE_KEY")
+    with pytest.raises(RewardServiceDown, match=r"the environment variable JUDGE_KEY \(api_key_env\) is not set"):
+        score_batch([wr], texts("5"), [ex], timeout_s=30)
 
 
 def test_yes_probability_asks_for_one_token_with_logprobs(judge_server):
