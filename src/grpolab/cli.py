@@ -188,6 +188,8 @@ _python_show_warning = warnings.showwarning
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if logging.getLogger().level > logging.DEBUG:  # httpx logs each request at INFO: a judge's would bury the run's lines
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     warnings.showwarning = _show_warning
     try:
         return _dispatch(args)

@@ -128,3 +128,14 @@ def test_every_verb_has_one_handler_in_the_verb_tables():
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert set(sub.choices) == set(WITH_CONFIG) | set(WITHOUT_CONFIG)
     assert not set(WITH_CONFIG) & set(WITHOUT_CONFIG)
+
+
+def test_a_judges_requests_are_not_logged_one_line_each_unless_debugging():
+    import logging
+
+    httpx_log = logging.getLogger("httpx")
+    try:
+        assert main(["config"]) == 0
+        assert httpx_log.level == logging.WARNING
+    finally:
+        httpx_log.setLevel(logging.NOTSET)

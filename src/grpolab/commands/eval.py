@@ -23,6 +23,7 @@ from grpolab.eval.runner import Grader, evaluate_model
 from grpolab.models.loading import load_tokenizer, resolve_device
 from grpolab.rollout.engines import check_engine
 from grpolab.runtime.assemble import load_model, split_examples
+from grpolab.runtime.judges import judges_served
 from grpolab.runtime.preflight import check_model_source
 from grpolab.types import Example
 
@@ -78,6 +79,11 @@ def _evaluate(cfg: Config, paths: list, names: list, out: Path, show: bool) -> l
     examples = held_out_examples(cfg)
     check_engine(cfg.rollout.engine, cfg)  # before any model loads (vllm: the architecture, the KV cache)
     configs = _model_configs(cfg, paths, examples)
+    with judges_served(cfg, [*grader.rewards, *grader.gold]):  # a judge with serve: its server, for the grading
+        return _evaluate_all(cfg, paths, names, out, show, grader, examples, configs)
+
+
+def _evaluate_all(cfg: Config, paths: list, names: list, out: Path, show: bool, grader: Grader, examples, configs) -> list[ModelEval]:
     results = []
     for path, label, model_cfg in zip(paths, names, configs, strict=True):
         torch.manual_seed(cfg.seed)

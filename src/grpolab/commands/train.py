@@ -27,6 +27,7 @@ from grpolab.progress import Progress
 from grpolab.rewards import WeightedReward
 from grpolab.runtime.assemble import Models, Run, assemble, session
 from grpolab.runtime.guards import GracefulStop, SamplerGap, sampling_guard
+from grpolab.runtime.judges import close_judges
 from grpolab.runtime.logging import PhaseMemory
 from grpolab.training.ahead import AheadSampling, AheadSource, staleness_metrics
 from grpolab.training.batch import length_by_reward, reward_parts, step_tokens
@@ -75,6 +76,7 @@ def train(
         finally:
             run.sampler.close()
             run.reward_hooks.detach()
+            close_judges(run.judges)
 
 
 def _loop(run: Run, stop: GracefulStop, after_step: AfterStep | None) -> TrainResult:

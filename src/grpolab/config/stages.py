@@ -144,6 +144,9 @@ class ClaimsConfig:
     """Claim 5: at most this many (right, wrong) pairs per prompt."""
     hacking_betas: tuple[float, ...] = (0.0,)
     """Claim 5: algo.beta of each GRPO run on the reward model alone (the KL budgets)."""
+    hacking_proxy: RewardSpec | None = None
+    """Claim 5: the proxy reward the runs train on alone, e.g. a judge ({name: judge, kwargs: {...}},
+    docs/rewards.md); null = a reward model trained from the starting model's samples."""
     hacking_lr: float | None = None
     """Claim 5: optim.lr of the runs on the reward model (a larger one pushes further); null = optim.lr."""
     hacking_steps: int = 0

@@ -38,6 +38,7 @@ from grpolab.rewards.base import (
     score_batch,
 )
 from grpolab.rewards.code import make_code_tests
+from grpolab.rewards.judge import make_group_judge, make_judge
 from grpolab.rewards.math_answer import make_math_accuracy
 from grpolab.rewards.reasoning_gym import make_gym_score
 from grpolab.rewards.trl_style import TrlReward, looks_like_trl
@@ -83,15 +84,18 @@ REWARDS: dict[str, Callable[..., Reward]] = {
     "reasoning_gym": make_gym_score,
     "reward_model": _make_reward_model,
     "code_tests": make_code_tests,
+    "judge": make_judge,
+    "group_judge": make_group_judge,
 }
 
 
 IN_PROCESS = frozenset(
-    {"exact_match", "answer_anywhere", "r1_format", "soft_overlong", "length_penalty", "truncation_penalty", "code_tests", "reward_model"}
+    {"exact_match", "answer_anywhere", "r1_format", "soft_overlong", "length_penalty", "truncation_penalty", "code_tests", "reward_model",
+     "judge", "group_judge"}
 )
 """REWARDS that run in the trainer even with a timeout (rewards.timeouts): grpolab's rule rewards are short string
 code whose regexes run in linear time, code_tests kills its own sandboxes, the reward model needs the trainer's
-device. The others (math_accuracy, reasoning_gym: third-party parsers of the completion's text) and every user
+device, a judge bounds its own requests. The others (math_accuracy, reasoning_gym: third-party parsers of the completion's text) and every user
 reward run in a worker process that is killed when reward.timeout_s is up (rewards.worker)."""
 
 

@@ -38,6 +38,7 @@ from grpolab.errors import ConfigError, RewardError
 from grpolab.rewards.errors import (
     RewardMalformed,
     RewardNotFinite,
+    RewardServiceDown,
     RewardTimedOut,
     SampleError,
     describe_example,
@@ -222,7 +223,10 @@ def _received(wr: WeightedReward, values: object) -> object:
 
 
 def _raise_failure(wr: WeightedReward, exc: Exception, examples: list, first_index: int) -> NoReturn:
-    """Re-raise ``exc``, raised by ``wr`` on ``examples``, as a RewardError naming the example."""
+    """Re-raise ``exc``, raised by ``wr`` on ``examples``, as a RewardError naming the example (a service that is
+    down stops the run as it is: rewards.errors.RewardServiceDown)."""
+    if isinstance(exc, RewardServiceDown):
+        raise exc
     if isinstance(exc, SampleError):
         if first_index == 0:
             raise exc

@@ -7,7 +7,7 @@ Apart from the contract (rewards/base.py) so that the worker that runs rewards i
 
 from __future__ import annotations
 
-from grpolab.errors import RewardError
+from grpolab.errors import RewardError, TrainingError
 from grpolab.types import Example
 
 
@@ -53,3 +53,10 @@ class RewardMalformed(RewardError):
     """A reward returned nothing usable: not a list, the wrong number of values, or a value that is no number."""
 
     failure_kind = "reward_invalid"
+
+
+class RewardServiceDown(TrainingError):
+    """A reward's service (a judge's endpoint) cannot be reached at all, or the server the run started for it has
+    exited: no sample of any prompt can be scored, so the run stops at once with one line naming the endpoint
+    instead of dropping every group step after step. rewards.base lets it through rather than counting it as a
+    failed sample."""

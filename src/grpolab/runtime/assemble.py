@@ -33,7 +33,7 @@ import json
 import logging
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,6 +59,7 @@ from grpolab.rollout.base import Sampler
 from grpolab.rollout.engines import build_sampler, check_engine
 from grpolab.rollout.multiturn import episode_prompt_ids, episode_sampler
 from grpolab.runtime.guards import BadSteps, NoSignal
+from grpolab.runtime.judges import close_judges, prepare_judges
 from grpolab.runtime.lock import hold_run_dir_for_job
 from grpolab.runtime.logging import RunLogger, memory_before_models_mb
 from grpolab.runtime.preflight import (
@@ -140,6 +141,8 @@ class Run:
     """The last step already done: the resumed checkpoint's, 0 for a fresh run."""
     logger: RunLogger | None = None
     """Open from the end of ``assemble`` until the loop closes it."""
+    judges: list[WeightedReward] = field(default_factory=list)
+    """The rewards and gold rewards whose judge servers the run started (runtime/judges.py), stopped with the run."""
 
 
 @dataclass
@@ -207,11 +210,16 @@ def assemble(
     if models is not None and dist.launched():
         raise ConfigError("assemble: models loaded beforehand are for one process; under torchrun let assemble load them")
     mode, point, rewards, gold_rewards, examples, make_env, hooks = _check_inputs(cfg, resume, rewards, examples)
-    _seed(cfg)
-    device = resolve_device(cfg.model)
-    baseline_mem_mb = memory_before_models_mb(device) if models is None else models.baseline_mem_mb
-    start_workers([*rewards, *gold_rewards], cfg.reward.timeout_s)  # forked while the process is small
-    run = _build(cfg, mode, rewards, gold_rewards, examples, make_env, models, hooks)
+    try:
+        _seed(cfg)
+        device = resolve_device(cfg.model)
+        baseline_mem_mb = memory_before_models_mb(device) if models is None else models.baseline_mem_mb
+        start_workers([*rewards, *gold_rewards], cfg.reward.timeout_s)  # forked while the process is small
+        run = _build(cfg, mode, rewards, gold_rewards, examples, make_env, models, hooks)
+    except BaseException:
+        close_judges([*rewards, *gold_rewards])
+        raise
+    run.judges = [*rewards, *gold_rewards]
     try:
         run.start = _start(cfg, point, run.resumable, run.sampler)
         if point is None and models is not None:  # they may have been changed since they loaded
@@ -226,6 +234,7 @@ def assemble(
         )  # fmt: skip
     except BaseException:
         run.sampler.close()  # an engine's memory and processes are not left behind (the loop closes it otherwise)
+        close_judges(run.judges)
         raise
     _announce(cfg, run.policy, run.reference, run.gold, run.start)
     return run
@@ -303,9 +312,14 @@ def _check_inputs(cfg: Config, resume: bool, rewards, examples):
     hooks = TrlHooks(cfg.train.num_steps)  # TRL's trainer_state / log_extra / log_metric, from the dry run on
     attach_hooks([*rewards, *gold_rewards], hooks)
     examples = training_examples(cfg, examples)
-    _dry_run(cfg, rewards, examples)
-    _dry_run(cfg, gold_rewards, examples)
-    check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)  # a 30 MB prompt: an error, before the model
+    prepare_judges(cfg, [*rewards, *gold_rewards])  # a judge with serve: its server, before the dry run asks it
+    try:
+        _dry_run(cfg, rewards, examples)
+        _dry_run(cfg, gold_rewards, examples)
+        check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)  # a 30 MB prompt: an error, before the model
+    except BaseException:
+        close_judges([*rewards, *gold_rewards])
+        raise
     return mode, point, rewards, gold_rewards, examples, make_env, hooks
 
 

@@ -17,7 +17,9 @@ Every experiment shares the config's model, task, prompts and train.num_steps; `
    hf engine whatever rollout.engine, so that the samples are exactly pi.
 5. Preference pairs from the starting model's own samples, labelled by the rule reward; ``train-rm``
    from the starting model (a new one-output head); GRPO on that reward model alone, the rule reward as
-   reward.gold, for each ``claims.hacking_betas`` (studies/hacking.py); its KL measured as in 4.
+   reward.gold, for each ``claims.hacking_betas`` (studies/hacking.py); its KL measured as in 4. With
+   ``claims.hacking_proxy`` (a judge, docs/rewards.md) the runs train on that proxy instead, and no reward
+   model is trained.
 6. ``claims.md`` with a section, figure and verdict per claim (studies/claims_report.py).
 
 A stage whose result is on disk for the same config, made from the same weights (a retrained model upstream
@@ -101,6 +103,8 @@ def check_claims(cfg: Config) -> None:
     check_warm_start(cfg)
     check_model_source(cfg.model)
     build_rewards(cfg)
+    if c.hacking_proxy is not None:
+        build_rewards(cfg, [c.hacking_proxy], key="claims.hacking_proxy")
     blind_grader(cfg)
     for seed in seeds(cfg):  # each seed draws its own problems
         split_eval(load_examples(cfg.data, seed=seed), cfg.data.eval_size)
@@ -145,14 +149,16 @@ def training_configs(cfg: Config, out: Path) -> dict[str, Config]:
 
 
 def hacking_config(cfg: Config, rm_dir: Path) -> Config:
-    """Claim 5: GRPO on the reward model alone, the rule reward as gold, from the starting model."""
+    """Claim 5: GRPO on the reward model (or claims.hacking_proxy) alone, the rule reward as gold, from the
+    starting model."""
     c = cfg.claims
     out = cfg.run_dir / "hacking"
+    proxy = config_to_dict(c.hacking_proxy) if c.hacking_proxy else {"name": "reward_model", "kwargs": {"path": str(rm_dir)}}
     return derive(
         cfg,
         {
             "claims": {},
-            "reward.functions": [{"name": "reward_model", "kwargs": {"path": str(rm_dir)}}],
+            "reward.functions": [proxy],
             "reward.gold": _gold(cfg),
             "optim.lr": c.hacking_lr or cfg.optim.lr,
             "train.num_steps": c.hacking_steps or cfg.train.num_steps,
@@ -210,17 +216,26 @@ def _starting_model(cfg: Config, data: ClaimsData) -> Config:
     return start
 
 
+def proxy_label(cfg: Config) -> str:
+    """What claim 5's runs train on, in the report: "reward model", or claims.hacking_proxy's name."""
+    proxy = cfg.claims.hacking_proxy
+    return "reward model" if proxy is None else (proxy.alias or proxy.name)
+
+
 def _hacking(start: Config, exact: Config, data: ClaimsData) -> None:
-    """Claim 5: the reward model from the starting model's samples, GRPO on it alone, the KL of each run."""
-    out = start.run_dir
-    with _timed(data, "reward model"):
-        rm_dir = _reward_model(start, data)
-    with _timed(data, "GRPO on the reward model"):
+    """Claim 5: the reward model from the starting model's samples (or claims.hacking_proxy), GRPO on it alone,
+    the KL of each run."""
+    out, label = start.run_dir, proxy_label(start)
+    rm_dir = out / "reward_model"
+    if start.claims.hacking_proxy is None:
+        with _timed(data, "reward model"):
+            rm_dir = _reward_model(start, data)
+    with _timed(data, f"GRPO on the {label}"):
         result = _hacking_runs(start, data, rm_dir)
     for name, run_dir in result.run_dirs.items():
-        data.hacking_runs[f"reward model, {name}"] = str(run_dir)
+        data.hacking_runs[f"{label}, {name}"] = str(run_dir)
         with _timed(data, f"KL of {name}"):
-            data.kl[f"GRPO (reward model, {name})"] = _kl(
+            data.kl[f"GRPO ({label}, {name})"] = _kl(
                 exact, data.start_model, _final(run_dir), out / "kl" / f"rm_{name}.json"
             )
     data.hacking_runs["rule reward (contrast)"] = str(out / run_name("grpo", start.seed))
@@ -328,11 +343,14 @@ def _hacking_runs(cfg: Config, data: ClaimsData, rm_dir: Path) -> HackingResult:
     """Claim 5's runs. They are claims' own, so a changed setting retrains them (log.overwrite); runs trained
     from other weights (a retrained reward model, another starting model) are neither read back nor resumed."""
     hack = hacking_config(cfg, rm_dir)
-    text = yaml.safe_dump({"start": weights_id(data.start_model), "reward_model": weights_id(str(rm_dir))})
+    proxy = config_to_dict(cfg.claims.hacking_proxy) if cfg.claims.hacking_proxy else weights_id(str(rm_dir))
+    text = yaml.safe_dump({"start": weights_id(data.start_model), "reward_model": proxy})
     if not _stamped(hack.run_dir, text):
         for run_cfg in grid_configs(hack, cfg.claims.hacking_betas, [cfg.seed]).values():
             (run_cfg.run_dir / "config.yaml").unlink(missing_ok=True)  # so not finished, not resumed: trained again
     title = f"claims: GRPO on a reward model made from {data.start_model}"
+    if cfg.claims.hacking_proxy is not None:
+        title = f"claims: GRPO from {data.start_model} on the proxy {proxy_label(cfg)}"
     result = hacking(hack, cfg.claims.hacking_betas, [cfg.seed], title=title)
     _stamp(hack.run_dir, text)
     return result

@@ -201,18 +201,22 @@ def hacking_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
     contrast = numbers.pop("rule reward (contrast)", None)
     verdict = hacking_verdict(numbers, contrast, changes)
     hack = data.cfg.claims
-    caption = (f"reward-model runs: lr {hack.hacking_lr or data.cfg.optim.lr:g}, {hack.hacking_steps or data.cfg.train.num_steps} "
+    caption = (f"{'reward-model' if hack.hacking_proxy is None else hack.hacking_proxy.name} runs: lr {hack.hacking_lr or data.cfg.optim.lr:g}, {hack.hacking_steps or data.cfg.train.num_steps} "
                f"steps; {setup_line(data.cfg, data.warm_start)}")
     _plot_hacking({**numbers, **({"rule reward (contrast)": contrast} if contrast else {})}, plots / "hacking.png", caption)
     rm = data.reward_model
     history = rm.get("history", [{}])
     acc = [h.get("eval/pair_accuracy") for h in history]
-    lines = [
+    trained = (
         f"Reward model: `AutoModelForSequenceClassification` from the starting model (a new one-output head), "
         f"trained with train-rm on {rm.get('pairs', 0)} pairs from {rm.get('prompts_with_both', 0)} of "
         f"{rm.get('prompts', 0)} training prompts whose {data.cfg.rollout.num_generations} samples of the starting "
         f"model held a right and a wrong answer by the rule reward ({_fmt(rm.get('right_share'))} of the samples "
-        f"right); held-out pair accuracy {_fmt(acc[0])} before training, {_fmt(acc[-1])} after.",
+        f"right); held-out pair accuracy {_fmt(acc[0])} before training, {_fmt(acc[-1])} after."
+    )
+    proxy = hack.hacking_proxy
+    lines = [
+        trained if proxy is None else f"Proxy: `{proxy.name}` (claims.hacking_proxy, docs/rewards.md), the rule reward as gold.",
         "",
         "| run | proxy, first -> last third | gold, first -> last third (95% interval of the change) | smoothed gold "
         "first -> peak (step) -> last | sqrt(KL) at the end | hacked |",
@@ -227,7 +231,7 @@ def hacking_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
             f"| {n.sqrt_kl_end:.2f} | {'yes' if hacked else 'no'} |"
         )
     lines += ["", "![proxy and gold against sqrt(KL)](plots/hacking.png)", "",
-              f"Runs on the reward model: betas {list(hack.hacking_betas)}, lr {hack.hacking_lr or data.cfg.optim.lr:g}, "
+              f"Runs on the {'reward model' if proxy is None else 'proxy'}: betas {list(hack.hacking_betas)}, lr {hack.hacking_lr or data.cfg.optim.lr:g}, "
               f"{hack.hacking_steps or data.cfg.train.num_steps} steps. Curves are {_window(data.cfg)}-step moving averages "
               "of the train-time scores of each step's samples; KL = train/kl_seq, nats per sequence."]
     return verdict, lines

@@ -57,6 +57,8 @@ def test_registry_keys():
         "reward_model",
         "code_tests",
         "env",
+        "judge",
+        "group_judge",
     }
 
 

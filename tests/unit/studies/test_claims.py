@@ -78,6 +78,8 @@ def test_the_hacking_runs_train_on_the_reward_model_alone_and_watch_the_rule(cfg
         ("eval.blind_grader=null", "claims needs eval.blind_grader (e.g. answer_anywhere)"),
         ("eval.blind_grader=nope", "eval.blind_grader='nope': unknown reward"),
         ("claims.warm_start=true", "claims.warm_start needs sft.target_format_errors"),
+        ("claims.hacking_proxy={name: judge, kwargs: {template: 'no answer shown', base_url: 'http://127.0.0.1:9/v1', model: j}}",
+         "claims.hacking_proxy[0] (name 'judge'): a judge template must show the answer"),
     ],
 )
 def test_bad_claims_settings_fail_before_any_model_loads(cfg, tiny_model_dir, override, message):
@@ -216,3 +218,33 @@ def test_a_training_stage_is_read_back_only_from_the_same_starting_weights(cfg, 
     assert claims._train(run, tmp_path, "start@1").wall_s == 1.5 and trained == [name]  # read back
     claims._train(run, tmp_path, "start@2")  # the starting model changed at the same path
     assert trained == [name, name]
+
+
+JUDGE = "{name: judge, kwargs: {base_url: 'http://127.0.0.1:9/v1', model: j, template: 'Grade {completion}'}}"
+
+
+def test_a_judge_as_claim_5s_proxy_replaces_the_reward_model(cfg, tmp_path, monkeypatch):
+    from grpolab.commands import claims
+    from grpolab.studies.claims_report import ClaimsData
+    from grpolab.studies.hacking import HackingResult
+
+    judged = load_config(None, [f"model.name_or_path={cfg.model.name_or_path}", f"log.output_dir={tmp_path}", *BASE,
+                                f"claims.hacking_proxy={JUDGE}"])  # fmt: skip
+    check_claims(judged)
+    hack = hacking_config(judged, tmp_path / "rm")
+    assert [s.name for s in hack.reward.functions] == ["judge"] and hack.reward.functions[0].kwargs["model"] == "j"
+    assert [s.name for s in hack.reward.gold] == ["exact_match"]  # the rule reward watches the judge
+    assert claims.proxy_label(judged) == "judge" and claims.proxy_label(cfg) == "reward model"
+
+    def no_reward_model(*args):
+        raise AssertionError("no reward model is trained when claims.hacking_proxy is set")
+
+    run_dir = tmp_path / "hack_run"
+    monkeypatch.setattr(claims, "_reward_model", no_reward_model)
+    monkeypatch.setattr(claims, "hacking", lambda hack, betas, seeds, title: HackingResult(tmp_path, {"beta0_seed0": run_dir}))
+    monkeypatch.setattr(claims, "_final", lambda path: str(path))
+    monkeypatch.setattr(claims, "_kl", lambda *args: {"kl": 1.0})
+    data = ClaimsData(cfg=judged, start_model=judged.model.name_or_path)
+    claims._hacking(judged, judged, data)
+    assert data.hacking_runs["judge, beta0_seed0"] == str(run_dir)
+    assert data.kl["GRPO (judge, beta0_seed0)"] == {"kl": 1.0}
