@@ -181,7 +181,10 @@ def test_async_rewards_are_cut_off_too():
 def test_what_runs_where():
     assert isolated(per_sample(swallows_the_timeout), 1.0)
     assert not isolated(per_sample(swallows_the_timeout), None)  # no timeout: called directly
-    kwargs = {"soft_overlong": {"max_length": 8, "cache_length": 4}, "length_penalty": {"coef": 0.1, "max_length": 8}}
+    judge = {"base_url": "http://127.0.0.1:9/v1", "model": "m"}  # built, never called
+    kwargs = {"soft_overlong": {"max_length": 8, "cache_length": 4}, "length_penalty": {"coef": 0.1, "max_length": 8},
+              "judge": {**judge, "template": "Grade: {completion}"},
+              "group_judge": {**judge, "template": "Rank: {completions}"}}  # fmt: skip
     for name in sorted(IN_PROCESS - {"reward_model"}):  # (a model folder is needed for that one)
         assert not isolated(build_reward(name, kwargs=kwargs.get(name)).reward, 1.0), name
     assert isolated(build_reward("math_accuracy").reward, 1.0)  # a third-party parser of the completion

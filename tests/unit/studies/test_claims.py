@@ -224,7 +224,7 @@ JUDGE = "{name: judge, kwargs: {base_url: 'http://127.0.0.1:9/v1', model: j, tem
 
 
 def test_a_judge_as_claim_5s_proxy_replaces_the_reward_model(cfg, tmp_path, monkeypatch):
-    from grpolab.commands import claims
+    from grpolab.studies import claims
     from grpolab.studies.claims_report import ClaimsData
     from grpolab.studies.hacking import HackingResult
 
