@@ -67,8 +67,17 @@ def set_threads(threads: int | None = None) -> int:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's own peak resident memory in MB: Linux's VmHWM (ru_maxrss carries the parent's RSS across
+    fork and exec, so a child of a benchmark that had imported torch started at its parent's peak); elsewhere
+    ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
 
 def bench_dtype() -> torch.dtype:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import sys
 import tempfile
@@ -123,7 +122,9 @@ def _transformers_vocab(model) -> int:
 
 
 def _peak_rss() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    from common import peak_rss_mb  # this process's own peak (VmHWM), not the parent's carried by ru_maxrss
+
+    return peak_rss_mb() * 2**20
 
 
 def _rank(rank: int, world: int, port: int, args: list[str], result: str) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 
 import torch
+from common import peak_rss_mb
 
 
 def qwen05b_two_layers():
@@ -71,7 +71,7 @@ def main() -> None:
     step = optimizer.step
 
     def peak_then_step(*args, **kwargs):  # the forward + backward peak, before AdamW allocates its states
-        forward_backward_peak.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        forward_backward_peak.append(peak_rss_mb())
         return step(*args, **kwargs)
 
     optimizer.step = peak_then_step
@@ -84,7 +84,7 @@ def main() -> None:
         generator=torch.Generator().manual_seed(0),
     )
     out = {
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
         "forward_backward_peak_mb": forward_backward_peak[0],
         "loss": metrics["loss"],
         "grad_norm": metrics["grad_norm"],

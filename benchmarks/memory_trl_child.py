@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import tempfile
 import warnings
 
 import torch
+from common import peak_rss_mb
 from memory_child import qwen05b_two_layers
 
 
@@ -61,7 +61,7 @@ def main() -> None:
 
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tok)
     trainer.train()
-    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"peak_rss_mb": peak_rss_mb()}))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import resource
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,21 @@ def peak_memory_mb(device: torch.device) -> float:
     """Peak process RSS on CPU; peak allocated memory on a GPU (since the last reset: PhaseMemory)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    return peak_rss_mb()
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak RSS in MB: Linux's VmHWM, the high-water mark of the memory map exec made.
+
+    Not getrusage's ru_maxrss: on Linux it carries the parent's RSS across fork and exec, so a run started by
+    a study holding 11 GB reported a peak of 11 GB whatever it used (make claims' PPO and GRPO alike).
+    Elsewhere (no /proc) ru_maxrss, in KiB on Linux and bytes on macOS."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
 
 
 def memory_before_models_mb(device: torch.device) -> float:
