@@ -472,7 +472,8 @@ def test_empty_completions_reach_every_rule_reward_without_crashing():
         "length_penalty": {"coef": 0.1, "max_length": 8},
         "code_tests": {"timeout_s": 2.0},
     }
-    skip = {"reward_model", "reasoning_gym"}  # need a model folder / a gym entry: covered in their own tests
+    # a model folder, a gym entry, a judge's endpoint: covered in their own tests (judges: tests/unit/rewards/judge)
+    skip = {"reward_model", "reasoning_gym", "judge", "group_judge"}
     rewards = [build_reward(name, kwargs=kwargs.get(name)) for name in REWARDS if name not in skip]
     example = Example("1+1=", answer="2", meta={"tests": ["assert True"]})
     empty = [Completion("", 1), Completion("", 0, "length")]
