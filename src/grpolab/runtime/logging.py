@@ -189,5 +189,10 @@ def _truncate_after(path: Path, step: int) -> None:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir``'s metrics.jsonl. A last line without its newline is left out: it is being written
+    (a reader polling a live run can see part of a write) or was cut by a kill."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+    if not path.exists():
+        return []
+    *complete, _partial = path.read_text().split("\n")  # "" after the last newline when the file is whole
+    return [json.loads(line) for line in complete if line]

@@ -21,3 +21,13 @@ def test_a_child_of_a_big_parent_reports_its_own_peak():
     # and grpolab, a few hundred MB at most
     assert float(child.stdout) < 1000, child.stdout
     del held
+
+
+def test_read_metrics_leaves_out_a_row_still_being_written(tmp_path):
+    from grpolab.runtime.logging import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.1')
+    assert read_metrics(tmp_path) == [{"step": 1, "reward": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.1}\n')
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    assert read_metrics(tmp_path / "none") == []
