@@ -7,6 +7,11 @@ Two measured facts about CPUs with native bf16 (AVX512-BF16 / AMX), torch 2.13 (
   a small batch the casts cost about as much as the matmuls. A copy of the model whose Linear
   weights are stored in bf16 skips them; under autocast it computes exactly what the fp32 model
   computes under autocast (both round each weight to the nearest bf16).
+- A bf16 Linear on a CPU (oneDNN) reorders its weight into oneDNN's blocked layout at every call; for the
+  few rows of a decode step that reorder costs as much as the product. The sampler's copy holds each
+  Linear weight reordered once per ``refresh`` (``torch.ops.mkldnn._reorder_linear_weight``, the layout
+  inductor's frozen CPU graphs use), and its Linears multiply with it: the same oneDNN bf16 product, so the
+  same numbers (tests/unit/models/test_inference.py), at ~1.5-1.8x the speed for 32 rows.
 - PyTorch's SDPA kernels are slow in bf16 on these CPUs: ~5x the plain matmul-softmax attention for
   one-token decoding, and ~5x for forward + backward at a few hundred tokens. The plain ("eager")
   attention materialises the [rows, heads, q, kv] scores, so it is used only while those stay small.
@@ -69,23 +74,74 @@ class WeightCopy:
     does not add to the training step's peak memory.
     """
 
-    def __init__(self, model: torch.nn.Module, dtype: torch.dtype):
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype, *, pack: bool | None = None, rows_hint: int = 32):
+        """``pack``: multiply with oneDNN's pre-packed weights (None: where ``packs_linear``); ``rows_hint``: the
+        rows a Linear's input usually has (a decode step's), for oneDNN's choice of layout; any other count
+        computes the same."""
         self.model = inference_copy(model, dtype)
         copies = dict(self.model.named_parameters())
         self._pairs = [(copies[name], p) for name, p in model.named_parameters()]
         self._dtypes = {id(dst): dst.dtype for dst, _ in self._pairs}
+        if pack is None:
+            pack = packs_linear(next(model.parameters()).device, dtype)
+        self._packed = [
+            _PackedLinear(m, rows_hint)
+            for m in self.model.modules()
+            if pack and isinstance(m, torch.nn.Linear) and m.weight.dtype == dtype
+        ]
         self.release()
 
     @torch.no_grad()
     def refresh(self) -> torch.nn.Module:
-        """Point the copy at the source's current weights, cast where the copy is low-precision."""
+        """Point the copy at the source's current weights, cast where the copy is low-precision (and packed,
+        where its Linears multiply with oneDNN's layout)."""
         for dst, src in self._pairs:
             dst.data = src.detach().to(self._dtypes[id(dst)])
+        for linear in self._packed:
+            linear.pack()
         return self.model
 
     def release(self) -> None:
+        for linear in self._packed:
+            linear.unpack()
         for dst, _ in self._pairs:
             dst.data = torch.empty(0, dtype=dst.dtype, device=dst.device)
+
+
+def packs_linear(device: torch.device, dtype: torch.dtype | None) -> bool:
+    """Whether a Linear of ``dtype`` on ``device`` multiplies faster from oneDNN's pre-packed layout: bf16 on a
+    CPU whose oneDNN has native bf16 (this torch build's mkldnn ops present)."""
+    if device.type != "cpu" or dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+        return False
+    ops = torch.ops.mkldnn
+    return hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise") and ops._is_mkldnn_bf16_supported()
+
+
+class _PackedLinear:
+    """One Linear of an inference copy, multiplying with its weight in oneDNN's layout while packed.
+
+    It becomes the module's ``forward`` (an instance attribute: only this copy's modules, which nothing else
+    holds). Unpacked it is ``nn.Linear.forward``. Packed, the input is cast to the weight's dtype first, as
+    autocast casts it, and the bf16 weight is freed: the packed one replaces it until ``unpack``."""
+
+    def __init__(self, module: torch.nn.Linear, rows_hint: int):
+        self.module = module
+        self.rows_hint = rows_hint
+        self.weight: torch.Tensor | None = None
+        module.forward = self
+
+    def pack(self) -> None:
+        weight = self.module.weight
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.data, self.rows_hint)
+        weight.data = torch.empty(0, dtype=weight.dtype, device=weight.device)
+
+    def unpack(self) -> None:
+        self.weight = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is None:
+            return torch.nn.Linear.forward(self.module, x)
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.weight.dtype), self.weight, self.module.bias, "none", [], "")
 
 
 def use_eager_attention(

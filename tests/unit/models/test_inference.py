@@ -11,6 +11,7 @@ from grpolab.models.inference import (
     attention_implementation,
     enable_checkpointing,
     inference_copy,
+    packs_linear,
     use_eager_attention,
 )
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
@@ -49,7 +50,7 @@ def test_bf16_copy_under_autocast_computes_what_autocast_computes(model):
 
 def test_weight_copy_refresh_follows_the_source_and_release_frees_it():
     source = build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=2, num_heads=4, seed=4)
-    copy = WeightCopy(source, BF16)
+    copy = WeightCopy(source, BF16, pack=False)
     up = copy.model.model.layers[1].mlp.up_proj.weight
     assert up.numel() == 0  # nothing held until the first refresh
     with torch.no_grad():
@@ -68,6 +69,31 @@ def test_weight_copy_refresh_follows_the_source_and_release_frees_it():
     copy.release()
     assert up.numel() == 0 and refreshed.lm_head.weight.numel() == 0
     assert source.lm_head.weight.numel() > 0  # the source keeps its weights
+
+
+@pytest.mark.skipif(not packs_linear(torch.device("cpu"), BF16), reason="this CPU's oneDNN has no native bf16")
+def test_packed_copy_computes_what_the_plain_copy_computes_and_frees_its_bf16_weights():
+    source = build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=2, num_heads=4, seed=5)
+    plain, packed = WeightCopy(source, BF16, pack=False), WeightCopy(source, BF16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+        want = plain.refresh()(input_ids=_ids()).logits
+        net = packed.refresh()
+        q = net.model.layers[0].self_attn.q_proj
+        assert q.weight.numel() == 0 and q.forward.weight.is_mkldnn  # the packed weight replaces the bf16 one
+        torch.testing.assert_close(net(input_ids=_ids()).logits, want, atol=1e-5, rtol=0)
+        with torch.no_grad():
+            source.model.layers[0].mlp.up_proj.weight.mul_(-1.0)  # the next refresh packs the new weights
+        moved = plain.refresh()(input_ids=_ids()).logits
+        torch.testing.assert_close(packed.refresh()(input_ids=_ids()).logits, moved, atol=1e-5, rtol=0)
+        assert (moved - want).abs().max() > 1e-2
+    packed.release()
+    assert q.forward.weight is None and q.weight.numel() == 0
+
+
+def test_packing_is_for_bf16_on_a_cpu_only():
+    assert not packs_linear(torch.device("cpu"), torch.float32)
+    assert not packs_linear(torch.device("cuda"), BF16)
+    assert not packs_linear(torch.device("meta"), BF16)
 
 
 def test_eager_attention_is_chosen_for_small_bf16_work_on_cpu_only():
