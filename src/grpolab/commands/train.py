@@ -201,6 +201,7 @@ def _update(run: Run, batch, step: int, ahead: AheadSampling | None = None) -> d
         sync_started = time.perf_counter()
         run.sampler.update_weights(run.policy)
         metrics["sys/time_weight_sync_s"] = time.perf_counter() - sync_started  # vllm: gather, merge, load; hf: nothing
+        metrics["sys/weight_sync_bytes"] = float(run.sampler.last_sync_bytes)  # in the engine's dtypes; hf: 0
     if ahead is not None:
         ahead.synced_once()  # a step done (while PPO's critic warms up, with the same weights)
     if run.critic is not None:

@@ -31,6 +31,7 @@ engine's own, never decoded and re-tokenized. Departures, and why:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ import torch
 from grpolab.config import ConfigError
 from grpolab.rewards.timeouts import TimedOut, bounded_in_main
 from grpolab.rollout.base import EngineDied, Sampler, check_prompts, check_sampling, package_completions
-from grpolab.rollout.vllm.sync import policy_weights
+from grpolab.rollout.vllm.sync import EngineDtypes, Tally, held_dtypes, policy_weights
 from grpolab.types import Completions
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,8 @@ class VLLMSampler(Sampler):
         self._held_awake = False
         self.last_sync_s = 0.0
         """Seconds the last weight sync took (gather, merge, load, cache reset)."""
+        self.last_sync_bytes = 0
+        """The bytes the last weight sync handed to the engine (in the engine's dtypes: rollout/vllm/sync.py)."""
         self.last_generate_s = 0.0
         """Seconds the last ``sample`` spent in the engine."""
 
@@ -146,16 +149,28 @@ class VLLMSampler(Sampler):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # the trainer's freed blocks go back before vLLM allocates
             self.engine.wake_up(tags=["weights"])
-        weights = policy_weights(model, _engine_dtype(self.engine))
+        weights = Tally(policy_weights(model, self.engine_dtypes))
+
         def reload() -> None:
-            self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
             self.engine.reset_prefix_cache()  # cached prompt KV was computed with the old weights
 
         self._bounded(reload, "the weight sync")
         _ENGINE_STATE[id(self.engine)] = {"source": model, "discarded": False}
         self._pending = None
         self.last_sync_s = time.perf_counter() - t0
-        log.debug("vllm: weights synced in %.3f s", self.last_sync_s)
+        self.last_sync_bytes = weights.bytes
+        log.debug("vllm: weights synced (%d bytes) in %.3f s", self.last_sync_bytes, self.last_sync_s)
+
+    @functools.cached_property
+    def engine_dtypes(self) -> EngineDtypes:
+        """The dtypes the engine holds its parameters in, which a sync sends (rollout/vllm/sync.py): its model
+        dtype, and the parameters its model keeps in another (read once from the in-process model)."""
+        dtype = getattr(getattr(self.engine.llm_engine, "model_config", None), "dtype", None)
+        if not isinstance(dtype, torch.dtype):
+            return EngineDtypes(None)
+        held = self.engine.apply_model(functools.partial(held_dtypes, default=dtype))  # one per worker, alike
+        return EngineDtypes(dtype, held[0] if held else {})
 
     def send_pending(self) -> None:
         """The weights given as ``weights_from``, if not loaded yet (the first ``sample`` loads them)."""
@@ -321,11 +336,6 @@ def engine_seeded(seed: int | None):
             yield
         finally:
             np.random.set_state(np_state)
-
-
-def _engine_dtype(engine) -> torch.dtype | None:
-    dtype = getattr(getattr(engine.llm_engine, "model_config", None), "dtype", None)
-    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 def draw_seed(generator: torch.Generator) -> int:

@@ -283,14 +283,15 @@ class ServerClient:
         self._pool.close()
 
 
-def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def adapter_state(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The active LoRA adapter's tensors under PEFT's saved names (what ``save_pretrained`` writes), each
-    whole (an FSDP2 shard is gathered: every rank calls this) on the host."""
+    whole (an FSDP2 shard is gathered: every rank calls this) on the host, cast to ``dtype`` one at a time
+    (the server's: vLLM casts an adapter to its model dtype as it loads it; None: the trainer's)."""
     from peft import get_peft_model_state_dict
 
     peft_model = parallel.unwrap(model)
     state = get_peft_model_state_dict(peft_model, adapter_name=peft_model.active_adapter)
-    return {k: _full(v.detach()).to("cpu").contiguous() for k, v in state.items()}
+    return {k: _full(v.detach()).to("cpu", dtype).contiguous() for k, v in state.items()}
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

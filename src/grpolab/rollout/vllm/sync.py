@@ -15,11 +15,17 @@
 
 The engine loads them with vLLM's in-place reload (``collective_rpc("reload_weights")``), which takes
 checkpoint-format names and tensors and runs the model's own ``load_weights``.
+
+Each tensor is sent in the dtype the engine holds that parameter in (``EngineDtypes``: the engine's model
+dtype, but fp32 where the engine keeps a parameter in fp32), cast here one tensor at a time, so that a bf16
+engine gets half the bytes of an fp32 trainer's weights and vLLM neither casts them again nor warns once per
+tensor ("Attempted to load weight ... with dtype torch.float32 into parameter with dtype torch.bfloat16").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,20 +35,72 @@ from grpolab.models.loading import is_peft
 Weights = Iterator[tuple[str, torch.Tensor]]
 
 
-def policy_weights(model: torch.nn.Module, dtype: torch.dtype | None = None, *, merge_lora: bool = True) -> Weights:
-    """``(checkpoint name, full tensor)`` of every weight the engine needs (module docstring), cast to
-    ``dtype`` (the engine's: vLLM warns on every tensor of another dtype, then casts it itself).
+@dataclass(frozen=True)
+class EngineDtypes:
+    """The dtype an engine holds each parameter in, by checkpoint name."""
+
+    default: torch.dtype | None
+    """The engine's model dtype (vLLM's ``model_config.dtype``); None: send the trainer's dtype unchanged."""
+    held: Mapping[str, torch.dtype] = field(default_factory=dict)
+    """The parameters the engine keeps in another dtype than ``default`` (an fp32 one in a bf16 engine)."""
+
+    def of(self, name: str, tensor_dtype: torch.dtype) -> torch.dtype:
+        """The dtype to send ``name`` in (a tensor of ``tensor_dtype`` on the trainer's side)."""
+        return self.held.get(name) or self.default or tensor_dtype
+
+
+Dtypes = EngineDtypes | torch.dtype | None
+"""What the senders take: an engine's dtypes, one dtype for every tensor, or None (the trainer's own)."""
+
+
+def as_engine_dtypes(dtype: Dtypes) -> EngineDtypes:
+    return dtype if isinstance(dtype, EngineDtypes) else EngineDtypes(dtype)
+
+
+def held_dtypes(model: torch.nn.Module, default: torch.dtype) -> dict[str, torch.dtype]:
+    """``EngineDtypes.held`` of a vLLM model: its parameters not in ``default``, under checkpoint names (a
+    fused ``qkv_proj`` under ``q_proj``, ``k_proj`` and ``v_proj``, from the model's ``packed_modules_mapping``).
+    Run in the engine's worker (``LLM.apply_model``); vLLM's names outside the mapping are the checkpoint's."""
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    held: dict[str, torch.dtype] = {}
+    for name, param in model.named_parameters():
+        if param.dtype == default:
+            continue
+        module, _, leaf = name.rpartition(".")
+        parent, _, last = module.rpartition(".")
+        for part in packed.get(last, [last]):
+            held[".".join(x for x in (parent, part, leaf) if x)] = param.dtype
+    return held
+
+
+def policy_weights(model: torch.nn.Module, dtype: Dtypes = None, *, merge_lora: bool = True) -> Weights:
+    """``(checkpoint name, full tensor)`` of every weight the engine needs (module docstring), each cast to
+    the dtype the engine holds it in (``dtype``; module docstring), one tensor at a time.
     ``merge_lora=False``: a PEFT model's base weights alone (a server that takes the adapter itself)."""
-    weights = _gathered(_entries(model, merge_lora))
-    return weights if dtype is None else ((name, t.to(dtype)) for name, t in weights)
+    dtypes = as_engine_dtypes(dtype)
+    return ((name, t.to(dtypes.of(name, t.dtype))) for name, t in _gathered(_entries(model, merge_lora)))
 
 
 def weight_metadata(
-    model: torch.nn.Module, dtype: torch.dtype | None = None, *, merge_lora: bool = True
+    model: torch.nn.Module, dtype: Dtypes = None, *, merge_lora: bool = True
 ) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
     """``(name, dtype, whole shape)`` of what ``policy_weights`` yields, in its order, gathering nothing (an
     FSDP2 DTensor's shape is the whole tensor's): what vLLM's NCCL engine sizes its receive buffers from."""
-    return [(name, dtype or p.dtype, tuple(p.shape)) for name, p, _ in _entries(model, merge_lora)]
+    dtypes = as_engine_dtypes(dtype)
+    return [(name, dtypes.of(name, p.dtype), tuple(p.shape)) for name, p, _ in _entries(model, merge_lora)]
+
+
+class Tally:
+    """Weights passed through, counting the bytes of the tensors yielded (a sampler's ``last_sync_bytes``)."""
+
+    def __init__(self, weights: Weights) -> None:
+        self.weights = weights
+        self.bytes = 0
+
+    def __iter__(self) -> Weights:
+        for name, tensor in self.weights:
+            self.bytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
 
 
 def _entries(model: torch.nn.Module, merge_lora: bool):

@@ -109,7 +109,7 @@ class WeightSender:
         base = 0
         if self.model_name == MODEL_NAME:
             base = self._sync_or_consume(model, version, reports_loaded, merge_lora=False)
-        state = adapter_state(model)  # every rank: FSDP2 gathers
+        state = adapter_state(model, self.dtype)  # every rank: FSDP2 gathers
         sent = base + sum(t.numel() * t.element_size() for t in state.values())
         name = f"grpolab-{dist.broadcast_object(self._tag)}-v{version}"
         if not dist.is_main():

@@ -20,7 +20,7 @@ from grpolab.rollout.base import Sampler  # noqa: E402
 from grpolab.rollout.hf import HFSampler  # noqa: E402
 from grpolab.rollout.vllm.engine import VLLMSampler, shutdown_engines, start_engine  # noqa: E402
 from grpolab.rollout.vllm.setup import check_vllm, engine_kwargs  # noqa: E402
-from grpolab.rollout.vllm.sync import policy_weights  # noqa: E402
+from grpolab.rollout.vllm.sync import EngineDtypes, policy_weights  # noqa: E402
 from grpolab.training.logprobs import completion_logprobs  # noqa: E402
 
 G = 4
@@ -226,9 +226,23 @@ def test_an_fp32_policy_is_sent_to_a_bf16_engine_in_bf16(chunked_engine, tok, po
         vllm_log.removeHandler(lines)
     assert next(policy.parameters()).dtype == torch.float32 and sent
     assert set(sent) == {torch.bfloat16}
+    assert sampler.engine_dtypes == EngineDtypes(torch.bfloat16, {})  # read off the engine's model: all bf16
+    assert sampler.last_sync_bytes == 2 * elements(policy)  # half the fp32 engine's (the test after this one)
     assert [line for line in lines.lines if "Attempted to load weight" in line] == []
     # nor at the engine's start: it does not read the fp32 checkpoint into its bf16 weights (dummy load)
     assert [line for line in chunked_engine.start_lines if "Attempted to load weight" in line] == []
+    # the engine started with dummy weights: only the sync makes it sample from the policy. bf16 against
+    # the fp32 trainer: within rollout.max_logprob_gap (0.1 nats per token, the run's own limit; measured
+    # 0.0008 here, while the dummy weights the engine started with are off by whole nats)
+    out = sampler.sample(prompts, num_generations=G, generator=torch.Generator().manual_seed(0))
+    mask = out.completion_mask
+    gap = (out.logprobs[mask] - trainer_logprobs(policy, tok, out, 1.0)[mask]).abs().mean()
+    assert gap < 0.1, gap
+
+
+def elements(model) -> int:
+    """The elements a sync sends: every parameter, the tied head under both names."""
+    return sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
 
 
 def test_update_weights_syncs_a_changed_policy(engine, tok, policy, prompts):
@@ -245,6 +259,7 @@ def test_update_weights_syncs_a_changed_policy(engine, tok, policy, prompts):
     assert not torch.equal(after.completion_ids, before.completion_ids)  # a changed weight changes the output
     assert_engine_matches_trainer(policy, tok, after, 1.0)
     assert 0 < sampler.last_sync_s < 10
+    assert sampler.last_sync_bytes == 4 * elements(policy)  # an fp32 engine: fp32 tensors, kept
 
 
 def test_first_sample_uses_the_weights_given(engine, tok, policy, prompts):
