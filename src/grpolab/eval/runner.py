@@ -61,8 +61,9 @@ class Grader:
 
     @classmethod
     def from_config(cls, cfg: Config) -> Grader:
-        rewards = build_rewards(cfg)  # the same checks and messages as train
-        return cls(rewards, cfg.eval.correct_threshold, cfg.reward.timeout_s, build_gold_rewards(cfg), blind_grader(cfg))
+        rewards = build_rewards(cfg.reward.functions)  # the same checks and messages as train
+        gold = build_gold_rewards(cfg.reward.gold)
+        return cls(rewards, cfg.eval.correct_threshold, cfg.reward.timeout_s, gold, blind_grader(cfg))
 
     def grade(self, completions: Completions, examples: Sequence[Example]) -> tuple[list[bool], list[float]]:
         """([N] correct, [N] total reward, None read as 0) for prompt-major completions of ``examples``."""

@@ -102,9 +102,9 @@ def check_claims(cfg: Config) -> None:
         )
     check_warm_start(cfg)
     check_model_source(cfg.model)
-    build_rewards(cfg)
+    build_rewards(cfg.reward.functions)
     if c.hacking_proxy is not None:
-        build_rewards(cfg, [c.hacking_proxy], key="claims.hacking_proxy")
+        build_rewards([c.hacking_proxy], key="claims.hacking_proxy")
     blind_grader(cfg)
     for seed in seeds(cfg):  # each seed draws its own problems
         split_eval(load_examples(cfg.data, seed=seed), cfg.data.eval_size)
