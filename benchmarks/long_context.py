@@ -79,8 +79,7 @@ def one_step(cfg) -> dict:
     from grpolab.distributed import dist, parallel
     from grpolab.models.loading import load_policy, resolve_autocast, resolve_device
     from grpolab.models.ulysses_attention import install
-    from grpolab.runtime.step_spec import batch_builder, logprob_context, update_spec
-    from grpolab.training.optim import build_optimizer
+    from grpolab.runtime.step_spec import batch_builder, logprob_context, run_optimizer, update_spec
     from grpolab.training.step import update_policy
     from grpolab.types import Completions
 
@@ -89,7 +88,7 @@ def one_step(cfg) -> dict:
     model, tok = load_policy(cfg.model, longest_sequence=cfg.longest_sequence)
     install(model, cfg.train.sequence_parallel)
     model = parallel.wrap(model, parallel.resolve_parallel(cfg.train.parallel, dist.world().size), device)
-    optimizer, scheduler = build_optimizer(model, cfg)
+    optimizer, scheduler = run_optimizer(cfg, model)
     gen = torch.Generator().manual_seed(0)
     length = cfg.rollout.max_completion_length
     vocab = _transformers_vocab(model)

@@ -40,7 +40,6 @@ def main() -> None:
     torch.set_num_threads(1)
     from grpolab.config import load_config
     from grpolab.runtime.step_spec import logprob_context, update_spec
-    from grpolab.training.optim import build_optimizer
     from grpolab.training.step import update_policy
     from grpolab.types import RolloutBatch
 
@@ -66,7 +65,7 @@ def main() -> None:
     mask = torch.ones(n, t, dtype=torch.bool)
     advantages = torch.linspace(-1, 1, n)[:, None].expand(n, t).contiguous()
     batch = RolloutBatch([prompt] * n, ids, mask, mask, advantages)
-    optimizer, scheduler = build_optimizer(model, cfg)
+    optimizer, scheduler = _optimizer(cfg, model)
     forward_backward_peak = []
     step = optimizer.step
 
@@ -93,6 +92,17 @@ def main() -> None:
     if torch.cuda.is_available():
         out["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
     print(json.dumps(out))
+
+
+def _optimizer(cfg, model):
+    """The run's (optimizer, scheduler): today's ``run_optimizer``; an older revision's build_optimizer took the config."""
+    try:
+        from grpolab.runtime.step_spec import run_optimizer
+    except ImportError:
+        from grpolab.training.optim import build_optimizer
+
+        return build_optimizer(model, cfg)
+    return run_optimizer(cfg, model)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def _critics(model_dir: str) -> tuple[dict, dict]:
     broadcast), and the plain load of it (every rank reads it, then shards)."""
     from grpolab.config import load_config
     from grpolab.distributed import parallel
-    from grpolab.runtime.step_spec import build_critic
+    from grpolab.runtime.step_spec import build_critic, value_model_spec
     from grpolab.training.spec import LogprobContext
     from grpolab.training.value import load_value_model
 
@@ -99,7 +99,7 @@ def _critics(model_dir: str) -> tuple[dict, dict]:
                              "algo.name=ppo", "train.parallel=fsdp"])  # fmt: skip
     cpu = torch.device("cpu")
     critic = build_critic(cfg, cpu, LogprobContext(0, 1.0, None, 8, None))
-    return _state(parallel.wrap(load_value_model(cfg, cpu), "fsdp", cpu)), _state(critic.model)
+    return _state(parallel.wrap(load_value_model(value_model_spec(cfg), cpu), "fsdp", cpu)), _state(critic.model)
 
 
 def test_rank0_broadcast_load_equals_every_rank_loading(tiny_model_dir, tmp_path):

@@ -76,7 +76,7 @@ def test_a_run_judged_group_by_group(fake, tiny_model_dir, addition_jsonl, tmp_p
 def test_group_judges_get_g_and_a_judge_never_asks_the_policys_server(fake):
     spec = {"base_url": fake.url, "model": "j", "template": "{completions}"}
     cfg = load_config(None, ["rollout.num_generations=3", "rollout.engine=vllm", "rollout.mode=server", f"rollout.server_url={fake.url[:-3]}"])
-    rewards = build_rewards(cfg, [RewardSpec(name="group_judge", kwargs=spec, alias="g")])
+    rewards = build_rewards([RewardSpec(name="group_judge", kwargs=spec, alias="g")])
     with pytest.raises(ConfigError, match="is the policy's server .*never shares weights"):
         prepare_judges(cfg, rewards)
     cfg = load_config(None, ["rollout.num_generations=3"])

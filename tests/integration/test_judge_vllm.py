@@ -38,7 +38,7 @@ def served(vllm_model_dir):
                                                          "score_regex": r"SCORE=(\d)", "max_tokens": 8}),  # fmt: skip
     ]
     cfg = load_config(None, [])
-    rewards = build_rewards(cfg, specs)
+    rewards = build_rewards(specs)
     prepare_judges(cfg, rewards[:1])  # one server for both (a second start would cost another ~30 s of CPU)
     judges(rewards)[1].attach_server(judges(rewards)[0].server)
     yield rewards

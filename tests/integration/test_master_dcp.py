@@ -45,7 +45,7 @@ def _worker(rank: int, port: int, tmp: str) -> None:
 
     from torch.nn.parallel import DistributedDataParallel
 
-    from grpolab.config import Config, OptimConfig
+    from grpolab.config import OptimConfig
     from grpolab.distributed import dist
     from grpolab.runtime import sharded
     from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
@@ -54,13 +54,13 @@ def _worker(rank: int, port: int, tmp: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    cfg = Config(optim=OptimConfig(lr=1e-2, weight_decay=0.01))
+    optim = OptimConfig(lr=1e-2, weight_decay=0.01)
     tok = build_char_tokenizer()
 
     def fresh(seed: int):
         model = build_tiny_model(tok, hidden_size=32, num_layers=1, num_heads=2, seed=seed).to(torch.bfloat16)
         ddp = DistributedDataParallel(model)
-        opt, sched = build_optimizer(ddp, cfg)
+        opt, sched = build_optimizer(ddp, optim, total_steps=10)
         assert isinstance(opt, MasterWeightOptimizer)
         return model, ddp, opt, sched
 

@@ -33,7 +33,13 @@ from torch import Tensor
 
 from grpolab.algo.masked import masked_mean, masked_sum
 from grpolab.algo.soft import sapo_loss, vespo_loss
-from grpolab.algo.surrogate import LOG_RATIO_CLAMP, SurrogateLoss, _check_surrogate_inputs, _ratio
+from grpolab.algo.surrogate import (
+    LOG_RATIO_CLAMP,
+    SurrogateLoss,
+    _check_surrogate_inputs,
+    _ratio,
+    _within_mask,
+)
 
 __all__ = [
     "AGGREGATIONS",
@@ -95,10 +101,7 @@ def clipped_surrogate_loss(
         loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
     clipped_low = (adv < 0) & (ratio < 1 - clip_low)
     clipped_high = (adv > 0) & (ratio > 1 + clip_high)
-    if mask is not None:
-        loss = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
-        clipped_low, clipped_high = clipped_low & mask, clipped_high & mask
-    return SurrogateLoss(loss, clipped_low, clipped_high)
+    return _within_mask(loss, clipped_low, clipped_high, mask)
 
 
 def cispo_loss(
@@ -144,10 +147,7 @@ def cispo_loss(
     weight = ratio.clamp(max(1 - clip_low, 0.0), 1 + clip_high)
     loss = -weight * adv * logprobs
     clipped_low, clipped_high = ratio < 1 - clip_low, ratio > 1 + clip_high
-    if mask is not None:
-        loss = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
-        clipped_low, clipped_high = clipped_low & mask, clipped_high & mask
-    return SurrogateLoss(loss, clipped_low, clipped_high)
+    return _within_mask(loss, clipped_low, clipped_high, mask)
 
 
 POLICY_LOSSES: dict[str, Callable[..., SurrogateLoss]] = {

@@ -16,7 +16,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from grpolab.algo.surrogate import LOG_RATIO_CLAMP, SurrogateLoss, _check_surrogate_inputs, _ratio
+from grpolab.algo.surrogate import (
+    LOG_RATIO_CLAMP,
+    SurrogateLoss,
+    _check_surrogate_inputs,
+    _ratio,
+    _within_mask,
+)
 
 __all__ = ["sapo_loss", "vespo_loss"]
 
@@ -66,9 +72,7 @@ def sapo_loss(
     tau = torch.where(adv > 0, temperature_pos, temperature_neg).to(ratio.dtype)
     loss = -torch.sigmoid(tau * (ratio - 1)) * 4 / tau * adv
     none = torch.zeros_like(logprobs, dtype=torch.bool)
-    if mask is not None:
-        loss = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
-    return SurrogateLoss(loss, none, none)
+    return _within_mask(loss, none, none, mask)
 
 
 @torch.no_grad()

@@ -53,6 +53,14 @@ def _check_surrogate_inputs(
     return advantages
 
 
+def _within_mask(loss: Tensor, clipped_low: Tensor, clipped_high: Tensor, mask: Tensor | None) -> SurrogateLoss:
+    """The record with loss 0 and no clip outside ``mask`` (None: every token counts)."""
+    if mask is not None:
+        loss = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+        clipped_low, clipped_high = clipped_low & mask, clipped_high & mask
+    return SurrogateLoss(loss, clipped_low, clipped_high)
+
+
 def _ratio(logprobs: Tensor, old_logprobs: Tensor, level: str, mask: Tensor | None) -> Tensor:
     """``[N, T]`` importance ratio with its gradient: per token, or GSPO's ``sg[s_i] * pi / sg[pi]``."""
     log_ratio = logprobs - old_logprobs.detach()

@@ -23,6 +23,7 @@ from grpolab.eval.runner import Grader, evaluate_model
 from grpolab.models.loading import load_tokenizer, resolve_device
 from grpolab.rollout.engines import check_engine
 from grpolab.runtime.assemble import load_model, split_examples
+from grpolab.runtime.eval_spec import build_grader, eval_spec, sampler_maker
 from grpolab.runtime.judges import judges_served
 from grpolab.runtime.preflight import check_model_source
 from grpolab.types import Example
@@ -75,7 +76,7 @@ def _model_configs(cfg: Config, paths: list, examples: list[Example]) -> list:
 
 
 def _evaluate(cfg: Config, paths: list, names: list, out: Path, show: bool) -> list[ModelEval]:
-    grader = Grader.from_config(cfg)
+    grader = build_grader(cfg)
     examples = held_out_examples(cfg)
     check_engine(cfg.rollout.engine, cfg)  # before any model loads (vllm: the architecture, the KV cache)
     configs = _model_configs(cfg, paths, examples)
@@ -84,13 +85,14 @@ def _evaluate(cfg: Config, paths: list, names: list, out: Path, show: bool) -> l
 
 
 def _evaluate_all(cfg: Config, paths: list, names: list, out: Path, show: bool, grader: Grader, examples, configs) -> list[ModelEval]:
-    results = []
+    results, spec = [], eval_spec(cfg)
     for path, label, model_cfg in zip(paths, names, configs, strict=True):
         torch.manual_seed(cfg.seed)
         model, tok = load_model(model_cfg)
         prompt_ids = tokenize_prompts(examples, tok, cfg.data)
         result = evaluate_model(
-            model, tok, prompt_ids, examples, grader, cfg, label=label, path=str(path), progress=show
+            model, sampler_maker(cfg, model, tok), prompt_ids, examples, grader, spec, label=label, path=str(path),
+            progress=show,
         )
         log.info("eval %s: pass@1 %.3f, greedy %.3f", label, result.pass_at[1], result.greedy_accuracy or 0.0)
         results.append(result)

@@ -70,7 +70,7 @@ def iterative_rl(cfg: Config) -> IterativeResult:
         raise ConfigError(
             "iterative RL resets the reference to the policy, which LoRA cannot: set model.lora.enabled=false"
         )
-    labels = build_rewards(cfg, it.label_rewards, key="iterative.label_rewards")  # ConfigError naming the entry
+    labels = build_rewards(it.label_rewards, key="iterative.label_rewards")  # ConfigError naming the entry
     history = read_pairs(cfg.reward_model.data_path) if cfg.reward_model.data_path else []
     policy = cfg.model.name_or_path
     rm_path = str(cfg.reward.functions[rm_index].kwargs["path"])

@@ -31,12 +31,13 @@ from grpolab import jsonio
 from grpolab.config import Config, ConfigError, SFTConfig, dump_config
 from grpolab.data import DataError, PromptOrder, check_prompt_chars, split_eval, tokenize_prompts
 from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
-from grpolab.eval.runner import Grader, greedy_decode, greedy_sampler
+from grpolab.eval.runner import greedy_decode
 from grpolab.models.loading import load_tokenizer, resolve_autocast, resolve_device
 from grpolab.progress import Progress
 from grpolab.rollout.engines import check_engine
 from grpolab.runtime import checkpoint as ckpt
 from grpolab.runtime.assemble import load_model, training_examples
+from grpolab.runtime.eval_spec import build_grader, sampler_maker
 from grpolab.runtime.guards import GracefulStop
 from grpolab.runtime.lock import hold_run_dir
 from grpolab.runtime.logging import RunLogger
@@ -143,11 +144,11 @@ def dev_checker(cfg: Config, model, tok, dev: Sequence[Example]) -> Callable[[],
     and closes it after: between checks the training steps get back the memory it holds (hf: a low-precision
     copy of the weights)."""
 
-    grader = Grader.from_config(cfg)
+    grader = build_grader(cfg)
     prompt_ids = tokenize_prompts(dev, tok, cfg.data)
 
     def check() -> DevCheck:
-        sampler = greedy_sampler(cfg, model, tok)
+        sampler = sampler_maker(cfg, model, tok)(0.0)  # greedy
         try:
             graded = greedy_decode(sampler, prompt_ids, dev, grader)
         finally:
@@ -182,7 +183,7 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
     has_target = s.target_accuracy is not None or s.target_format_errors is not None
     if has_target:
         check_engine(cfg.rollout.engine, cfg)  # the dev checks decode with it
-        Grader.from_config(cfg)  # and grade with it: a bad reward or eval.blind_grader before any model loads
+        build_grader(cfg)  # and grade with it: a bad reward or eval.blind_grader before any model loads
     check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)
     with hold_run_dir(cfg.sft_dir, setting="sft.output_dir"):  # one writer, as train's run dir (runtime/lock.py)
         return _train(cfg, examples, has_target, progress=progress, resume=resume, stop=stop, t0=t0)

@@ -85,11 +85,12 @@ def _loop(run: Run, stop: GracefulStop, after_step: AfterStep | None) -> TrainRe
     if cfg.rollout.mode == "server" and cfg.rollout.max_staleness > 0 and run.start < cfg.train.num_steps:
         # the next k steps' groups are sampled while this one trains (training/ahead.py)
         source = AheadSource(
-            cfg=cfg, sampler=run.sampler, rewards=run.rewards, examples=run.examples, prompt_ids=run.prompt_ids,
+            spec=run.sampling, sampler=run.sampler, rewards=run.rewards, examples=run.examples, prompt_ids=run.prompt_ids,
             prompt_order=run.prompt_order, generator=run.sampling_generator,
         )  # fmt: skip
         ahead = AheadSampling(
-            source, first_step=run.start + 1, last_step=cfg.train.num_steps, max_staleness=cfg.rollout.max_staleness
+            source, first_step=run.start + 1, last_step=cfg.train.num_steps, max_staleness=cfg.rollout.max_staleness,
+            sync_timeout_s=cfg.rollout.sync_timeout_s,
         )
     try:
         return _steps(run, stop, ahead, after_step)
@@ -115,7 +116,7 @@ def _steps(run: Run, stop: GracefulStop, ahead: AheadSampling | None, after_step
                 drawn, waits = ahead.take(step)
             else:
                 drawn = sample_step(  # sample G outputs per prompt and reward them (DAPO's rounds: training/sampling.py)
-                    cfg, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
+                    run.sampling, sampler=run.sampler, rewards=run.rewards, data=run.prompt_order, examples=run.examples,
                     prompt_ids=run.prompt_ids, generator=run.sampling_generator,
                 )  # fmt: skip
         lag = staleness_metrics(drawn, run.sampler)  # before this step's sync moves the trainer's version

@@ -35,11 +35,9 @@ import torch
 import torch.nn.functional as F
 
 from grpolab.algo.kl import kl_k1, kl_k3
-from grpolab.config import Config
 from grpolab.eval.intervals import mean_and_se
 from grpolab.models.chunked_head import output_head
-from grpolab.rollout.base import without_failures
-from grpolab.rollout.engines import build_sampler
+from grpolab.rollout.base import Sampler, without_failures
 
 POSITIONS_PER_CHUNK = 64
 """Positions whose full next-token distributions are formed at once (x vocabulary x 2 models, float64)."""
@@ -152,13 +150,13 @@ def token_kls(policy, reference, prompt_ids: list[int], completion_ids: torch.Te
 
 @torch.no_grad()
 def measure_kl(
-    policy, reference, tok, prompts: Sequence[list[int]], cfg: Config, *, num_generations: int, seed: int
+    policy, reference, sampler: Sampler, prompts: Sequence[list[int]], *, num_generations: int, seed: int
 ) -> KLMeasure:
-    """Sample ``num_generations`` completions of each prompt from ``policy`` at T=1 and measure KL(pi || ref)."""
-    rollout = dataclasses.replace(cfg.rollout, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0)
-    sampler = build_sampler(
-        dataclasses.replace(cfg, rollout=rollout), policy=policy, tokenizer=tok, autocast_dtype=None, temperature=1.0
-    )
+    """Sample ``num_generations`` completions of each prompt from ``policy`` and measure KL(pi || ref).
+
+    ``sampler`` samples ``policy`` exactly: at T=1, without top-p, top-k, min-p or a repetition penalty, in
+    full precision (runtime/eval_spec.py ``kl_sampler``); it is closed here, once sampled, so that its memory
+    is free for the full-vocabulary forwards."""
     device = next(policy.parameters()).device
     generator = torch.Generator(device=device).manual_seed(seed)
     k1s, k3s, exact, seq_kl, moments = [], [], [], [], []

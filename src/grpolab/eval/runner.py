@@ -4,6 +4,8 @@ For each model folder: sample n completions per held-out prompt with the engine 
 (built as training builds it, runtime/assemble.py; hf: batched, KV cache, bf16 autocast when configured), grade them with the configured rewards (correct = total reward above
 ``eval.correct_threshold``), and compute unbiased pass@K and maj@K for K = 1, 2, 4, ... up to n.
 Every model draws from the same seeded random stream, so two models are compared on equal footing.
+Nothing here reads the config: runtime/eval_spec.py builds the ``Grader``, the ``EvalSpec`` and the
+function that builds a model's sampler (``MakeSampler``) from it.
 
 Where this departs from a plain definition, and why:
 * The vote of a sample is its extracted final answer: the extraction of the first reward that
@@ -28,23 +30,44 @@ from dataclasses import dataclass
 
 import torch
 
-from grpolab.config import Config, ConfigError
+from grpolab.config import ConfigError
 from grpolab.distributed import dist
 from grpolab.eval.metrics import blind_vote_keys, curve_means, format_errors, pass_maj_per_problem
 from grpolab.eval.results import ModelEval
-from grpolab.models.loading import resolve_autocast
 from grpolab.progress import Progress
-from grpolab.rewards import WeightedReward, build_reward, build_rewards, score_batch
+from grpolab.rewards import WeightedReward, build_reward, score_batch
 from grpolab.rewards.math_answer import prediction_text
-from grpolab.rollout.base import NonFiniteLogits, without_failures
-from grpolab.rollout.engines import build_sampler
-from grpolab.training.gold import build_gold_rewards
+from grpolab.rollout.base import NonFiniteLogits, Sampler, without_failures
 from grpolab.types import Completions, Example
 
 log = logging.getLogger(__name__)
 
 NUM_SAMPLE_PROMPTS = 4
 """Prompts whose completions are kept in the eval JSON (and shown in the report)."""
+
+MakeSampler = Callable[[float], Sampler]
+"""temperature -> a sampler of rollout.engine over the model evaluated (runtime/eval_spec.py ``sampler_maker``);
+the caller closes it."""
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """How one model is evaluated (``evaluate_model``): the eval section, read once (runtime/eval_spec.py)."""
+
+    num_samples: int
+    """eval.num_samples: n, the completions sampled per prompt."""
+    ks: tuple[int, ...]
+    """The K of pass@K and maj@K: eval.ks, or 1, 2, 4, ... up to n (``default_ks``)."""
+    temperature: float
+    """eval.temperature: the sampling temperature of the n completions."""
+    prompts_per_batch: int
+    """eval.prompts_per_batch: prompts sampled together."""
+    greedy: bool
+    """eval.greedy: also decode each prompt greedily and report its accuracy."""
+    seed: int
+    """The run's seed: rank r samples from a generator seeded seed + r."""
+    blind_grader: str | None = None
+    """eval.blind_grader's name, recorded in the result (the grader itself is the ``Grader``'s)."""
 
 
 @dataclass(frozen=True)
@@ -58,11 +81,6 @@ class Grader:
     """reward.gold: scored on the same samples and reported (ModelEval.gold_mean), never grading them."""
     blind: WeightedReward | None = None
     """eval.blind_grader: the second, format-blind grading (a sample is right when it scores above 0.5)."""
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> Grader:
-        rewards = build_rewards(cfg)  # the same checks and messages as train
-        return cls(rewards, cfg.eval.correct_threshold, cfg.reward.timeout_s, build_gold_rewards(cfg), blind_grader(cfg))
 
     def grade(self, completions: Completions, examples: Sequence[Example]) -> tuple[list[bool], list[float]]:
         """([N] correct, [N] total reward, None read as 0) for prompt-major completions of ``examples``."""
@@ -100,9 +118,8 @@ class Grader:
         return prediction_text(text)[0].strip()
 
 
-def blind_grader(cfg: Config) -> WeightedReward | None:
-    """eval.blind_grader built (None when null); a bad name is one line naming the key."""
-    name = cfg.eval.blind_grader
+def blind_grader(name: str | None) -> WeightedReward | None:
+    """eval.blind_grader (``name``) built (None when null); a bad name is one line naming the key."""
     if name is None:
         return None
     try:
@@ -175,14 +192,8 @@ def vote_keys(
     ]
 
 
-def greedy_sampler(cfg: Config, model, tok):
-    """The sampler of ``rollout.engine`` at temperature 0 (greedy), over ``model``."""
-    amp = resolve_autocast(cfg.model, next(model.parameters()).device)
-    return build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=amp, temperature=0.0)
-
-
 def greedy_decode(sampler, prompt_ids, examples, grader: Grader, *, batch: int = 256) -> Graded:
-    """The greedy completion of every prompt ([P] each), by a ``greedy_sampler``, graded."""
+    """The greedy completion of every prompt ([P] each), by a sampler at temperature 0, graded."""
     parts = []
     for start in range(0, len(prompt_ids), batch):
         comps = without_failures(sampler.sample(prompt_ids[start : start + batch], num_generations=1), "greedy eval")
@@ -191,14 +202,16 @@ def greedy_decode(sampler, prompt_ids, examples, grader: Grader, *, batch: int =
 
 
 def evaluate_model(
-    model, tok, prompt_ids, examples, grader: Grader, cfg: Config, *, label: str, path: str, progress: bool
+    model, make_sampler: MakeSampler, prompt_ids, examples, grader: Grader, spec: EvalSpec, *, label: str, path: str,
+    progress: bool,
 ) -> ModelEval:
     """Pass@K and Maj@K (under the rewards and, with one, eval.blind_grader), greedy accuracy and mean length
-    of one loaded model."""
+    of one loaded model, sampled by the samplers ``make_sampler`` builds over it."""
     t0 = time.perf_counter()
-    n, ks = cfg.eval.num_samples, cfg.eval.ks or default_ks(cfg.eval.num_samples)
+    n, ks = spec.num_samples, list(spec.ks)
     mine = dist.my_range(len(examples))  # under torchrun each rank samples its share of the prompts
-    graded, lengths, gold = _sample_graded(model, tok, prompt_ids, examples, grader, cfg, mine, label, path, progress)
+    device = next(model.parameters()).device
+    graded, lengths, gold = _sample_graded(make_sampler, device, prompt_ids, examples, grader, spec, mine, label, path, progress)
     strict, blind = graded.votes(examples[mine.start : mine.stop], n)
     per_problem, blind_problem, texts, lengths, totals, errors = dist.gather_lists(
         strict, blind, graded.texts, lengths, graded.totals, graded.format_errors
@@ -210,8 +223,8 @@ def evaluate_model(
     blind_values = pass_maj_per_problem(blind_problem, ks) if grader.blind is not None else {}
     blind_curves = curve_means(blind_values) if blind_values else {"pass": {}, "maj": {}}
     greedy = None
-    if cfg.eval.greedy:
-        sampler = greedy_sampler(cfg, model, tok)
+    if spec.greedy:
+        sampler = make_sampler(0.0)
         greedy = greedy_decode(sampler, prompt_ids[mine.start : mine.stop], examples[mine.start : mine.stop], grader)
         sampler.close()
         greedy_ok, greedy_texts, greedy_blind, greedy_errors = dist.gather_lists(
@@ -222,7 +235,7 @@ def evaluate_model(
         path=path,
         num_prompts=len(examples),
         num_samples=n,
-        temperature=cfg.eval.temperature,
+        temperature=spec.temperature,
         pass_at=curves["pass"],
         maj_at=curves["maj"],
         greedy_accuracy=None if greedy is None else _mean(greedy_ok),
@@ -232,7 +245,7 @@ def evaluate_model(
         samples=_sample_records(examples, texts, [c for _, c in per_problem], None if greedy is None else greedy_texts, n),
         gold_mean={name: _mean(scores) for name, scores in gold.items()},
         per_prompt=values,
-        blind_grader=cfg.eval.blind_grader,
+        blind_grader=spec.blind_grader,
         blind_pass_at=blind_curves["pass"],
         blind_maj_at=blind_curves["maj"],
         blind_per_prompt=blind_values,
@@ -243,15 +256,14 @@ def evaluate_model(
 
 
 def _sample_graded(
-    model, tok, prompt_ids, examples, grader: Grader, cfg: Config, mine: range, label: str, path: str, progress: bool
+    make_sampler: MakeSampler, device: torch.device, prompt_ids, examples, grader: Grader, spec: EvalSpec, mine: range,
+    label: str, path: str, progress: bool,
 ) -> tuple[Graded, list[int], dict[str, list]]:
     """This rank's prompts (``mine``) sampled eval.num_samples times each and graded: (graded, [N] lengths,
     gold reward name -> [N] scores)."""
-    device = next(model.parameters()).device
-    amp = resolve_autocast(cfg.model, device)
-    n, chunk = cfg.eval.num_samples, cfg.eval.prompts_per_batch
-    sampler = build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=amp, temperature=cfg.eval.temperature)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)
+    n, chunk = spec.num_samples, spec.prompts_per_batch
+    sampler = make_sampler(spec.temperature)
+    generator = torch.Generator(device=device).manual_seed(spec.seed + dist.world().rank)
     parts, lengths, gold = [], [], {}
     log.info("eval %s: rank %d samples prompts %d..%d of %d", label, dist.world().rank, mine.start, mine.stop - 1, len(examples))
     bar = Progress(total=len(examples), enabled=progress and dist.is_main(), title=f"eval {label}", unit="prompt")

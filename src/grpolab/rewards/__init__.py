@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from grpolab.config import Config, RewardSpec
+from grpolab.config import RewardSpec
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import rules
 from grpolab.rewards.base import (
@@ -205,12 +205,10 @@ def build_reward(
     return WeightedReward(reward, weight)
 
 
-def build_rewards(
-    cfg: Config, specs: Sequence[RewardSpec] | None = None, key: str = "reward.functions"
-) -> list[WeightedReward]:
-    """reward.functions built; a bad entry is a ConfigError naming ``reward.functions[i]``; two entries of
-    the same name (they would overwrite each other's logged component) are an error pointing at ``alias``."""
-    specs = cfg.reward.functions if specs is None else specs
+def build_rewards(specs: Sequence[RewardSpec], key: str = "reward.functions") -> list[WeightedReward]:
+    """The rewards of ``specs``, the config's entries under ``key`` (reward.functions); a bad entry is a
+    ConfigError naming ``key[i]``; two entries of the same name (they would overwrite each other's logged
+    component) are an error pointing at ``alias``."""
     if not specs:
         raise ConfigError(
             f"{key} is empty: name at least one reward, e.g. {key}=[{{name: math_accuracy}}]"

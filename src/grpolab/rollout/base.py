@@ -10,11 +10,11 @@ import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from grpolab.config import Config
+from grpolab.config import Config, RolloutConfig
 from grpolab.errors import GrpolabError, TrainingError
 from grpolab.types import Completions, FinishReason
 
@@ -179,6 +179,19 @@ def check_sampling(
         raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
     if not repetition_penalty > 0:
         raise ValueError(f"repetition_penalty must be > 0 (1 = off), got {repetition_penalty}")
+
+
+def sampling_settings(rollout: RolloutConfig, temperature: float | None = None) -> dict[str, Any]:
+    """The settings of ``check_sampling`` from rollout.*, as every engine's sampler takes them (keywords);
+    ``temperature`` overrides rollout.temperature (an evaluation: greedy, eval.temperature)."""
+    return {
+        "max_completion_length": rollout.max_completion_length,
+        "temperature": rollout.temperature if temperature is None else temperature,
+        "top_p": rollout.top_p,
+        "top_k": rollout.top_k,
+        "min_p": rollout.min_p,
+        "repetition_penalty": rollout.repetition_penalty,
+    }
 
 
 def check_prompts(prompt_ids: list[list[int]], num_generations: int) -> None:

@@ -38,7 +38,14 @@ from transformers.cache_utils import DynamicLayer
 
 from grpolab.models.inference import WeightCopy, attention_for, wants_eager_attention
 from grpolab.models.loading import is_peft
-from grpolab.rollout.base import NonFiniteLogits, Sampler, check_prompts, check_sampling, resolve_eos
+from grpolab.rollout.base import (
+    NonFiniteLogits,
+    Sampler,
+    check_prompts,
+    check_sampling,
+    resolve_eos,
+    sampling_settings,
+)
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.rollout.filters import filter_logits, penalise_repeats, seen_tokens
 from grpolab.types import Completions, FinishReason
@@ -308,12 +315,7 @@ def sampler_from_config(
     return HFSampler(
         model,
         tokenizer,
-        max_completion_length=rollout.max_completion_length,
-        temperature=rollout.temperature if temperature is None else temperature,
-        top_p=rollout.top_p,
-        top_k=rollout.top_k,
-        min_p=rollout.min_p,
-        repetition_penalty=rollout.repetition_penalty,
+        **sampling_settings(rollout, temperature),
         autocast_dtype=autocast_dtype,
         max_batch_sequences=rollout.max_batch_sequences,
         cast_weights=cast_weights,

@@ -76,16 +76,17 @@ from grpolab.runtime.step_spec import (
     build_critic,
     logprob_context,
     process_supervision,
+    run_optimizer,
+    sampling_spec,
     update_spec,
 )
 from grpolab.runtime.trackers import check_trackers
 from grpolab.training.batch import BatchBuilder
 from grpolab.training.gold import GoldMonitor, build_gold_rewards
 from grpolab.training.master import MasterWeightOptimizer
-from grpolab.training.optim import build_optimizer
 from grpolab.training.ppo import Critic
 from grpolab.training.reasoning_steps import ProcessSupervision, TurnSupervision
-from grpolab.training.spec import UpdateSpec
+from grpolab.training.spec import SamplingSpec, UpdateSpec
 from grpolab.types import Completion, Example
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,8 @@ class Run:
     sampler: Sampler
     optimizer: torch.optim.Optimizer | MasterWeightOptimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    sampling: SamplingSpec
+    """How each step's groups are drawn and scored (runtime/step_spec.py ``sampling_spec``)."""
     update: UpdateSpec
     """The policy update's settings (runtime/step_spec.py); ``update.logprobs`` is every forward's: the
     temperature, pad id, autocast dtype and micro-batching of the batch's log-probs and the critic's values too."""
@@ -271,7 +274,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     process = process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
     sampler = build_sampler(cfg, policy=plain, tokenizer=tok, autocast_dtype=amp, wrapped=policy)
     sampler = episode_sampler(sampler, tok, make_env, cfg.env)  # env.name set: multi-turn episodes over it
-    optimizer, scheduler = build_optimizer(policy, cfg)
+    optimizer, scheduler = run_optimizer(cfg, policy)
     ctx = logprob_context(cfg, pad_id=tok.pad_token_id, autocast_dtype=amp, device_type=device.type)
     update = update_spec(cfg, ctx)
     critic = build_critic(cfg, device, ctx) if cfg.algo.needs_critic else None  # PPO's value model
@@ -290,7 +293,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     return Run(
         cfg=cfg, rewards=list(rewards), examples=examples, prompt_ids=prompt_ids, policy=policy, unwrapped_policy=plain,
         tokenizer=tok, device=device, reference=reference, critic=critic, process_supervision=process,
-        sampler=sampler, optimizer=optimizer, scheduler=scheduler, update=update, build_batch=make_batch,
+        sampler=sampler, optimizer=optimizer, scheduler=scheduler, sampling=sampling_spec(cfg), update=update, build_batch=make_batch,
         gold=gold, prompt_order=data, sampling_generator=sample_gen, minibatch_generator=minibatch_gen, bad_steps=bad_steps,
         no_signal=no_signal, resumable=resumable, reward_hooks=hooks,
     )  # fmt: skip
@@ -304,11 +307,11 @@ def _check_inputs(cfg: Config, resume: bool, rewards, examples):
     # rank 0 checks the run dir (checkpoint verified, config changes checked) and tells the others
     point = dist.broadcast_object(prepare_run_dir(cfg, resume=resume) if dist.is_main() else None)
     check_model_source(cfg.model)
-    rewards = build_rewards(cfg) if rewards is None else list(rewards)
+    rewards = build_rewards(cfg.reward.functions) if rewards is None else list(rewards)
     check_trackers(cfg.log.trackers)
     check_engine(cfg.rollout.engine, cfg)  # vllm: installed, the architecture, the KV cache's size
     make_env = environment_from_config(cfg.env)  # None: one completion per prompt (docs/multiturn.md)
-    gold_rewards = build_gold_rewards(cfg)  # logged, never in the advantages (training/gold.py)
+    gold_rewards = build_gold_rewards(cfg.reward.gold)  # logged, never in the advantages (training/gold.py)
     hooks = TrlHooks(cfg.train.num_steps)  # TRL's trainer_state / log_extra / log_metric, from the dry run on
     attach_hooks([*rewards, *gold_rewards], hooks)
     examples = training_examples(cfg, examples)

@@ -21,6 +21,7 @@ from grpolab.models.loading import Reference
 from grpolab.runtime import checkpoint as ckpt
 from grpolab.runtime import sharded
 from grpolab.runtime.guards import BadSteps, NoSignal
+from grpolab.runtime.step_spec import critic_optim
 from grpolab.training.optim import apply_optim_config
 from grpolab.training.ppo import Critic
 
@@ -117,7 +118,7 @@ class Resumable:
             state = ckpt.load_state(path)
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        apply_optim_config(self.optimizer, self.scheduler, cfg)  # --resume optim.lr=... takes effect
+        apply_optim_config(self.optimizer, self.scheduler, cfg.optim)  # --resume optim.lr=... takes effect
         self.data.load_state_dict(state["data"])
         ckpt.set_rng_state(state["rng"])
         self.sample_gen.set_state(state["sample_gen"])
@@ -135,8 +136,7 @@ class Resumable:
                 )
             self.critic.load_state_dict(state["critic"])
         if self.critic is not None:
-            value_lr = cfg.algo.value_lr or cfg.optim.lr
-            apply_optim_config(self.critic.optimizer, self.critic.scheduler, cfg, lr=value_lr)
+            apply_optim_config(self.critic.optimizer, self.critic.scheduler, critic_optim(cfg))
         log.info("resumed from %s at step %d", path, state["step"])
         return int(state["step"])
 

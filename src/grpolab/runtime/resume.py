@@ -9,7 +9,7 @@ that checkpoint (``config.yaml`` inside it, else the run's), field by field:
   such field, unless the user allows it explicitly (``--resume-allow-change KEY`` on the command line,
   or ``log.resume_allow=[KEY, ...]``; a section name allows the whole section);
 * a change in ``ACCEPTED`` (learning rate, step count, clipping, logging, checkpoint cadence, ...)
-  goes through: it takes effect (``train.optim.apply_optim_config`` rebuilds the learning rates after
+  goes through: it takes effect (``training.optim.apply_optim_config`` rebuilds the learning rates after
   the optimizer and scheduler state are loaded) and is recorded, in the log and as a row of
   ``<run_dir>/resumes.jsonl``; config.yaml is then rewritten with the new values.
 """

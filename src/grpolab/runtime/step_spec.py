@@ -1,4 +1,5 @@
-"""The config read, once, into what a step needs (training/spec.py): the one place a step's settings are chosen.
+"""The config read, once, into what a step needs (training/spec.py): the one place a step's settings are chosen,
+and the optimizers and PPO's value model built from their sections.
 
 A loss setting goes from the preset or the user's YAML to the config's section, and from there here, where
 it becomes a bound function (``algo.loss_agg`` an ``Aggregation``, ``algo.policy_loss`` a surrogate with its
@@ -18,23 +19,66 @@ from grpolab.algo.advantages import grpo_process_advantages
 from grpolab.algo.correction import rollout_correction_weights
 from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import POLICY_LOSSES, Aggregation
-from grpolab.config import Config
+from grpolab.config import Config, OptimConfig
 from grpolab.distributed import dist, parallel
 from grpolab.rewards.step_rewards import build_process_reward
 from grpolab.training.batch import BatchBuilder, outcome_estimator
 from grpolab.training.optim import build_optimizer
 from grpolab.training.ppo import Critic, rollout_batch_builder
 from grpolab.training.reasoning_steps import ProcessSupervision, StepSplitter, TurnSupervision
-from grpolab.training.spec import BatchSpec, CriticSpec, LogprobContext, PolicyLossSpec, UpdateSpec
+from grpolab.training.spec import (
+    BatchSpec,
+    CriticSpec,
+    LogprobContext,
+    PolicyLossSpec,
+    SamplingSpec,
+    UpdateSpec,
+    ValueModelSpec,
+)  # fmt: skip
 from grpolab.training.value import load_value_model
 from grpolab.types import Example
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "batch_builder", "batch_spec", "build_critic", "critic_spec", "logprob_context", "policy_loss_spec", "process_supervision",
-    "update_spec",
+    "batch_builder", "batch_spec", "build_critic", "critic_optim", "critic_spec", "logprob_context", "policy_loss_spec",
+    "process_supervision", "run_optimizer", "sampling_spec", "update_spec", "value_model_spec",
 ]  # fmt: skip
+
+
+def sampling_spec(cfg: Config) -> SamplingSpec:
+    """How each step's groups are drawn and scored: the prompts and G, DAPO's rounds, the failed-group stop,
+    the reward calls' bounds."""
+    return SamplingSpec(
+        prompts_per_step=cfg.train.prompts_per_step,
+        num_generations=cfg.rollout.num_generations,
+        dynamic_sampling=bool(cfg.algo.dynamic_sampling),  # null: the preset's, resolved at load
+        max_sampling_rounds=cfg.algo.max_sampling_rounds,
+        max_failed_group_share=cfg.train.max_failed_group_share,
+        reward_timeout_s=cfg.reward.timeout_s,
+        reward_max_retries=cfg.reward.max_retries,
+    )
+
+
+def run_optimizer(cfg: Config, model: torch.nn.Module, optim: OptimConfig | None = None):
+    """(optimizer, scheduler) of ``model``: AdamW with ``optim`` (default cfg.optim), its schedule over the run's
+    optimizer steps."""
+    total = cfg.train.num_steps * cfg.optimizer_steps_per_generation
+    return build_optimizer(model, cfg.optim if optim is None else optim, total_steps=total)
+
+
+def critic_optim(cfg: Config) -> OptimConfig:
+    """PPO's value model's optim section: the policy's, at algo.value_lr (else optim.lr)."""
+    return dataclasses.replace(cfg.optim, lr=cfg.algo.value_lr or cfg.optim.lr)
+
+
+def value_model_spec(cfg: Config) -> ValueModelSpec:
+    """Where PPO's value model comes from (algo.value_init) and how it runs, as the policy does."""
+    a = cfg.algo
+    return ValueModelSpec(
+        model=cfg.model, init=a.value_init, init_path=a.value_init_path, sequence_parallel=cfg.train.sequence_parallel,
+        longest_sequence=cfg.longest_sequence,
+    )  # fmt: skip
 
 
 def logprob_context(cfg: Config, *, pad_id: int, autocast_dtype: torch.dtype | None, device_type: str) -> LogprobContext:
@@ -132,15 +176,15 @@ def build_critic(cfg: Config, device: torch.device, logprobs: LogprobContext) ->
     """PPO's value model (algo.value_init), wrapped as the policy is, with its AdamW at algo.value_lr (else
     optim.lr) and its own minibatch shuffle (seed + 2)."""
     mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
+    spec = value_model_spec(cfg)
     if not parallel.loads_on_rank0(mode):
-        model = parallel.wrap(load_value_model(cfg, device), mode, device)
+        model = parallel.wrap(load_value_model(spec, device), mode, device)
     else:  # FSDP2: no GPU holds the whole critic (rank 0 on the host, the others on meta, then broadcast)
-        plain = load_value_model(cfg, device, placement="host" if dist.is_main() else "meta")
+        plain = load_value_model(spec, device, placement="host" if dist.is_main() else "meta")
         full = plain.state_dict() if dist.is_main() else {}
         model = parallel.wrap(plain, mode, device)
         parallel.materialize_from_rank0(model, full, device)
-    value_lr = cfg.algo.value_lr or cfg.optim.lr
-    optimizer, scheduler = build_optimizer(model, dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=value_lr)))
+    optimizer, scheduler = run_optimizer(cfg, model, critic_optim(cfg))
     return Critic(model, critic_spec(cfg, logprobs), optimizer, scheduler, torch.Generator().manual_seed(cfg.seed + 2))
 
 

@@ -52,13 +52,14 @@ from grpolab.data import DataError, load_examples, split_eval, tokenize_prompts
 from grpolab.errors import GrpolabError, one_line
 from grpolab.eval.kl import measure_kl
 from grpolab.eval.results import ModelEval, load_evals
-from grpolab.eval.runner import Grader, blind_grader
+from grpolab.eval.runner import blind_grader
 from grpolab.models.sources import local_source
 from grpolab.rewards import build_rewards
 from grpolab.rollout.base import without_failures
 from grpolab.rollout.engines import build_sampler
 from grpolab.runtime.assemble import load_model, split_examples
 from grpolab.runtime.checkpoint import latest_checkpoint, weights_id
+from grpolab.runtime.eval_spec import build_grader, kl_sampler
 from grpolab.runtime.logging import read_metrics
 from grpolab.runtime.preflight import check_model_source
 from grpolab.studies.child import in_child
@@ -102,10 +103,10 @@ def check_claims(cfg: Config) -> None:
         )
     check_warm_start(cfg)
     check_model_source(cfg.model)
-    build_rewards(cfg)
+    build_rewards(cfg.reward.functions)
     if c.hacking_proxy is not None:
-        build_rewards(cfg, [c.hacking_proxy], key="claims.hacking_proxy")
-    blind_grader(cfg)
+        build_rewards([c.hacking_proxy], key="claims.hacking_proxy")
+    blind_grader(cfg.eval.blind_grader)
     for seed in seeds(cfg):  # each seed draws its own problems
         split_eval(load_examples(cfg.data, seed=seed), cfg.data.eval_size)
     if c.hard_params:
@@ -388,7 +389,8 @@ def _measure_kl(cfg: Config, start: str, policy_path: str) -> dict[str, float]:
     _, held_out = split_examples(cfg)
     prompts = tokenize_prompts(held_out[: cfg.claims.kl_prompts], tok, cfg.data)
     return measure_kl(
-        policy.eval(), reference.eval(), tok, prompts, cfg, num_generations=cfg.claims.kl_samples, seed=cfg.seed
+        policy.eval(), reference.eval(), kl_sampler(cfg, policy, tok), prompts, num_generations=cfg.claims.kl_samples,
+        seed=cfg.seed,
     ).to_json()
 
 
@@ -399,7 +401,7 @@ def preference_pairs(cfg: Config, model_path: str) -> tuple[list[PreferencePair]
     examples = train_examples[: cfg.claims.rm_prompts]
     torch.manual_seed(cfg.seed)
     model, tok = load_model(dataclasses.replace(cfg.model, name_or_path=model_path))
-    grader = Grader.from_config(cfg)
+    grader = build_grader(cfg)
     sampler = build_sampler(cfg, policy=model.eval(), tokenizer=tok, autocast_dtype=None)
     g = cfg.rollout.num_generations
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)

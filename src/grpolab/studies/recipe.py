@@ -52,7 +52,7 @@ def run_recipe(cfg: Config, *, title: str | None = None, resume: bool = False) -
 
     prepare_run_dir(cfg, resume=resume)  # checkpoints without --resume or log.overwrite: fail now
     check_model_source(cfg.model)
-    build_rewards(cfg)
+    build_rewards(cfg.reward.functions)
     split_eval(load_examples(cfg.data, seed=cfg.seed), cfg.data.eval_size)  # a DataError now, not later
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()

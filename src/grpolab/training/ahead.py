@@ -33,12 +33,12 @@ from dataclasses import dataclass
 
 import torch
 
-from grpolab.config import Config
 from grpolab.data import PromptOrder
 from grpolab.distributed import dist
 from grpolab.rewards.base import WeightedReward
 from grpolab.rollout.base import Sampler
 from grpolab.training.sampling import StepGroups, sample_step
+from grpolab.training.spec import SamplingSpec
 from grpolab.types import Example
 
 
@@ -47,8 +47,8 @@ class AheadSource:
     """What the background sampler draws and samples from: the same objects the synchronous loop passes to
     ``sample_step``, so both draw the same prompts and seeds. The trainer's loop builds it from its run."""
 
-    cfg: Config
-    """The run's config (``sample_step`` reads rollout.*, algo.* dynamic sampling, reward.* bounds)."""
+    spec: SamplingSpec
+    """How a step's groups are drawn and scored (runtime/step_spec.py ``sampling_spec``)."""
     sampler: Sampler
     """The server sampler (or the multi-turn one over it): it numbers its weight versions."""
     rewards: Sequence[WeightedReward]
@@ -66,8 +66,13 @@ class AheadSource:
 class AheadSampling:
     """The background sampler of one run (module docstring); ``take`` returns the groups of the next step."""
 
-    def __init__(self, source: AheadSource, *, first_step: int, last_step: int, max_staleness: int) -> None:
+    def __init__(
+        self, source: AheadSource, *, first_step: int, last_step: int, max_staleness: int, sync_timeout_s: float
+    ) -> None:
+        """``max_staleness``: rollout.max_staleness (k); ``sync_timeout_s``: rollout.sync_timeout_s, the longest one
+        server call takes (``close`` waits that long, and 10 s more, for the thread's call in flight)."""
         self.source = source
+        self.sync_timeout_s = sync_timeout_s
         source.sampler.send_pending()  # version 0 from this thread: a sync's collectives stay on the main thread
         self.group = dist.side_group()
         """The thread's own process group under torchrun (its collectives beside the trainer's: dist.side_group)."""
@@ -107,7 +112,7 @@ class AheadSampling:
                 with self.draw_lock:
                     self.before[step] = (src.prompt_order.state_dict(), src.generator.get_state())
                     drawn = sample_step(
-                        src.cfg, sampler=src.sampler, rewards=src.rewards, data=src.prompt_order, examples=src.examples,
+                        src.spec, sampler=src.sampler, rewards=src.rewards, data=src.prompt_order, examples=src.examples,
                         prompt_ids=src.prompt_ids, generator=src.generator,
                     )  # fmt: skip
                     self.drawn_after[step] = src.prompt_order.drawn
@@ -180,7 +185,7 @@ class AheadSampling:
         self.stop.set()
         with self.cond:
             self.cond.notify_all()
-        self.thread.join(timeout=self.source.cfg.rollout.sync_timeout_s + 10)
+        self.thread.join(timeout=self.sync_timeout_s + 10)
         if not self.thread.is_alive():
             dist.destroy_group(self.group)
 

@@ -24,18 +24,19 @@ from typing import Any
 
 import torch
 
-from grpolab.config import Config
+from grpolab.config import RewardSpec
 from grpolab.models.loading import Reference
 from grpolab.rewards import WeightedReward, build_rewards, score_batch
 from grpolab.training.spec import LogprobContext
 from grpolab.types import Completions, Example, RolloutBatch
 
 
-def build_gold_rewards(cfg: Config) -> list[WeightedReward]:
-    """reward.gold built with the same checks and messages as reward.functions (naming ``reward.gold[i]``)."""
-    if not cfg.reward.gold:
+def build_gold_rewards(gold: Sequence[RewardSpec]) -> list[WeightedReward]:
+    """reward.gold (``gold``) built with the same checks and messages as reward.functions (naming
+    ``reward.gold[i]``); none: []."""
+    if not gold:
         return []
-    return build_rewards(cfg, cfg.reward.gold, key="reward.gold")
+    return build_rewards(gold, key="reward.gold")
 
 
 def gold_metrics(rewards: Sequence[WeightedReward], scores, prefix: str) -> dict[str, float]:

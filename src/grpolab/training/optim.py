@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 
-from grpolab.config import Config
+from grpolab.config import OptimConfig
 from grpolab.training.master import MasterWeightOptimizer, wants_master_weights
 
 
@@ -53,26 +52,24 @@ def adamw(
     return build(params)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Config, *, master_weights: bool | None = None):
-    """(optimizer, scheduler) of a training run: ``adamw`` with the optim section, and its lr schedule."""
-    o = cfg.optim
+def build_optimizer(model: torch.nn.Module, o: OptimConfig, *, total_steps: int, master_weights: bool | None = None):
+    """(optimizer, scheduler) of a training run: ``adamw`` with the optim section ``o``, and its lr schedule over
+    ``total_steps`` optimizer steps (train.num_steps x the optimizer steps of one generation batch)."""
     optimizer = adamw(model, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, master_weights=master_weights)
     inner = optimizer.optimizer if isinstance(optimizer, MasterWeightOptimizer) else optimizer
-    total = cfg.train.num_steps * cfg.optimizer_steps_per_generation
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        inner, lambda s: lr_lambda(s, warmup=o.warmup_steps, total=total, schedule=o.schedule, min_ratio=o.min_lr_ratio)
+        inner, lambda s: lr_lambda(s, warmup=o.warmup_steps, total=total_steps, schedule=o.schedule, min_ratio=o.min_lr_ratio)
     )
     return optimizer, scheduler
 
 
-def apply_optim_config(optimizer: torch.optim.Optimizer, scheduler, cfg: Config, lr: float | None = None) -> None:
-    """After loading a checkpoint's optimizer and scheduler state: the config's lr and weight decay again.
+def apply_optim_config(optimizer: torch.optim.Optimizer, scheduler, o: OptimConfig) -> None:
+    """After loading a checkpoint's optimizer and scheduler state: the optim section's lr and weight decay again.
 
     ``load_state_dict`` brings back the saved param groups (lr, weight_decay) and the scheduler's
     ``base_lrs``, so without this ``--resume optim.lr=1e-5`` would keep training at the old rate.
-    The schedule's position (``last_epoch``) is kept; its base becomes optim.lr (or ``lr``: the critic's).
+    The schedule's position (``last_epoch``) is kept; its base becomes ``o.lr`` (the critic's: algo.value_lr).
     """
-    o = cfg.optim if lr is None else dataclasses.replace(cfg.optim, lr=lr)
     scheduler.base_lrs = [o.lr for _ in optimizer.param_groups]
     factors = [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]
     for group, factor in zip(optimizer.param_groups, factors, strict=True):

@@ -1,5 +1,6 @@
 """One step's groups: draw prompts, sample G completions each, score them, and, with DAPO's dynamic
-sampling, keep only the groups that carry a learning signal.
+sampling, keep only the groups that carry a learning signal. What it reads is a ``SamplingSpec``
+(training/spec.py), built once from the config (runtime/step_spec.py).
 
 DAPO (Yu et al., arXiv 2503.14476, Sec. 3.2 and Eq. 11's constraint ``0 < |{o_i correct}| < G``): a group
 whose rewards are all equal has advantage 0 and gives no policy gradient, so it is dropped and more
@@ -38,7 +39,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grpolab.config import Config
 from grpolab.data import PromptOrder
 from grpolab.distributed import dist, sequence
 from grpolab.rewards.base import ScoreResult, merge_scores
@@ -46,6 +46,7 @@ from grpolab.rewards.isolate import score_groups
 from grpolab.rollout.base import Sampler
 from grpolab.training.batch import rewards_tensor
 from grpolab.training.failures import FailureTally, group_failures
+from grpolab.training.spec import SamplingSpec
 from grpolab.types import Completions, Example, Failure
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ def groups_with_signal(rewards: torch.Tensor, valid: torch.Tensor) -> list[int]:
 
 
 def sample_step(
-    cfg: Config,
+    spec: SamplingSpec,
     *,
     sampler: Sampler,
     rewards,
@@ -121,21 +122,21 @@ def sample_step(
     prompt_ids: Sequence[Sequence[int]],
     generator: torch.Generator,
 ) -> StepGroups:
-    """Draw, sample and score one step's groups; with ``algo.dynamic_sampling``, repeat rounds until enough
+    """Draw, sample and score one step's groups; with ``spec.dynamic_sampling``, repeat rounds until enough
     groups have a signal. Metrics: ``train/sampling_rounds``, ``train/groups_drawn``, ``train/groups_kept``,
     ``train/reward_mean_drawn`` (over every completion drawn), the generation / scoring times, and the failed
     samples' counts (``failures/*``, training/failures.py). Raises FailedGroups when too many groups failed."""
-    target = cfg.train.prompts_per_step // dist.data_world().size  # this rank's share (distributed/dist.py shard)
-    dynamic = bool(cfg.algo.dynamic_sampling)
+    target = spec.prompts_per_step // dist.data_world().size  # this rank's share (distributed/dist.py shard)
+    dynamic = spec.dynamic_sampling
     kept: list[StepGroups] = []
     drawn = n_kept = rounds = 0
     drawn_rewards: list[torch.Tensor] = []
     tally = FailureTally()
     seconds = {"sys/time_generation_s": 0.0, "sys/time_scoring_s": 0.0}
     last = None
-    for rounds in range(1, (cfg.algo.max_sampling_rounds if dynamic else 1) + 1):  # noqa: B007 - read below
+    for rounds in range(1, (spec.max_sampling_rounds if dynamic else 1) + 1):  # noqa: B007 - read below
         # the ranks that split each sequence all take their first rank's draw (distributed/sequence.py)
-        last = sequence.shared(_draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds))
+        last = sequence.shared(_draw(spec, sampler, rewards, data, examples, prompt_ids, generator, seconds))
         drawn += len(last.rows)
         drawn_rewards.append(last.rewards[last.valid])  # a failed group's rows are not valid
         tally.add(last.failures, last.scores.retries + _episode_retries(last.completions))
@@ -150,7 +151,7 @@ def sample_step(
     common = int(-dist.all_reduce_max(-float(n_kept)))  # the fewest kept on any rank: equal batches
     # none kept somewhere: the last round's whole groups, as many on every rank (0: nothing to train on)
     left = common or int(-dist.all_reduce_max(-float(len(last.whole()))))
-    tally.check(failures, cfg.train.max_failed_group_share, left)
+    tally.check(failures, spec.max_failed_group_share, left)
     step = _concat(kept).select(range(min(common, target))) if common else last.select(last.whole()[:left])
     if dynamic and n_kept < target:
         log.info(
@@ -184,15 +185,15 @@ def _episode_retries(completions: Completions) -> int:
     return sum(e.retries for e in completions.episodes) if completions.episodes is not None else 0
 
 
-def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds) -> StepGroups:
+def _draw(spec: SamplingSpec, sampler, rewards, data, examples, prompt_ids, generator, seconds) -> StepGroups:
     """One round: ``prompts_per_step`` prompts from the data order, G completions each, scored (as each
     group finishes, overlapping the others' generation, when the sampler hands groups out: server mode)."""
     t0 = time.perf_counter()
-    rows = dist.shard(data.next(cfg.train.prompts_per_step))  # same order everywhere; this rank's share
-    group_size = cfg.rollout.num_generations
+    rows = dist.shard(data.next(spec.prompts_per_step))  # same order everywhere; this rank's share
+    group_size = spec.num_generations
     prompts = [prompt_ids[i] for i in rows]
     if sampler.streams_groups:
-        completions, scores = _sample_scoring_groups(cfg, sampler, rewards, prompts, [examples[i] for i in rows], generator, seconds)
+        completions, scores = _sample_scoring_groups(spec, sampler, rewards, prompts, [examples[i] for i in rows], generator, seconds)
     else:
         # an environment sampler resets its episodes with the rows' examples
         items = {"examples": [examples[i] for i in rows]} if sampler.takes_examples else {}
@@ -201,7 +202,7 @@ def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
         repeated = [examples[i] for i in rows for _ in range(completions.num_generations)]
         scores = score_groups(
             rewards, completions.items(), repeated, group_size=completions.num_generations, failed=completions.failures,
-            **_bounds(cfg),
+            **_bounds(spec),
         )  # fmt: skip
         seconds["sys/time_generation_s"] += t1 - t0
         seconds["sys/time_scoring_s"] += time.perf_counter() - t1
@@ -211,19 +212,19 @@ def _draw(cfg, sampler, rewards, data, examples, prompt_ids, generator, seconds)
     return StepGroups(rows, completions, scores, reward_t, valid)
 
 
-def _bounds(cfg: Config) -> dict:
+def _bounds(spec: SamplingSpec) -> dict:
     """How a reward call is bounded and retried (rewards.isolate.score_groups)."""
-    return {"timeout_s": cfg.reward.timeout_s, "max_retries": cfg.reward.max_retries}
+    return {"timeout_s": spec.reward_timeout_s, "max_retries": spec.reward_max_retries}
 
 
-def _sample_scoring_groups(cfg, sampler, rewards, prompts, examples, generator, seconds) -> tuple[Completions, ScoreResult]:
+def _sample_scoring_groups(spec: SamplingSpec, sampler, rewards, prompts, examples, generator, seconds) -> tuple[Completions, ScoreResult]:
     """Sample, scoring the groups as they finish (``GroupScorer``) while the rest generate.
     ``sys/time_scoring_s`` is then the scoring's own time, mostly hidden behind the generation;
     ``sys/time_scoring_wait_s`` the part that was not (the wait after the last group came back)."""
     t0 = time.perf_counter()
-    scorer = GroupScorer(rewards, examples, cfg.rollout.num_generations, _bounds(cfg))
+    scorer = GroupScorer(rewards, examples, spec.num_generations, _bounds(spec))
     try:
-        completions = sampler.sample(prompts, num_generations=cfg.rollout.num_generations, generator=generator, on_group=scorer.put)
+        completions = sampler.sample(prompts, num_generations=spec.num_generations, generator=generator, on_group=scorer.put)
     except BaseException:
         scorer.close(abandon=True)
         raise

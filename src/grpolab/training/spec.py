@@ -1,7 +1,8 @@
-"""What one policy update needs besides the batch and the models: frozen, typed, built once at assembly.
+"""What one step needs besides the batch and the models: frozen, typed, built once at assembly.
 
-runtime/step_spec.py reads the config into these; nothing in training/ reads the config for a step. The
-temperature, pad id, autocast dtype and micro-batch size travel in ``LogprobContext`` alone: the reference
+runtime/step_spec.py reads the config into these; nothing in training/ reads the config. ``SamplingSpec`` is
+how a step's groups are drawn and scored, ``ValueModelSpec`` where PPO's value model comes from; the rest
+are the update's. The temperature, pad id, autocast dtype and micro-batch size travel in ``LogprobContext`` alone: the reference
 and old log-probs, PPO's values and the update's forwards all read them from there.
 """
 
@@ -9,14 +10,54 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from grpolab.algo.losses import Aggregation, SurrogateLoss
+from grpolab.config import ModelConfig
 from grpolab.training.logprobs import completion_logprobs
 from grpolab.training.microbatch import prompt_lengths_of, split_rows
 from grpolab.training.packing import packed_completion_logprobs
 from grpolab.types import RolloutBatch
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How one step's groups are drawn, sampled and scored (training/sampling.py ``sample_step``)."""
+
+    prompts_per_step: int
+    """train.prompts_per_step: the prompts of one round over every rank (each rank draws its share)."""
+    num_generations: int
+    """rollout.num_generations: G, the completions of each prompt."""
+    dynamic_sampling: bool = False
+    """algo.dynamic_sampling (the preset's when null): DAPO's rounds, keeping only the groups with a signal."""
+    max_sampling_rounds: int = 10
+    """algo.max_sampling_rounds: the most rounds of one step with dynamic sampling (without it, one round)."""
+    max_failed_group_share: float = 0.5
+    """train.max_failed_group_share: more failed groups than this share of the step stop the run."""
+    reward_timeout_s: float = 60.0
+    """reward.timeout_s: the bound of one reward call (rewards/isolate.py ``score_groups``)."""
+    reward_max_retries: int = 1
+    """reward.max_retries: a group whose reward call failed is scored again this many times."""
+
+
+@dataclass(frozen=True)
+class ValueModelSpec:
+    """Where PPO's value model comes from and how it runs (training/value.py ``load_value_model``)."""
+
+    model: ModelConfig
+    """The policy's model section: its checkpoint (the body under value_init=policy), dtype, revision,
+    attention and gradient checkpointing."""
+    init: Literal["policy", "reward_model"] = "policy"
+    """algo.value_init: the body from the policy's checkpoint and a zero head, or a reward model's body and head."""
+    init_path: str | None = None
+    """algo.value_init_path: the reward model's folder or hub id (value_init=reward_model)."""
+    sequence_parallel: int = 1
+    """train.sequence_parallel: ranks that split each sequence (models/ulysses_attention.py)."""
+    longest_sequence: int = 0
+    """The longest prompt + completion in tokens (Config.longest_sequence): model.gradient_checkpointing=auto
+    turns it on past a length."""
 
 
 @dataclass(frozen=True)

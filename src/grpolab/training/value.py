@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from grpolab.config import Config
 from grpolab.distributed import sequence
 from grpolab.models.inference import enable_checkpointing
 from grpolab.models.loading import ModelLoadError, attention_kwargs, autocast_context
@@ -35,6 +34,7 @@ from grpolab.models.sources import local_source
 from grpolab.models.ulysses_attention import install as install_ulysses
 from grpolab.models.ulysses_attention import masks_for, sharded_outputs
 from grpolab.training.logprobs import build_inputs
+from grpolab.training.spec import ValueModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -87,23 +87,23 @@ def token_values(
     return nn.functional.pad(values, (0, t_full - t)) if t < t_full else values
 
 
-def load_value_model(cfg: Config, device: torch.device, *, placement: str = "device") -> ValueModel:
-    """The value model for cfg.algo.value_init, trainable. ``placement``: "device" loads it onto ``device``;
+def load_value_model(spec: ValueModelSpec, device: torch.device, *, placement: str = "device") -> ValueModel:
+    """The value model of ``spec.init`` (algo.value_init), trainable. ``placement``: "device" loads it onto ``device``;
     under FSDP2 rank 0 loads it into host memory ("host") and the other ranks build it on the meta device
     ("meta": shapes only, no file read), and ``build_critic`` (runtime/step_spec.py) broadcasts rank 0's weights
     into the shards, as the policy loads (distributed/parallel.py, loads_on_rank0)."""
-    m, a = cfg.model, cfg.algo
+    m = spec.model
     kwargs = {"revision": m.revision, "dtype": getattr(torch, m.dtype), "trust_remote_code": m.trust_remote_code}
     kwargs |= attention_kwargs(m)
-    source = a.value_init_path if a.value_init == "reward_model" else _base_checkpoint(local_source(m.name_or_path))
+    source = spec.init_path if spec.init == "reward_model" else _base_checkpoint(local_source(m.name_or_path))
     if placement == "meta":
-        model = _on_meta(source, kwargs, reward_model=a.value_init == "reward_model")
-    elif a.value_init == "reward_model":
+        model = _on_meta(source, kwargs, reward_model=spec.init == "reward_model")
+    elif spec.init == "reward_model":
         model = _from_reward_model(source, kwargs)
     else:  # a GGUF source (a file, package:...) is read from its converted folder, as the policy is
         model = _from_policy_checkpoint(source, kwargs)
-    install_ulysses(model, cfg.train.sequence_parallel)  # before wrapping; a one-line error if it cannot split
-    if m.checkpointing_on(device.type, cfg.longest_sequence):
+    install_ulysses(model, spec.sequence_parallel)  # before wrapping; a one-line error if it cannot split
+    if m.checkpointing_on(device.type, spec.longest_sequence):
         enable_checkpointing(model.body)
     return (model.to(device) if placement == "device" else model).train()
 

@@ -78,8 +78,8 @@ def test_the_blind_grader_grades_the_same_samples_a_second_time(results):
 
 def test_an_unknown_blind_grader_is_one_config_error():
     from grpolab.config import ConfigError
-    from grpolab.eval.runner import Grader
+    from grpolab.runtime.eval_spec import build_grader
 
     cfg = load_config(None, ["reward.functions=[{name: exact_match}]", "eval.blind_grader=answer_anywher"])
     with pytest.raises(ConfigError, match="eval.blind_grader='answer_anywher': unknown reward .*answer_anywhere"):
-        Grader.from_config(cfg)
+        build_grader(cfg)

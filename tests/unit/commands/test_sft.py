@@ -90,16 +90,17 @@ def test_a_format_target_never_reached_runs_the_budget_and_says_so(tiny_model_di
 def test_the_dev_check_counts_format_errors_with_the_blind_grader(tiny_model_dir):
     """A random tiny model's greedy replies, graded by hand the way the check grades them."""
     from grpolab.eval.metrics import format_errors
-    from grpolab.eval.runner import Grader, greedy_decode, greedy_sampler
+    from grpolab.eval.runner import greedy_decode
     from grpolab.runtime.assemble import load_model
+    from grpolab.runtime.eval_spec import build_grader, sampler_maker
 
     cfg = _cfg(tiny_model_dir, "/tmp", "eval.blind_grader=answer_anywhere",
                "reward.functions=[{name: exact_match, kwargs: {extract: last_number}}]")
     model, tok = load_model(cfg.model)
     dev = [sft_module.Example("1+2=", "3"), sft_module.Example("4+4=", "8")]
     result = sft_module.dev_checker(cfg, model, tok, dev)()
-    sampler = greedy_sampler(cfg, model, tok)
-    graded = greedy_decode(sampler, sft_module.tokenize_prompts(dev, tok, cfg.data), dev, Grader.from_config(cfg))
+    sampler = sampler_maker(cfg, model, tok)(0.0)
+    graded = greedy_decode(sampler, sft_module.tokenize_prompts(dev, tok, cfg.data), dev, build_grader(cfg))
     sampler.close()
     expected = format_errors(graded.correct, graded.answers, graded.blind)
     assert result == sft_module.DevCheck(sum(graded.correct) / 2, sum(expected) / 2)

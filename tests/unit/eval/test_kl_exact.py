@@ -10,6 +10,7 @@ import torch
 
 from grpolab.config import Config, load_config
 from grpolab.eval.kl import measure_kl, position_moments, token_kls
+from grpolab.runtime.eval_spec import kl_sampler
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 
 
@@ -52,7 +53,7 @@ def test_the_exact_kl_and_the_estimators_match_a_full_logits_computation(models)
 def test_on_the_policy_s_samples_both_estimators_are_unbiased_and_only_k1_goes_negative(models):
     tok, policy, reference = models
     prompts = [tok(f"{a}+{b}=")["input_ids"] for a, b in [(1, 2), (33, 4), (5, 67), (8, 9)]]
-    m = measure_kl(policy, reference, tok, prompts, _cfg(), num_generations=64, seed=0)
+    m = measure_kl(policy, reference, kl_sampler(_cfg(), policy, tok), prompts, num_generations=64, seed=0)
     assert m.sequences == 4 * 64 and m.tokens > 1000
     assert m.exact_mean > 0.01  # two random models: a real KL
     assert m.k3_min >= 0.0 and m.k1_negative_share > 0.05 and m.k1_min < 0
@@ -64,7 +65,7 @@ def test_on_the_policy_s_samples_both_estimators_are_unbiased_and_only_k1_goes_n
 
 def test_a_policy_equal_to_its_reference_has_no_kl(models):
     tok, policy, _ = models
-    m = measure_kl(policy, policy, tok, [tok("1+1=")["input_ids"]], _cfg(), num_generations=8, seed=0)
+    m = measure_kl(policy, policy, kl_sampler(_cfg(), policy, tok), [tok("1+1=")["input_ids"]], num_generations=8, seed=0)
     assert abs(m.exact_mean) < 1e-6 and abs(m.k1_mean) < 1e-6 and m.k3_mean < 1e-6
 
 
@@ -98,7 +99,7 @@ def test_a_clamped_ratio_biases_the_implemented_k3_and_not_the_formula():
 def test_on_the_policy_s_samples_the_exact_expectations_are_the_kl(models):
     tok, policy, reference = models
     prompts = [tok(f"{a}+{b}=")["input_ids"] for a, b in [(1, 2), (33, 4)]]
-    m = measure_kl(policy, reference, tok, prompts, _cfg(), num_generations=16, seed=0)
+    m = measure_kl(policy, reference, kl_sampler(_cfg(), policy, tok), prompts, num_generations=16, seed=0)
     assert m.exact_mean > 0.01
     assert m.k1_bias_max < 1e-12 and m.k3_bias_max < 1e-12 and m.bias_rel_max < 1e-9
     assert m.k3_vocab_min >= 0.0 and abs(m.clamp_bias_mean) < 1e-12

@@ -69,10 +69,11 @@ def test_a_kernels_hub_id_without_the_kernels_package_stops_before_the_model_loa
 def test_the_policy_and_the_critic_load_with_the_chosen_attention(tiny, name):
     import torch
 
+    from grpolab.training.spec import ValueModelSpec
     from grpolab.training.value import load_value_model
 
     cfg = load_config(None, [f"model.name_or_path={tiny}", f"model.attn_implementation={name}", "algo.name=ppo"])
     model, _ = load_policy(cfg.model)
     assert model.config._attn_implementation == name
-    critic = load_value_model(cfg, torch.device("cpu"))
+    critic = load_value_model(ValueModelSpec(cfg.model), torch.device("cpu"))
     assert critic.body.config._attn_implementation == name

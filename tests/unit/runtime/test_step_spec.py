@@ -9,7 +9,15 @@ from grpolab.algo.kl import kl_k3
 from grpolab.algo.losses import AGGREGATIONS, cispo_loss, clipped_surrogate_loss
 from grpolab.algo.soft import sapo_loss
 from grpolab.config import load_config
-from grpolab.runtime.step_spec import logprob_context, policy_loss_spec, update_spec
+from grpolab.runtime.step_spec import (
+    critic_optim,
+    logprob_context,
+    policy_loss_spec,
+    run_optimizer,
+    sampling_spec,
+    update_spec,
+    value_model_spec,
+)
 
 MASK = torch.tensor([[True, True], [True, False]])
 
@@ -46,3 +54,40 @@ def test_the_forwards_settings_travel_in_one_context(device, rows):
     assert (ctx.micro_batch_size, ctx.max_tokens, ctx.padding_free) == (rows, 2048, True)  # "auto" rows by device
     update = update_spec(load_config(None, ["algo.mu=3", "algo.num_minibatches=2", "optim.max_grad_norm=0.5"]), ctx)
     assert (update.mu, update.num_minibatches, update.max_grad_norm) == (3, 2, 0.5) and update.logprobs is ctx
+
+
+def test_the_sampling_spec_holds_dapos_rounds_the_failed_group_stop_and_the_reward_bounds():
+    cfg = load_config(None, [
+        "algo.name=dapo", "train.prompts_per_step=16", "rollout.num_generations=4", "algo.max_sampling_rounds=3",
+        "train.max_failed_group_share=0.25", "reward.timeout_s=7", "reward.max_retries=2",
+    ])  # fmt: skip
+    spec = sampling_spec(cfg)
+    assert (spec.prompts_per_step, spec.num_generations, spec.dynamic_sampling, spec.max_sampling_rounds) == (16, 4, True, 3)
+    assert (spec.max_failed_group_share, spec.reward_timeout_s, spec.reward_max_retries) == (0.25, 7.0, 2)
+    assert sampling_spec(load_config(None, [])).dynamic_sampling is False  # GRPO's preset: null resolved to False
+
+
+def test_the_value_model_comes_from_algo_value_init_with_the_policy_s_model_section():
+    cfg = load_config(None, [
+        "algo.name=ppo", "algo.value_init=reward_model", "algo.value_init_path=/rm", "data.max_prompt_length=100",
+        "rollout.max_completion_length=28",
+    ])  # fmt: skip
+    spec = value_model_spec(cfg)
+    assert spec.model is cfg.model and (spec.init, spec.init_path) == ("reward_model", "/rm")
+    assert (spec.sequence_parallel, spec.longest_sequence) == (1, 128)
+
+
+def test_the_schedule_spans_every_optimizer_step_and_the_critic_takes_value_lr():
+    cfg = load_config(None, [
+        "algo.name=ppo", "train.num_steps=5", "algo.mu=2", "algo.num_minibatches=2", "optim.schedule=linear",
+        "optim.lr=1e-3", "algo.value_lr=1e-2",
+    ])  # fmt: skip
+    model = torch.nn.Linear(2, 1)
+    optimizer, scheduler = run_optimizer(cfg, model)
+    for _ in range(10):  # 5 steps x 4 optimizer steps = 20: half way, the linear schedule is at half the rate
+        optimizer.step()
+        scheduler.step()
+    assert scheduler.get_last_lr()[0] == pytest.approx(0.5e-3)
+    assert critic_optim(cfg).lr == 1e-2 and critic_optim(load_config(None, ["algo.name=ppo", "optim.lr=3e-4"])).lr == 3e-4
+    _, critic_scheduler = run_optimizer(cfg, torch.nn.Linear(2, 1), critic_optim(cfg))
+    assert critic_scheduler.get_last_lr()[0] == pytest.approx(1e-2)

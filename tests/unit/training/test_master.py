@@ -6,16 +6,16 @@ import copy
 
 import torch
 
-from grpolab.config import Config, OptimConfig
+from grpolab.config import OptimConfig
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 from grpolab.training.master import MasterWeightOptimizer, grads_to_clip, scale_backed_off
 from grpolab.training.optim import build_optimizer
 
-CFG = Config(optim=OptimConfig(lr=1e-6, max_grad_norm=0.0))
+OPTIM = OptimConfig(lr=1e-6, max_grad_norm=0.0)
 
 
 def _ten_steps(model, grads, master_weights=None):
-    optimizer, scheduler = build_optimizer(model, CFG, master_weights=master_weights)
+    optimizer, scheduler = build_optimizer(model, OPTIM, total_steps=10, master_weights=master_weights)
     for step_grads in grads:
         optimizer.zero_grad(set_to_none=True)
         for p, g in zip(model.parameters(), step_grads, strict=True):
@@ -62,7 +62,7 @@ def test_ten_adamw_steps_at_lr_1e6_move_a_bf16_model_like_the_fp32_one():
 
 def test_fp16_loss_scaling_backs_off_on_overflow_and_then_steps():
     model = torch.nn.Linear(4, 3).to(torch.float16)
-    optimizer, _ = build_optimizer(model, Config(optim=OptimConfig(lr=1e-2)))
+    optimizer, _ = build_optimizer(model, OptimConfig(lr=1e-2), total_steps=10)
     assert optimizer.scaler is not None
     scale = optimizer.scaler.get_scale()
     x = torch.ones(2, 4, dtype=torch.float16)

@@ -5,20 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.config import load_config
+from grpolab.config import OptimConfig
 from grpolab.training.optim import apply_optim_config, build_optimizer
 
 
 def test_apply_optim_config_rebases_the_schedule_on_the_new_lr():
     model = torch.nn.Linear(2, 1)
-    old = load_config(None, ["optim.lr=1e-3", "optim.schedule=linear", "train.num_steps=10"])
-    opt, sched = build_optimizer(model, old)
+    old = OptimConfig(lr=1e-3, schedule="linear")
+    opt, sched = build_optimizer(model, old, total_steps=10)
     for _ in range(4):
         opt.step()
         sched.step()
     state = (opt.state_dict(), sched.state_dict())
-    new = load_config(None, ["optim.lr=1e-5", "optim.schedule=linear", "train.num_steps=10", "optim.weight_decay=0.1"])
-    opt2, sched2 = build_optimizer(model, new)
+    new = OptimConfig(lr=1e-5, schedule="linear", weight_decay=0.1)
+    opt2, sched2 = build_optimizer(model, new, total_steps=10)
     opt2.load_state_dict(state[0])
     sched2.load_state_dict(state[1])
     assert sched2.get_last_lr()[0] == pytest.approx(6e-4)  # the saved state wins without the rebuild

@@ -2,11 +2,11 @@
 
 import torch
 
-from grpolab.config import load_config
 from grpolab.data import PromptOrder
 from grpolab.rewards import build_reward
 from grpolab.rollout.base import Sampler
 from grpolab.training.sampling import groups_with_signal, sample_step
+from grpolab.training.spec import SamplingSpec
 from grpolab.types import Completions, Example
 
 G = 4
@@ -45,13 +45,13 @@ PROMPT_IDS = [[k] for k in range(30)]
 REWARDS = [build_reward("exact_match", kwargs={"extract": "none"})]
 
 
-def _step(overrides, data=None, gen=None):
-    cfg = load_config(None, ["train.prompts_per_step=6", f"rollout.num_generations={G}", *overrides])
+def _step(data=None, gen=None, **settings):
+    spec = SamplingSpec(prompts_per_step=6, num_generations=G, **settings)
     data = data or PromptOrder(len(EXAMPLES), seed=0, shuffle=True)
     gen = gen or torch.Generator().manual_seed(0)
     sampler = ScriptedSampler()
     step = sample_step(
-        cfg, sampler=sampler, rewards=REWARDS, data=data, examples=EXAMPLES, prompt_ids=PROMPT_IDS, generator=gen
+        spec, sampler=sampler, rewards=REWARDS, data=data, examples=EXAMPLES, prompt_ids=PROMPT_IDS, generator=gen
     )
     return step, sampler
 
@@ -64,7 +64,7 @@ def test_groups_with_signal_keeps_mixed_groups_only():
 
 
 def test_dynamic_sampling_fills_the_step_with_groups_that_have_a_signal():
-    step, sampler = _step(["algo.dynamic_sampling=true"])
+    step, sampler = _step(dynamic_sampling=True)
     assert len(step.rows) == 6 and step.completions.num_sequences == 6 * G  # the step has its prompt count
     assert all(k % 3 for k in step.rows)  # no all-equal group reaches the loss
     assert groups_with_signal(step.rewards, step.valid) == list(range(6))
@@ -82,23 +82,23 @@ def test_dynamic_sampling_fills_the_step_with_groups_that_have_a_signal():
 
 
 def test_without_dynamic_sampling_one_round_keeps_everything():
-    step, sampler = _step([])
+    step, sampler = _step()
     assert sampler.calls == 1 and step.rows == PromptOrder(len(EXAMPLES), seed=0).next(6)  # as before
     assert step.metrics["train/groups_kept"] == step.metrics["train/groups_drawn"] == 6
 
 
 def test_spent_rounds_train_on_what_was_kept_and_the_draw_is_reproducible():
-    step, sampler = _step(["algo.dynamic_sampling=true", "algo.max_sampling_rounds=1"])
+    step, sampler = _step(dynamic_sampling=True, max_sampling_rounds=1)
     assert sampler.calls == 1 and 0 < len(step.rows) < 6 and all(k % 3 for k in step.rows)
     # same data position and generator state -> the same step (what exact resume relies on)
     data, gen = PromptOrder(len(EXAMPLES), seed=0), torch.Generator().manual_seed(0)
     data.next(6)
     gen_state = gen.get_state()
-    a, _ = _step(["algo.dynamic_sampling=true"], data=data, gen=gen)
+    a, _ = _step(dynamic_sampling=True, data=data, gen=gen)
     data2, gen2 = PromptOrder(len(EXAMPLES), seed=0), torch.Generator()
     data2.next(6)
     gen2.set_state(gen_state)
-    b, _ = _step(["algo.dynamic_sampling=true"], data=data2, gen=gen2)
+    b, _ = _step(dynamic_sampling=True, data=data2, gen=gen2)
     assert a.rows == b.rows and torch.equal(a.completions.completion_ids, b.completions.completion_ids)
 
 
@@ -116,7 +116,7 @@ def _rank_steps(rank: int, world: int, port: int, out: str) -> None:
     with dist.session("cpu"):
         results = {}
         for rounds in (8, 1):
-            step, sampler = _step(["algo.dynamic_sampling=true", f"algo.max_sampling_rounds={rounds}"])
+            step, sampler = _step(dynamic_sampling=True, max_sampling_rounds=rounds)
             mine = {"rows": step.rows, "calls": sampler.calls, **step.metrics, "n": step.completions.num_sequences}
             every = [None] * world
             tdist.all_gather_object(every, mine)
@@ -191,11 +191,11 @@ def test_a_streaming_sampler_has_each_group_scored_while_the_next_generates():
             return values
 
     rewards = [WeightedReward(reward=Recording())]
-    cfg = load_config(None, ["train.prompts_per_step=6", f"rollout.num_generations={G}"])
+    spec = SamplingSpec(prompts_per_step=6, num_generations=G)
     data = PromptOrder(len(EXAMPLES), seed=0, shuffle=True)
     sampler = StreamingSampler(scored)
     step = sample_step(
-        cfg, sampler=sampler, rewards=rewards, data=data, examples=EXAMPLES, prompt_ids=PROMPT_IDS,
+        spec, sampler=sampler, rewards=rewards, data=data, examples=EXAMPLES, prompt_ids=PROMPT_IDS,
         generator=torch.Generator().manual_seed(0),
     )  # fmt: skip
     assert sampler.overlapped == [True] * 6  # each group scored before the next was generated
@@ -239,9 +239,9 @@ def test_groups_that_wait_while_one_is_scored_are_scored_together():
             all_out.set()
             return out
 
-    cfg = load_config(None, ["train.prompts_per_step=6", f"rollout.num_generations={G}"])
+    spec = SamplingSpec(prompts_per_step=6, num_generations=G)
     step = sample_step(
-        cfg, sampler=AllAtOnce(), rewards=[WeightedReward(reward=Slow())], data=PromptOrder(len(EXAMPLES), seed=0),
+        spec, sampler=AllAtOnce(), rewards=[WeightedReward(reward=Slow())], data=PromptOrder(len(EXAMPLES), seed=0),
         examples=EXAMPLES, prompt_ids=PROMPT_IDS, generator=torch.Generator().manual_seed(0),
     )  # fmt: skip
     assert sizes == [G, 5 * G]

@@ -10,7 +10,6 @@ import time
 import pytest
 import torch
 
-from grpolab.config import load_config
 from grpolab.data import PromptOrder
 from grpolab.envs import EnvStep
 from grpolab.rewards import WeightedReward
@@ -20,6 +19,7 @@ from grpolab.sandbox.runner import SandboxError
 from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer
 from grpolab.training.failures import FailedGroups
 from grpolab.training.sampling import sample_step
+from grpolab.training.spec import SamplingSpec
 from grpolab.types import FAILURE_KINDS, Completions, Example, Failure
 
 G = 4
@@ -76,11 +76,11 @@ EXAMPLES = [Example(prompt=f"q{k}", answer=str(k)) for k in range(30)]
 PROMPT_IDS = [[k] for k in range(30)]
 
 
-def _step(fails=None, *overrides, sampler=None, examples=EXAMPLES, prompt_ids=PROMPT_IDS):
-    cfg = load_config(None, [f"train.prompts_per_step={P}", f"rollout.num_generations={G}", *overrides])
+def _step(fails=None, sampler=None, examples=EXAMPLES, prompt_ids=PROMPT_IDS, **settings):
+    spec = SamplingSpec(prompts_per_step=P, num_generations=G, **settings)
     judge = Judge(fails or {})
     step = sample_step(
-        cfg, sampler=sampler or Sampler(), rewards=[WeightedReward(judge)], examples=examples, prompt_ids=prompt_ids,
+        spec, sampler=sampler or Sampler(), rewards=[WeightedReward(judge)], examples=examples, prompt_ids=prompt_ids,
         data=PromptOrder(len(examples), seed=0, shuffle=False), generator=torch.Generator().manual_seed(0),
     )  # fmt: skip
     return step, judge
@@ -105,7 +105,7 @@ def test_a_group_whose_reward_failed_is_dropped_never_scored_zero():
 
 def test_each_kind_is_counted_under_its_own_key_and_an_engine_failure_is_never_scored():
     fails = {1: "nan", 2: "raise", 3: "sandbox", 4: "none"}
-    step, judge = _step(fails, "train.max_failed_group_share=1", sampler=Sampler(engine_fails={0}))
+    step, judge = _step(fails, max_failed_group_share=1.0, sampler=Sampler(engine_fails={0}))
     assert step.rows == [5]
     m = step.metrics
     counted = {kind: m[f"failures/{kind}"] for kind in FAILURE_KINDS if m[f"failures/{kind}"]}
@@ -135,7 +135,7 @@ def test_groups_scored_as_they_finish_drop_and_count_alike():
 
 
 def test_a_reward_past_its_timeout_drops_its_group():
-    step, _ = _step({3: "hang"}, "reward.timeout_s=0.3")
+    step, _ = _step({3: "hang"}, reward_timeout_s=0.3)
     assert step.rows == [0, 1, 2, 4, 5] and step.metrics["failures/reward_timeout"] == 1
 
 
@@ -154,17 +154,17 @@ def test_more_failed_groups_than_the_limit_stop_with_one_line():
     assert "\n" not in message
     step, _ = _step({0: "raise", 1: "raise", 2: "raise"})  # 3 of 6 is not more than half: it trains on 3
     assert step.rows == [3, 4, 5]
-    step, _ = _step({0: "raise", 1: "raise", 2: "raise", 3: "raise"}, "train.max_failed_group_share=0.7")
+    step, _ = _step({0: "raise", 1: "raise", 2: "raise", 3: "raise"}, max_failed_group_share=0.7)
     assert step.rows == [4, 5]
 
 
 def test_a_step_with_no_group_left_stops_even_at_share_one():
     with pytest.raises(FailedGroups, match=r"^6 of 6 groups \(100%\) were dropped .*, and a rank has no group left"):
-        _step(dict.fromkeys(range(P), "raise"), "train.max_failed_group_share=1")
+        _step(dict.fromkeys(range(P), "raise"), max_failed_group_share=1.0)
 
 
 def test_dynamic_sampling_fills_the_place_of_a_failed_group():
-    step, _ = _step({2: "raise"}, "algo.dynamic_sampling=true")
+    step, _ = _step({2: "raise"}, dynamic_sampling=True)
     assert step.rows == [0, 1, 3, 4, 5, 6] and step.metrics["train/sampling_rounds"] == 2
     assert step.metrics["failures/reward_error"] == 1 and step.metrics["train/groups_drawn"] == 2 * P
 
@@ -226,7 +226,7 @@ def _rank_steps(rank: int, world: int, port: int, out: str) -> None:
         step, _ = _step({4: "raise"})  # rank 0 draws prompts 0-2, rank 1 prompts 3-5
         mine = {"rows": step.rows, **{k: v for k, v in step.metrics.items() if k.startswith("failures/")}}
         try:
-            _step({3: "raise", 4: "raise"}, "train.max_failed_group_share=0.3")
+            _step({3: "raise", 4: "raise"}, max_failed_group_share=0.3)
             mine["stopped"] = None
         except FailedGroups as err:
             mine["stopped"] = str(err)

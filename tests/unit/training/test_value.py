@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from grpolab.config import load_config
+from grpolab.config import ModelConfig
 from grpolab.models.loading import ModelLoadError
+from grpolab.training.spec import ValueModelSpec
 from grpolab.training.value import load_value_model, token_values
 
 PROMPTS = [[5, 6, 7], [8, 9]]
@@ -29,8 +30,7 @@ def reward_model_dir(tiny_model_dir, tmp_path_factory) -> str:
 def test_value_model_from_the_policy_starts_at_zero_with_the_policy_body(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    cfg = load_config(None, [f"model.name_or_path={tiny_model_dir}", "algo.name=ppo"])
-    value = load_value_model(cfg, torch.device("cpu"))
+    value = load_value_model(ValueModelSpec(ModelConfig(name_or_path=tiny_model_dir)), torch.device("cpu"))
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     body = dict(value.body.named_parameters())
     for name, p in policy.get_decoder().named_parameters():
@@ -41,16 +41,8 @@ def test_value_model_from_the_policy_starts_at_zero_with_the_policy_body(tiny_mo
 
 
 def test_values_are_the_reward_models_score_of_each_prefix(tiny_model_dir, reward_model_dir):
-    cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={tiny_model_dir}",
-            "algo.name=ppo",
-            "algo.value_init=reward_model",
-            f"algo.value_init_path={reward_model_dir}",
-        ],
-    )
-    value = load_value_model(cfg, torch.device("cpu"))
+    spec = ValueModelSpec(ModelConfig(name_or_path=tiny_model_dir), init="reward_model", init_path=reward_model_dir)
+    value = load_value_model(spec, torch.device("cpu"))
     rm = AutoModelForSequenceClassification.from_pretrained(reward_model_dir).eval()
     value.eval()
     with torch.no_grad():
@@ -64,14 +56,6 @@ def test_values_are_the_reward_models_score_of_each_prefix(tiny_model_dir, rewar
 
 
 def test_a_missing_reward_model_names_the_key(tiny_model_dir, tmp_path):
-    cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={tiny_model_dir}",
-            "algo.name=ppo",
-            "algo.value_init=reward_model",
-            f"algo.value_init_path={tmp_path / 'nope'}",
-        ],
-    )
+    spec = ValueModelSpec(ModelConfig(name_or_path=tiny_model_dir), init="reward_model", init_path=str(tmp_path / "nope"))
     with pytest.raises(ModelLoadError, match="algo.value_init_path"):
-        load_value_model(cfg, torch.device("cpu"))
+        load_value_model(spec, torch.device("cpu"))

@@ -10,7 +10,8 @@ pytest.importorskip("gguf", reason="the GGUF path needs the gguf package: pip in
 
 from gguf_files import write_tiny_gguf  # noqa: E402
 
-from grpolab.config import load_config  # noqa: E402
+from grpolab.config import ModelConfig  # noqa: E402
+from grpolab.training.spec import ValueModelSpec  # noqa: E402
 from grpolab.training.value import load_value_model  # noqa: E402
 
 
@@ -18,8 +19,7 @@ def test_the_value_model_of_a_gguf_policy_is_the_policy_s_body(tmp_path, monkeyp
     monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "tiny.gguf"
     original = write_tiny_gguf(path)
-    cfg = load_config(None, [f"model.name_or_path={path}", "algo.name=ppo", "model.device=cpu"])
-    critic = load_value_model(cfg, torch.device("cpu"))
+    critic = load_value_model(ValueModelSpec(ModelConfig(name_or_path=str(path), device="cpu")), torch.device("cpu"))
     body = dict(critic.body.named_parameters())
     for name, param in original.model.named_parameters():
         torch.testing.assert_close(body[name], param, rtol=0, atol=0)

@@ -21,7 +21,7 @@ from grpolab.config.server_checks import weight_transport
 from grpolab.distributed import dist
 from grpolab.models.loading import resolve_autocast, resolve_device
 from grpolab.models.sources import local_source
-from grpolab.rollout.base import resolve_eos
+from grpolab.rollout.base import resolve_eos, sampling_settings
 from grpolab.rollout.vllm import batch, shm
 from grpolab.rollout.vllm.client import ServerSampler
 from grpolab.rollout.vllm.server import RolloutServerError, VLLMServer
@@ -131,12 +131,7 @@ def build_server_sampler(
     return ServerSampler(
         client,
         tokenizer,
-        max_completion_length=r.max_completion_length,
-        temperature=r.temperature if temperature is None else temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        min_p=r.min_p,
-        repetition_penalty=r.repetition_penalty,
+        **sampling_settings(r, temperature),
         eos_token_ids=resolve_eos(policy, tokenizer, None),
         weights_from=wrapped if wrapped is not None else policy,
         device=device,

@@ -13,7 +13,7 @@ from grpolab.config.server_checks import check_trainer_transport
 from grpolab.distributed import dist
 from grpolab.models.loading import is_peft, resolve_device
 from grpolab.models.sources import local_source
-from grpolab.rollout.base import resolve_eos
+from grpolab.rollout.base import resolve_eos, sampling_settings
 from grpolab.rollout.budget import free_memory_bytes, kv_bytes_per_sequence
 from grpolab.rollout.vllm.engine import VLLMSampler, import_vllm, start_engine
 
@@ -244,12 +244,7 @@ def build_vllm_sampler(
     return VLLMSampler(
         engine,
         tokenizer,
-        max_completion_length=cfg.rollout.max_completion_length,
-        temperature=cfg.rollout.temperature if temperature is None else temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        min_p=cfg.rollout.min_p,
-        repetition_penalty=cfg.rollout.repetition_penalty,
+        **sampling_settings(cfg.rollout, temperature),
         eos_token_ids=resolve_eos(policy, tokenizer, None),
         weights_from=wrapped if wrapped is not None else policy,
         device=device,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpolab.config import RewardSpec, load_config
+from grpolab.config import RewardSpec
 from grpolab.errors import ConfigError
 from grpolab.rewards import build_rewards
 from grpolab.rewards.judge.settings import ServeSettings, settings_from
@@ -56,7 +56,6 @@ def test_serve_settings_and_defaults():
 
 
 def test_a_bad_judge_in_the_config_is_one_config_error_naming_the_entry():
-    cfg = load_config(None, [])
     spec = RewardSpec(name="judge", kwargs={**BASE, "score": "stars"})
     with pytest.raises(ConfigError, match=r"reward.functions\[0\] \(name 'judge'\): .*score 'stars'"):
-        build_rewards(cfg, [spec])
+        build_rewards([spec])
