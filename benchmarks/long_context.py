@@ -5,7 +5,9 @@ GRPOTrainer in one process; and the longest length each trains within a memory l
 The model has Qwen2.5-0.5B's vocabulary (151,936), width (896, MLP 4,864) and heads (14 query, 2 key / value)
 but ``--layers`` layers (2), random weights, fp32, built in code. One step: one prompt of 32 tokens and G = 2
 completions of exactly ``length`` tokens, fixed in advance (rewards 1 and 0, so the advantages are not zero),
-beta = 0, mu = 1, AdamW, one completion per micro-batch, gradient checkpointing on (``--checkpointing``).
+beta = 0, mu = 1, AdamW, one completion per micro-batch, gradient checkpointing on (``--checkpointing``); the
+N = 2 runs under DDP (``--parallel``: each rank holds the whole model, its gradients, DDP's gradient buckets
+and AdamW's state, ~0.5 GB more per rank than one process at this shape; fsdp shards them).
 grpolab's step is the batch's forwards and the update (no generation); TRL's is one ``GRPOTrainer`` step whose
 ``rollout_func`` hands it the same fixed completions (no generation either), per_device_train_batch_size 1 and
 gradient accumulation over the G completions. TRL's trainer has no sequence parallelism on a CPU (its context
@@ -63,6 +65,7 @@ def parse(argv=None):
     p.add_argument("--vocab", type=int, default=SHAPE["vocab_size"], help="a smaller vocabulary for a quick look")
     p.add_argument("--memory-limit-mb", type=float, default=16000.0, help="resident memory one rank may hold")
     p.add_argument("--keep-free-mb", type=float, default=2048.0, help="stop a run when the machine has less available")
+    p.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp"), help="train.parallel of the N > 1 runs")
     p.add_argument("--checkpointing", default="true", choices=("true", "false", "auto"))
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -91,7 +94,7 @@ def overrides(a, model_dir: Path, length: int, n: int, out: Path) -> list[str]:
         f"model.name_or_path={model_dir}", f"model.device={a.device}", "model.attn_implementation=sdpa",
         f"model.gradient_checkpointing={a.checkpointing}", "algo.beta=0", "algo.mu=1", "algo.num_minibatches=1",
         f"rollout.num_generations={G}", f"rollout.max_completion_length={length}", "train.prompts_per_step=1",
-        "train.micro_batch_size=1", f"train.sequence_parallel={n}", f"train.parallel={'ddp' if n > 1 else 'none'}",
+        "train.micro_batch_size=1", f"train.sequence_parallel={n}", f"train.parallel={getattr(a, 'parallel', 'ddp') if n > 1 else 'none'}",
         f"data.max_prompt_length={PROMPT}", f"log.output_dir={out}", *(["model.autocast=none"] if a.device == "cpu" else []),
     ]  # fmt: skip
 
@@ -264,7 +267,7 @@ def main(argv=None) -> int:
                 print(rows[-1], file=sys.stderr, flush=True)
     print(f"{a.device}, torch {torch.__version__}; Qwen2.5-0.5B shape with {a.layers} layers, vocabulary {a.vocab:,}; "
           f"{G} completions of each length after a {PROMPT}-token prompt; checkpointing={a.checkpointing}; "
-          f"{a.threads} thread(s) per rank; {trl_note}\n")  # fmt: skip
+          f"{a.threads} thread(s) per rank; N > 1 under {a.parallel}; {trl_note}\n")  # fmt: skip
     print("| trainer | N | completion tokens | peak MB per rank | tokens/s | grad norm |\n|---|---|---|---|---|---|")
     print("\n".join(rows))
     for kind, n in runs:
