@@ -28,3 +28,17 @@ def digit_fraction_failing_on(completion, example, prompt: str) -> float:
     if prompt in example.prompt:
         raise ConnectionResetError("[Errno 104] Connection reset by peer")
     return digit_fraction(completion, example)
+
+
+def counted_digit_fraction(completion, example) -> float:
+    """``digit_fraction``, each call appending a line to ``$GRPOLAB_TEST_REWARD_CALLS/rank<RANK>`` (when set):
+    which ranks scored, and how much."""
+    import os
+    from pathlib import Path
+
+    folder = os.environ.get("GRPOLAB_TEST_REWARD_CALLS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with open(Path(folder) / f"rank{os.environ.get('RANK', '0')}", "a") as f:
+            f.write("x\n")
+    return digit_fraction(completion, example)

@@ -168,10 +168,17 @@ def sum_over_group(x: torch.Tensor, lay: Layout | None = None) -> torch.Tensor:
     return x if lay.size == 1 else _SumOverGroup.apply(x, lay.group)
 
 
+def samples() -> bool:
+    """True on the rank that samples and scores its group's rows: the group's first (every rank when N = 1).
+    The group's other ranks do not sample (their draw would be the same work again, and sampling is not
+    bitwise reproducible across devices): ``shared`` hands them the first rank's."""
+    return _LAYOUT.rank == 0
+
+
 def shared(obj):
-    """The group's first rank's ``obj`` on every rank of its sequence-parallel group: the rows a group
-    trains on are the ones its first rank sampled and scored (sampling is not bitwise reproducible across
-    devices, so the group's ranks must not each keep their own). ``obj`` itself when N = 1.
+    """The group's first rank's ``obj`` on every rank of its sequence-parallel group (what the others pass
+    is ignored): the rows a group trains on are the ones its first rank sampled and scored. ``obj`` itself
+    when N = 1.
 
     Sent as torch.save bytes and loaded with each CUDA tensor on this rank's device (a pickled CUDA tensor
     would come back on the first rank's GPU); host tensors stay on the host."""

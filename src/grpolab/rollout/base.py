@@ -106,6 +106,13 @@ class Sampler(Protocol):
         collectives (FSDP2 gathers, the ranks' barrier) run on the main thread. Default: nothing held back."""
         return None
 
+    def take_part(self) -> None:
+        """What a rank runs in place of ``sample`` when another rank samples for it (the other ranks of a
+        sequence-parallel group: training/sampling.py): the collectives ``sample`` would run (a held-back
+        weight sync, FSDP2's gathers) and none of the sampling, so the ranks' collectives still pair up.
+        Default: the held-back weights, which the first ``sample`` would send."""
+        self.send_pending()
+
     def awake(self) -> AbstractContextManager[None]:
         """Several ``sample`` calls as one batch (a multi-turn batch's turns: rollout/multiturn.py): an engine
         that sleeps after each ``sample`` (colocated vLLM's sleep mode) sleeps once, at the end. Default:

@@ -9,6 +9,7 @@ engine with one line, before any model loads. docs/layout.md says what a new eng
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import torch
@@ -22,7 +23,12 @@ from grpolab.rollout.vllm.record import VLLM
 
 class UnshardedSampler(Sampler):
     """The hf sampler over an FSDP2 model: each ``sample`` runs with every layer unsharded
-    (``parallel.gathered``), then the shards are put back for training. The rest is the inner sampler's."""
+    (``parallel.gathered``), then the shards are put back for training. The rest is the inner sampler's.
+
+    ``awake`` holds the layers gathered over several ``sample`` calls (a multi-turn batch's turns), so a
+    batch gathers once, however many turns its episodes take: the gathers are collectives, and ranks whose
+    episodes end at different turns would otherwise wait for each other; ``take_part`` (a rank that does not
+    sample while another does) gathers once as well."""
 
     takes_examples = False
     streams_groups = False
@@ -30,10 +36,27 @@ class UnshardedSampler(Sampler):
     def __init__(self, sampler: Sampler, model: torch.nn.Module):
         self.sampler, self.model = sampler, model
         self.pad_token_id = sampler.pad_token_id
+        self._gathered = False
 
     def sample(self, *args, **kwargs):
-        with parallel.gathered(self.model):
+        with self.awake():
             return self.sampler.sample(*args, **kwargs)
+
+    def take_part(self) -> None:
+        with self.awake():
+            self.sampler.take_part()
+
+    @contextlib.contextmanager
+    def awake(self):
+        if self._gathered:
+            yield
+            return
+        with parallel.gathered(self.model), self.sampler.awake():
+            self._gathered = True
+            try:
+                yield
+            finally:
+                self._gathered = False
 
     def send_pending(self) -> None:
         self.sampler.send_pending()

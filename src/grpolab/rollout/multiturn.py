@@ -216,6 +216,12 @@ class MultiTurnSampler(Sampler):
         """The inner sampler's first weights, if it holds them back (the server sampler: rollout/vllm/client.py)."""
         self.sampler.send_pending()
 
+    def take_part(self) -> None:
+        """As a batch would: its first turn's collectives, inside ``awake`` (later turns run none: an engine held
+        awake neither sleeps nor syncs between them, and FSDP2's layers stay gathered for the batch)."""
+        with self.sampler.awake():
+            self.sampler.take_part()
+
     def close(self) -> None:
         self.sampler.close()
 

@@ -283,7 +283,9 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
         gold_rewards, plain, reference, ctx, measure_kl=cfg.reward.measure_kl, timeout_s=cfg.reward.timeout_s
     )
     data = PromptOrder(len(examples), seed=cfg.seed, shuffle=cfg.data.shuffle)
-    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + dist.world().rank)  # each rank its own
+    # each data-parallel rank its own; under sequence parallelism its group's first rank draws from it, so a
+    # D x N job samples as D processes do (distributed/sequence.py)
+    sample_gen = torch.Generator(device=device).manual_seed(cfg.seed + dist.data_world().rank)
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
     bad_steps = BadSteps(cfg.train.max_bad_steps, cfg.run_dir)
     no_signal = NoSignal.from_config(cfg)  # zero-std / no-valid-reward steps in a row (runtime/guards.py)

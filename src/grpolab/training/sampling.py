@@ -22,6 +22,9 @@ is dropped like a group without a signal, with or without dynamic sampling, and 
 rounds go on to fill its place. The fallback of spent rounds takes the last round's whole groups only. The
 step's failures are counted over all ranks, and too many stop the run (train.max_failed_group_share).
 
+Sequence parallelism (train.sequence_parallel = N): the N ranks of a group train on the same rows, so only
+the group's first rank samples and scores them; the others receive its groups (``_draw_for_group``).
+
 Distributed (torchrun): each rank draws and filters its share of every round's prompts. Rounds go on
 until every rank has kept its share (one all-reduce, so every rank runs the same rounds), and each rank
 then trains on as many groups as the rank that kept fewest, so the ranks' batches stay equal (DDP and
@@ -135,8 +138,7 @@ def sample_step(
     seconds = {"sys/time_generation_s": 0.0, "sys/time_scoring_s": 0.0}
     last = None
     for rounds in range(1, (spec.max_sampling_rounds if dynamic else 1) + 1):  # noqa: B007 - read below
-        # the ranks that split each sequence all take their first rank's draw (distributed/sequence.py)
-        last = sequence.shared(_draw(spec, sampler, rewards, data, examples, prompt_ids, generator, seconds))
+        last = _draw_for_group(spec, sampler, rewards, data, examples, prompt_ids, generator, seconds)
         drawn += len(last.rows)
         drawn_rewards.append(last.rewards[last.valid])  # a failed group's rows are not valid
         tally.add(last.failures, last.scores.retries + _episode_retries(last.completions))
@@ -185,11 +187,27 @@ def _episode_retries(completions: Completions) -> int:
     return sum(e.retries for e in completions.episodes) if completions.episodes is not None else 0
 
 
-def _draw(spec: SamplingSpec, sampler, rewards, data, examples, prompt_ids, generator, seconds) -> StepGroups:
-    """One round: ``prompts_per_step`` prompts from the data order, G completions each, scored (as each
-    group finishes, overlapping the others' generation, when the sampler hands groups out: server mode)."""
-    t0 = time.perf_counter()
+def _draw_for_group(spec: SamplingSpec, sampler, rewards, data, examples, prompt_ids, generator, seconds) -> StepGroups:
+    """One round's draw, made once per sequence-parallel group (train.sequence_parallel; every rank is its
+    own group without it): the group's first rank samples and scores, the others take part in the
+    sampler's collectives only (``Sampler.take_part``) and receive its groups and timings
+    (distributed/sequence.py ``shared``). Every rank advances the prompt order, so its state stays the same
+    everywhere (checkpoints, resume); the others' sampling generators are never drawn from."""
     rows = dist.shard(data.next(spec.prompts_per_step))  # same order everywhere; this rank's share
+    drawn = None
+    if sequence.samples():
+        drawn = _draw(spec, sampler, rewards, rows, examples, prompt_ids, generator, seconds)
+    else:
+        sampler.take_part()
+    drawn, spent = sequence.shared((drawn, seconds))
+    seconds.update(spent)
+    return drawn
+
+
+def _draw(spec: SamplingSpec, sampler, rewards, rows, examples, prompt_ids, generator, seconds) -> StepGroups:
+    """One round: G completions for each prompt of ``rows``, scored (as each group finishes, overlapping the
+    others' generation, when the sampler hands groups out: server mode)."""
+    t0 = time.perf_counter()
     group_size = spec.num_generations
     prompts = [prompt_ids[i] for i in rows]
     if sampler.streams_groups:

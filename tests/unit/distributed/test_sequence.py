@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from grpolab.distributed import sequence
 from grpolab.errors import ConfigError
@@ -47,6 +48,46 @@ def _tiny(heads: int, kv: int | None = None):
 def test_a_model_whose_heads_do_not_divide_is_one_line():
     with pytest.raises(ConfigError, match=r"has 6 attention heads, which do not divide by 4") as err:
         ua.install(_tiny(6), 4)
+    assert "\n" not in str(err.value)
+
+
+class OwnAttention(nn.Module):
+    """Attention computed in the layer itself, as remote code often is: no lookup in transformers' registry
+    (transformers reads this module's source to tell)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+
+def _own_attention_model():
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    class OwnModel(PreTrainedModel):
+        config_class = PretrainedConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.attention = OwnAttention()
+
+    return OwnModel(PretrainedConfig(num_attention_heads=4))
+
+
+def test_a_model_whose_attention_skips_the_registry_is_one_line():
+    with pytest.raises(ConfigError, match=r"OwnModel does not use transformers' attention-function registry") as err:
+        ua.install(_own_attention_model(), 2)
+    assert "\n" not in str(err.value) and "train.sequence_parallel=1" in str(err.value)
+
+
+def test_a_model_with_sliding_window_layers_is_one_line():
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                         use_sliding_window=True, sliding_window=4, max_window_layers=1, attn_implementation="sdpa")  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    assert "sliding_attention" in model.config.layer_types
+    with pytest.raises(ConfigError, match=r"has sliding-window layers") as err:
+        ua.install(model, 2)
     assert "\n" not in str(err.value)
 
 

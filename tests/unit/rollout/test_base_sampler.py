@@ -103,3 +103,45 @@ def test_the_wrappers_forward_send_pending_to_the_sampler_they_wrap(model, chat_
     UnshardedSampler(Inner(), model).send_pending()
     assert calls == ["send_pending", "send_pending"]
     assert Sampler.send_pending(Inner()) is None and len(calls) == 2
+
+
+def test_a_rank_that_takes_part_runs_the_collectives_of_one_batch(model, chat_tok, monkeypatch):
+    """``take_part`` (the other ranks of a sequence-parallel group, while the first samples): the default
+    sends the held-back weights, the wrappers forward it, and FSDP2's hf wrapper gathers once for it, as it
+    does for a whole multi-turn batch however many turns (``awake``): the gathers are collectives, so a
+    rank that takes part must run as many as the rank that samples."""
+    import contextlib
+
+    from grpolab.rollout import engines
+
+    calls = []
+
+    @contextlib.contextmanager
+    def gathered(m):
+        calls.append("gather")
+        yield m
+        calls.append("reshard")
+
+    monkeypatch.setattr(engines.parallel, "gathered", gathered)
+
+    class Inner(Sampler):
+        takes_examples = False
+        streams_groups = False
+        pad_token_id = 0
+
+        def sample(self, prompt_ids, *, num_generations, generator=None):
+            calls.append("sample")
+
+        def send_pending(self):
+            calls.append("send_pending")
+
+    unsharded = UnshardedSampler(Inner(), model)
+    with unsharded.awake():  # a multi-turn batch: two turns
+        unsharded.sample([[1]], num_generations=1)
+        unsharded.sample([[1]], num_generations=1)
+    assert calls == ["gather", "sample", "sample", "reshard"]
+    calls.clear()
+    unsharded.take_part()
+    MultiTurnSampler(unsharded, chat_tok, calc_env(), max_turns=2, max_episode_tokens=16).take_part()
+    Inner().take_part()
+    assert calls == ["gather", "send_pending", "reshard"] * 2 + ["send_pending"]

@@ -247,3 +247,70 @@ def test_groups_that_wait_while_one_is_scored_are_scored_together():
     assert sizes == [G, 5 * G]
     want = torch.tensor([[1.0 if j < r % 3 else 0.0 for j in range(G)] for r in step.rows])
     assert torch.equal(step.rewards, want)
+
+
+class CountingSampler(ScriptedSampler):
+    """The scripted sampler, counting the rounds it only took part in (``Sampler.take_part``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.parts = 0
+
+    def take_part(self) -> None:
+        self.parts += 1
+
+
+def _sequence_rank(rank: int, world: int, port: int, out: str) -> None:
+    """A rank of a 2-process gloo job whose 2 ranks split each sequence (one sequence-parallel group): a
+    dynamic-sampling step; rank 0 saves what every rank got."""
+    import os
+
+    import torch.distributed as tdist
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world)})
+    torch.set_num_threads(1)
+    from grpolab.distributed import dist, sequence
+
+    with dist.session("cpu"), sequence.sequence_parallel(2):
+        spec = SamplingSpec(prompts_per_step=6, num_generations=G, dynamic_sampling=True)
+        data, sampler = PromptOrder(len(EXAMPLES), seed=0, shuffle=True), CountingSampler()
+        gen = torch.Generator().manual_seed(0)
+        step = sample_step(spec, sampler=sampler, rewards=REWARDS, data=data, examples=EXAMPLES, prompt_ids=PROMPT_IDS, generator=gen)
+        mine = {"rows": step.rows, "ids": step.completions.completion_ids, "rewards": step.rewards, "metrics": step.metrics,
+                "calls": sampler.calls, "parts": sampler.parts, "next": data.next(6), "gen": gen.get_state()}  # fmt: skip
+        every = [None] * world
+        tdist.all_gather_object(every, mine)
+        if rank == 0:
+            torch.save(every, out)
+
+
+def test_a_sequence_parallel_group_samples_once_and_every_rank_trains_on_that_draw(tmp_path):
+    """2 ranks with train.sequence_parallel=2 hold the same rows: rank 0 samples and scores every round
+    of a dynamic-sampling step, rank 1 never samples and only takes part in the sampler's collectives; both
+    end with one process's step (rows, completions, rewards, metrics), and the prompt order moved on alike."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "sequence.pt"
+    mp.start_processes(_sequence_rank, args=(2, port, str(out)), nprocs=2, join=True, start_method="spawn")
+    first, other = torch.load(out, weights_only=False)
+    data = PromptOrder(len(EXAMPLES), seed=0, shuffle=True)
+    gen = torch.Generator().manual_seed(0)
+    one, sampler = _step(["algo.dynamic_sampling=true"], data=data, gen=gen)
+    after = data.next(6)
+    rounds = int(one.metrics["train/sampling_rounds"])
+    assert rounds >= 2 and sampler.calls == rounds  # a third of the prompts have no signal: more rounds
+    assert (first["calls"], first["parts"]) == (rounds, 0) and (other["calls"], other["parts"]) == (0, rounds)
+    for got in (first, other):
+        assert got["rows"] == one.rows and len(one.rows) == 6
+        assert torch.equal(got["ids"], one.completions.completion_ids) and torch.equal(got["rewards"], one.rewards)
+        assert got["metrics"] == first["metrics"] and got["next"] == after  # timings too: the first rank's
+    assert {k: v for k, v in first["metrics"].items() if not k.startswith("sys/")} == {
+        k: v for k, v in one.metrics.items() if not k.startswith("sys/")
+    }
+    assert torch.equal(first["gen"], gen.get_state())  # the sampling rank drew as one process did
+    assert torch.equal(other["gen"], torch.Generator().manual_seed(0).get_state())  # the other never drew

@@ -187,11 +187,7 @@ class VLLMSampler(Sampler):
         """G completions for each prompt, prompt-major (row p*G + g is sample g of prompt p)."""
         check_prompts(prompt_ids, num_generations)
         self._check_fits(prompt_ids)
-        state = _ENGINE_STATE.get(id(self.engine), {})
-        if self._pending is not None:  # as send_pending
-            self.update_weights(self._pending)
-        elif state.get("discarded"):  # slept at level 2 with no sync since: never sample discarded weights
-            self.update_weights(state["source"])
+        self._sync_if_due()
         self._wake()  # the KV cache (and, before any sync, the weights)
         greedy = self.temperature == 0
         seed = None if generator is None or greedy else draw_seed(generator)
@@ -211,6 +207,23 @@ class VLLMSampler(Sampler):
         if self.sleep_mode and not self._held_awake:
             self._sleep()
         return self._package(prompt_ids, num_generations, samples)
+
+    def _sync_if_due(self) -> None:
+        """The weights given as ``weights_from`` if not loaded yet, or the last synced ones again after a
+        level-2 sleep discarded them (never sample discarded weights)."""
+        state = _ENGINE_STATE.get(id(self.engine), {})
+        if self._pending is not None:  # as send_pending
+            self.update_weights(self._pending)
+        elif state.get("discarded"):  # slept at level 2 with no sync since
+            self.update_weights(state["source"])
+
+    def take_part(self) -> None:
+        """``sample``'s syncs (under FSDP2 their gathers are collectives) and its sleep afterwards, without the
+        generation: this rank's engine then goes through the sampling rank's states, so the next ``sample``
+        or ``take_part`` (a DAPO round, an evaluation on every rank) syncs here exactly when it syncs there."""
+        self._sync_if_due()
+        if self.sleep_mode and not self._held_awake:
+            self._sleep()
 
     @contextlib.contextmanager
     def awake(self):

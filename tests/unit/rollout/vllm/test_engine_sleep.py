@@ -139,3 +139,26 @@ def test_a_multi_turn_batch_holds_the_sampler_awake():
     finally:
         vllm_module._ENGINE_STATE.pop(id(engine), None)
     assert engine.calls == ["reload", "generate", "generate", "generate", "sleep2"]
+
+
+def test_a_rank_that_takes_part_syncs_where_the_sampling_rank_does_and_never_generates():
+    """The other ranks of a sequence-parallel group call ``take_part`` where the first calls ``sample``: their
+    engines sync at the same calls as the first test's (the pending weights, after the update, and in a round
+    after a level-2 sleep; under FSDP2 a sync's gathers are collectives, so a rank syncing alone would wait
+    forever) and sleep after each, but never generate."""
+    engine = RecordingEngine()
+    engine.calls.append("init")
+    policy = build_tiny_model(build_char_tokenizer(), hidden_size=16, num_layers=1, num_heads=2)
+    sampler, _ = _sampler(engine, weights_from=policy)
+    try:
+        sampler.take_part()  # step 1
+        sampler.update_weights(policy)
+        sampler.take_part()  # step 2
+        sampler.take_part()  # another round with no update in between
+    finally:
+        vllm_module._ENGINE_STATE.pop(id(engine), None)
+    assert engine.calls == [
+        "init", "reload", "sleep2",
+        "wake:weights", "reload", "sleep2",
+        "wake:weights", "reload", "sleep2",  # synced again, as the sampling rank does: the weights were discarded
+    ]  # fmt: skip
