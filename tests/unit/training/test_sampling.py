@@ -300,7 +300,7 @@ def test_a_sequence_parallel_group_samples_once_and_every_rank_trains_on_that_dr
     first, other = torch.load(out, weights_only=False)
     data = PromptOrder(len(EXAMPLES), seed=0, shuffle=True)
     gen = torch.Generator().manual_seed(0)
-    one, sampler = _step(["algo.dynamic_sampling=true"], data=data, gen=gen)
+    one, sampler = _step(data=data, gen=gen, dynamic_sampling=True)
     after = data.next(6)
     rounds = int(one.metrics["train/sampling_rounds"])
     assert rounds >= 2 and sampler.calls == rounds  # a third of the prompts have no signal: more rounds
