@@ -285,6 +285,17 @@ class GRPOTrainer:
         return metrics
 
     @property
+    def entropy_coef(self) -> float:
+        """TRL's attribute: the entropy bonus's coefficient now. Under adaptive control (algo.entropy_adaptive) the
+        last step's ``entropy_coef`` metric, the coefficient after that step's last update; before any step, and
+        without it, algo.entropy_coef."""
+        if self.args.algo.entropy_adaptive:
+            for row in reversed(read_metrics(self.args.run_dir)):
+                if "entropy_coef" in row:
+                    return float(row["entropy_coef"])
+        return self.args.algo.entropy_coef
+
+    @property
     def state(self) -> TrainerState:
         """TRL's ``trainer.state``: ``global_step`` and ``log_history``, one dict per step (the run's
         metrics.jsonl, each row with its "step"; grpolab logs every step, TRL every logging_steps), then
