@@ -211,6 +211,7 @@ def update_policy(
     out = _summarise(sums, counts, scheduler)
     if entropy_control is not None:
         out["entropy_coef"] = entropy_control.coef  # TRL's name: the coefficient after the step's last update
+        out["loss/entropy_coef_next"] = entropy_control.applied()  # what the next step applies (0: gated off)
     elif loss_spec.entropy_coef > 0:
         out["entropy_coef"] = loss_spec.entropy_coef
     return out
@@ -227,6 +228,29 @@ def _micro_batch_loss(model, mb: RolloutBatch, ctx: LogprobContext, spec: Policy
         token_keep=token_keep, row_norm=row_norm,
     )  # fmt: skip
     return loss, entropy, stats
+
+
+@torch.no_grad()
+def evaluation_loss(model, batch: RolloutBatch, ctx: LogprobContext, spec: PolicyLossSpec) -> float:
+    """The loss of ``batch`` at the current weights, without a gradient: TRL's eval loss (its prediction_step runs
+    compute_loss in eval mode). The old log-probs are the current ones (ratio 1), the whole batch is one optimizer
+    step (its totals normalise, and it is bnpo's one batch), the KL, entropy mask and entropy bonus as in training."""
+    rows = torch.arange(batch.num_sequences)
+    micros = micro_batches(rows, completion_lengths_of(batch.completion_mask), ctx.micro_batch_size,
+                           max_tokens=ctx.max_tokens, prompt_lengths=prompt_lengths_of(batch.prompt_ids))  # fmt: skip
+    keeps = _high_entropy_tokens(model, batch, micros, ctx, spec)
+    norms = batch_row_norms(batch.loss_mask, max(batch.num_sequences, 1)) if spec.aggregate.batch_rows else None
+    total_tokens = max(float(batch.loss_mask.sum().item()), 1.0)
+    loss = 0.0
+    for micro, keep in zip(micros, keeps, strict=True):
+        mb = batch.select(micro)
+        logprobs, entropy = ctx.forward(model, mb)
+        value, _ = policy_loss(
+            logprobs, logprobs, mb, spec, total_seqs=float(batch.num_sequences), total_tokens=total_tokens,
+            entropy=entropy, token_keep=keep, row_norm=None if norms is None else norms[micro],
+        )  # fmt: skip
+        loss += float(value.item())
+    return loss
 
 
 @torch.no_grad()

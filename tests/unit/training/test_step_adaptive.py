@@ -57,6 +57,7 @@ def test_adaptive_control_gates_the_first_step_and_moves_once_per_optimizer_step
     torch.testing.assert_close(delta, _update(model, batch, [])[1], atol=1e-7, rtol=0)
     assert control.last_entropy == pytest.approx(float(entropy[batch.loss_mask].mean()), rel=1e-5)
     assert (control.coef, out["entropy_coef"]) == (0.75, 0.75) and "policy_loss" in out  # 0.5 + 0.25, logged
+    assert out["loss/entropy_coef_next"] == 0.75  # the entropy was at or below the target: applied next step
     # step 2 applies the coefficient the first step left: the static bonus of 0.75 from the same weights
     _, delta2, _ = _update(moved, batch, adaptive, control)
     torch.testing.assert_close(delta2, _update(moved, batch, ["algo.entropy_coef=0.75"])[1], atol=1e-7, rtol=0)
