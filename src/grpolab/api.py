@@ -53,6 +53,7 @@ import torch
 from grpolab.api_args import (
     check_data_named,
     config_warnings_logged,
+    environment_rows,
     eval_generations,
     lora_section,
     model_source,
@@ -175,6 +176,7 @@ class GRPOTrainer:
         tokenizer object written to a folder (api_models); TRL's tools / environment_factory as env.name trl."""
         tools, environment_factory, reward_funcs, reward_weights, tokenizers = env
         raw, reward_weights, self.trl_conversion = raw_args(args, train_dataset, reward_weights)
+        train_dataset = environment_rows(raw, args, train_dataset, environment_factory)  # TRL's environment-owned data
         reward_funcs, reward_weights, tokenizers = with_environment(
             self, raw, tools, environment_factory, (reward_funcs, reward_weights, tokenizers)
         )

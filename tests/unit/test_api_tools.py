@@ -168,3 +168,24 @@ def test_get_reward_is_a_reward_of_weight_one_and_no_reward_at_all_is_one_line(c
     assert GRPOTrainer(chat_model, None, _args(tmp_path), ROWS, environment_factory=Counter).reward_func_names == ["env"]
     with pytest.raises(ConfigError, match="No reward source provided: pass reward_funcs"):
         GRPOTrainer(chat_model, args=_args(tmp_path), train_dataset=ROWS, tools=[multiply])
+
+
+def test_without_a_train_dataset_the_environment_owns_the_data(chat_model, tmp_path):
+    # TRL: reset() returns each prompt, appended to an empty user turn; train.prompts_per_step such rows
+    trainer = GRPOTrainer(chat_model, one_per_char, _args(tmp_path), environment_factory=Counter)
+    assert [e.messages for e in trainer.train_dataset] == [({"role": "user", "content": ""},)] * 2
+    env = TrlEnvironment(trainer.args.env.kwargs["handle"], ToolLimits())
+    assert env.reset(trainer.train_dataset[0]) == [{"role": "user", "content": " (count from 0)"}]
+    # a dict of factories routes each row by its environment column: it needs a dataset, whose rows may hold no prompt
+    with pytest.raises(ValueError, match="requires a `train_dataset` with an `environment` column"):
+        GRPOTrainer(chat_model, one_per_char, _args(tmp_path), environment_factory={"c": Counter, "e": Echo})
+    routed = GRPOTrainer(chat_model, one_per_char, _args(tmp_path), [{"environment": "c"}, {"environment": "e"}],
+                         environment_factory={"c": Counter, "e": Echo})  # fmt: skip
+    assert [e.messages for e in routed.train_dataset] == [({"role": "user", "content": ""},)] * 2
+
+
+def test_a_trl_config_without_a_train_dataset_needs_max_steps(chat_model, tmp_path):
+    trl = pytest.importorskip("trl")
+    with pytest.raises(ConfigError, match="needs `max_steps` > 0"):
+        GRPOTrainer(chat_model, one_per_char, trl.GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True),
+                    environment_factory=Counter)  # fmt: skip
