@@ -94,6 +94,9 @@ class DataConfig:
     """System prompt, used with the chat template or prepended to the template."""
     chat_template: bool = False
     """Wrap the templated prompt with the tokenizer's chat template."""
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments the chat template renders the prompts and an environment's messages with (TRL's
+    chat_template_kwargs), e.g. {enable_thinking: false} for Qwen3's; {} = the template's defaults."""
     size: int = 1000
     """Number of generated examples (reasoning_gym, arithmetic)."""
     params: Mapping[str, Any] = field(default_factory=dict)

@@ -44,6 +44,7 @@ TRL_NAMES: dict[str, str] = {
     "mask_truncated_completions": "algo.mask_truncated",
     "sync_ref_model": "algo.ref_reset_every, with ref_model_mixup_alpha as algo.ref_mixup_alpha (TR-DPO)",
     "entropy_coef": "algo.entropy_coef",
+    "chat_template_kwargs": "data.chat_template_kwargs (the prompts' and an environment's messages' rendering)",
     "use_adaptive_entropy": "algo.entropy_adaptive, with entropy_target, entropy_coef_delta, _min and _max",
     "cast_lm_head_to_fp32": "model.lm_head_fp32",
     "reward_weights": "reward.functions[i].weight",

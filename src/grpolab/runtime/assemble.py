@@ -269,12 +269,13 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
             parallel.materialize_from_rank0(reference.frozen_model, full[1], device)
         del full
     parallel.log_layout(mode)
-    encode = None if make_env is None else functools.partial(episode_prompt_ids, make_env=make_env)
+    template_kwargs = cfg.data.chat_template_kwargs
+    encode = None if make_env is None else functools.partial(episode_prompt_ids, make_env=make_env, template_kwargs=template_kwargs)
     prompt_ids = tokenize_prompts(examples, tok, cfg.data, encode)  # with an env: its first messages and tools
     check_context(cfg, prompt_ids, plain.config)
     process = process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
     sampler = build_sampler(cfg, policy=plain, tokenizer=tok, autocast_dtype=amp, wrapped=policy)
-    sampler = episode_sampler(sampler, tok, make_env, cfg.env)  # env.name set: multi-turn episodes over it
+    sampler = episode_sampler(sampler, tok, make_env, cfg.env, template_kwargs)  # env.name set: multi-turn episodes over it
     optimizer, scheduler = build_optimizer(policy, cfg)
     ctx = logprob_context(cfg, pad_id=tok.pad_token_id, autocast_dtype=amp, device_type=device.type)
     update = update_spec(cfg, ctx)

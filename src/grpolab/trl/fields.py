@@ -73,7 +73,7 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "generation_kwargs": refused(
         "grpolab's sampler takes rollout.temperature / top_p / top_k / min_p / repetition_penalty only"
     ),
-    "chat_template_kwargs": refused("grpolab renders chat prompts with the template's defaults"),
+    "chat_template_kwargs": named(lambda v, t: {"data.chat_template_kwargs": dict(v or {})}),
     "cache_implementation": not_applicable(_SPEED),
     "vllm_structured_outputs_regex": refused("grpolab has no constrained decoding"),
     "max_tool_calling_iterations": refused("grpolab has no tool-calling loop"),

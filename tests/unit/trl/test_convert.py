@@ -533,3 +533,8 @@ def test_trls_named_rewards_build_as_trl_style_rewards():
     assert reward.name == "think_format_reward"
     with pytest.raises(ConfigError, match="soft_overlong"):
         keys(reward_funcs=["get_soft_overlong_punishment"])
+
+
+def test_chat_template_kwargs_are_the_datas():
+    assert keys(chat_template_kwargs={"enable_thinking": False})["data.chat_template_kwargs"] == {"enable_thinking": False}
+    assert keys()["data.chat_template_kwargs"] == {}  # TRL's None: the template's defaults

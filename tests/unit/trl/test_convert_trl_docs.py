@@ -24,10 +24,6 @@ _STEP_SPANS = "an optimizer step would span two generation batches, which grpola
 # Each refused example, with the message that names the field and why. Every one is a field that changes
 # the training and that grpolab has no counterpart for; the reason is in the comment.
 REFUSED = {
-    # enable_thinking=False changes the rendered prompt (the template's default thinks); grpolab renders defaults
-    "grpo_trainer__environments": _CANNOT + "chat_template_kwargs={'enable_thinking': False}: grpolab renders chat prompts",
-    "openenv__quick_start": _CANNOT + "chat_template_kwargs={'enable_thinking': False}: grpolab renders chat prompts",
-    "openenv__wordle": _CANNOT + "chat_template_kwargs={'enable_thinking': False}: grpolab renders chat prompts",
     # multi-turn tool calling generates different completions; grpolab samples one turn
     "harbor__quick_start": _CANNOT + "max_tool_calling_iterations=25: grpolab has no tool-calling loop",
     "openreward__quick_start": _CANNOT + "max_tool_calling_iterations=20: grpolab has no tool-calling loop",
