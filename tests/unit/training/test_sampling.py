@@ -247,3 +247,22 @@ def test_groups_that_wait_while_one_is_scored_are_scored_together():
     assert sizes == [G, 5 * G]
     want = torch.tensor([[1.0 if j < r % 3 else 0.0 for j in range(G)] for r in step.rows])
     assert torch.equal(step.rewards, want)
+
+
+def test_a_completion_no_reward_scores_is_warned_about_once_in_trls_words(caplog):
+    from grpolab.rewards.base import ScoreResult
+    from grpolab.training.sampling import _warn_unscored
+    from grpolab.types import Failure
+
+    examples = [Example(prompt="1+1=", meta={"row": {"prompt": "1+1=", "id": 7}}), Example(prompt="2+2=")]
+    # rows 1 and 3 have no total: row 1 failed (its group is dropped, said elsewhere), row 3 no reward applied
+    scores = ScoreResult(total=[1.0, None, 0.0, None], components={"r": [1.0, None, 0.0, None]},
+                         failures=[None, Failure("reward_error", "boom"), None, None])  # fmt: skip
+    with caplog.at_level("WARNING", logger="grpolab.training.sampling"):
+        _warn_unscored(scores, ["a", "b", "c", "d"], examples, group_size=2)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("All reward functions returned None for the following kwargs: ")
+    assert "'completion': 'd'" in said[0] and "'prompt': '2+2='" in said[0]  # the second group's second completion
+    caplog.clear()
+    _warn_unscored(ScoreResult(total=[1.0, 2.0], components={}), ["a", "b"], examples[:1], group_size=2)
+    assert not caplog.records
