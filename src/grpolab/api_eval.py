@@ -63,7 +63,7 @@ def evaluate_policy(
     device = next(model.parameters()).device
     amp = resolve_autocast(cfg.model, device)
     sampler = build_sampler(cfg, policy=model, tokenizer=tokenizer, autocast_dtype=amp)
-    loss_of = _loss_of_batch(cfg, model, tokenizer, rewards, reference, amp, entropy_coef)
+    loss_of = _loss_of_batch(cfg, model, tokenizer, rewards, (reference, device, amp), entropy_coef)
     losses: list[tuple[float, int]] = []
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # every evaluation draws the same stream
     prompt_ids = tokenize_prompts(examples, tokenizer, cfg.data)
@@ -102,13 +102,15 @@ def evaluate_policy(
     return {f"{prefix}_{key}": value for key, value in metrics.items()}
 
 
-def _loss_of_batch(cfg: Config, model, tokenizer, rewards, reference, amp, entropy_coef: float | None):
+def _loss_of_batch(cfg: Config, model, tokenizer, rewards, where, entropy_coef: float | None):
     """``(completions, prompt_ids, scores) -> loss``: an eval batch's advantages (the training estimator, over the
-    batch), reference log-probs, and TRL's eval loss of it; None for PPO and process supervision."""
+    batch), reference log-probs, and TRL's eval loss of it; None for PPO and process supervision. ``where`` is
+    (the Reference or None, the model's device, its autocast dtype)."""
     a = cfg.algo
     if a.needs_critic or a.supervision != "outcome":
         return None
-    ctx = logprob_context(cfg, pad_id=tokenizer.pad_token_id, autocast_dtype=amp, device_type=model.device.type)
+    reference, device, amp = where
+    ctx = logprob_context(cfg, pad_id=tokenizer.pad_token_id, autocast_dtype=amp, device_type=device.type)
     spec = dataclasses.replace(batch_spec(cfg, ctx), recompute_old_logprobs=False)  # the ratio is 1: no old forward
     estimator = outcome_estimator(a.advantage, std=a.std, eps=a.eps, beta=a.beta, gamma=a.gamma)
     build = rollout_batch_builder(spec, None, estimator)
@@ -118,9 +120,9 @@ def _loss_of_batch(cfg: Config, model, tokenizer, rewards, reference, amp, entro
     weights = {r.name: r.weight for r in rewards}
 
     def loss_of(comps, prompt_ids, scores) -> float:
-        rewards, valid = rewards_tensor(scores.total, len(prompt_ids), comps.num_generations)
-        parts = reward_parts(scores.components, weights, rewards.shape) if a.advantage == "gdpo" else None
-        batch, _ = build(comps, prompt_ids, rewards, valid, policy=model, reference=reference, parts=parts)
+        totals, valid = rewards_tensor(scores.total, len(prompt_ids), comps.num_generations)
+        parts = reward_parts(scores.components, weights, totals.shape) if a.advantage == "gdpo" else None
+        batch, _ = build(comps, prompt_ids, totals, valid, policy=model, reference=reference, parts=parts)
         return evaluation_loss(model, batch, ctx, loss_spec)
 
     return loss_of

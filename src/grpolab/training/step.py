@@ -183,7 +183,7 @@ def update_policy(
             norms = minibatch_row_norms(batch, rows, loss_spec.aggregate.batch_rows, generator)
             keeps = _high_entropy_tokens(model, batch, micros, ctx, loss_spec)
             step_spec = loss_spec if entropy_control is None else dataclasses.replace(loss_spec, entropy_coef=entropy_control.applied())
-            counted = [0.0, 0.0]  # the step's entropy sum and tokens, where the policy loss counts them
+            counted = [0.0, 0.0]  # adaptive entropy: the step's entropy sum and tokens
             for i, (micro, keep) in enumerate(zip(micros, keeps, strict=True)):
                 mb = batch.select(micro)
                 # DDP: forward and backward inside no_sync (its forward arms the all-reduce), but the last
@@ -197,9 +197,8 @@ def update_policy(
                 finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
                 sums["entropy"] += _masked_sum(entropy.detach(), mb.loss_mask)
-                counted_mask = mb.loss_mask if keep is None else mb.loss_mask & keep
-                counted[0] += _masked_sum(entropy.detach(), counted_mask)
-                counted[1] += float(counted_mask.sum().item())
+                if entropy_control is not None:
+                    _count_entropy(counted, entropy, mb.loss_mask, keep)
                 for k, v in stats.items():
                     sums[k] += v
             counts["tokens"] += total_tokens
@@ -208,13 +207,22 @@ def update_policy(
             _optimizer_step(model, optimizer, scheduler, spec.max_grad_norm, sums, counts, loss_finite=finite)
             if entropy_control is not None:  # TRL: the window's token-weighted mean over every rank
                 entropy_control.observe(dist.all_reduce_sum(counted[0]) / max(dist.all_reduce_sum(counted[1]), 1.0))
-    out = _summarise(sums, counts, scheduler)
-    if entropy_control is not None:
-        out["entropy_coef"] = entropy_control.coef  # TRL's name: the coefficient after the step's last update
-        out["loss/entropy_coef_next"] = entropy_control.applied()  # what the next step applies (0: gated off)
-    elif loss_spec.entropy_coef > 0:
-        out["entropy_coef"] = loss_spec.entropy_coef
-    return out
+    return {**_summarise(sums, counts, scheduler), **_entropy_coef_metrics(loss_spec, entropy_control)}
+
+
+def _count_entropy(counted: list[float], entropy: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor | None) -> None:
+    """Adds a micro-batch's entropy sum and token count where the policy loss counts tokens (TRL: the mask of
+    the high-entropy tokens too) to ``counted``: adaptive control's measurement."""
+    counted_mask = mask if keep is None else mask & keep
+    counted[0] += _masked_sum(entropy.detach(), counted_mask)
+    counted[1] += float(counted_mask.sum().item())
+
+
+def _entropy_coef_metrics(spec: PolicyLossSpec, control: AdaptiveEntropy | None) -> dict[str, float]:
+    """TRL's ``entropy_coef`` (adaptive: after the step's last update) and what the next step applies."""
+    if control is not None:
+        return {"entropy_coef": control.coef, "loss/entropy_coef_next": control.applied()}
+    return {"entropy_coef": spec.entropy_coef} if spec.entropy_coef > 0 else {}
 
 
 def _micro_batch_loss(model, mb: RolloutBatch, ctx: LogprobContext, spec: PolicyLossSpec, *, total_seqs: float,
