@@ -177,9 +177,10 @@ class GRPOTrainer:
         tools, environment_factory, reward_funcs, reward_weights, tokenizers = env
         raw, reward_weights, self.trl_conversion = raw_args(args, train_dataset, reward_weights)
         train_dataset = environment_rows(raw, args, train_dataset, environment_factory)  # TRL's environment-owned data
-        reward_funcs, reward_weights, tokenizers = with_environment(
+        reward_funcs, reward_weights, tokenizers, self.tools = with_environment(
             self, raw, tools, environment_factory, (reward_funcs, reward_weights, tokenizers)
         )
+        """TRL's attribute: the standalone ``tools`` and each environment's methods (of a probe instance), by name once."""
         if not isinstance(args, Config | str | os.PathLike):  # a dict, TRL's GRPOConfig or None
             no_stop_without_signal(raw)
         self.model_folder: ModelFolder | None = None

@@ -28,7 +28,7 @@ from grpolab.config import (
     user_settings,
 )
 from grpolab.data import DataError
-from grpolab.envs.trl_env import register, unregister
+from grpolab.envs.trl_env import env_methods, register, unregister
 from grpolab.errors import ConfigError
 from grpolab.trl.convert import TrlConversion, convert_trl
 
@@ -257,19 +257,27 @@ def note_router_loss(config: Any) -> None:
 
 def with_environment(owner: Any, raw: dict[str, Any], tools: Any, environment_factory: Any, rewards: tuple) -> tuple:
     """TRL's ``tools`` / ``environment_factory`` as ``env.name: trl`` (grpolab.envs.trl_env), registered while
-    ``owner`` lives; an environment class with ``get_reward`` adds the ``env`` reward (weight 1), as TRL adds
-    one reward per such class. ``rewards`` is (reward_funcs, reward_weights, reward tokenizers), returned
-    with that reward added; with no reward at all, one line (TRL: "No reward source provided")."""
+    ``owner`` lives; an environment class with ``get_reward`` adds the ``env`` reward (weight 1), named after
+    the class as TRL names it when one class owns a reward (``env`` when several do: one column for them all,
+    where TRL has one per class). ``rewards`` is (reward_funcs, reward_weights, reward tokenizers), returned
+    with that reward added, then TRL's ``tools`` (the standalone ones and every environment's methods); with no
+    reward at all, one line (TRL: "No reward source provided")."""
     reward_funcs, weights, tokenizers = rewards
-    rewarded = False
+    rewarded: tuple[type, ...] = ()
+    offered = list(tools or [])
     if tools or environment_factory:
         handle, spec = register(tools, environment_factory)
         weakref.finalize(owner, unregister, handle)
         set_key(raw, "env", "name", "trl")
         set_key(raw, "env", "kwargs", {"handle": handle})
-        rewarded = bool(spec.rewarded)
+        rewarded = spec.rewarded
+        for factory in spec.factories.values():  # TRL's trainer.tools: a probe instance's methods, once by name
+            for method in env_methods(factory()):
+                if method.__name__ not in {fn.__name__ for fn in offered}:
+                    offered.append(method)
     if rewarded:
-        reward_funcs = [*(as_list(reward_funcs) if reward_funcs is not None else []), "env"]
+        env = {"name": "env", "alias": rewarded[0].__name__} if len(rewarded) == 1 else "env"
+        reward_funcs = [*(as_list(reward_funcs) if reward_funcs is not None else []), env]
         weights = None if weights is None else [*weights, 1.0]
         tokenizers = None if tokenizers is None else [*tokenizers, None]
     if not reward_funcs:
@@ -277,4 +285,4 @@ def with_environment(owner: Any, raw: dict[str, Any], tools: Any, environment_fa
             "No reward source provided: pass reward_funcs, or an environment_factory whose environment defines "
             "get_reward()"
         )
-    return reward_funcs, weights, tokenizers
+    return reward_funcs, weights, tokenizers, offered
