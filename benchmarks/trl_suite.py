@@ -20,7 +20,7 @@ scripts | tar x -C DIR``) and, in ``--work`` (nothing is written into this repos
     PYTHONPATH=src .venv/bin/python benchmarks/trl_suite.py --trl DIR [--work /tmp/grpolab_trl_suite]
         [--tokenizer DIR] [-k EXPR]
 
-On a 2-core CPU the whole file takes hours (each training test 30-120 s). docs/trl.md has the last count.
+On a shared 2-core CPU the whole file took 17 minutes (each training test 5-60 s). docs/trl.md has the last count.
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ import torch
 from grpolab.api_args import (
     check_data_named,
     config_warnings_logged,
+    environment_rows,
     eval_generations,
     lora_section,
     model_source,
@@ -175,9 +176,11 @@ class GRPOTrainer:
         tokenizer object written to a folder (api_models); TRL's tools / environment_factory as env.name trl."""
         tools, environment_factory, reward_funcs, reward_weights, tokenizers = env
         raw, reward_weights, self.trl_conversion = raw_args(args, train_dataset, reward_weights)
-        reward_funcs, reward_weights, tokenizers = with_environment(
+        train_dataset = environment_rows(raw, args, train_dataset, environment_factory)  # TRL's environment-owned data
+        reward_funcs, reward_weights, tokenizers, self.tools = with_environment(
             self, raw, tools, environment_factory, (reward_funcs, reward_weights, tokenizers)
         )
+        """TRL's attribute: the standalone ``tools`` and each environment's methods (of a probe instance), by name once."""
         if not isinstance(args, Config | str | os.PathLike):  # a dict, TRL's GRPOConfig or None
             no_stop_without_signal(raw)
         self.model_folder: ModelFolder | None = None
@@ -265,7 +268,7 @@ class GRPOTrainer:
     def evaluate(self, eval_dataset: Any = None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """TRL's ``evaluate()``: ``num_generations_eval`` completions per prompt of ``eval_dataset`` (default: the
         one given to the trainer), sampled by the policy as it is now and scored by the rewards; TRL's metric
-        names with the ``eval_`` prefix (grpolab.api_eval says which, and why not eval_loss)."""
+        names with the ``eval_`` prefix, ``eval_loss`` included (grpolab.api_eval says how)."""
         sets = self._eval_sets if eval_dataset is None else eval_sets(eval_dataset, self.args)
         if sets is None:
             raise ConfigError("evaluate() needs an eval_dataset: give it to GRPOTrainer(eval_dataset=...) or to evaluate()")
@@ -278,11 +281,31 @@ class GRPOTrainer:
             metrics |= evaluate_policy(
                 self.args, self.model, self.processing_class, self.reward_funcs, examples, self.num_generations_eval,
                 prefix=metric_key_prefix if name is None else f"{metric_key_prefix}_{name}",
+                reference=self._models.reference, entropy_coef=self._entropy_coef_applied(),
             )  # fmt: skip
         self._eval_rows.append({**metrics, "step": self._last_step})
         if self._callbacks:
             self._callbacks.evaluated(metrics)
         return metrics
+
+    def _entropy_coef_applied(self) -> float:
+        """The entropy coefficient the next training step applies, which TRL's eval loss uses too: adaptive
+        control's gated one (none before the first step, as TRL's), else algo.entropy_coef."""
+        if not self.args.algo.entropy_adaptive:
+            return self.args.algo.entropy_coef
+        rows = [row for row in read_metrics(self.args.run_dir) if "loss/entropy_coef_next" in row]
+        return float(rows[-1]["loss/entropy_coef_next"]) if rows else 0.0
+
+    @property
+    def entropy_coef(self) -> float:
+        """TRL's attribute: the entropy bonus's coefficient now. Under adaptive control (algo.entropy_adaptive) the
+        last step's ``entropy_coef`` metric, the coefficient after that step's last update; before any step, and
+        without it, algo.entropy_coef."""
+        if self.args.algo.entropy_adaptive:
+            for row in reversed(read_metrics(self.args.run_dir)):
+                if "entropy_coef" in row:
+                    return float(row["entropy_coef"])
+        return self.args.algo.entropy_coef
 
     @property
     def state(self) -> TrainerState:

@@ -16,10 +16,19 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from grpolab.api_data import dataset_rows, stream_limit
 from grpolab.api_rewards import as_list
-from grpolab.config import Config, ConfigWarning, DataConfig, config_to_dict, load_config, user_settings
+from grpolab.config import (
+    Config,
+    ConfigWarning,
+    DataConfig,
+    TrainConfig,
+    config_to_dict,
+    load_config,
+    user_settings,
+)
 from grpolab.data import DataError
-from grpolab.envs.trl_env import register, unregister
+from grpolab.envs.trl_env import env_methods, register, unregister
 from grpolab.errors import ConfigError
 from grpolab.trl.convert import TrlConversion, convert_trl
 
@@ -50,14 +59,49 @@ def no_stop_without_signal(raw: dict[str, Any]) -> None:
         set_key(raw, "train", "max_no_signal_steps", 0)
 
 
+def _names_data(data: Mapping[str, Any]) -> bool:
+    return data.get("source", DataConfig.source) not in ("jsonl", "hf") or bool(data.get("path"))
+
+
 def check_data_named(data: Mapping[str, Any]) -> None:
     """train_dataset=None takes the config's data section; one that names no data is refused here, as TRL
     refuses a missing train_dataset, before any model loads."""
-    if data.get("source", DataConfig.source) in ("jsonl", "hf") and not data.get("path"):
+    if not _names_data(data):
         raise DataError(
-            "train_dataset is required: it is None and the config names no data (data.path is empty): give train_dataset (a "
-            "datasets.Dataset or a list of dicts), or data.path, or a built-in data.source such as arithmetic"
+            "`train_dataset` is required unless an `environment_factory` owns the data: it is None and the config "
+            "names no data (data.path is empty): give train_dataset (a datasets.Dataset or a list of dicts), or "
+            "data.path, or a built-in data.source such as arithmetic"
         )
+
+
+ENV_PROMPT = ({"role": "user", "content": ""},)
+"""TRL's prompt of a row an environment owns (no train_dataset, or a routing row without one): an empty user
+turn, to which reset()'s observation is appended."""
+
+
+def environment_rows(raw: Mapping[str, Any], args: Any, train_dataset: Any, environment_factory: Any) -> Any:
+    """TRL's environment-owned data: without a train_dataset (and no data in the config), one environment_factory
+    owns the data, its reset() returning each prompt; ``max_steps`` (train.num_steps) sets the length, and the
+    rows are ``train.prompts_per_step`` empty user turns. A dataset's row without a prompt (a dict of factories
+    routing by ``environment``) gets one too. Otherwise ``train_dataset`` as given."""
+    field = raw.get("data", {}).get("prompt_field", DataConfig.prompt_field)
+    if environment_factory is None or (train_dataset is None and _names_data(raw.get("data", {}))):
+        return train_dataset
+    if train_dataset is not None:
+        rows = dataset_rows(train_dataset, limit=stream_limit(raw, train_dataset))
+        return [row if field in row else {**row, field: list(ENV_PROMPT)} for row in rows]
+    if isinstance(environment_factory, Mapping):
+        raise DataError(
+            "a dict `environment_factory` (multiple environments) requires a `train_dataset` with an `environment` "
+            "column to route each example to its environment: give one, or a single environment factory"
+        )
+    if _is_trl_config(args) and args.max_steps <= 0:
+        raise ConfigError(
+            "training without a train_dataset (the environment owns the data and returns the prompt from reset()) "
+            "needs `max_steps` > 0 to set its length: GRPOConfig(max_steps=...)"
+        )
+    count = raw.get("train", {}).get("prompts_per_step", TrainConfig.prompts_per_step)
+    return [{field: list(ENV_PROMPT)} for _ in range(count)]
 
 
 def _raw_config(args: Any) -> dict[str, Any]:
@@ -213,19 +257,27 @@ def note_router_loss(config: Any) -> None:
 
 def with_environment(owner: Any, raw: dict[str, Any], tools: Any, environment_factory: Any, rewards: tuple) -> tuple:
     """TRL's ``tools`` / ``environment_factory`` as ``env.name: trl`` (grpolab.envs.trl_env), registered while
-    ``owner`` lives; an environment class with ``get_reward`` adds the ``env`` reward (weight 1), as TRL adds
-    one reward per such class. ``rewards`` is (reward_funcs, reward_weights, reward tokenizers), returned
-    with that reward added; with no reward at all, one line (TRL: "No reward source provided")."""
+    ``owner`` lives; an environment class with ``get_reward`` adds the ``env`` reward (weight 1), named after
+    the class as TRL names it when one class owns a reward (``env`` when several do: one column for them all,
+    where TRL has one per class). ``rewards`` is (reward_funcs, reward_weights, reward tokenizers), returned
+    with that reward added, then TRL's ``tools`` (the standalone ones and every environment's methods); with no
+    reward at all, one line (TRL: "No reward source provided")."""
     reward_funcs, weights, tokenizers = rewards
-    rewarded = False
+    rewarded: tuple[type, ...] = ()
+    offered = list(tools or [])
     if tools or environment_factory:
         handle, spec = register(tools, environment_factory)
         weakref.finalize(owner, unregister, handle)
         set_key(raw, "env", "name", "trl")
         set_key(raw, "env", "kwargs", {"handle": handle})
-        rewarded = bool(spec.rewarded)
+        rewarded = spec.rewarded
+        for factory in spec.factories.values():  # TRL's trainer.tools: a probe instance's methods, once by name
+            for method in env_methods(factory()):
+                if method.__name__ not in {fn.__name__ for fn in offered}:
+                    offered.append(method)
     if rewarded:
-        reward_funcs = [*(as_list(reward_funcs) if reward_funcs is not None else []), "env"]
+        env = {"name": "env", "alias": rewarded[0].__name__} if len(rewarded) == 1 else "env"
+        reward_funcs = [*(as_list(reward_funcs) if reward_funcs is not None else []), env]
         weights = None if weights is None else [*weights, 1.0]
         tokenizers = None if tokenizers is None else [*tokenizers, None]
     if not reward_funcs:
@@ -233,4 +285,4 @@ def with_environment(owner: Any, raw: dict[str, Any], tools: Any, environment_fa
             "No reward source provided: pass reward_funcs, or an environment_factory whose environment defines "
             "get_reward()"
         )
-    return reward_funcs, weights, tokenizers
+    return reward_funcs, weights, tokenizers, offered

@@ -3,13 +3,14 @@ what the run's config.yaml records for each (grpolab.api)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
 
-RewardFunc = str | Callable[..., Any]
+RewardFunc = str | Callable[..., Any] | Mapping[str, Any]
+"""A name, a function or object, or a config's ``reward.functions`` entry as a dict (``{"name": ..., "alias": ...}``)."""
 
 
 def build_reward_funcs(
@@ -32,6 +33,8 @@ def build_reward_funcs(
         try:
             if isinstance(fn, str):
                 built = build_reward(**named_reward(fn, tokenizer), weight=weight)
+            elif isinstance(fn, Mapping):  # an entry of reward.functions; its own weight is reward_weights'
+                built = build_reward(**{k: v for k, v in fn.items() if k != "weight"}, weight=weight)
             else:
                 built = WeightedReward(reward_from_object(fn, key), weight)
         except GrpolabError:  # already names the reward and the fix
@@ -61,6 +64,8 @@ def recorded_spec(fn: RewardFunc, built: WeightedReward, tokenizer: str | None =
     """What config.yaml records for a reward given in Python."""
     if isinstance(fn, str):
         return {**named_reward(fn, tokenizer), "weight": built.weight}
+    if isinstance(fn, Mapping):
+        return {**fn, "weight": built.weight}
     module = getattr(fn, "__module__", None) or type(fn).__module__
     qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     kind = "trl" if isinstance(built.reward, TrlReward) else "auto"
@@ -68,6 +73,6 @@ def recorded_spec(fn: RewardFunc, built: WeightedReward, tokenizer: str | None =
 
 
 def as_list(reward_funcs: RewardFunc | Sequence[RewardFunc]) -> list[RewardFunc]:
-    if isinstance(reward_funcs, str) or callable(reward_funcs):
+    if isinstance(reward_funcs, str | Mapping) or callable(reward_funcs):
         return [reward_funcs]
     return list(reward_funcs)

@@ -341,7 +341,7 @@ def _encode(examples: Sequence[Example], tokenizer, cfg: DataConfig) -> list[lis
     texts, special = [], []
     for e in examples:
         if e.messages is not None:
-            texts.append(_render(list(e.messages), tokenizer, "the dataset's prompts are chat messages"))
+            texts.append(_render(list(e.messages), tokenizer, "the dataset's prompts are chat messages", cfg.chat_template_kwargs))
         elif cfg.chat_template:
             texts.append(_chat(e.prompt, tokenizer, cfg))
         else:
@@ -357,13 +357,13 @@ def _encode(examples: Sequence[Example], tokenizer, cfg: DataConfig) -> list[lis
     return encoded
 
 
-def _render(messages: list[dict[str, Any]], tokenizer, why: str) -> str:
+def _render(messages: list[dict[str, Any]], tokenizer, why: str, template_kwargs: Mapping[str, Any]) -> str:
     if getattr(tokenizer, "chat_template", None) is None:
         raise DataError(
             f"{why}, but the tokenizer has no chat template: use a chat (instruct) model's tokenizer "
             "(model.tokenizer), or give text prompts"
         )
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
 
 
 def _chat(prompt: str, tokenizer, cfg: DataConfig) -> str:
@@ -371,7 +371,7 @@ def _chat(prompt: str, tokenizer, cfg: DataConfig) -> str:
         raise DataError("data.chat_template=true but the tokenizer has no chat template; set it to false")
     messages = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
     messages.append({"role": "user", "content": prompt})
-    return _render(messages, tokenizer, "data.chat_template=true")
+    return _render(messages, tokenizer, "data.chat_template=true", cfg.chat_template_kwargs)
 
 
 @dataclass

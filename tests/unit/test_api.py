@@ -111,7 +111,7 @@ def test_rows_with_images_are_refused_and_an_empty_image_column_is_not(column):
     [
         ({"train_dataset": ["just text"]}, r"train_dataset row 1 is a str"),
         ({"train_dataset": []}, r"train_dataset holds no rows"),
-        ({"train_dataset": None}, r"train_dataset is required: it is None and the config names no data \(data.path is empty\)"),
+        ({"train_dataset": None}, r"`train_dataset` is required unless an `environment_factory` owns the data: it is None and the config names no data \(data.path is empty\)"),
         ({"train_dataset": [{"question": "x"}]}, r"train_dataset row 1 has no field 'prompt'"),
         ({"reward_weights": [1.0, 2.0]}, r"reward_weights has 2 values for 1 reward_funcs"),
         ({"reward_funcs": "no_such_reward_name:here"}, r"reward_funcs\[0\]: reward 'no_such_reward_name:here': cannot import"),

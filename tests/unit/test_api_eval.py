@@ -57,7 +57,9 @@ def test_evaluate_samples_num_generations_per_eval_prompt(tiny_model_dir, tmp_pa
     # the reward is the completion's character count: its mean is positive, its bound the 3 tokens' text
     assert metrics["eval_reward"] == pytest.approx(metrics["eval_rewards/one_per_char/mean"])
     assert 0 < metrics["eval_completions/mean_length"] <= 3
-    assert "eval_loss" not in metrics  # about zero whatever the model does (api_eval's docstring)
+    # TRL's eval loss: at the sampling weights the ratio is 1, so grpo's per-sequence mean of -A averages each
+    # group's advantages, which sum to 0, and the policy is still its reference (KL 0): 0 to rounding
+    assert metrics["eval_loss"] == pytest.approx(0.0, abs=1e-6)
     assert trainer.model.training  # sampled in eval mode, then left as it was found
 
 
@@ -79,6 +81,7 @@ def test_a_dict_of_eval_datasets_and_streams_are_evaluated_each_under_its_name(t
     # transformers' names for a dict: eval_<name>_<metric>; 1 and 2 prompts x num_generations 2
     assert metrics["eval_small_samples_per_second"] * metrics["eval_small_runtime"] == pytest.approx(2)
     assert metrics["eval_pair_samples_per_second"] * metrics["eval_pair_runtime"] == pytest.approx(4)
+    assert "eval_small_loss" in metrics and "eval_pair_loss" in metrics
     streamed = trainer.evaluate(eval_dataset=stream)  # an IterableDataset is read whole
     assert streamed["eval_samples_per_second"] * streamed["eval_runtime"] == pytest.approx(4)
 

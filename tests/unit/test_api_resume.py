@@ -52,3 +52,18 @@ def test_a_grpolab_reward_may_have_a_completions_column(tmp_path, tiny_model_dir
     rows = [{**r, "completions": "kept"} for r in ROWS]
     trainer = GRPOTrainer(tiny_model_dir, lambda completion, example: 1.0, args=_args(tmp_path, 1), train_dataset=rows)
     assert trainer.train_dataset[0].meta["row"]["completions"] == "kept"
+
+
+def test_adaptive_entropy_resumes_its_coefficient(tiny_model_dir, tmp_path):
+    """The controller's coefficient and last entropy are in the checkpoint: a resumed run goes on moving them
+    (an entropy target above any entropy: +delta per step, and the bonus applies from step 2 on)."""
+    adaptive = {"entropy_adaptive": True, "entropy_coef": 0.01, "entropy_target": 100.0, "entropy_coef_delta": 0.005}
+    trainer = GRPOTrainer(tiny_model_dir, matches, args={**_args(tmp_path, 1), "algo": adaptive}, train_dataset=ROWS)
+    assert trainer.entropy_coef == 0.01  # before any step: the starting coefficient
+    trainer.train()
+    assert trainer.entropy_coef == pytest.approx(0.015)
+    more = GRPOTrainer(tiny_model_dir, matches, args={**_args(tmp_path, 2), "algo": adaptive}, train_dataset=ROWS)
+    more.train(resume_from_checkpoint=True)
+    assert more.entropy_coef == pytest.approx(0.02)  # 0.01 + 2 x 0.005: the first step's move was kept
+    rows = [json.loads(line) for line in (tmp_path / "api" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss/entropy_coef_next"] for r in rows] == pytest.approx([0.015, 0.02])

@@ -76,3 +76,12 @@ def test_two_reward_models_are_named_after_their_folders_as_in_trl(tiny_model_di
                           reward_processing_classes=[tiny_model_dir, tiny_model_dir])  # fmt: skip
     assert trainer.reward_func_names == [bare_rm_dir.rstrip("/").split("/")[-1], "other-rm"]
     assert [s.alias for s in trainer.args.reward.functions] == trainer.reward_func_names
+
+
+def test_a_reward_functions_entry_as_a_dict_is_a_reward():
+    from grpolab.api_rewards import build_reward_funcs, recorded_spec
+
+    entry = {"name": "exact_match", "alias": "em", "weight": 5.0}  # its weight is reward_weights', as for any reward
+    (built,) = build_reward_funcs(entry, [2.0])
+    assert (built.name, built.weight) == ("em", 2.0)
+    assert recorded_spec(entry, built) == {"name": "exact_match", "alias": "em", "weight": 2.0}

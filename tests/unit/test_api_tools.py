@@ -163,8 +163,46 @@ def test_the_trainer_runs_environment_factory_as_episodes(chat_model, tmp_path):
 def test_get_reward_is_a_reward_of_weight_one_and_no_reward_at_all_is_one_line(chat_model, tmp_path):
     trainer = GRPOTrainer(chat_model, one_per_char, _args(tmp_path), ROWS, environment_factory=Counter,
                           reward_weights=[0.5])  # fmt: skip
-    assert trainer.reward_func_names == ["one_per_char", "env"]  # TRL names it after the class: "Counter"
+    assert trainer.reward_func_names == ["one_per_char", "Counter"]  # named after the class, as TRL names it
     assert trainer.reward_weights.tolist() == [0.5, 1.0]
-    assert GRPOTrainer(chat_model, None, _args(tmp_path), ROWS, environment_factory=Counter).reward_func_names == ["env"]
+    assert [(f.name, f.alias) for f in trainer.args.reward.functions][1:] == [("env", "Counter")]  # config.yaml
+    assert [t.__name__ for t in trainer.tools] == ["increment"]  # TRL's trainer.tools: no reset, no get_reward
+    assert GRPOTrainer(chat_model, None, _args(tmp_path), ROWS, environment_factory=Counter).reward_func_names == ["Counter"]
+    # two classes own a reward: one env column for both (TRL: one per class), and both classes' tools
+    class Other(Counter):
+        def decrement(self, step: int) -> int:
+            """Decrement the internal counter.
+
+            Args:
+                step: Value to take from the counter.
+            """
+            self.count -= step
+            return self.count
+
+    both = GRPOTrainer(chat_model, None, _args(tmp_path), [{**ROW, "environment": "c"}], tools=[multiply],
+                       environment_factory={"c": Counter, "o": Other, "again": Counter})  # fmt: skip
+    assert both.reward_func_names == ["env"]
+    assert [t.__name__ for t in both.tools] == ["multiply", "increment", "decrement"]
     with pytest.raises(ConfigError, match="No reward source provided: pass reward_funcs"):
         GRPOTrainer(chat_model, args=_args(tmp_path), train_dataset=ROWS, tools=[multiply])
+
+
+def test_without_a_train_dataset_the_environment_owns_the_data(chat_model, tmp_path):
+    # TRL: reset() returns each prompt, appended to an empty user turn; train.prompts_per_step such rows
+    trainer = GRPOTrainer(chat_model, one_per_char, _args(tmp_path), environment_factory=Counter)
+    assert [e.messages for e in trainer.train_dataset] == [({"role": "user", "content": ""},)] * 2
+    env = TrlEnvironment(trainer.args.env.kwargs["handle"], ToolLimits())
+    assert env.reset(trainer.train_dataset[0]) == [{"role": "user", "content": " (count from 0)"}]
+    # a dict of factories routes each row by its environment column: it needs a dataset, whose rows may hold no prompt
+    with pytest.raises(ValueError, match="requires a `train_dataset` with an `environment` column"):
+        GRPOTrainer(chat_model, one_per_char, _args(tmp_path), environment_factory={"c": Counter, "e": Echo})
+    routed = GRPOTrainer(chat_model, one_per_char, _args(tmp_path), [{"environment": "c"}, {"environment": "e"}],
+                         environment_factory={"c": Counter, "e": Echo})  # fmt: skip
+    assert [e.messages for e in routed.train_dataset] == [({"role": "user", "content": ""},)] * 2
+
+
+def test_a_trl_config_without_a_train_dataset_needs_max_steps(chat_model, tmp_path):
+    trl = pytest.importorskip("trl")
+    with pytest.raises(ConfigError, match="needs `max_steps` > 0"):
+        GRPOTrainer(chat_model, one_per_char, trl.GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True),
+                    environment_factory=Counter)  # fmt: skip

@@ -65,3 +65,14 @@ def test_a_tokenizer_without_chat_template_is_an_error(tmp_path):
     cfg = DataConfig(path=_jsonl(tmp_path, [{"prompt": CHAT, "answer": 1}]))
     with pytest.raises(DataError, match="prompts are chat messages, but the tokenizer has no chat template"):
         tokenize_prompts(load_examples(cfg, seed=0), build_char_tokenizer(), cfg)
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path):
+    """data.chat_template_kwargs (TRL's chat_template_kwargs) are the template's variables, e.g. Qwen3's enable_thinking."""
+    rows = [{"prompt": [{"role": "user", "content": "2+2?"}], "answer": 4}]
+    tok = _chat_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE + "{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}"
+    plain = DataConfig(path=_jsonl(tmp_path, rows))
+    off = DataConfig(path=plain.path, chat_template_kwargs={"enable_thinking": False})
+    assert tok.decode(tokenize_prompts(load_examples(plain, seed=0), tok, plain)[0]) == "<bos><user>2+2? <assistant>"
+    assert tok.decode(tokenize_prompts(load_examples(off, seed=0), tok, off)[0]) == "<bos><user>2+2? <assistant><nothink>"

@@ -14,6 +14,7 @@ from grpolab.algo.advantages import (
     rloo_advantages,
 )
 from grpolab.algo.correction import ROLLOUT_CORRECTIONS, mismatch_sums, rollout_correction_weights
+from grpolab.algo.entropy_control import AdaptiveEntropy
 from grpolab.algo.gdpo import COMPONENT_ESTIMATORS, gdpo_advantages
 from grpolab.algo.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
 from grpolab.algo.losses import (
@@ -22,6 +23,7 @@ from grpolab.algo.losses import (
     Aggregation,
     SurrogateLoss,
     aggregate,
+    batch_row_norms,
     cispo_loss,
     clipped_surrogate_loss,
     dpo_loss,
@@ -34,6 +36,7 @@ from grpolab.algo.soft import sapo_loss, vespo_loss
 
 __all__ = [
     "AGGREGATIONS",
+    "AdaptiveEntropy",
     "COMPONENT_ESTIMATORS",
     "KL_ESTIMATORS",
     "OUTCOME_ESTIMATORS",
@@ -43,6 +46,7 @@ __all__ = [
     "Aggregation",
     "SurrogateLoss",
     "aggregate",
+    "batch_row_norms",
     "cispo_loss",
     "clipped_surrogate_loss",
     "dpo_loss",

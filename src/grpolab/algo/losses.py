@@ -19,6 +19,9 @@ Where the code departs from the papers, and why:
   say where the IS weight was truncated, whatever the advantage's sign (no gradient is dropped there).
 * In ``"seq-mean-token-mean"`` a row with no counted token contributes 0 but still counts in ``N``
   (TRL ``loss_type="grpo"``), so filtering a sequence's tokens does not change the other rows' weight.
+* ``"batch-token-mean"`` (TRL ``loss_type="bnpo"``) takes a per-row normaliser ``row_norm``: the tokens of the
+  row's normalising batch times the number of batches (``batch_row_norms``), so that, like the totals above,
+  it does not depend on how the rows are split into micro-batches for memory.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ __all__ = [
     "POLICY_LOSSES",
     "SurrogateLoss",
     "aggregate",
+    "batch_row_norms",
     "cispo_loss",
     "clipped_surrogate_loss",
     "dpo_loss",
@@ -55,7 +59,7 @@ __all__ = [
 ]
 
 AggregationMode = Literal[
-    "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"
+    "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum", "batch-token-mean"
 ]
 
 
@@ -167,21 +171,24 @@ def _rows(mask: Tensor, total_seqs: float | None) -> float | Tensor:
 
 
 def _seq_mean_token_mean(
-    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None
+    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None,
+    row_norm: Tensor | None = None,
 ) -> Tensor:
     per_seq = masked_mean(loss, mask, dim=-1)  # [N]
     return per_seq.sum() / _rows(mask, total_seqs)
 
 
 def _token_mean(
-    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None
+    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None,
+    row_norm: Tensor | None = None,
 ) -> Tensor:
     tokens = mask.sum().clamp(min=1) if total_tokens is None else total_tokens
     return masked_sum(loss, mask) / tokens
 
 
 def _seq_mean_token_sum_norm(
-    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None
+    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None,
+    row_norm: Tensor | None = None,
 ) -> Tensor:
     if norm_len is None or norm_len < 1:
         raise ValueError(
@@ -196,9 +203,37 @@ def _seq_mean_token_sum_norm(
 
 
 def _seq_mean_token_sum(
-    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None
+    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None,
+    row_norm: Tensor | None = None,
 ) -> Tensor:
     return masked_sum(loss, mask) / _rows(mask, total_seqs)
+
+
+def _batch_token_mean(
+    loss: Tensor, mask: Tensor, *, norm_len: int | None, total_seqs: float | None, total_tokens: float | None,
+    row_norm: Tensor | None = None,
+) -> Tensor:
+    if row_norm is None:  # the rows given are one normalising batch
+        row_norm = mask.sum().clamp(min=1).to(loss.dtype).expand(mask.shape[0])
+    if row_norm.shape != mask.shape[:1]:
+        raise ValueError(f"row_norm must be [N] = [{mask.shape[0]}], got {tuple(row_norm.shape)}")
+    per_row = torch.where(mask, loss, torch.zeros((), dtype=loss.dtype, device=loss.device)).sum(-1)
+    return (per_row / row_norm.to(per_row.dtype)).sum()
+
+
+def batch_row_norms(mask: Tensor, batch_rows: int, *, num_batches: float | None = None) -> Tensor:
+    """``[N]``: each row's normaliser in "batch-token-mean", the rows taken in their order in batches of
+    ``batch_rows`` (the last may be shorter): the counted tokens of its batch (at least 1) times
+    ``num_batches`` (default: this call's batches; pass every rank's count), as TRL's bnpo divides each
+    micro-batch by its own tokens and averages the micro-batches' losses over gradient accumulation and ranks."""
+    if batch_rows < 1:
+        raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
+    tokens = mask.sum(-1).to(torch.float64)
+    parts = tokens.split(batch_rows)
+    if not parts:
+        return tokens
+    count = float(len(parts)) if num_batches is None else num_batches
+    return torch.cat([part.sum().clamp(min=1).expand(len(part)) for part in parts]) * count
 
 
 AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
@@ -206,6 +241,7 @@ AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
     "token-mean": _token_mean,
     "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
     "seq-mean-token-sum": _seq_mean_token_sum,
+    "batch-token-mean": _batch_token_mean,
 }
 """Aggregations by name, all ``(loss [N, T], mask [N, T], *, norm_len, total_seqs, total_tokens) -> []``.
 
@@ -213,6 +249,8 @@ AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
 * "token-mean": ``sum_i sum_t l / sum_i |o_i|`` (DAPO Eq. 12, arXiv 2503.14476; TRL "dapo"/"bnpo").
 * "seq-mean-token-sum-norm": ``sum_i sum_t l / (N * norm_len)`` (Dr. GRPO, arXiv 2503.20783).
 * "seq-mean-token-sum": ``sum_i sum_t l / N`` (verl).
+* "batch-token-mean": ``(1/B) sum_b sum_{i in b} sum_t l / sum_{i in b} |o_i|``, over B batches of rows (TRL "bnpo",
+  a batch being one micro-batch of ``per_device_train_batch_size`` rows): ``row_norm`` carries each row's divisor.
 """
 
 
@@ -225,16 +263,21 @@ class Aggregation:
     """An ``AGGREGATIONS`` value: ``(loss, mask, *, norm_len, total_seqs, total_tokens) -> []``."""
     norm_len: int | None = None
     """The constant length of "seq-mean-token-sum-norm" (Dr. GRPO: the max completion length); ignored by the others."""
+    batch_rows: int | None = None
+    """Rows per normalising batch of "batch-token-mean" (TRL bnpo: per_device_train_batch_size); None for the others."""
 
     @classmethod
-    def named(cls, mode: AggregationMode, *, norm_len: int | None = None) -> Aggregation:
+    def named(cls, mode: AggregationMode, *, norm_len: int | None = None, batch_rows: int | None = None) -> Aggregation:
         """The aggregation called ``mode`` (a key of ``AGGREGATIONS``)."""
         if mode not in AGGREGATIONS:
             raise ValueError(f"mode must be one of {tuple(AGGREGATIONS)}, got {mode!r}")
-        return cls(AGGREGATIONS[mode], norm_len)
+        if batch_rows is not None and (mode != "batch-token-mean" or batch_rows < 1):
+            raise ValueError(f'batch_rows >= 1 goes with mode "batch-token-mean" only, got {mode!r} and {batch_rows}')
+        return cls(AGGREGATIONS[mode], norm_len, batch_rows)
 
     def __call__(
-        self, loss: Tensor, mask: Tensor, *, total_seqs: float | None = None, total_tokens: float | None = None
+        self, loss: Tensor, mask: Tensor, *, total_seqs: float | None = None, total_tokens: float | None = None,
+        row_norm: Tensor | None = None,
     ) -> Tensor:
         """The scalar of ``loss`` over ``mask`` (see ``aggregate`` for the arguments)."""
         if mask.dtype != torch.bool or mask.dim() != 2 or loss.shape != mask.shape:
@@ -244,7 +287,9 @@ class Aggregation:
         for name, total in (("total_seqs", total_seqs), ("total_tokens", total_tokens)):
             if total is not None and total <= 0:
                 raise ValueError(f"{name} must be > 0 when given, got {total}")
-        return self.reduce(loss, mask, norm_len=self.norm_len, total_seqs=total_seqs, total_tokens=total_tokens)
+        return self.reduce(
+            loss, mask, norm_len=self.norm_len, total_seqs=total_seqs, total_tokens=total_tokens, row_norm=row_norm
+        )
 
 
 def aggregate(
@@ -255,6 +300,7 @@ def aggregate(
     norm_len: int | None = None,
     total_seqs: float | None = None,
     total_tokens: float | None = None,
+    row_norm: Tensor | None = None,
 ) -> Tensor:
     """Reduce a per-token loss to a scalar with a named normalisation (see ``AGGREGATIONS``); a step that
     aggregates every micro-batch chooses once with ``Aggregation.named``.
@@ -270,11 +316,15 @@ def aggregate(
         total_tokens: the number of counted tokens of the whole batch (default: this micro-batch's).
             Used by "token-mean". With both totals passed, the micro-batch values sum to the full-batch
             value exactly.
+        row_norm: ``[N]``, "batch-token-mean"'s divisor of each row (``batch_row_norms``; default: the rows
+            are one batch). Ignored by the other modes.
 
     Returns:
         A scalar tensor.
     """
-    return Aggregation.named(mode, norm_len=norm_len)(loss, mask, total_seqs=total_seqs, total_tokens=total_tokens)
+    return Aggregation.named(mode, norm_len=norm_len)(
+        loss, mask, total_seqs=total_seqs, total_tokens=total_tokens, row_norm=row_norm
+    )
 
 
 def value_loss(

@@ -196,7 +196,10 @@ def _update(run: Run, batch, step: int, ahead: AheadSampling | None = None) -> d
     weights (with k > 0: once step + k's groups are drawn); PPO's critic update after the policy's."""
     metrics: dict[str, float] = {}
     if run.critic is None or not run.critic.warming_up(step):
-        metrics.update(update_policy(run.policy, run.optimizer, run.scheduler, batch, run.update, generator=run.minibatch_generator))
+        metrics.update(update_policy(
+            run.policy, run.optimizer, run.scheduler, batch, run.update, generator=run.minibatch_generator,
+            entropy_control=run.entropy_control,
+        ))  # fmt: skip
         if ahead is not None:
             metrics["sys/time_sync_wait_s"] = ahead.before_sync(step)
         sync_started = time.perf_counter()

@@ -24,7 +24,9 @@ GROUP_BASELINES: frozenset[str] = frozenset(
 """Advantage estimators whose baseline is the prompt's own group: equal rewards within a group give zero
 advantage, so they need rollout.num_generations >= 2 and a temperature above 0. A test holds this set to
 what ``grpolab.algo``'s estimators do."""
-LossAgg = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"]
+LossAgg = Literal[
+    "seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum", "batch-token-mean"
+]
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,10 @@ class AlgoConfig:
     importance_level: Literal["token", "sequence"] | None = None
     """token = PPO/GRPO ratio; sequence = GSPO's length-normalised sequence ratio. null = preset."""
     loss_agg: LossAgg | None = None
-    """Loss aggregation (null = preset)."""
+    """Loss aggregation (null = preset); batch-token-mean: each batch of loss_agg_batch_rows rows, cut from the
+    optimizer step's shuffled rows on each rank, divided by its own tokens, the batches averaged (TRL's bnpo)."""
+    loss_agg_batch_rows: int | None = None
+    """batch-token-mean: rows per normalising batch (TRL's per_device_train_batch_size); unused by the others."""
     mu: int | None = None
     """Optimisation passes over each generation batch (DeepSeekMath mu; TRL num_iterations). null = preset."""
     num_minibatches: int | None = None
@@ -138,7 +143,22 @@ class AlgoConfig:
     """The truncation / masking threshold of the correction weight (TIS: 2; verl suggests 1.5-5 per token,
     2-10 per sequence)."""
     entropy_coef: float = 0.0
-    """Entropy bonus: the per-token loss gets -entropy_coef * entropy, aggregated like the policy loss. 0 = off."""
+    """Entropy bonus: the loss gets -entropy_coef x the mean per-token entropy of the optimizer step's counted
+    tokens (TRL's; whatever loss_agg). 0 = off. With entropy_adaptive, the starting coefficient."""
+    entropy_adaptive: bool = False
+    """Skywork-OR1's adaptive entropy control (arXiv 2505.22312; TRL's use_adaptive_entropy): after each optimizer
+    step the coefficient moves by entropy_coef_delta, up when that step's mean entropy is at or below
+    entropy_target, down otherwise, within [entropy_coef_min, entropy_coef_max]; a step applies the bonus only
+    when the previous step's entropy was at or below the target (none on the first). Resumes with the run."""
+    entropy_target: float = 0.2
+    """entropy_adaptive: the target mean per-token entropy in nats (TRL: 0.2), over the tokens the policy loss
+    counts (the high-entropy ones with top_entropy_quantile < 1)."""
+    entropy_coef_delta: float = 0.005
+    """entropy_adaptive: the coefficient's change per optimizer step (TRL: 0.005)."""
+    entropy_coef_min: float = 0.0
+    """entropy_adaptive: the coefficient's lower bound (TRL: 0.0)."""
+    entropy_coef_max: float = 1.0
+    """entropy_adaptive: the coefficient's upper bound (TRL: 1.0)."""
 
     def __post_init__(self) -> None:
         # Presets are filled before an AlgoConfig is built (config/resolve.py), so a built one holds every

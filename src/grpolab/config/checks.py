@@ -148,6 +148,17 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         (a.rollout_correction_cap <= 0, "algo.rollout_correction_cap must be > 0 (TIS: 2.0)"),
         (a.entropy_coef < 0, "algo.entropy_coef must be >= 0 (0 = no entropy bonus)"),
         (
+            a.loss_agg == "batch-token-mean" and (a.loss_agg_batch_rows is None or a.loss_agg_batch_rows < 1),
+            "algo.loss_agg=batch-token-mean needs algo.loss_agg_batch_rows >= 1 (the rows of each normalising batch; "
+            "TRL's bnpo: per_device_train_batch_size)",
+        ),
+        (
+            a.entropy_adaptive and not 0 <= a.entropy_coef_min <= a.entropy_coef <= a.entropy_coef_max,
+            "algo.entropy_adaptive needs 0 <= algo.entropy_coef_min <= algo.entropy_coef <= algo.entropy_coef_max "
+            "(TRL: 0 and 1; entropy_coef is the starting coefficient)",
+        ),
+        (a.entropy_adaptive and a.entropy_coef_delta <= 0, "algo.entropy_coef_delta must be > 0 (TRL: 0.005)"),
+        (
             a.policy_loss == "cispo" and (a.importance_level != "token" or a.dual_clip is not None),
             "algo.policy_loss=cispo clips a per-token IS weight: set algo.importance_level=token and algo.dual_clip=null",
         ),

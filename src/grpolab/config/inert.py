@@ -58,6 +58,11 @@ def inert_settings(cfg: Config) -> list[str]:
                 "algo.rollout_correction=tis (or mis) to correct the sampler / trainer mismatch"
             )
     out += _inert_soft_losses(a)
+    if a.loss_agg != "batch-token-mean" and a.loss_agg_batch_rows is not None:
+        out.append(f"algo.loss_agg_batch_rows={a.loss_agg_batch_rows} has no effect unless algo.loss_agg=batch-token-mean")
+    adaptive = [f"algo.{k}={getattr(a, k):g}" for k in _ADAPTIVE_KEYS if getattr(a, k) != field_default(AlgoConfig, k)]
+    if adaptive and not a.entropy_adaptive:
+        out.append(f"{' and '.join(adaptive)} have no effect unless algo.entropy_adaptive=true")
     if a.beta == 0 and a.kl_estimator != a.preset["kl_estimator"]:
         out.append(f"algo.kl_estimator={a.kl_estimator} has no effect with algo.beta=0 (no KL term): set algo.beta > 0")
     if a.importance_level == "sequence" and a.loss_agg in _TOKEN_SUMS:
@@ -69,8 +74,10 @@ def inert_settings(cfg: Config) -> list[str]:
     return out
 
 
+_ADAPTIVE_KEYS = ("entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
 _TOKEN_SUMS = {
-    "token-mean": "TRL's dapo / bnpo / cispo",
+    "token-mean": "TRL's dapo / cispo",
+    "batch-token-mean": "TRL's bnpo",
     "seq-mean-token-sum-norm": "TRL's dr_grpo",
     "seq-mean-token-sum": "a sum over each sequence's tokens",
 }

@@ -40,6 +40,10 @@ class ModelConfig:
     """Dtype the trainable weights are kept in. float32 master weights with bf16 autocast is the safe default."""
     autocast: Literal["auto", "bf16", "none"] = "auto"
     """bf16 autocast for forward passes: auto = on for CUDA with bf16 and for CPUs with bf16 matrix units."""
+    lm_head_fp32: bool = False
+    """ScaleRL's fp32 LM head (TRL's cast_lm_head_to_fp32): the output head's weight is stored in float32 (a tied
+    input embedding's with it, its output cast back to model.dtype) and the log-probs' and entropies' GEMMs run
+    in float32 outside autocast, for the policy and the reference; a vLLM engine keeps its own dtype."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to run: auto picks cuda when available."""
     trust_remote_code: bool = False
@@ -90,6 +94,9 @@ class DataConfig:
     """System prompt, used with the chat template or prepended to the template."""
     chat_template: bool = False
     """Wrap the templated prompt with the tokenizer's chat template."""
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments the chat template renders the prompts and an environment's messages with (TRL's
+    chat_template_kwargs), e.g. {enable_thinking: false} for Qwen3's; {} = the template's defaults."""
     size: int = 1000
     """Number of generated examples (reasoning_gym, arithmetic)."""
     params: Mapping[str, Any] = field(default_factory=dict)

@@ -32,7 +32,7 @@ TRL_NAMES: dict[str, str] = {
     "repetition_penalty": "rollout.repetition_penalty (1.0 = off)",
     "loss_type": "algo.loss_agg: grpo = seq-mean-token-mean, dr_grpo = seq-mean-token-sum-norm, dapo = "
     "token-mean, cispo = algo.name cispo, sapo = algo.policy_loss sapo, luspo = seq-mean-token-sum, vespo = "
-    "algo.policy_loss vespo; bnpo only at per_device_train_batch_size=1",
+    "algo.policy_loss vespo; bnpo = batch-token-mean with algo.loss_agg_batch_rows = per_device_train_batch_size",
     "scale_rewards": "algo.advantage: group = grpo, batch = batch_reward_std, none = dr_grpo (no std); "
     "multi_objective_aggregation=normalize_then_sum = gdpo",
     "top_entropy_quantile": "algo.top_entropy_quantile (the 80/20 rule, over an optimizer step's tokens)",
@@ -44,6 +44,9 @@ TRL_NAMES: dict[str, str] = {
     "mask_truncated_completions": "algo.mask_truncated",
     "sync_ref_model": "algo.ref_reset_every, with ref_model_mixup_alpha as algo.ref_mixup_alpha (TR-DPO)",
     "entropy_coef": "algo.entropy_coef",
+    "chat_template_kwargs": "data.chat_template_kwargs (the prompts' and an environment's messages' rendering)",
+    "use_adaptive_entropy": "algo.entropy_adaptive, with entropy_target, entropy_coef_delta, _min and _max",
+    "cast_lm_head_to_fp32": "model.lm_head_fp32",
     "reward_weights": "reward.functions[i].weight",
     "gradient_checkpointing": "model.gradient_checkpointing",
     "bf16": "model.autocast: bf16 or none (fp16 is refused)",

@@ -34,6 +34,10 @@ Models that post-process their logits after the head (soft-capping, logit scales
 in grpolab.training.logprobs) get no chunked head: they take the plain path, which holds the full logits.
 
 The entropy is a diagnostic, and carries a gradient only when the loss uses it (an entropy bonus).
+
+``keep_head_in_fp32`` (model.lm_head_fp32; ScaleRL, arXiv 2510.13786, and TRL's cast_lm_head_to_fp32) stores
+the head's weight in fp32 and runs its GEMMs in fp32 outside autocast, for the logits too; a tied input
+embedding shares that fp32 weight, so its output is cast back to the model's dtype, as TRL does.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ class ChunkedLMHead(nn.Linear):
     """The output embedding, computing log-probs and entropies chunk by chunk when a request is set."""
 
     request: HeadRequest | None = None
+    fp32: bool = False
+    """Every GEMM of the head in fp32, outside autocast (``keep_head_in_fp32``)."""
 
     @classmethod
     def sharing(cls, head: nn.Linear) -> ChunkedLMHead:
@@ -96,11 +102,12 @@ class ChunkedLMHead(nn.Linear):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         request = self.request
-        if request is None:
+        if request is None and not self.fp32:
             return super().forward(hidden)
-        gemm_dtype = compute_dtype(hidden.device.type)  # read before autocast is switched off below
+        # read before autocast is switched off below; None (fp32) for an fp32 head
+        gemm_dtype = None if self.fp32 else compute_dtype(hidden.device.type)
         with torch.autocast(device_type=hidden.device.type, enabled=False):
-            if request.targets is None:
+            if request is None or request.targets is None:
                 bias = None if self.bias is None else self.bias.float()
                 return nn.functional.linear(hidden.float(), self.weight.float(), bias)
             n, t = request.targets.shape
@@ -246,6 +253,22 @@ def install_chunked_head(model: nn.Module) -> bool:
         return False
     inner.set_output_embeddings(ChunkedLMHead.sharing(head))
     return True
+
+
+def keep_head_in_fp32(model: nn.Module) -> None:
+    """Store ``model``'s output head (a ChunkedLMHead: ``install_chunked_head`` first, before any wrapping) in
+    fp32 and compute it in fp32; an input embedding tied to it returns the dtype it had (ValueError without
+    such a head, e.g. a LoRA on the head: TRL refuses that too)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = output_head(inner)
+    if not isinstance(head, ChunkedLMHead):
+        raise ValueError(f"the output head is a {type(head).__name__}, not a plain Linear: it cannot be kept in fp32")
+    was = head.weight.dtype
+    head.float()  # the same Parameter objects, converted: a tied input embedding shares the fp32 weight
+    head.fp32 = True
+    embed = inner.get_input_embeddings()
+    if embed is not None and embed.weight is head.weight and was != torch.float32:
+        embed.register_forward_hook(lambda module, args, out: out.to(was))
 
 
 @contextlib.contextmanager

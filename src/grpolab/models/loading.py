@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from grpolab.config import ModelConfig
 from grpolab.errors import ConfigError, GrpolabError
-from grpolab.models.chunked_head import install_chunked_head
+from grpolab.models.chunked_head import install_chunked_head, keep_head_in_fp32
 from grpolab.models.hub import hub_load_kwargs
 from grpolab.models.inference import enable_checkpointing, inference_copy
 from grpolab.models.sources import local_source
@@ -149,16 +149,16 @@ def load_policy(
 
         base = _adapter_base(adapter_config)
         model = _from_pretrained(cfg, base).to(device)
-        install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
+        _install_head(cfg, model)
         model = PeftModel.from_pretrained(model, source, is_trainable=cfg.lora.enabled)
     elif placement == "meta":
         model = _on_meta(cfg, source)
-        install_chunked_head(model)
+        _install_head(cfg, model)
         if cfg.lora.enabled:  # PEFT wraps a meta model as it does a loaded one: the adapter's shapes, no values
             model = _wrap_lora(cfg, model)
     else:
         model = _from_pretrained(cfg, source).to(device if placement == "device" else torch.device("cpu"))
-        install_chunked_head(model)  # before any wrapping (PEFT here; DDP / FSDP2 by the caller)
+        _install_head(cfg, model)
         if cfg.lora.enabled:
             model = _wrap_lora(cfg, model)
     if placement != "meta":  # a meta model has no values yet: rank 0 checks the ones it broadcasts
@@ -167,6 +167,17 @@ def load_policy(
         enable_checkpointing(model)  # backward recomputes each layer with its forward's attention (inference.py)
         model.config.use_cache = False  # training forward only; the sampler passes use_cache=True itself
     return model, tok
+
+
+def _install_head(cfg: ModelConfig, model: PreTrainedModel) -> None:
+    """The chunked LM head (model.lm_head_fp32: in fp32), before any wrapping (PEFT here; DDP / FSDP2 by the caller)."""
+    if not install_chunked_head(model) and cfg.lm_head_fp32:
+        raise ModelLoadError(
+            f"model.lm_head_fp32: {cfg.name_or_path}'s output head is not a plain Linear layer, so it cannot be kept "
+            "in float32; set model.lm_head_fp32=false"
+        )
+    if cfg.lm_head_fp32:
+        keep_head_in_fp32(model)
 
 
 def check_finite_weights(model: torch.nn.Module, source: str) -> None:

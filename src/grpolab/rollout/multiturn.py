@@ -36,8 +36,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -57,7 +58,7 @@ _MARK = "q7Zx9"
 class ChatDelta:
     """Token ids of environment messages, as the chat template lays them out after a model turn."""
 
-    def __init__(self, tokenizer, tools: Sequence | None = None) -> None:
+    def __init__(self, tokenizer, tools: Sequence | None = None, template_kwargs: Mapping[str, Any] | None = None) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ConfigError(
                 "env: the tokenizer has no chat template, and an environment's messages are laid out with "
@@ -65,6 +66,7 @@ class ChatDelta:
             )
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
+        self.template_kwargs = dict(template_kwargs or {})  # data.chat_template_kwargs (TRL's chat_template_kwargs)
         self._prefix = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK}]
         rendered = self._render(self._prefix, generation_prompt=False)
         cut = rendered.rindex(_MARK) + len(_MARK)
@@ -74,7 +76,7 @@ class ChatDelta:
 
     def _render(self, messages, *, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt, **self.template_kwargs
         )
 
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
@@ -104,10 +106,11 @@ def _end_tokens(tokenizer) -> list[str]:
 
 
 def episode_prompt_ids(
-    examples: Sequence[Example], tokenizer, make_env: Callable[[], Environment]
+    examples: Sequence[Example], tokenizer, make_env: Callable[[], Environment], template_kwargs: Mapping[str, Any] | None = None
 ) -> list[list[int]]:
-    """Each example's first messages (``env.reset``) rendered with the env's tools: the training prompts."""
-    delta = ChatDelta(tokenizer, make_env().tools)
+    """Each example's first messages (``env.reset``) rendered with the env's tools (and ``template_kwargs``,
+    data.chat_template_kwargs): the training prompts."""
+    delta = ChatDelta(tokenizer, make_env().tools, template_kwargs)
     return [delta.prompt_ids(checked_reset(env, env.reset(e))) for e in examples for env in [make_env()]]
 
 
@@ -179,9 +182,11 @@ class MultiTurnSampler(Sampler):
         max_episode_tokens: int,
         step_timeout_s: float = 300.0,
         max_retries: int = 1,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         """``step_timeout_s``: the most an environment's step (and their closing) may take (env.step_timeout_s;
-        envs.contract). ``max_retries``: how often a failed episode is run again (env.max_retries)."""
+        envs.contract). ``max_retries``: how often a failed episode is run again (env.max_retries).
+        ``template_kwargs``: what the chat template renders with (data.chat_template_kwargs)."""
         if max_turns < 1 or max_episode_tokens < 1 or max_retries < 0:
             raise ValueError(
                 f"max_turns and max_episode_tokens must be >= 1 and max_retries >= 0, got {max_turns}, "
@@ -194,7 +199,7 @@ class MultiTurnSampler(Sampler):
         self.max_episode_tokens = max_episode_tokens
         self.step_timeout_s = step_timeout_s
         self.max_retries = max_retries
-        self.delta = ChatDelta(tokenizer, make_env().tools)
+        self.delta = ChatDelta(tokenizer, make_env().tools, template_kwargs)
         self.pad_token_id = sampler.pad_token_id
         self._device = torch.device("cpu")
         """Where the inner sampler's tensors live; the episode's tensors go there too."""
@@ -394,11 +399,14 @@ async def _close_all(envs: Sequence[Environment]) -> None:
             log.warning("closing environment %s failed (%s: %s); going on", env_name(env), type(exc).__name__, exc)
 
 
-def episode_sampler(sampler, tokenizer, make_env: Callable[[], Environment] | None, env: EnvConfig):
-    """The sampler itself without an environment; else a MultiTurnSampler over it."""
+def episode_sampler(
+    sampler, tokenizer, make_env: Callable[[], Environment] | None, env: EnvConfig, template_kwargs: Mapping[str, Any] | None = None
+):
+    """The sampler itself without an environment; else a MultiTurnSampler over it (``template_kwargs``:
+    data.chat_template_kwargs)."""
     if make_env is None:
         return sampler
     return MultiTurnSampler(
         sampler, tokenizer, make_env, max_turns=env.max_turns, max_episode_tokens=env.max_episode_tokens,
-        step_timeout_s=env.step_timeout_s, max_retries=env.max_retries,
+        step_timeout_s=env.step_timeout_s, max_retries=env.max_retries, template_kwargs=template_kwargs,
     )

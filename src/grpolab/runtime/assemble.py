@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from grpolab.algo.entropy_control import AdaptiveEntropy
 from grpolab.config import Config, ConfigError, ModelConfig, config_to_dict, dump_config
 from grpolab.data import PromptOrder, check_prompt_chars, load_examples, split_eval, tokenize_prompts
 from grpolab.distributed import dist, parallel, sequence
@@ -74,6 +75,7 @@ from grpolab.runtime.run_info import write_run_info
 from grpolab.runtime.step_spec import (
     batch_builder,
     build_critic,
+    entropy_control,
     logprob_context,
     process_supervision,
     run_optimizer,
@@ -138,6 +140,8 @@ class Run:
     bad_steps: BadSteps
     no_signal: NoSignal
     resumable: Resumable
+    entropy_control: AdaptiveEntropy | None
+    """algo.entropy_adaptive's controller (its state in every checkpoint), else None."""
     reward_hooks: TrlHooks
     """What TRL-style rewards log through ``log_metric`` / ``log_extra``, and the ``trainer_state`` they read."""
     start: int = 0
@@ -268,12 +272,13 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
             parallel.materialize_from_rank0(reference.frozen_model, full[1], device)
         del full
     parallel.log_layout(mode)
-    encode = None if make_env is None else functools.partial(episode_prompt_ids, make_env=make_env)
+    template_kwargs = cfg.data.chat_template_kwargs
+    encode = None if make_env is None else functools.partial(episode_prompt_ids, make_env=make_env, template_kwargs=template_kwargs)
     prompt_ids = tokenize_prompts(examples, tok, cfg.data, encode)  # with an env: its first messages and tools
     check_context(cfg, prompt_ids, plain.config)
     process = process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
     sampler = build_sampler(cfg, policy=plain, tokenizer=tok, autocast_dtype=amp, wrapped=policy)
-    sampler = episode_sampler(sampler, tok, make_env, cfg.env)  # env.name set: multi-turn episodes over it
+    sampler = episode_sampler(sampler, tok, make_env, cfg.env, template_kwargs)  # env.name set: multi-turn episodes over it
     optimizer, scheduler = run_optimizer(cfg, policy)
     ctx = logprob_context(cfg, pad_id=tok.pad_token_id, autocast_dtype=amp, device_type=device.type)
     update = update_spec(cfg, ctx)
@@ -289,15 +294,17 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     minibatch_gen = torch.Generator().manual_seed(cfg.seed + 1)
     bad_steps = BadSteps(cfg.train.max_bad_steps, cfg.run_dir)
     no_signal = NoSignal.from_config(cfg)  # zero-std / no-valid-reward steps in a row (runtime/guards.py)
+    control = entropy_control(cfg)
     resumable = Resumable(
-        policy, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps, no_signal
+        policy, tok, optimizer, scheduler, reference, data, sample_gen, minibatch_gen, critic, bad_steps, no_signal,
+        entropy_control=control,
     )
     return Run(
         cfg=cfg, rewards=list(rewards), examples=examples, prompt_ids=prompt_ids, policy=policy, unwrapped_policy=plain,
         tokenizer=tok, device=device, reference=reference, critic=critic, process_supervision=process,
         sampler=sampler, optimizer=optimizer, scheduler=scheduler, sampling=sampling_spec(cfg), update=update, build_batch=make_batch,
         gold=gold, prompt_order=data, sampling_generator=sample_gen, minibatch_generator=minibatch_gen, bad_steps=bad_steps,
-        no_signal=no_signal, resumable=resumable, reward_hooks=hooks,
+        no_signal=no_signal, resumable=resumable, entropy_control=control, reward_hooks=hooks,
     )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from grpolab.algo.entropy_control import AdaptiveEntropy
 from grpolab.config import Config, ConfigError, dump_config
 from grpolab.data import PromptOrder
 from grpolab.distributed import dist, parallel
@@ -45,6 +46,8 @@ class Resumable:
     no_signal: NoSignal
     num_tokens: int = 0
     """Prompt + completion tokens trained on since step 1, over every rank (TRL's ``num_tokens``)."""
+    entropy_control: AdaptiveEntropy | None = None
+    """algo.entropy_adaptive's coefficient and last measured entropy (TRL: entropy_controller_state.json)."""
 
     @property
     def sharded(self) -> bool:
@@ -75,6 +78,8 @@ class Resumable:
             "no_signal": self.no_signal.state_dict(),
             "num_tokens": self.num_tokens,
         }
+        if self.entropy_control is not None:
+            state["entropy_control"] = self.entropy_control.state_dict()
         if self.sharded:
             state.pop("optimizer")
             if self.critic is not None:
@@ -126,6 +131,8 @@ class Resumable:
         self.bad_steps.load_state_dict(state.get("bad_steps", {}))
         self.no_signal.load_state_dict(state.get("no_signal", {}))
         self.num_tokens = int(state.get("num_tokens", 0))
+        if self.entropy_control is not None and "entropy_control" in state:  # a run that had it (else: starts fresh)
+            self.entropy_control.load_state_dict(state["entropy_control"])
         if self.critic is not None and self.sharded:
             self.critic.load_state_dict({**state["critic"], "optimizer": self.critic.optimizer.state_dict()})
         elif self.critic is not None:

@@ -17,6 +17,7 @@ import torch
 
 from grpolab.algo.advantages import grpo_process_advantages
 from grpolab.algo.correction import rollout_correction_weights
+from grpolab.algo.entropy_control import AdaptiveEntropy
 from grpolab.algo.kl import KL_ESTIMATORS
 from grpolab.algo.losses import POLICY_LOSSES, Aggregation
 from grpolab.config import Config, OptimConfig
@@ -41,8 +42,8 @@ from grpolab.types import Example
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "batch_builder", "batch_spec", "build_critic", "critic_optim", "critic_spec", "logprob_context", "policy_loss_spec",
-    "process_supervision", "run_optimizer", "sampling_spec", "update_spec", "value_model_spec",
+    "batch_builder", "batch_spec", "build_critic", "critic_optim", "critic_spec", "entropy_control", "logprob_context",
+    "policy_loss_spec", "process_supervision", "run_optimizer", "sampling_spec", "update_spec", "value_model_spec",
 ]  # fmt: skip
 
 
@@ -116,14 +117,28 @@ def policy_loss_spec(cfg: Config) -> PolicyLossSpec:
     norm_len = cfg.env.max_episode_tokens if cfg.env.name is not None else cfg.rollout.max_completion_length
     return PolicyLossSpec(
         surrogate=surrogate,
-        aggregate=Aggregation.named(a.loss_agg, norm_len=norm_len),
+        aggregate=Aggregation.named(
+            a.loss_agg, norm_len=norm_len, batch_rows=a.loss_agg_batch_rows if a.loss_agg == "batch-token-mean" else None
+        ),
         kl=KL_ESTIMATORS[a.kl_estimator] if a.kl_in == "loss" and a.beta > 0 else None,
         beta=a.beta,
         correction=correction,
         correction_in_loss=a.policy_loss == "vespo",
         entropy_coef=a.entropy_coef,
+        entropy_adaptive=a.entropy_adaptive,
         off_policy_threshold=a.off_policy_mask_threshold,
         top_entropy_quantile=a.top_entropy_quantile,
+    )
+
+
+def entropy_control(cfg: Config) -> AdaptiveEntropy | None:
+    """algo.entropy_adaptive's controller, at its starting coefficient (a resumed run loads its state), or None."""
+    a = cfg.algo
+    if not a.entropy_adaptive:
+        return None
+    return AdaptiveEntropy(
+        coef=a.entropy_coef, target=a.entropy_target, delta=a.entropy_coef_delta, coef_min=a.entropy_coef_min,
+        coef_max=a.entropy_coef_max,
     )
 
 

@@ -224,10 +224,26 @@ def _draw(spec: SamplingSpec, sampler, rewards, rows, examples, prompt_ids, gene
         )  # fmt: skip
         seconds["sys/time_generation_s"] += t1 - t0
         seconds["sys/time_scoring_s"] += time.perf_counter() - t1
+    _warn_unscored(scores, completions.texts, [examples[i] for i in rows], completions.num_generations)
     reward_t, valid = rewards_tensor(scores.total, len(rows), completions.num_generations)
     for key, value in scores.counts.items():  # e.g. rewards/code_tests/timed_out, over every round
         seconds[key] = seconds.get(key, 0.0) + value
     return StepGroups(rows, completions, scores, reward_t, valid)
+
+
+def _warn_unscored(scores: ScoreResult, texts: list[str], examples: list[Example], group_size: int) -> None:
+    """TRL's warning, once per round, when every reward function returned None for a completion that did not
+    fail: it gets no reward and no advantage. The first such completion's row, prompt and text are named."""
+    failures = scores.failures or [None] * len(scores.total)
+    for i, (total, failure) in enumerate(zip(scores.total, failures, strict=True)):
+        if total is None and failure is None:
+            example = examples[i // group_size]
+            kwargs = {**(example.meta.get("row") or {}), "prompt": example.prompt, "completion": texts[i]}
+            log.warning(
+                "All reward functions returned None for the following kwargs: %s; the completion gets no reward and "
+                "no advantage: make at least one reward return a number for it", kwargs,
+            )  # fmt: skip
+            return
 
 
 def _bounds(spec: SamplingSpec) -> dict:

@@ -136,7 +136,10 @@ class PolicyLossSpec:
     """VESPO: the rollout-correction weights enter its sequence weight (``is_weights``), as TRL, instead of
     multiplying the per-token loss."""
     entropy_coef: float = 0.0
-    """algo.entropy_coef: the entropy bonus's coefficient (0: none, and no entropy gradient)."""
+    """algo.entropy_coef: the entropy bonus's coefficient (0: none, and no entropy gradient); under adaptive
+    control, the controller's for the optimizer step (training/step.py ``update_policy``)."""
+    entropy_adaptive: bool = False
+    """algo.entropy_adaptive: the bonus is on even while its coefficient is 0 (``policy_loss`` is logged)."""
     off_policy_threshold: float | None = None
     """algo.off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask, or None."""
     top_entropy_quantile: float = 1.0

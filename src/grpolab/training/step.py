@@ -12,6 +12,7 @@ it is A * grad log pi, the policy gradient. Watch reward, KL and clip fractions,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -20,7 +21,8 @@ from collections import defaultdict
 import torch
 
 from grpolab.algo.correction import mismatch_sums
-from grpolab.algo.losses import Aggregation
+from grpolab.algo.entropy_control import AdaptiveEntropy
+from grpolab.algo.losses import Aggregation, batch_row_norms
 from grpolab.algo.selection import entropy_threshold, high_entropy_mask, off_policy_sequence_mask
 from grpolab.distributed import dist
 from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
@@ -47,11 +49,13 @@ def policy_loss(
     total_tokens: float,
     entropy: torch.Tensor | None = None,
     token_keep: torch.Tensor | None = None,
+    row_norm: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss for a micro-batch, scaled so that micro-batches sum to the minibatch loss.
 
     ``entropy`` [N, T] (with its graph when ``spec.entropy_coef > 0``) feeds the entropy bonus; ``token_keep``
-    [N, T] bool (the high-entropy tokens, algo.top_entropy_quantile) limits the policy loss and the bonus to them.
+    [N, T] bool (the high-entropy tokens, algo.top_entropy_quantile) limits the policy loss and the bonus to them;
+    ``row_norm`` [N] is each row's divisor under "batch-token-mean" (``minibatch_row_norms``).
     """
     mask = mb.loss_mask
     weights = None
@@ -71,11 +75,11 @@ def policy_loss(
         kl = spec.kl(logprobs, mb.ref_logprobs)
         per_token = per_token + spec.beta * kl
         stats["kl"] = _masked_sum(kl.detach(), mask)
-    agg = functools.partial(spec.aggregate, mask=mask, total_seqs=total_seqs, total_tokens=total_tokens)
+    agg = functools.partial(spec.aggregate, mask=mask, total_seqs=total_seqs, total_tokens=total_tokens, row_norm=row_norm)
     loss = agg(per_token)
-    if spec.entropy_coef > 0 and entropy is not None:
+    if (spec.entropy_coef > 0 or spec.entropy_adaptive) and entropy is not None:
         # TRL: the bonus is the mean per-token entropy whatever the loss type normalises the policy term by
-        # (L = L_policy - coef * H); policy_loss is the loss without it
+        # (L = L_policy - coef * H); policy_loss is the loss without it (logged while adaptive control gates it off)
         stats["policy_loss"] = float(loss.detach().item())
         loss = loss - spec.entropy_coef * TOKEN_MEAN(entropy, mask, total_tokens=total_tokens)
     return loss, stats
@@ -123,6 +127,23 @@ def minibatch_order(n: int, num_minibatches: int, generator: torch.Generator) ->
     return list(perm.chunk(num_minibatches))
 
 
+def minibatch_row_norms(batch: RolloutBatch, rows: torch.Tensor, batch_rows: int | None, generator: torch.Generator):
+    """[N] divisors of "batch-token-mean" for the minibatch ``rows`` (other rows 0), or None for the other modes.
+
+    TRL's bnpo divides each micro-batch of per_device_train_batch_size rows, cut from the shuffled generation
+    batch, by its own tokens: the rows are shuffled here too (the minibatch generator, so a resumed run draws
+    the same), cut into batches of ``batch_rows``, and every rank's batches counted. These batches are the
+    loss's, not the forwards' (``micro_batches`` groups rows by length for memory), so memory settings do not
+    change the loss."""
+    if batch_rows is None:
+        return None
+    order = rows[torch.randperm(len(rows), generator=generator)]
+    num_batches = dist.all_reduce_sum(float(math.ceil(len(rows) / batch_rows)))
+    norms = torch.zeros(batch.num_sequences, dtype=torch.float64, device=batch.loss_mask.device)
+    norms[order] = batch_row_norms(batch.loss_mask[order], batch_rows, num_batches=num_batches)
+    return norms
+
+
 def micro_batches(
     rows: torch.Tensor, lengths: torch.Tensor, size: int, max_tokens: int | None = None, prompt_lengths=None
 ) -> list[torch.Tensor]:
@@ -140,8 +161,12 @@ def update_policy(
     spec: UpdateSpec,
     *,
     generator: torch.Generator,
+    entropy_control: AdaptiveEntropy | None = None,
 ) -> dict[str, float]:
-    """mu passes over the batch, num_minibatches optimizer steps each. Returns averaged metrics."""
+    """mu passes over the batch, num_minibatches optimizer steps each. Returns averaged metrics.
+
+    ``entropy_control`` (algo.entropy_adaptive) sets each optimizer step's entropy coefficient, and is moved
+    by the entropy that step measured."""
     sums: dict[str, float] = defaultdict(float)
     counts = {"tokens": 0.0, "updates": 0, "skipped": 0}
     ctx, loss_spec = spec.logprobs, spec.loss
@@ -155,42 +180,85 @@ def update_policy(
             optimizer.zero_grad(set_to_none=True)
             finite = True
             micros = micro_batches(rows, lengths, ctx.micro_batch_size, **budget)
+            norms = minibatch_row_norms(batch, rows, loss_spec.aggregate.batch_rows, generator)
             keeps = _high_entropy_tokens(model, batch, micros, ctx, loss_spec)
+            step_spec = loss_spec if entropy_control is None else dataclasses.replace(loss_spec, entropy_coef=entropy_control.applied())
+            counted = [0.0, 0.0]  # adaptive entropy: the step's entropy sum and tokens
             for i, (micro, keep) in enumerate(zip(micros, keeps, strict=True)):
                 mb = batch.select(micro)
                 # DDP: forward and backward inside no_sync (its forward arms the all-reduce), but the last
                 offload = offloaded(spec.offload_activations, batch.completion_ids.device.type)
                 with gradient_sync(model, sync=i == len(micros) - 1), offload:
                     loss, entropy, stats = _micro_batch_loss(
-                        model, mb, ctx, loss_spec, total_seqs=total_seqs, total_tokens=total_tokens, token_keep=keep
+                        model, mb, ctx, step_spec, total_seqs=total_seqs, total_tokens=total_tokens, token_keep=keep,
+                        row_norm=None if norms is None else norms[micro],
                     )
                     backward(loss * dist.grad_scale(), optimizer)  # through the fp16 loss scaler when there is one
                 finite = finite and math.isfinite(loss.item())
                 sums["loss"] += float(loss.item())
                 sums["entropy"] += _masked_sum(entropy.detach(), mb.loss_mask)
+                if entropy_control is not None:
+                    _count_entropy(counted, entropy, mb.loss_mask, keep)
                 for k, v in stats.items():
                     sums[k] += v
             counts["tokens"] += total_tokens
             finite = not dist.any_rank(not finite)  # every rank skips, or none
             give_back_freed_memory()  # before AdamW's states and the step's temporaries (distributed/host.py)
             _optimizer_step(model, optimizer, scheduler, spec.max_grad_norm, sums, counts, loss_finite=finite)
-    out = _summarise(sums, counts, scheduler)
-    if loss_spec.entropy_coef > 0:
-        out["entropy_coef"] = loss_spec.entropy_coef  # TRL's name; constant here (TRL can adapt it)
-    return out
+            if entropy_control is not None:  # TRL: the window's token-weighted mean over every rank
+                entropy_control.observe(dist.all_reduce_sum(counted[0]) / max(dist.all_reduce_sum(counted[1]), 1.0))
+    return {**_summarise(sums, counts, scheduler), **_entropy_coef_metrics(loss_spec, entropy_control)}
+
+
+def _count_entropy(counted: list[float], entropy: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor | None) -> None:
+    """Adds a micro-batch's entropy sum and token count where the policy loss counts tokens (TRL: the mask of
+    the high-entropy tokens too) to ``counted``: adaptive control's measurement."""
+    counted_mask = mask if keep is None else mask & keep
+    counted[0] += _masked_sum(entropy.detach(), counted_mask)
+    counted[1] += float(counted_mask.sum().item())
+
+
+def _entropy_coef_metrics(spec: PolicyLossSpec, control: AdaptiveEntropy | None) -> dict[str, float]:
+    """TRL's ``entropy_coef`` (adaptive: after the step's last update) and what the next step applies."""
+    if control is not None:
+        return {"entropy_coef": control.coef, "loss/entropy_coef_next": control.applied()}
+    return {"entropy_coef": spec.entropy_coef} if spec.entropy_coef > 0 else {}
 
 
 def _micro_batch_loss(model, mb: RolloutBatch, ctx: LogprobContext, spec: PolicyLossSpec, *, total_seqs: float,
-                      total_tokens: float, token_keep: torch.Tensor | None = None):
+                      total_tokens: float, token_keep: torch.Tensor | None = None, row_norm: torch.Tensor | None = None):
     """(loss, entropy [n, T], stats) of one micro-batch, its graph kept for the backward; packed into one
     padding-free sequence with train.padding_free (training/packing.py)."""
     logprobs, entropy = ctx.forward(model, mb, entropy_grad=spec.entropy_coef > 0, into_grad=True)
     old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
     loss, stats = policy_loss(
         logprobs, old, mb, spec, total_seqs=total_seqs, total_tokens=max(total_tokens, 1.0), entropy=entropy,
-        token_keep=token_keep,
+        token_keep=token_keep, row_norm=row_norm,
     )  # fmt: skip
     return loss, entropy, stats
+
+
+@torch.no_grad()
+def evaluation_loss(model, batch: RolloutBatch, ctx: LogprobContext, spec: PolicyLossSpec) -> float:
+    """The loss of ``batch`` at the current weights, without a gradient: TRL's eval loss (its prediction_step runs
+    compute_loss in eval mode). The old log-probs are the current ones (ratio 1), the whole batch is one optimizer
+    step (its totals normalise, and it is bnpo's one batch), the KL, entropy mask and entropy bonus as in training."""
+    rows = torch.arange(batch.num_sequences)
+    micros = micro_batches(rows, completion_lengths_of(batch.completion_mask), ctx.micro_batch_size,
+                           max_tokens=ctx.max_tokens, prompt_lengths=prompt_lengths_of(batch.prompt_ids))  # fmt: skip
+    keeps = _high_entropy_tokens(model, batch, micros, ctx, spec)
+    norms = batch_row_norms(batch.loss_mask, max(batch.num_sequences, 1)) if spec.aggregate.batch_rows else None
+    total_tokens = max(float(batch.loss_mask.sum().item()), 1.0)
+    loss = 0.0
+    for micro, keep in zip(micros, keeps, strict=True):
+        mb = batch.select(micro)
+        logprobs, entropy = ctx.forward(model, mb)
+        value, _ = policy_loss(
+            logprobs, logprobs, mb, spec, total_seqs=float(batch.num_sequences), total_tokens=total_tokens,
+            entropy=entropy, token_keep=keep, row_norm=None if norms is None else norms[micro],
+        )  # fmt: skip
+        loss += float(value.item())
+    return loss
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from grpolab.trl.kinds import TrlField, mapped, named, not_applicable, read_by, refused, to_key, worded
 from grpolab.trl.rules import (
+    adaptive_entropy,
     batch_geometry,
     beta,
     betas,
@@ -51,7 +52,6 @@ _EVAL = "transformers' evaluation loop; grpolab's eval is Pass@K / Maj@K (eval.*
 _LOGGING = "transformers' console logging; grpolab logs every step's metrics (--log-level for the console)"
 _DIST = "torchrun sets up the processes; grpolab picks DDP or FSDP2 with train.parallel"
 _SPEED = "a speed option; it does not change what is trained"
-_ADAPTIVE = "read only with use_adaptive_entropy=True, which is refused"
 
 TRL_FIELDS: dict[str, TrlField] = worded({
     # --- batch geometry and length of the run
@@ -73,7 +73,7 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "generation_kwargs": refused(
         "grpolab's sampler takes rollout.temperature / top_p / top_k / min_p / repetition_penalty only"
     ),
-    "chat_template_kwargs": refused("grpolab renders chat prompts with the template's defaults"),
+    "chat_template_kwargs": named(lambda v, t: {"data.chat_template_kwargs": dict(v or {})}),
     "cache_implementation": not_applicable(_SPEED),
     "vllm_structured_outputs_regex": refused("grpolab has no constrained decoding"),
     "max_tool_calling_iterations": refused("grpolab has no tool-calling loop"),
@@ -94,11 +94,11 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "ref_model_mixup_alpha": read_by("sync_ref_model"),
     "ref_model_sync_steps": read_by("sync_ref_model"),
     "entropy_coef": named(entropy),
-    "use_adaptive_entropy": refused("grpolab's entropy bonus has a fixed coefficient (algo.entropy_coef)"),
-    "entropy_coef_min": not_applicable(_ADAPTIVE),
-    "entropy_coef_max": not_applicable(_ADAPTIVE),
-    "entropy_coef_delta": not_applicable(_ADAPTIVE),
-    "entropy_target": not_applicable(_ADAPTIVE),
+    "use_adaptive_entropy": named(adaptive_entropy),
+    "entropy_coef_min": read_by("use_adaptive_entropy"),
+    "entropy_coef_max": read_by("use_adaptive_entropy"),
+    "entropy_coef_delta": read_by("use_adaptive_entropy"),
+    "entropy_target": read_by("use_adaptive_entropy"),
     "top_entropy_quantile": named(top_entropy),
     "off_policy_mask_threshold": named(off_policy_mask),
     "sapo_temperature_neg": read_by("loss_type"),
@@ -125,7 +125,7 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "fp16": read_by("bf16"),
     "tf32": not_applicable("a CUDA matmul precision mode, not a training setting"),
     "disable_dropout": mapped("grpolab always trains with dropout off", dropout),
-    "cast_lm_head_to_fp32": refused("grpolab has no fp32 LM head cast (ScaleRL)"),
+    "cast_lm_head_to_fp32": named(to_key("model.lm_head_fp32")),
     "router_aux_loss_coef": refused("grpolab adds no MoE load-balancing loss"),
     "use_cpu": mapped("model.device=cpu", cpu),
     "neftune_noise_alpha": refused("grpolab adds no noise to the embeddings (NEFTune)"),

@@ -254,13 +254,9 @@ def _bnpo(out: dict[str, Any]) -> list[str]:
     """TRL from 293b620 (2025-02-17) to 0.18.0 averaged the loss over each micro-batch's tokens (loss_type bnpo)."""
     if "loss_type" in out:
         return []
-    if out.get("per_device_train_batch_size") == 1:  # a micro-batch of one completion: bnpo is grpo, exactly
-        out["loss_type"] = "bnpo"
-        return ["loss_type=bnpo: unset; TRL's loss from 293b620 (2025-02-17) to 0.18.0 (per_device_train_batch_size 1: grpo)"]
-    return [
-        "loss_type unset: TRL from 293b620 (2025-02-17) to 0.18.0 averaged each micro-batch's tokens (bnpo), which "
-        "grpolab cannot split by micro-batch; converted as TRL 1.16's dapo (the optimizer step's tokens)"
-    ]
+    out["loss_type"] = "bnpo"
+    return ["loss_type=bnpo: unset; TRL's loss from 293b620 (2025-02-17) to 0.18.0 (each micro-batch of "
+            "per_device_train_batch_size completions divided by its own tokens)"]
 
 
 def world_size(caller: int | None, given: Mapping[str, Any]) -> tuple[int, str | None]:

@@ -87,6 +87,7 @@ def to_generation_steps(t: TrlView, optimizer_steps: float, what: str) -> int:
 
 _LOSS_AGG = {
     "grpo": "seq-mean-token-mean",  # (per_token_loss * mask).sum(-1) / mask.sum(-1), mean over rows
+    "bnpo": "batch-token-mean",  # sum / active tokens of each micro-batch, mean over the micro-batches
     "dr_grpo": "seq-mean-token-sum-norm",  # sum / (rows * max_completion_length)
     "dapo": "token-mean",  # sum / active tokens of the accumulated batch
     "cispo": "token-mean",  # the dapo normaliser
@@ -101,19 +102,8 @@ _VESPO = ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
 def loss_type(v: str, t: TrlView) -> dict[str, Any]:
     """loss_type picks TRL's normaliser (and cispo's weight, sapo's gate, vespo's gamma weight); the advantage is
     scale_rewards'."""
-    if v == "bnpo":
-        if t["per_device_train_batch_size"] != 1:
-            raise Refused(
-                "bnpo divides by the active tokens of each local micro-batch, so a token's weight depends on "
-                "which rows TRL's shuffle put beside it; grpolab forms micro-batches by length for memory and "
-                "normalises over the whole minibatch: use loss_type=dapo (token-mean) or "
-                "per_device_train_batch_size=1 (where bnpo equals grpo)"
-            )
-        v = "grpo"
     if v not in _LOSS_AGG:
-        raise Refused(
-            f"grpolab has no '{v}' loss (it has grpo, dr_grpo, dapo, cispo, sapo, luspo, vespo; bnpo at batch size 1)"
-        )
+        raise Refused(f"grpolab has no '{v}' loss (it has grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo)")
     if _LOSS_AGG[v] == "token-mean" and t.geometry.num_minibatches > 1:
         t.note(
             f"loss_type={v}: TRL divides each optimizer step by the generation batch's active tokens / "
@@ -128,6 +118,8 @@ def loss_type(v: str, t: TrlView) -> dict[str, Any]:
         "algo.policy_loss": _POLICY_LOSS.get(v, "clip"),
         "algo.dynamic_sampling": False,
     }
+    if v == "bnpo":  # TRL's micro-batch: per_device_train_batch_size rows of the shuffled generation batch
+        out["algo.loss_agg_batch_rows"] = t["per_device_train_batch_size"]
     if v == "sapo":
         out["algo.sapo_temperature_pos"] = t["sapo_temperature_pos"]
         out["algo.sapo_temperature_neg"] = t["sapo_temperature_neg"]
@@ -219,6 +211,16 @@ def sync_ref(v: bool, t: TrlView) -> dict[str, Any]:
 
 def entropy(v: float, t: TrlView) -> dict[str, Any]:
     return {"algo.entropy_coef": v}  # both subtract coef x the mean per-token entropy, whatever the loss_type
+
+
+_ADAPTIVE = ("entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max")
+
+
+def adaptive_entropy(v: bool, t: TrlView) -> dict[str, Any]:
+    """Skywork-OR1's controller, updated once per optimizer step in both (TRL: at each sync_gradients)."""
+    if not v:
+        return {"algo.entropy_adaptive": False}
+    return {"algo.entropy_adaptive": True, **{f"algo.{name}": t[name] for name in _ADAPTIVE}}
 
 
 _IS_MODES = {

@@ -9,6 +9,7 @@ from grpolab.algo.losses import (
     AGGREGATIONS,
     Aggregation,
     aggregate,
+    batch_row_norms,
     clipped_surrogate_loss,
     dpo_loss,
     value_loss,
@@ -156,12 +157,14 @@ def test_an_aggregation_chosen_once_is_the_named_reduction_with_its_length_bound
 
 
 def test_modes_are_pairwise_different():
-    values = {mode: aggregate(LOSS, MASK, mode, norm_len=5).item() for mode in AGGREGATIONS}
+    norms = batch_row_norms(MASK, 2)  # bnpo's batches of 2 rows (of one row it is grpo, of all rows dapo)
+    values = {mode: aggregate(LOSS, MASK, mode, norm_len=5, row_norm=norms).item() for mode in AGGREGATIONS}
     assert set(values) == {
         "seq-mean-token-mean",
         "token-mean",
         "seq-mean-token-sum-norm",
         "seq-mean-token-sum",
+        "batch-token-mean",
     }
     for a, b in itertools.combinations(values, 2):
         assert values[a] != pytest.approx(values[b]), f"{a} == {b}"
@@ -182,9 +185,10 @@ def test_micro_batches_sum_to_full_batch(mode):
     g = torch.Generator().manual_seed(1)
     loss = torch.randn(5, 6, dtype=torch.float64, generator=g)
     mask = torch.arange(6) < torch.tensor([6, 1, 4, 2, 5])[:, None]
-    full = aggregate(loss, mask, mode, norm_len=6)
+    norms = batch_row_norms(mask, 2)  # read by batch-token-mean only
+    full = aggregate(loss, mask, mode, norm_len=6, row_norm=norms)
     totals = {"total_seqs": 5, "total_tokens": int(mask.sum())}
-    parts = [aggregate(loss[s], mask[s], mode, norm_len=6, **totals) for s in (slice(0, 2), slice(2, 5))]
+    parts = [aggregate(loss[s], mask[s], mode, norm_len=6, row_norm=norms[s], **totals) for s in (slice(0, 2), slice(2, 5))]
     close(parts[0] + parts[1], full)
 
 

@@ -87,6 +87,8 @@ def test_inert_clip_settings_are_warned_at_load():
         (["algo.policy_loss=sapo", "algo.clip_high=0.28", "algo.mu=2"], "have no effect with algo.policy_loss=sapo"),
         (["algo.policy_loss=sapo"], "so SAPO's soft gate (algo.sapo_temperature_pos / _neg"),
         (["algo.policy_loss=vespo"], "so VESPO's gamma weight (algo.vespo_*"),
+        (["algo.loss_agg_batch_rows=4"], "algo.loss_agg_batch_rows=4 has no effect unless algo.loss_agg=batch-token-mean"),
+        (["algo.entropy_target=3"], "algo.entropy_target=3 have no effect unless algo.entropy_adaptive=true"),
     ],
 )
 def test_each_inert_setting_is_named_by_its_own_key(overrides, message):
@@ -105,11 +107,13 @@ def test_presets_with_a_clip_update_in_minibatches_so_it_acts():
 
 @pytest.mark.parametrize(
     ("agg", "warned"),
-    [("token-mean", True), ("seq-mean-token-sum-norm", True), ("seq-mean-token-sum", True), ("seq-mean-token-mean", False)],
+    [("token-mean", True), ("seq-mean-token-sum-norm", True), ("seq-mean-token-sum", True), ("seq-mean-token-mean", False),
+     ("batch-token-mean", True)],
 )
 def test_gspo_with_a_loss_that_sums_tokens_is_warned_in_trls_words(agg, warned):
     """TRL warns for its dapo / dr_grpo / bnpo / cispo losses with importance_sampling_level='sequence'."""
-    messages = inert_settings(_load("algo.name=gspo", f"algo.loss_agg={agg}"))
+    rows = ["algo.loss_agg_batch_rows=2"] if agg == "batch-token-mean" else []
+    messages = inert_settings(_load("algo.name=gspo", f"algo.loss_agg={agg}", *rows))
     said = [m for m in messages if "weights each sequence by its completion length" in m]
     assert len(said) == int(warned)
     if warned:
@@ -133,6 +137,9 @@ def test_gspo_with_a_loss_that_sums_tokens_is_warned_in_trls_words(agg, warned):
         (["algo.advantage=gdpo", "algo.kl_in=reward"], "algo.advantage=gdpo normalises each reward function apart"),
         (["rollout.min_p=1.5"], r"rollout.min_p must be in \[0, 1\]"),
         (["rollout.repetition_penalty=0"], "rollout.repetition_penalty must be > 0"),
+        (["algo.loss_agg=batch-token-mean"], "needs algo.loss_agg_batch_rows >= 1"),
+        (["algo.entropy_adaptive=true", "algo.entropy_coef=2"], "algo.entropy_coef <= algo.entropy_coef_max"),
+        (["algo.entropy_adaptive=true", "algo.entropy_coef_delta=0"], "algo.entropy_coef_delta must be > 0"),
     ],
 )
 def test_new_fields_are_checked(overrides, message):

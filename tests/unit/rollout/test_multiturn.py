@@ -210,6 +210,25 @@ def test_chat_delta_on_a_qwen_style_template(chat_tok):
         tok.chat_template = saved
 
 
+def test_chat_delta_renders_with_the_template_kwargs(chat_tok):
+    """data.chat_template_kwargs (TRL's chat_template_kwargs) reach the episode's prompt and its env messages."""
+    tok = chat_tok
+    saved = tok.chat_template
+    tok.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% if not thinking %}<nothink>{% endif %}{% endif %}"
+    )
+    try:
+        delta = ChatDelta(tok, None, {"thinking": False})
+        assert tok.decode(delta.prompt_ids([{"role": "user", "content": "q"}])) == "<user>q<eos><assistant><nothink>"
+        assert tok.decode(delta.ids([{"role": "tool", "content": "36"}])) == "<tool>36<eos><assistant><nothink>"
+        assert tok.decode(ChatDelta(tok, None, {"thinking": True}).ids([{"role": "tool", "content": "36"}])) == (
+            "<tool>36<eos><assistant>"
+        )
+    finally:
+        tok.chat_template = saved
+
+
 QWEN25_TOOLS = (  # Qwen2.5-Instruct's template, its tool parts (assistant tool_calls left out: not used here)
     "{%- if tools %}{{- '<|im_start|>system\\n' }}{{- 'You are Qwen.' }}"
     "{{- '\\n\\n# Tools\\n\\n<tools>' }}{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"

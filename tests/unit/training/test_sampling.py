@@ -314,3 +314,22 @@ def test_a_sequence_parallel_group_samples_once_and_every_rank_trains_on_that_dr
     }
     assert torch.equal(first["gen"], gen.get_state())  # the sampling rank drew as one process did
     assert torch.equal(other["gen"], torch.Generator().manual_seed(0).get_state())  # the other never drew
+
+
+def test_a_completion_no_reward_scores_is_warned_about_once_in_trls_words(caplog):
+    from grpolab.rewards.base import ScoreResult
+    from grpolab.training.sampling import _warn_unscored
+    from grpolab.types import Failure
+
+    examples = [Example(prompt="1+1=", meta={"row": {"prompt": "1+1=", "id": 7}}), Example(prompt="2+2=")]
+    # rows 1 and 3 have no total: row 1 failed (its group is dropped, said elsewhere), row 3 no reward applied
+    scores = ScoreResult(total=[1.0, None, 0.0, None], components={"r": [1.0, None, 0.0, None]},
+                         failures=[None, Failure("reward_error", "boom"), None, None])  # fmt: skip
+    with caplog.at_level("WARNING", logger="grpolab.training.sampling"):
+        _warn_unscored(scores, ["a", "b", "c", "d"], examples, group_size=2)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("All reward functions returned None for the following kwargs: ")
+    assert "'completion': 'd'" in said[0] and "'prompt': '2+2='" in said[0]  # the second group's second completion
+    caplog.clear()
+    _warn_unscored(ScoreResult(total=[1.0, 2.0], components={}), ["a", "b"], examples[:1], group_size=2)
+    assert not caplog.records

@@ -206,15 +206,19 @@ def test_loss_type_maps_to_the_aggregation_that_computes_trls_loss(loss_type):
     torch.testing.assert_close(ours, _trl_loss(per_token, mask, loss_type, 6, 4))
 
 
-def test_bnpo_is_grpo_at_batch_size_one_and_refused_otherwise():
+def test_bnpo_is_batch_token_mean_over_trls_micro_batches():
+    from grpolab.algo.losses import aggregate, batch_row_norms
+
     gen = torch.Generator().manual_seed(1)
-    per_token, mask = torch.randn(4, 5, generator=gen), torch.rand(4, 5, generator=gen) > 0.3
-    torch.testing.assert_close(_trl_loss(per_token, mask, "bnpo", 5, 4), _trl_loss(per_token, mask, "grpo", 5, 4))
-    assert keys(loss_type="bnpo", per_device_train_batch_size=1, num_generations=2, gradient_accumulation_steps=2)["algo.loss_agg"] == (
-        "seq-mean-token-mean"
-    )
-    with pytest.raises(ConfigError, match="each local micro-batch"):
-        keys(loss_type="bnpo")
+    per_token, mask = torch.randn(8, 5, generator=gen), torch.rand(8, 5, generator=gen) > 0.3
+    k = keys(loss_type="bnpo", per_device_train_batch_size=2, num_generations=2, gradient_accumulation_steps=4)
+    assert (k["algo.loss_agg"], k["algo.loss_agg_batch_rows"]) == ("batch-token-mean", 2)
+    # TRL's micro-batches of 2 rows in the order its shuffle left them; grpolab's batches of 2 in the same order
+    norms = batch_row_norms(mask, k["algo.loss_agg_batch_rows"])
+    ours = aggregate(per_token, mask, k["algo.loss_agg"], row_norm=norms)
+    torch.testing.assert_close(ours, _trl_loss(per_token, mask, "bnpo", 5, 4))
+    # at one row per micro-batch it is grpo
+    torch.testing.assert_close(_trl_loss(per_token, mask, "bnpo", 5, 8), _trl_loss(per_token, mask, "grpo", 5, 8))
 
 
 def test_a_loss_type_trl_lacks_is_refused():
@@ -356,8 +360,17 @@ def test_the_reference_mixes_in_the_policy_by_alpha():
 
 def test_entropy_coef_and_its_adaptive_form():
     assert keys(entropy_coef=0.01)["algo.entropy_coef"] == 0.01
-    with pytest.raises(ConfigError, match="use_adaptive_entropy"):
-        keys(use_adaptive_entropy=True)
+    assert keys(entropy_coef=0.01, entropy_target=3.0)["algo.entropy_adaptive"] is False
+    k = keys(entropy_coef=0.01, use_adaptive_entropy=True, entropy_target=3.0, entropy_coef_delta=0.002)
+    got = {n: k[f"algo.{n}"] for n in ("entropy_adaptive", "entropy_coef", "entropy_target", "entropy_coef_delta",
+                                       "entropy_coef_min", "entropy_coef_max")}  # fmt: skip
+    assert got == {"entropy_adaptive": True, "entropy_coef": 0.01, "entropy_target": 3.0, "entropy_coef_delta": 0.002,
+                   "entropy_coef_min": 0.0, "entropy_coef_max": 1.0}  # fmt: skip
+
+
+def test_cast_lm_head_to_fp32_is_model_lm_head_fp32():
+    assert keys(cast_lm_head_to_fp32=True)["model.lm_head_fp32"] is True
+    assert keys(cast_lm_head_to_fp32=False)["model.lm_head_fp32"] is False
 
 
 @pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
@@ -484,7 +497,7 @@ def test_the_cli_writes_a_config_that_loads(tmp_path, capsys):
     assert "fill in: reward.functions" in capsys.readouterr().err
     cfg = load_config(out)
     assert (cfg.optim.lr, cfg.train.num_steps, cfg.data.source) == (1e-5, 3, "jsonl")
-    assert main(["convert-trl", "--loss_type", "bnpo"]) == 2
+    assert main(["convert-trl", "--loss_type", "gmpo"]) == 2
     assert capsys.readouterr().err.startswith("grpolab: error: convert-trl: grpolab cannot reproduce loss_type")
 
 
@@ -520,3 +533,8 @@ def test_trls_named_rewards_build_as_trl_style_rewards():
     assert reward.name == "think_format_reward"
     with pytest.raises(ConfigError, match="soft_overlong"):
         keys(reward_funcs=["get_soft_overlong_punishment"])
+
+
+def test_chat_template_kwargs_are_the_datas():
+    assert keys(chat_template_kwargs={"enable_thinking": False})["data.chat_template_kwargs"] == {"enable_thinking": False}
+    assert keys()["data.chat_template_kwargs"] == {}  # TRL's None: the template's defaults

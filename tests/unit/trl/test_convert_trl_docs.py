@@ -24,18 +24,9 @@ _STEP_SPANS = "an optimizer step would span two generation batches, which grpola
 # Each refused example, with the message that names the field and why. Every one is a field that changes
 # the training and that grpolab has no counterpart for; the reason is in the comment.
 REFUSED = {
-    # TRL's adaptive entropy controller moves the coefficient every step; grpolab's bonus is fixed
-    "grpo_trainer__adaptive_entropy": _CANNOT + "use_adaptive_entropy=True: grpolab's entropy bonus has a fixed coefficient",
-    "paper_index__skywork_or1": _CANNOT + "use_adaptive_entropy=True: grpolab's entropy bonus has a fixed coefficient",
-    # enable_thinking=False changes the rendered prompt (the template's default thinks); grpolab renders defaults
-    "grpo_trainer__environments": _CANNOT + "chat_template_kwargs={'enable_thinking': False}: grpolab renders chat prompts",
-    "openenv__quick_start": _CANNOT + "chat_template_kwargs={'enable_thinking': False}: grpolab renders chat prompts",
-    "openenv__wordle": _CANNOT + "chat_template_kwargs={'enable_thinking': False}: grpolab renders chat prompts",
     # multi-turn tool calling generates different completions; grpolab samples one turn
     "harbor__quick_start": _CANNOT + "max_tool_calling_iterations=25: grpolab has no tool-calling loop",
     "openreward__quick_start": _CANNOT + "max_tool_calling_iterations=20: grpolab has no tool-calling loop",
-    # ScaleRL: its cispo loss and batch-std advantages convert; the fp32 LM head does not
-    "paper_index__scale_rl": _CANNOT + "cast_lm_head_to_fp32=True: grpolab has no fp32 LM head cast",
     # MIS with a lower bound: grpolab's rollout correction bounds the weight from above only
     "paper_index__mis": _CANNOT + "vllm_importance_sampling_correction=True: grpolab's rollout correction bounds the weight from above only",
     # steps_per_generation 16 < gradient_accumulation_steps 128: one optimizer step over 8 generation batches

@@ -88,9 +88,9 @@ def test_system_prompt_era_keeps_its_prompt_and_the_newline_format():
     assert k["data.system_prompt"].startswith("Reason first") and k["data.prompt_field"] == "problem"
     assert [f["name"] for f in k["reward.functions"]] == [OWN + "accuracy_reward", OWN + "format_reward", OWN + "tag_count_reward"]
     assert (k["algo.beta"], k["rollout.temperature"]) == (0.04, 0.9)
-    # TRL's bnpo (each micro-batch of 16 completions' tokens) is not splittable here: dapo, and said so
-    assert k["algo.loss_agg"] == "token-mean"
-    assert "bnpo" in _said(out.recipe, "loss_type unset: ")
+    # TRL's bnpo: each micro-batch of 16 completions divided by its own tokens, and said so
+    assert (k["algo.loss_agg"], k["algo.loss_agg_batch_rows"]) == ("batch-token-mean", 16)
+    assert "micro-batch" in _said(out.recipe, "loss_type=bnpo: unset")
     assert "format_reward_spaced" in _said(out.recipe, "reward format: ")
 
 
