@@ -81,6 +81,9 @@ class WeightCopy:
         self.model = inference_copy(model, dtype)
         copies = dict(self.model.named_parameters())
         self._pairs = [(copies[name], p) for name, p in model.named_parameters()]
+        head = _low_precision_head(self.model, dtype)
+        if head is not None:  # its own weight (untied from the input embedding, which stays full precision)
+            self._pairs.append((head, model.get_output_embeddings().weight))
         self._dtypes = {id(dst): dst.dtype for dst, _ in self._pairs}
         if pack is None:
             pack = packs_linear(next(model.parameters()).device, dtype)
@@ -106,6 +109,22 @@ class WeightCopy:
             linear.unpack()
         for dst, _ in self._pairs:
             dst.data = torch.empty(0, dtype=dst.dtype, device=dst.device)
+
+
+def _low_precision_head(copy: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Parameter | None:
+    """The copy's output head given a ``dtype`` weight of its own, which it returns; None where the head keeps
+    full precision: one that runs in fp32 outside autocast (model.lm_head_fp32), has a bias, or is no Linear.
+
+    Under autocast the head's GEMM runs in ``dtype`` anyway (and the training step's too, models/chunked_head.py),
+    but the fp32 weight is then cast again at every decoded token: for SmolLM2's 49,152 x 576 head, a 113 MB read
+    and a 57 MB write per token, more than the head's product itself."""
+    head = copy.get_output_embeddings() if hasattr(copy, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None or getattr(head, "fp32", False):
+        return None
+    if head.weight.dtype == dtype:
+        return None
+    head.weight = torch.nn.Parameter(torch.empty(0, dtype=dtype, device=head.weight.device), requires_grad=False)
+    return head.weight
 
 
 def packs_linear(device: torch.device, dtype: torch.dtype | None) -> bool:
@@ -140,7 +159,7 @@ class _PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is None:
-            return torch.nn.Linear.forward(self.module, x)
+            return type(self.module).forward(self.module, x)
         return torch.ops.mkldnn._linear_pointwise(x.to(self.weight.dtype), self.weight, self.module.bias, "none", [], "")
 
 

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-__all__ = ["filter_logits", "mass_before", "penalise_repeats", "seen_tokens"]
+__all__ = ["draw_tokens", "filter_logits", "mass_before", "penalise_repeats", "seen_tokens", "tokens_at"]
 
 
 def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float, min_p: float = 0.0) -> torch.Tensor:
@@ -50,6 +50,28 @@ def mass_before(probs: torch.Tensor, *, fixed: bool = False) -> torch.Tensor:
         return probs.cumsum(-1) - probs
     units = (probs.double() * 2.0**52).round().long()
     return ((units.cumsum(-1) - units).double() / 2.0**52).to(probs.dtype)
+
+
+def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of [n, V] probabilities (unnormalised, each row's sum > 0), drawn by the inverse of
+    the row's CDF at one uniform number: what torch.multinomial(probs, 1) draws, from another random stream.
+    multinomial draws V exponential numbers per row (the Gumbel trick) on the generator, serially on a CPU:
+    measured 20 ms a decode step for 16 rows of SmolLM2's 49,152 tokens on one core, a fifth of the step."""
+    u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device, generator=generator)
+    return tokens_at(probs, u)
+
+
+def tokens_at(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """[n] tokens where the CDF of each row of ``probs`` [n, V] first exceeds ``u`` [n, 1] (in [0, 1)) times the
+    row's total. The CDF is summed in float64 (in exact int64 fixed point on CUDA under train.deterministic, as
+    ``mass_before``), and ``u`` stays below the total, so a token of probability 0 is never drawn."""
+    if probs.is_cuda and torch.are_deterministic_algorithms_enabled():
+        cdf = (probs.double() * 2.0**52).round().long().cumsum(-1).double()
+    else:
+        cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    point = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, point, right=True).squeeze(-1)
 
 
 def seen_tokens(prompts: list[list[int]], rows: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -47,7 +47,7 @@ from grpolab.rollout.base import (
     sampling_settings,
 )
 from grpolab.rollout.budget import sequences_per_block
-from grpolab.rollout.filters import filter_logits, penalise_repeats, seen_tokens
+from grpolab.rollout.filters import draw_tokens, filter_logits, penalise_repeats, seen_tokens
 from grpolab.types import Completions, FinishReason
 
 # transformers' layer of Mamba / gated-delta states (5.x); () where it has none, so no layer is one
@@ -279,8 +279,8 @@ class HFSampler(Sampler):
             filtered = filter_logits(draw, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
             probs = logprobs.exp() if filtered is scaled else torch.softmax(filtered, dim=-1)
             # a row whose logits hold NaN or +inf (or are all -inf) is NaN throughout: drawn uniformly here
-            # (multinomial would fail, a device assert on CUDA), and sample() raises after the loop
-            token = torch.multinomial(probs.nan_to_num_(nan=1.0), 1, generator=generator).squeeze(-1)
+            # (a NaN distribution has no CDF), and sample() raises after the loop
+            token = draw_tokens(probs.nan_to_num_(nan=1.0), generator)
         self._nonfinite |= logprobs[:, 0].isnan().any()  # O(rows), no host sync
         return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
 

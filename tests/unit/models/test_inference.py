@@ -58,16 +58,16 @@ def test_weight_copy_refresh_follows_the_source_and_release_frees_it():
     refreshed = copy.refresh()
     assert refreshed is copy.model and up.dtype == BF16
     assert torch.equal(up, source.model.layers[1].mlp.up_proj.weight.to(BF16))
-    head = refreshed.lm_head.weight
-    assert (
-        head.dtype == torch.float32 and head.data_ptr() == source.lm_head.weight.data_ptr()
-    )  # shared, not copied
+    embedding, head = refreshed.model.embed_tokens.weight, refreshed.lm_head.weight
+    assert source.lm_head.weight is source.model.embed_tokens.weight  # tied in the source
+    assert embedding.dtype == torch.float32 and embedding.data_ptr() == source.model.embed_tokens.weight.data_ptr()
+    assert head.dtype == BF16 and torch.equal(head, source.lm_head.weight.to(BF16))  # its own, cast once per refresh
     with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
         torch.testing.assert_close(
             refreshed(input_ids=_ids()).logits, source(input_ids=_ids()).logits, atol=1e-5, rtol=0
         )
     copy.release()
-    assert up.numel() == 0 and refreshed.lm_head.weight.numel() == 0
+    assert up.numel() == 0 and refreshed.lm_head.weight.numel() == 0 and embedding.numel() == 0
     assert source.lm_head.weight.numel() > 0  # the source keeps its weights
 
 
@@ -88,6 +88,19 @@ def test_packed_copy_computes_what_the_plain_copy_computes_and_frees_its_bf16_we
         assert (moved - want).abs().max() > 1e-2
     packed.release()
     assert q.forward.weight is None and q.weight.numel() == 0
+
+
+def test_a_head_kept_in_fp32_stays_fp32_in_the_copy():
+    from grpolab.models.chunked_head import install_chunked_head, keep_head_in_fp32
+
+    source = build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=2, num_heads=4, seed=6)
+    install_chunked_head(source)
+    keep_head_in_fp32(source)
+    copy = WeightCopy(source, BF16, pack=False)
+    net = copy.refresh()
+    assert net.lm_head.weight.dtype == torch.float32 and net.lm_head.weight.data_ptr() == source.lm_head.weight.data_ptr()
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+        torch.testing.assert_close(net(input_ids=_ids()).logits, source(input_ids=_ids()).logits, atol=1e-5, rtol=0)
 
 
 def test_packing_is_for_bf16_on_a_cpu_only():

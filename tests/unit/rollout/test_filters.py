@@ -5,7 +5,14 @@ import pytest
 import torch
 from transformers.generation.logits_process import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
 
-from grpolab.rollout.filters import filter_logits, mass_before, penalise_repeats, seen_tokens
+from grpolab.rollout.filters import (
+    draw_tokens,
+    filter_logits,
+    mass_before,
+    penalise_repeats,
+    seen_tokens,
+    tokens_at,
+)
 
 
 def test_filter_logits_hand_computed():
@@ -63,3 +70,22 @@ def test_top_p_in_fixed_point_keeps_the_same_nucleus():
     for p in (0.1, 0.5, 0.9, 0.99):
         clear = (exact - p).abs() > 1e-5  # away from the threshold by more than either sum's rounding
         assert clear.float().mean() > 0.99 and torch.equal((fixed >= p)[clear], (exact >= p)[clear])
+
+
+def test_tokens_at_inverts_the_cdf_by_hand():
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75], [2.0, 0.0, 2.0, 0.0]])  # the second row unnormalised: total 4
+    at = lambda u0, u1: tokens_at(probs, torch.tensor([[u0], [u1]], dtype=torch.float64)).tolist()  # noqa: E731
+    assert at(0.0, 0.0) == [1, 0]  # u = 0: the first token with mass, never one of probability 0
+    assert at(0.2499, 0.4999) == [1, 0] and at(0.25, 0.5) == [3, 2]  # the CDF's steps: 0.25 | 1.0, 2 | 4
+    assert at(1 - 2**-53, 1 - 2**-53) == [3, 2]  # the largest uniform stays on the last token with mass
+
+
+def test_draw_tokens_draws_the_distribution_and_never_a_zero():
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75]]).repeat(20_000, 1)
+    tokens = draw_tokens(probs, torch.Generator().manual_seed(0))
+    counts = torch.bincount(tokens, minlength=4)
+    assert counts[0] == 0 and counts[2] == 0
+    # 20,000 draws: the share's standard deviation is 0.003, so 0.02 is ~6.5 of them (fixed seed: no flakiness)
+    assert abs(counts[1].item() / 20_000 - 0.25) < 0.02
+    again = draw_tokens(probs, torch.Generator().manual_seed(0))
+    assert torch.equal(tokens, again)  # one seed, one stream

@@ -72,8 +72,8 @@ def test_logprobs_equal_teacher_forced_forward(request, tok, prompts, model_name
     # (With filters on, the EOS-biased model would stop every row at once: use the plain one.)
     model = request.getfixturevalue(model_name)
     sampler = HFSampler(model, tok, max_completion_length=10, temperature=0.7, top_k=top_k, top_p=top_p)
-    out = sampler.sample(prompts, num_generations=G, generator=torch.Generator().manual_seed(0))
-    assert out.lengths.max() >= 5  # some tokens well past the prompt to compare
+    out = sampler.sample(prompts, num_generations=G, generator=torch.Generator().manual_seed(1))
+    assert out.lengths.max() >= 5  # some tokens well past the prompt to compare (the seed gives them)
     assert_logprobs_match_reference(model, out, temperature=0.7, atol=1e-4)
 
 
