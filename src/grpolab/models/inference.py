@@ -11,7 +11,9 @@ Two measured facts about CPUs with native bf16 (AVX512-BF16 / AMX), torch 2.13 (
   few rows of a decode step that reorder costs as much as the product. The sampler's copy holds each
   Linear weight reordered once per ``refresh`` (``torch.ops.mkldnn._reorder_linear_weight``, the layout
   inductor's frozen CPU graphs use), and its Linears multiply with it: the same oneDNN bf16 product, so the
-  same numbers (tests/unit/models/test_inference.py), at ~1.5-1.8x the speed for 32 rows.
+  same numbers (tests/unit/models/test_inference.py), at ~1.5-1.8x the speed for 32 rows. Its output head
+  gets a bf16 weight of its own too (untied from the input embedding, which stays fp32): autocast runs the
+  head's product in bf16 anyway, but cast the fp32 weight again at every decoded token.
 - PyTorch's SDPA kernels are slow in bf16 on these CPUs: ~5x the plain matmul-softmax attention for
   one-token decoding, and ~5x for forward + backward at a few hundred tokens. The plain ("eager")
   attention materialises the [rows, heads, q, kv] scores, so it is used only while those stay small.

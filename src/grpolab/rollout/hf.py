@@ -11,6 +11,9 @@ Departures from ``model.generate`` (and why):
   (grpolab.rollout.filters). The trainer computes its
   log-probs from ``logits / temperature`` the same way, so the importance ratio is exactly 1 on the
   first update (mu = 1). With temperature 0 (greedy) the log-probs use temperature 1.
+- Each token is drawn by the inverse of its row's CDF at one uniform number (grpolab.rollout.filters.draw_tokens):
+  the distribution ``torch.multinomial`` draws from, at a fraction of its cost for a real vocabulary, from
+  another random stream (a seed gives other samples than ``generate``'s).
 - The rows are processed in blocks of ``max_batch_sequences``, or, when that is unset, of as many as a
   KV-cache budget allows (grpolab.rollout.budget); greedy results are identical to one batch, but a
   seeded sampling run draws a different random stream when the rows are split.
