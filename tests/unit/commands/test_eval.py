@@ -3,26 +3,35 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from grpolab.commands.eval import evaluate
 from grpolab.config import load_config
 
+REWARD_MODULE = '''
+def has_digit(completions, **kwargs):
+    return [1.0 if any(ch.isdigit() for ch in text) else 0.0 for text in completions]
+'''
+
 
 @pytest.fixture(scope="module")
 def results(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("eval")
-    # "correct" = a completion of at least 3 tokens (length reward > 0.5): about half of a random model's
-    # samples, so every metric is away from 0 and 1.
+    # "correct" = a reply with a digit in it: the random model's 5 characters of 80 hold one about half the
+    # time (1 - (70/80)^5 = 0.49), whatever the random stream, so every metric is away from 0 and 1. (A
+    # length-based grade is not: this model almost never emits its EOS, 96% of replies run to the limit.)
+    (out / "eval_test_rewards.py").write_text(REWARD_MODULE)
+    sys.path.insert(0, str(out))
     cfg = load_config(
         None,
         [
             "data.source=arithmetic",
             "data.size=40",
             "data.eval_size=6",
-            "reward.functions=[{name: length_penalty, kwargs: {coef: -1.0, max_length: 5}}]",
-            "reward.gold=[{name: length_penalty, weight: 2.0, kwargs: {coef: -1.0, max_length: 5}}]",
+            "reward.functions=[{name: 'eval_test_rewards:has_digit'}]",
+            "reward.gold=[{name: 'eval_test_rewards:has_digit', weight: 2.0}]",
             "rollout.max_completion_length=5",
             "eval.num_samples=8",
             "eval.prompts_per_batch=4",
@@ -31,7 +40,10 @@ def results(tiny_model_dir, tmp_path_factory):
             "log.progress=false",
         ],
     )
-    return evaluate(cfg, [tiny_model_dir, tiny_model_dir], labels=["a", "b"]), out
+    try:
+        return evaluate(cfg, [tiny_model_dir, tiny_model_dir], labels=["a", "b"]), out
+    finally:
+        sys.path.remove(str(out))
 
 
 def test_metrics_are_consistent(results):
@@ -59,9 +71,9 @@ def test_gold_rewards_score_the_same_samples_without_grading_them(results):
     evals, out = results
     for e in evals:
         # the gold here is the grading reward itself, weighted 2 in its total: same samples, same values
-        assert e.gold_mean["length_penalty"] == pytest.approx(e.reward_mean)
+        assert e.gold_mean["has_digit"] == pytest.approx(e.reward_mean)
         assert e.gold_mean["gold_total"] == pytest.approx(2 * e.reward_mean)
-    assert json.loads((out / "eval.json").read_text())[0]["gold_mean"]["length_penalty"] == pytest.approx(
+    assert json.loads((out / "eval.json").read_text())[0]["gold_mean"]["has_digit"] == pytest.approx(
         evals[0].reward_mean
     )
 
