@@ -16,6 +16,7 @@ from typing import Any
 from grpolab import jsonio
 from grpolab.config import Config
 from grpolab.eval.report import add_caption, save_figure
+from grpolab.models.inference import available_cpus
 from grpolab.runtime.logging import read_metrics
 from grpolab.studies.claims_data import ClaimsData, g_run, run_name, seeds, setup_line
 from grpolab.studies.claims_pass_maj import pass_maj_section
@@ -59,8 +60,8 @@ def kl_end(rows: list[dict[str, Any]]) -> float:
 
 def critic_section(data: ClaimsData, plots: Path) -> tuple[Verdict, list[str]]:
     cfg = data.cfg
-    grpo = [{**data.runs[run_name("grpo", s)], "seed": s} for s in seeds(cfg)]
-    ppo = [{**data.runs[run_name("ppo", s)], "seed": s} for s in seeds(cfg)]
+    grpo = [{**data.runs[run_name("grpo", s)], "seed": s, **_load(data, run_name("grpo", s))} for s in seeds(cfg)]
+    ppo = [{**data.runs[run_name("ppo", s)], "seed": s, **_load(data, run_name("ppo", s))} for s in seeds(cfg)]
     evs = [[r.get("train/value_explained_var", math.nan) for r in p["rows"]] for p in ppo]
     verdict = critic_verdict(grpo, ppo, evs)
     phases = ["generation", "scoring", "reference", "value_forward", "policy_update", "value_update"]
@@ -107,6 +108,11 @@ def _plot_critic(grpo, ppo, evs, path: Path, caption: str) -> None:
     _save(fig, plt, path, caption)
 
 
+def _load(data: ClaimsData, run: str) -> dict[str, Any]:
+    """A timed run's name, its stage's load average at the end and the cores (claims_verdicts.shared_runs)."""
+    return {"name": run, "load": data.loads.get(f"train {run}"), "cores": available_cpus()}
+
+
 # --- claim 2 --------------------------------------------------------------------------------------------
 
 def group_rows(data: ClaimsData) -> list[dict[str, Any]]:
@@ -123,7 +129,7 @@ def group_rows(data: ClaimsData) -> list[dict[str, Any]]:
                 "peak_mem_mb": run["peak_mem_mb"], "zero_spread": _mean(run["rows"], "frac_reward_zero_std"),
                 "groups": len(run["rows"]) * cfg.train.prompts_per_step, "greedy_before": base, "greedy_after": after,
                 "train_min": minutes, "gain_per_min": (after - base) / minutes if minutes else math.nan,
-                "kl_end": kl_end(run["rows"]),
+                "kl_end": kl_end(run["rows"]), **_load(data, g_run(cfg, g, seed)),
             })
     return rows
 

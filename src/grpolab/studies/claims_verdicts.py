@@ -7,13 +7,16 @@ numbers it rests on. The rules, per claim (the thresholds are stated in the sent
    roles equal; the critic's parameters are the difference; PPO's peak memory and time per step exceed
    GRPO's. The ratios are reported as their mean and range over the seeds. The critic's fit (the explained
    variance of its values against the returns, over the last third of the steps) is reported; below 0.5 it
-   is called hard to fit.
+   is called hard to fit. The time per step is judged only when no run of the claim shared the machine (below).
 2. The group, in every seed: time per step and generation time per step rise with G; the share of groups
    without reward spread (no signal), pooled over the seeds, does not rise by more than 2 standard errors (a
    share of a few dozen groups is noisy); the G with the best mean greedy-accuracy gain per training minute
    is named. Peak memory is reported, not judged: a colocated vLLM engine allocates its KV cache once and
    micro-batches bound the trainer's activations, so on that engine the group need not cost memory (with
-   grpolab's own decoder it did, round one). Each number is a mean with its range over the seeds.
+   grpolab's own decoder it did, round one). Each number is a mean with its range over the seeds. Times are
+   wall-clock: when a run shared the machine (its stage ended with the 1-minute load average above
+   SHARED_LOAD times the cores), runs timed under different loads do not compare, and the time part is
+   inconclusive with the runs named (the rest is still judged): rerun on a quiet machine.
 3. The KL: held when, at every sampled position, both estimators' exact expectations under pi (sums over
    the vocabulary, eval/kl.py) equal the exact KL to within 1e-9 nats (float64 rounding), and k3 is never
    negative, on the sampled tokens and over the whole vocabulary. Each estimator's exact variance near and
@@ -53,6 +56,27 @@ EV_HARD = 0.5
 KL_ROUNDING = 1e-9
 """Claim 3: |E_pi[k] - KL| (and -k3) up to this many nats is float64 rounding over the vocabulary's sum."""
 NOISE_SE = 2.0
+SHARED_LOAD = 1.5
+"""Claims 1 and 2: a timed run whose stage ended with the 1-minute load average above this many times the
+machine's cores shared them with other work (a quiet run of claims' own 2-thread child reads ~2 on 2 cores):
+its wall times are not compared with another run's."""
+
+
+def shared_runs(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The rows (each with "name", "load": its stage's load average at the end, "cores") timed on a shared
+    machine, as "name (load L on C cores)"; rows without a load are taken as quiet (an older report)."""
+    return [
+        f"{r['name']} (load {r['load']:.1f} on {r['cores']} cores)"
+        for r in rows
+        if r.get("load") is not None and r.get("cores") and r["load"] > SHARED_LOAD * r["cores"]
+    ]
+
+
+def _not_timed(shared: list[str]) -> str:
+    return (
+        f"not judged: {len(shared)} run(s) shared the machine ({', '.join(shared)}), and wall times taken under "
+        "different loads do not compare; rerun grpolab claims on a quiet machine"
+    )
 
 
 @dataclass(frozen=True)
@@ -100,6 +124,7 @@ def critic_verdict(
     """Claim 1 from compare.summarise's rows of the two runs of each seed (in seed order, each with its
     "seed") and PPO's train/value_explained_var per step of each seed."""
     fails = []
+    shared = shared_runs([*grpo, *ppo])
     for g, p in zip(grpo, ppo, strict=True):
         seed = f"seed {g.get('seed', 0)}"
         extra = set(p["models_loaded"]) - set(g["models_loaded"])
@@ -109,7 +134,7 @@ def critic_verdict(
             fails.append(f"{seed}: the parameter difference is not the critic's")
         if (p["peak_mem_mb"] or 0) <= (g["peak_mem_mb"] or 0):
             fails.append(f"{seed}: PPO's peak memory was not above GRPO's ({p['peak_mem_mb']:.0f} vs {g['peak_mem_mb']:.0f} MB)")
-        if (p["time_step_s"] or 0) <= (g["time_step_s"] or 0):
+        if not shared and (p["time_step_s"] or 0) <= (g["time_step_s"] or 0):
             fails.append(f"{seed}: PPO's step was not slower ({p['time_step_s']:.1f} vs {g['time_step_s']:.1f} s)")
     mem = spread([p["peak_mem_mb"] / g["peak_mem_mb"] for g, p in zip(grpo, ppo, strict=True)])
     extra_mb = spread([p["peak_mem_mb"] - g["peak_mem_mb"] for g, p in zip(grpo, ppo, strict=True)])
@@ -122,7 +147,8 @@ def critic_verdict(
         + (f" (below {EV_HARD}: hard to fit)" if fit.mean < EV_HARD else "")
     )
     ratios = (f"PPO's peak memory was {mem.text()}x GRPO's ({extra_mb.text('+.0f')} MB) and its time per step "
-              f"{step.text()}x, over {len(grpo)} seed(s) (mean, and range)")
+              f"{step.text()}x, over {len(grpo)} seed(s) (mean, and range)"
+              + (f" (the time per step {_not_timed(shared)})" if shared else ""))
     if fails:
         return Verdict(NOT_HELD, f"not held on this model, because {'; '.join(fails)}; {ratios}; {fit_words}.")
     g, p = grpo[0], ppo[0]
@@ -168,9 +194,10 @@ def group_verdict(rows: Sequence[Mapping[str, Any]]) -> Verdict:
     for r in sorted(rows, key=lambda r: r["g"]):
         by_seed.setdefault(r.get("seed", 0), []).append(r)
     fails = []
+    shared = shared_runs(rows)
     for key, label in (("time_step_s", "time per step"), ("time_generation_s", "generation time per step")):
         flat = [seed for seed, mine in by_seed.items() if not _rising([r[key] for r in mine])]
-        if flat:
+        if flat and not shared:
             fails.append(f"{label} did not rise with G in seed {', '.join(map(str, flat))}")
     pooled = pooled_groups(rows)
     rose = [(a["g"], b["g"]) for a, b in zip(pooled, pooled[1:], strict=False)
@@ -196,6 +223,9 @@ def group_verdict(rows: Sequence[Mapping[str, Any]]) -> Verdict:
     )
     if fails:
         return Verdict(NOT_HELD, f"not held on this model, because {'; '.join(fails)} ({numbers}).")
+    if shared:
+        return Verdict(INCONCLUSIVE, f"inconclusive: the time per step and the generation time were {_not_timed(shared)} "
+                       f"({numbers}).")
     return Verdict(HELD, f"the group costs generation: {numbers}.")
 
 

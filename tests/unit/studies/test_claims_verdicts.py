@@ -15,6 +15,7 @@ from grpolab.studies.claims_verdicts import (
     kl_verdict,
     pass_maj_verdict,
     pooled_groups,
+    shared_runs,
     sharpening_verdict,
     spread,
 )
@@ -84,6 +85,25 @@ def test_the_group_claim_over_seeds_pools_the_groups_and_checks_every_seed():
     flat = group_verdict([*rows[:2], _g(4, 11.0, 2700, 0.4, 0.0, seed=1, gen=5.0), _g(8, 18.0, 2600, 0.35, 0.0, seed=1, gen=4.0)])
     assert flat.word == NOT_HELD and "generation time per step did not rise with G in seed 1" in flat.sentence
     assert "peak memory" not in flat.sentence.split("because")[1].split("(")[0]  # memory falling is reported, not judged
+
+
+def test_times_taken_on_a_shared_machine_are_not_compared():
+    # 2 cores: a stage that ended at load 3.0 is quiet (1.5 x 2), one at 3.1 shared the machine
+    quiet, busy = {"name": "grpo_s0", "load": 3.0, "cores": 2}, {"name": "grpo_G4_s0", "load": 12.7, "cores": 2}
+    assert shared_runs([quiet, busy, {"name": "old", "load": None, "cores": 2}]) == ["grpo_G4_s0 (load 12.7 on 2 cores)"]
+    # claim 2: G=4 timed under load 12.7 ran slower than G=8 timed quietly: inconclusive, not "not held"
+    rows = [{**_g(4, 10.2, 5400, 0.77, 0.01), **busy}, {**_g(8, 7.7, 5800, 0.64, 0.02), **quiet}]
+    v = group_verdict(rows)
+    assert v.word == INCONCLUSIVE and "1 run(s) shared the machine (grpo_G4_s0 (load 12.7 on 2 cores))" in v.sentence
+    assert "10.2, 7.7 s per step" in v.sentence
+    assert group_verdict([{**r, "load": 2.0} for r in rows]).word == NOT_HELD  # the same times, both quiet
+    # the rest is still judged: a rise of the groups without spread beyond noise is not held, load or not
+    worse = [{**_g(4, 9.0, 2000, 0.2, 0.0), **busy}, {**_g(8, 16.0, 2500, 0.4, 0.0), **quiet}]
+    assert group_verdict(worse).word == NOT_HELD
+    # claim 1: PPO's step not slower, but timed on a shared machine: held on models and memory, time not judged
+    v = critic_verdict([{**GRPO, **quiet}], [{**PPO, "time_step_s": 9.0, **busy}], [[0.1]])
+    assert v.word == HELD and "(the time per step not judged: 1 run(s) shared the machine" in v.sentence
+    assert critic_verdict([GRPO], [{**PPO, "time_step_s": 9.0}], [[0.1]]).word == NOT_HELD
 
 
 def _kl(**kw):
