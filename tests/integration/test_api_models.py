@@ -21,6 +21,13 @@ def reward_len(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
 
+def reward_chars(completions, **kwargs):
+    """A number that differs between two of the random model's replies 10 times in 11 (its character codes'
+    sum mod 11), so the training tests get a signal whatever the random stream: the replies' lengths barely
+    vary (the model almost never emits its EOS in 4 tokens), and 4 groups without spread would train nothing."""
+    return [float(sum(map(ord, c)) % 11) for c in completions]
+
+
 def _args(out, steps=2):
     return {
         "rollout": {"num_generations": 2, "max_completion_length": 4},
@@ -38,7 +45,7 @@ def _weights(model):
 def test_a_loaded_model_trains_and_save_model_writes_a_from_pretrained_folder(tiny_model_dir, tmp_path):
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     before = _weights(model)
-    trainer = GRPOTrainer(model, reward_funcs=reward_len, args=_args(tmp_path), train_dataset=ROWS)
+    trainer = GRPOTrainer(model, reward_funcs=reward_chars, args=_args(tmp_path), train_dataset=ROWS)
     assert trainer.args.model.tokenizer == tiny_model_dir  # read from where the model came from, as TRL does
     assert trainer.args.model.dtype == "float32"
     with pytest.raises(GrpolabError, match="holds no checkpoint.*train\\(\\) first"):
@@ -79,7 +86,7 @@ def test_a_peft_model_trains_its_adapter_and_save_model_writes_the_adapter(tiny_
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.fill_(0.01)
-    trainer = GRPOTrainer(model, reward_funcs=reward_len, args=_args(tmp_path), train_dataset=ROWS)
+    trainer = GRPOTrainer(model, reward_funcs=reward_chars, args=_args(tmp_path), train_dataset=ROWS)
     lora = trainer.args.model.lora
     assert (lora.enabled, lora.r, lora.alpha, lora.target_modules) == (True, 2, 4, ("q_proj", "v_proj"))
     given = peft.PeftModel.from_pretrained(

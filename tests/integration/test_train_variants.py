@@ -67,8 +67,11 @@ def test_dapo_with_dynamic_sampling_resumes_exactly(tiny_model_dir, addition_jso
 
 
 def test_reinforce_pp_trains_with_one_completion_per_prompt(tiny_model_dir, addition_jsonl, tmp_path):
+    # 16 prompts: the batch is REINFORCE++'s baseline, and 2 replies of 4 random characters both hold no digit
+    # (the same reward: no gradient) a third of the time; 16 all alike, about 2 in 10,000
     cfg = _cfg(
-        tiny_model_dir, addition_jsonl(64), tmp_path, "rpp", 1, "algo.name=reinforce_pp", "rollout.num_generations=1"
+        tiny_model_dir, addition_jsonl(64), tmp_path, "rpp", 1, "algo.name=reinforce_pp", "rollout.num_generations=1",
+        "train.prompts_per_step=16",
     )
     result = train(cfg)
     row = read_metrics(result.run_dir)[0]

@@ -89,10 +89,12 @@ class WeightCopy:
         self._dtypes = {id(dst): dst.dtype for dst, _ in self._pairs}
         if pack is None:
             pack = packs_linear(next(model.parameters()).device, dtype)
+        # packing frees the plain weight, so a head whose weight is the input embedding's (tied) keeps it
+        tied = None if head is not None else getattr(self.model, "get_output_embeddings", lambda: None)()
         self._packed = [
             _PackedLinear(m, rows_hint)
             for m in self.model.modules()
-            if pack and isinstance(m, torch.nn.Linear) and m.weight.dtype == dtype
+            if pack and isinstance(m, torch.nn.Linear) and m.weight.dtype == dtype and m is not tied
         ]
         self.release()
 

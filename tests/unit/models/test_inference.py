@@ -90,6 +90,17 @@ def test_packed_copy_computes_what_the_plain_copy_computes_and_frees_its_bf16_we
     assert q.forward.weight is None and q.weight.numel() == 0
 
 
+@pytest.mark.skipif(not packs_linear(torch.device("cpu"), BF16), reason="this CPU's oneDNN has no native bf16")
+def test_a_bf16_model_whose_head_is_its_embedding_keeps_that_weight_when_packed():
+    source = build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=2, num_heads=4, seed=7).to(BF16)
+    assert source.lm_head.weight is source.model.embed_tokens.weight
+    net = WeightCopy(source, BF16).refresh()
+    assert net.model.embed_tokens.weight.shape == source.model.embed_tokens.weight.shape  # not freed by packing
+    assert net.model.layers[0].mlp.up_proj.weight.numel() == 0  # the other Linears are packed
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+        torch.testing.assert_close(net(input_ids=_ids()).logits, source(input_ids=_ids()).logits, atol=1e-5, rtol=0)
+
+
 def test_a_head_kept_in_fp32_stays_fp32_in_the_copy():
     from grpolab.models.chunked_head import install_chunked_head, keep_head_in_fp32
 
