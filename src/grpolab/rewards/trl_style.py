@@ -155,8 +155,8 @@ class TrlReward:
         if missing:
             trl_only = [m for m in missing if m in _TRL_ONLY]
             hint = (
-                "environments (the objects of a GRPOTrainer's environment_factory) are passed only in a training run "
-                "with one; give the parameter a default"
+                "environments (each completion's environment_factory object) are passed only for the episodes of "
+                "a training run with environment_factory; give the parameter a default"
                 if "environments" in missing
                 else f"{trl_only} are passed only inside a training run; give them a default"
                 if trl_only

@@ -132,7 +132,7 @@ def test_without_environment_factory_environments_is_not_passed_and_a_reward_nee
     items, examples = episodes
     no_env = in_run(counts, environments=False)
     assert not no_env.in_process
-    with pytest.raises(RewardError, match=r"needs \['environments'\].*passed only in a training run with one"):
+    with pytest.raises(RewardError, match=r"needs \['environments'\].*passed only for the episodes of a training run with environment_factory"):
         no_env.arguments(items, examples)
     alone = TrlReward(counts)  # a reward called on its own (grpolab eval): no run at all
     with pytest.raises(RewardError, match="environment_factory"):
