@@ -28,7 +28,7 @@ from grpolab.config import (
     user_settings,
 )
 from grpolab.data import DataError
-from grpolab.envs.trl_env import env_methods, register, unregister
+from grpolab.envs.trl_env import env_methods, env_reward, register, unregister
 from grpolab.errors import ConfigError
 from grpolab.trl.convert import TrlConversion, convert_trl
 
@@ -257,10 +257,9 @@ def note_router_loss(config: Any) -> None:
 
 def with_environment(owner: Any, raw: dict[str, Any], tools: Any, environment_factory: Any, rewards: tuple) -> tuple:
     """TRL's ``tools`` / ``environment_factory`` as ``env.name: trl`` (grpolab.envs.trl_env), registered while
-    ``owner`` lives; an environment class with ``get_reward`` adds the ``env`` reward (weight 1), named after
-    the class as TRL names it when one class owns a reward (``env`` when several do: one column for them all,
-    where TRL has one per class). ``rewards`` is (reward_funcs, reward_weights, reward tokenizers), returned
-    with that reward added, then TRL's ``tools`` (the standalone ones and every environment's methods); with no
+    ``owner`` lives; each environment class with ``get_reward`` adds TRL's reward function over ``environments``
+    (weight 1, named after the class: trl_env.env_reward). ``rewards`` is (reward_funcs, reward_weights, reward
+    tokenizers), returned with those rewards added, then TRL's ``tools`` (the standalone ones and every environment's methods); with no
     reward at all, one line (TRL: "No reward source provided")."""
     reward_funcs, weights, tokenizers = rewards
     rewarded: tuple[type, ...] = ()
@@ -276,10 +275,10 @@ def with_environment(owner: Any, raw: dict[str, Any], tools: Any, environment_fa
                 if method.__name__ not in {fn.__name__ for fn in offered}:
                     offered.append(method)
     if rewarded:
-        env = {"name": "env", "alias": rewarded[0].__name__} if len(rewarded) == 1 else "env"
-        reward_funcs = [*(as_list(reward_funcs) if reward_funcs is not None else []), env]
-        weights = None if weights is None else [*weights, 1.0]
-        tokenizers = None if tokenizers is None else [*tokenizers, None]
+        owned = [env_reward(env_type) for env_type in rewarded]
+        reward_funcs = [*(as_list(reward_funcs) if reward_funcs is not None else []), *owned]
+        weights = None if weights is None else [*weights, *[1.0] * len(owned)]
+        tokenizers = None if tokenizers is None else [*tokenizers, *[None] * len(owned)]
     if not reward_funcs:
         raise ConfigError(
             "No reward source provided: pass reward_funcs, or an environment_factory whose environment defines "

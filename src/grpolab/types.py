@@ -99,6 +99,13 @@ class Episode:
     """Per model turn, the reward the environment gave for it (None: none, or the turn was cut)."""
     retries: int = 0
     """Times the episode was run again from a fresh environment after a failure (env.max_retries)."""
+    environment: Any = field(default=None, compare=False, repr=False)
+    """The object whose tools the episode called, as the episode left it (a TRL ``environment_factory``'s object,
+    which TRL rewards read as ``environments``); None where the environment exposes none. It lives in this process:
+    a pickled Episode (a reward's worker process) carries None, since a copy would not be the object."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "environment"}
 
 
 @dataclass

@@ -9,8 +9,8 @@ import pytest
 
 from grpolab.api import GRPOTrainer
 from grpolab.envs import ENVIRONMENTS, ToolLimits
-from grpolab.envs.trl_env import TrlEnvironment, register, unregister
-from grpolab.errors import ConfigError
+from grpolab.envs.trl_env import TrlEnvironment, env_reward, register, unregister
+from grpolab.errors import ConfigError, RewardError
 from grpolab.tasks.tiny import CHAT_TEMPLATE, build_char_tokenizer, build_tiny_model
 from grpolab.types import Example
 
@@ -89,7 +89,7 @@ def test_tools_are_declared_and_run_and_a_turn_without_a_call_ends_the_episode()
     assert (last.done, last.reward, last.messages) == (True, None, [])  # no get_reward: the rewards are reward_funcs'
 
 
-def test_the_environment_is_reset_with_the_row_its_methods_are_tools_and_get_reward_is_the_reward():
+def test_the_environment_is_reset_with_the_row_its_methods_are_tools_and_get_reward_reads_it():
     env = env_for(factory=Counter)
     assert [t["function"]["name"] for t in env.tools] == ["increment"]  # not reset, not get_reward
     messages = env.reset(example(ROW))
@@ -99,7 +99,10 @@ def test_the_environment_is_reset_with_the_row_its_methods_are_tools_and_get_rew
     assert (step.tool_calls, step.tool_errors) == (2, 1)  # an unknown tool is a failure the model reads
     assert step.messages[1]["content"] == "error: no such tool"
     assert asyncio.run(env.step(call("increment", step=1))).messages[0]["content"] == "3"
-    assert asyncio.run(env.step("I am done")).reward == 3.0
+    assert asyncio.run(env.step("I am done")).reward is None  # the episode ends; its reward reads the object
+    plain = Echo()
+    assert env_reward(Counter)(environments=[env.environment, plain]) == [3.0, None]  # TRL's function
+    assert env_reward(Counter).__name__ == "Counter"
 
 
 def test_a_dict_of_factories_picks_each_row_s_environment_and_declares_every_tool():
@@ -165,10 +168,10 @@ def test_get_reward_is_a_reward_of_weight_one_and_no_reward_at_all_is_one_line(c
                           reward_weights=[0.5])  # fmt: skip
     assert trainer.reward_func_names == ["one_per_char", "Counter"]  # named after the class, as TRL names it
     assert trainer.reward_weights.tolist() == [0.5, 1.0]
-    assert [(f.name, f.alias) for f in trainer.args.reward.functions][1:] == [("env", "Counter")]  # config.yaml
+    assert trainer.args.reward.functions[1].name == "test_api_tools:Counter.get_reward"  # config.yaml: what it calls
     assert [t.__name__ for t in trainer.tools] == ["increment"]  # TRL's trainer.tools: no reset, no get_reward
     assert GRPOTrainer(chat_model, None, _args(tmp_path), ROWS, environment_factory=Counter).reward_func_names == ["Counter"]
-    # two classes own a reward: one env column for both (TRL: one per class), and both classes' tools
+    # two classes own a reward: one column per class, as in TRL (a class under two names: one), and both classes' tools
     class Other(Counter):
         def decrement(self, step: int) -> int:
             """Decrement the internal counter.
@@ -181,7 +184,7 @@ def test_get_reward_is_a_reward_of_weight_one_and_no_reward_at_all_is_one_line(c
 
     both = GRPOTrainer(chat_model, None, _args(tmp_path), [{**ROW, "environment": "c"}], tools=[multiply],
                        environment_factory={"c": Counter, "o": Other, "again": Counter})  # fmt: skip
-    assert both.reward_func_names == ["env"]
+    assert both.reward_func_names == ["Counter", "Other"]
     assert [t.__name__ for t in both.tools] == ["multiply", "increment", "decrement"]
     with pytest.raises(ConfigError, match="No reward source provided: pass reward_funcs"):
         GRPOTrainer(chat_model, args=_args(tmp_path), train_dataset=ROWS, tools=[multiply])
@@ -206,3 +209,49 @@ def test_a_trl_config_without_a_train_dataset_needs_max_steps(chat_model, tmp_pa
     with pytest.raises(ConfigError, match="needs `max_steps` > 0"):
         GRPOTrainer(chat_model, one_per_char, trl.GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True),
                     environment_factory=Counter)  # fmt: skip
+
+
+class Keeper:
+    """Keeps its row's solution at reset; its tool counts the calls made to it."""
+
+    def reset(self, **row):
+        self.solution, self.calls = row["solution"], 0
+
+    def note(self, text: str) -> str:
+        """Note a text.
+
+        Args:
+            text: What to note.
+        """
+        self.calls += 1
+        return text
+
+    async def get_reward(self) -> float:  # TRL awaits an async one too
+        return 2.0 + self.calls
+
+
+SEEN: list[list] = []
+
+
+def own_row(environments, solution, **kwargs):
+    """TRL's environments: each completion's object, in completion order, as reset with its row (no call made)."""
+    SEEN.append(environments)
+    return [float(env.solution == s) + 10 * env.calls for env, s in zip(environments, solution, strict=True)]
+
+
+def test_a_reward_reads_each_completion_s_environment_in_this_process(chat_model, tmp_path):
+    SEEN.clear()
+    trainer = GRPOTrainer(chat_model, own_row, _args(tmp_path), ROWS, environment_factory=Keeper)
+    trainer.train()
+    assert trainer.reward_func_names == ["own_row", "Keeper"]
+    row = trainer.state.log_history[0]
+    assert (row["rewards/own_row/mean"], row["rewards/Keeper/mean"]) == (1.0, 2.0)  # each its own row's, none called
+    # recorded here: the reward ran in the trainer process, where the objects are; the dry run (dry_run_examples 1:
+    # the reference answer and an empty one, each alone) gives each a fresh object reset with its row
+    assert [len(s) for s in SEEN] == [1, 1, 4] and all(type(e) is Keeper for s in SEEN for e in s)
+    step = SEEN[-1]
+    assert len({id(e) for e in step}) == 4
+    assert [e.solution for e in step[::2]] == [e.solution for e in step[1::2]]  # a prompt's two completions
+    # a reward that needs environments in a run without environment_factory: one line, before training
+    with pytest.raises(RewardError, match=r"reward 'own_row' needs \['environments'\].*environment_factory"):
+        GRPOTrainer(chat_model, own_row, _args(tmp_path / "none"), ROWS).train()

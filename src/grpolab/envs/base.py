@@ -11,6 +11,9 @@ An ``Environment`` runs one episode at a time:
 * ``tools``: the tools as JSON schemas, the way chat templates expect them
   (``tokenizer.apply_chat_template(messages, tools=env.tools)``), so a tool-calling chat model sees
   its native format. Empty for environments without tools.
+* optionally ``environment``: after ``reset``, the object whose state the episode's tools change (a TRL
+  ``environment_factory``'s object, envs/trl_env.py); the episode keeps it (``Episode.environment``) for the
+  rewards that read it (TRL's ``environments``).
 
 Per-turn rewards are summed into the episode's reward (``Episode.env_reward``), which the ``env``
 reward function hands to GRPO; other reward functions see the whole conversation as text.

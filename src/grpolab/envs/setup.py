@@ -14,3 +14,9 @@ def environment_from_config(env: EnvConfig) -> MakeEnv | None:
     limits = ToolLimits(env.tool_timeout_s, env.max_tool_output_chars, env.on_tool_error)
     return build_environment(env.name, env.kwargs, limits)
 
+
+
+def offers_environments(make_env: MakeEnv | None) -> bool:
+    """Whether each episode of ``make_env``'s environments keeps an environment object (a TRL ``environment_factory``:
+    envs/trl_env.py), which TRL-style rewards then receive as ``environments``."""
+    return make_env is not None and bool(getattr(make_env(), "offers_environment", False))

@@ -4,8 +4,9 @@ TRL 1.16 (``GRPOTrainer._tool_call_loop``): the model's turn is parsed for tool 
 result goes back as a ``role: "tool"`` message, and the model goes on until a turn makes no call (or
 ``max_tool_calling_iterations``). With ``environment_factory``, one environment object per rollout:
 ``reset(**row)`` is called before generation (a string it returns is appended to the last user message),
-its public methods (not ``reset`` / ``get_reward``, no leading ``_``) are tools beside ``tools``, and a
-``get_reward()`` it defines is one more reward source (weight 1) read when the rollout ends. A dict of
+its public methods (not ``reset`` / ``get_reward``, no leading ``_``) are tools beside ``tools``, and each class
+that defines ``get_reward()`` adds one reward function, named after the class (weight 1): ``get_reward(environments,
+**kwargs)``, each rollout's ``get_reward()`` where its environment is exactly that class, else None. A dict of
 factories picks one per row by the row's ``environment`` column.
 
 grpolab runs that as an episode (docs/multiturn.md): ``TrlEnvironment`` reads hermes calls
@@ -13,6 +14,8 @@ grpolab runs that as an episode (docs/multiturn.md): ``TrlEnvironment`` reads he
 with ``envs.tools.parse_calls`` and runs them with ``envs.base.run_tool`` (bounded, a failure is the
 model's to read). The objects live in this process: ``register`` keeps them under a handle that
 ``env.kwargs.handle`` names, so the run's config.yaml says which environment class ran, not how to rerun it.
+Each episode's object stays with it (``Episode.environment``): TRL-style rewards read them as ``environments``
+(rewards/trl_style.py).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class TrlTools:
     factories: Mapping[str | None, Callable[[], Any]]
     """``{None: factory}`` for one ``environment_factory``, ``{name: factory}`` for a dict; empty for none."""
     rewarded: tuple[type, ...]
-    """The environment classes that define ``get_reward`` (the episode's env reward is theirs)."""
+    """The environment classes that define ``get_reward``, in the order first made (one reward each: ``env_reward``)."""
 
 
 _REGISTERED: dict[str, TrlTools] = {}
@@ -105,6 +108,9 @@ class TrlEnvironment:
         probes = [factory() for factory in spec.factories.values()]
         self.tools = [Tool.from_function(fn).schema for fn in _unique([*spec.tools, *_all_methods(probes)])]
         self.environment: Any = None
+        """This episode's environment object once reset (None without environment_factory): ``Episode.environment``."""
+        self.offers_environment = bool(spec.factories)
+        """Whether each episode has an environment object: TRL then passes ``environments`` to every reward."""
         self._by_name: dict[str, Tool] = {}
 
     def reset(self, example: Example) -> list[Message]:
@@ -131,8 +137,8 @@ class TrlEnvironment:
 
     async def step(self, model_turn: str) -> EnvStep:
         calls = parse_calls(model_turn, "hermes")
-        if calls is None:  # a turn without a call ends the rollout
-            return EnvStep(reward=await self._reward(), done=True)
+        if calls is None:  # a turn without a call ends the rollout (its reward reads the object: env_reward)
+            return EnvStep(done=True)
         messages, errors = [], 0
         for name, arguments in calls:
             if not name:  # a call that is not JSON with a name and arguments
@@ -144,12 +150,30 @@ class TrlEnvironment:
             messages.append({"role": "tool", "name": name or "error", "content": text})
         return EnvStep(messages, tool_calls=len(messages), tool_errors=errors)
 
-    async def _reward(self) -> float | None:
-        """``get_reward()`` of an environment that owns its reward (awaited when async); None otherwise."""
-        if self.environment is None or type(self.environment) not in self.spec.rewarded:
-            return None
-        value = self.environment.get_reward()
-        return float(await value if inspect.isawaitable(value) else value)
+
+def env_reward(env_type: type) -> Callable[..., Any]:
+    """TRL's reward function for an environment class that owns its reward: ``get_reward(environments, **kwargs)``,
+    each environment's ``get_reward()`` (awaited when async) where it is exactly ``env_type`` (as TRL matches: a
+    subclass is not scored twice), else None; all None where there are no environments (single turns: TRL requires
+    them). Named after the class, as TRL names its reward column."""
+    if inspect.iscoroutinefunction(env_type.get_reward):
+
+        async def get_reward(environments=None, completions=(), **kwargs):
+            if environments is None:  # single turns (GRPOTrainer.evaluate): no environment to ask
+                return [None] * len(completions)
+            return [await e.get_reward() if type(e) is env_type else None for e in environments]
+
+    else:
+
+        def get_reward(environments=None, completions=(), **kwargs):
+            if environments is None:
+                return [None] * len(completions)
+            return [e.get_reward() if type(e) is env_type else None for e in environments]
+
+    get_reward.__name__ = env_type.__name__
+    get_reward.__qualname__ = f"{env_type.__qualname__}.get_reward"  # config.yaml: the method it calls
+    get_reward.__module__ = env_type.__module__
+    return get_reward
 
 
 def _all_methods(instances: Sequence[Any]) -> list[Callable[..., Any]]:

@@ -1,4 +1,5 @@
-"""TRL's extra reward arguments in a run: ``trainer_state``, ``log_metric`` and ``log_extra``.
+"""TRL's extra reward arguments in a run: ``trainer_state``, ``log_metric`` and ``log_extra`` (and whether the run
+has TRL's ``environments``: ``TrlHooks.environments``; those objects never leave the trainer, rewards/trl_style.py).
 
 A TRL reward usually runs in a worker process forked from the trainer (rewards/worker.py), which keeps
 a copy of the reward made at the fork, so neither direction can go through the reward object:
@@ -88,8 +89,11 @@ class TrlHooks:
     asynchronous rollouts do.
     """
 
-    def __init__(self, max_steps: int) -> None:
+    def __init__(self, max_steps: int, environments: bool = False) -> None:
         self.max_steps = max_steps
+        self.environments = environments
+        """Whether the run's episodes keep environment objects (TRL's ``environment_factory``): TRL-style rewards
+        then get ``environments`` (rewards/trl_style.py) and run in this process, where the objects are."""
         self._cells: list[StepCell] = []
         self._lock = threading.Lock()
         self._metrics: dict[str, list[float]] = defaultdict(list)
@@ -104,6 +108,7 @@ class TrlHooks:
         """The run is over: a reward called on its own again gets none of TRL's extra arguments."""
         for cell in self._cells:
             cell.write(None)
+        self.environments = False
 
     def begin_step(self, step: int) -> None:
         for cell in self._cells:

@@ -16,7 +16,14 @@ Where this departs from TRL, and why:
   metrics.jsonl (a name grpolab already logs gets ``log_metric/`` in front); ``log_extra`` columns
   join the step's rows of samples.jsonl when they hold one value per completion. Outside a run
   (a reward called on its own) none of them is passed, so a function that requires one fails
-  with a message saying so; ``environments`` is never passed.
+  with a message saying so.
+* In a run with ``environment_factory`` TRL passes ``environments`` to every reward function: each completion's
+  environment object, in completion order, after its episode ended (``Episode.environment``). So does grpolab, to
+  a function that names ``environments`` or takes ``**kwargs``; the objects live in the trainer process, so such a
+  function runs there (``in_process``: ``reward.timeout_s`` then interrupts it in the main thread rather than
+  killing a worker process). Elsewhere (no environment_factory, a reward called alone, ``grpolab eval``, the single
+  turns ``GRPOTrainer.evaluate`` samples) it is not passed, as in TRL without environments; a function that
+  requires it fails with one line saying so.
 * A function without ``**kwargs`` receives only the arguments it names, rather than failing on
   the first dataset column it does not expect.
 * Synchronous functions run in the main thread, as in TRL (the math-verify accuracy reward of TRL's
@@ -50,7 +57,8 @@ _TRL_ONLY = ("trainer_state", "log_extra", "log_metric", "environments")
 
 
 def looks_like_trl(fn: Callable[..., Any]) -> bool:
-    """True when ``fn`` names one of TRL's batch arguments (``completions``, ``prompts``, ``completion_ids``).
+    """True when ``fn`` names one of TRL's batch arguments (``completions``, ``prompts``, ``completion_ids``,
+    ``environments``: TRL's ``def reward(environments, **kwargs)`` reads only the environments).
 
     grpolab's own per-sample functions take ``(completion, example)``, so the plural names tell them apart.
     """
@@ -59,7 +67,7 @@ def looks_like_trl(fn: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     native = "example" in params or "examples" in params  # grpolab's (completions, examples) call
-    return not native and any(name in params for name in TRL_ARGUMENTS)
+    return not native and any(name in params for name in (*TRL_ARGUMENTS, "environments"))
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -97,6 +105,16 @@ class TrlReward:
                 f"reward {self.name!r} does not accept kwargs {sorted(unknown)}; its parameters are {sorted(self._named)}"
             )
 
+    @property
+    def in_process(self) -> bool:
+        """True when the function gets ``environments``: the objects exist only in the trainer process."""
+        return self._gets_environments()
+
+    def _gets_environments(self) -> bool:
+        """TRL's rule: every reward gets ``environments`` in a run with environment_factory (module docstring)."""
+        named = "environments" in self._named or self._takes_any
+        return named and self.hooks is not None and self.hooks.environments
+
     def attach_hooks(self, hooks: TrlHooks) -> None:
         """Pass ``trainer_state``, ``log_metric`` and ``log_extra`` from now on, for ``hooks``' run."""
         self.hooks = hooks
@@ -130,11 +148,17 @@ class TrlReward:
             **(call_log.kwargs(state) if call_log is not None and state is not None else {}),
             **self.kwargs,
         }
+        environments = self._environments(completions) if self._gets_environments() else None
+        if environments is not None:
+            args["environments"] = environments
         missing = sorted(self._required - set(args))
         if missing:
             trl_only = [m for m in missing if m in _TRL_ONLY]
             hint = (
-                f"{trl_only} are passed only inside a training run; give them a default"
+                "environments (each completion's environment_factory object) are passed only for the episodes of "
+                "a training run with environment_factory; give the parameter a default"
+                if "environments" in missing
+                else f"{trl_only} are passed only inside a training run; give them a default"
                 if trl_only
                 else "add those columns to the dataset rows, or give the parameters defaults"
             )
@@ -143,6 +167,19 @@ class TrlReward:
                 f"{sorted(set(args))} (dataset columns and TRL's prompts/completions/completion_ids); {hint}"
             )
         return args if self._takes_any else {k: v for k, v in args.items() if k in self._named}
+
+    def _environments(self, completions: list[Completion]) -> list[Any] | None:
+        """Each completion's environment object (``Episode.environment``), in order; None when no completion is an
+        episode with one (``GRPOTrainer.evaluate`` samples single turns); some with and some without is an error."""
+        found = [c.episode.environment if c.episode is not None else None for c in completions]
+        if all(e is None for e in found):
+            return None
+        if None in found:
+            raise RewardError(
+                f"reward {self.name!r} reads environments, but completion {found.index(None)} of the batch has no "
+                "environment object (it was not sampled as an environment_factory episode)"
+            )
+        return found
 
     def __call__(self, completions: list[Completion], examples: list[Example]) -> Any:
         """The values, or in a run what the function logged with them (``Logged``; see ``received``)."""

@@ -363,7 +363,7 @@ class MultiTurnSampler(Sampler):
             episodes=[
                 Episode(
                     tuple(e.messages), e.reward, e.turns, e.tool_calls, e.tool_errors,
-                    tuple(e.turn_ends), tuple(e.turn_rewards), e.retries,
+                    tuple(e.turn_ends), tuple(e.turn_rewards), e.retries, getattr(e.env, "environment", None),
                 )  # fmt: skip
                 for e in episodes
             ],

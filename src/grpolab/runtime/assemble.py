@@ -42,7 +42,7 @@ from grpolab.algo.entropy_control import AdaptiveEntropy
 from grpolab.config import Config, ConfigError, ModelConfig, config_to_dict, dump_config
 from grpolab.data import PromptOrder, check_prompt_chars, load_examples, split_eval, tokenize_prompts
 from grpolab.distributed import dist, parallel, sequence
-from grpolab.envs.setup import environment_from_config
+from grpolab.envs.setup import environment_from_config, offers_environments
 from grpolab.models.inference import limit_cpu_threads
 from grpolab.models.loading import (
     Reference,
@@ -89,7 +89,7 @@ from grpolab.training.master import MasterWeightOptimizer
 from grpolab.training.ppo import Critic
 from grpolab.training.reasoning_steps import ProcessSupervision, TurnSupervision
 from grpolab.training.spec import SamplingSpec, UpdateSpec
-from grpolab.types import Completion, Example
+from grpolab.types import Completion, Episode, Example
 
 log = logging.getLogger(__name__)
 
@@ -321,13 +321,14 @@ def _check_inputs(cfg: Config, resume: bool, rewards, examples):
     check_engine(cfg.rollout.engine, cfg)  # vllm: installed, the architecture, the KV cache's size
     make_env = environment_from_config(cfg.env)  # None: one completion per prompt (docs/multiturn.md)
     gold_rewards = build_gold_rewards(cfg.reward.gold)  # logged, never in the advantages (training/gold.py)
-    hooks = TrlHooks(cfg.train.num_steps)  # TRL's trainer_state / log_extra / log_metric, from the dry run on
+    # TRL's trainer_state / log_extra / log_metric (and environments), from the dry run on
+    hooks = TrlHooks(cfg.train.num_steps, environments=offers_environments(make_env))
     attach_hooks([*rewards, *gold_rewards], hooks)
     examples = training_examples(cfg, examples)
     prepare_judges(cfg, [*rewards, *gold_rewards])  # a judge with serve: its server, before the dry run asks it
     try:
-        _dry_run(cfg, rewards, examples)
-        _dry_run(cfg, gold_rewards, examples)
+        _dry_run(cfg, rewards, examples, make_env if hooks.environments else None)
+        _dry_run(cfg, gold_rewards, examples, make_env if hooks.environments else None)
         check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)  # a 30 MB prompt: an error, before the model
     except BaseException:
         close_judges([*rewards, *gold_rewards])
@@ -381,15 +382,27 @@ def _start(cfg: Config, point: ResumePoint | None, resumable: Resumable, sampler
     return start
 
 
-def _dry_run(cfg: Config, rewards, examples) -> None:
-    """Check every reward on a few examples (reference answers and an empty completion) before training."""
+def _dry_run(cfg: Config, rewards, examples, make_env=None) -> None:
+    """Check every reward on a few examples (reference answers and an empty completion) before training; with
+    ``make_env`` (episodes that keep environment objects) each answer is a one-turn episode of a fresh environment
+    reset with its example, as a reward reading TRL's ``environments`` meets them."""
     k = min(cfg.reward.dry_run_examples, len(examples))
     if k == 0:
         return
-    picked = examples[:k]
-    comps = [Completion(text=e.answer or "", num_tokens=max(len(e.answer or ""), 1)) for e in picked]
-    comps.append(Completion(text="", num_tokens=1))
-    dry_run(rewards, comps, [*picked, picked[0]], timeout_s=cfg.reward.timeout_s)
+    picked = [*examples[:k], examples[0]]
+    texts = [e.answer or "" for e in examples[:k]] + [""]
+    comps = [
+        Completion(text=t, num_tokens=max(len(t), 1), episode=None if make_env is None else _answered(make_env, e, t))
+        for t, e in zip(texts, picked, strict=True)
+    ]
+    dry_run(rewards, comps, picked, timeout_s=cfg.reward.timeout_s)
+
+
+def _answered(make_env, example: Example, text: str) -> Episode:
+    """A one-turn episode answering ``example`` with ``text`` (no tool called) in a fresh environment."""
+    env = make_env()
+    messages = [*env.reset(example), {"role": "assistant", "content": text}]
+    return Episode(tuple(messages), env_reward=None, turns=1, environment=getattr(env, "environment", None))
 
 
 def _announce(cfg: Config, model, reference, gold: GoldMonitor, start: int) -> None:
