@@ -30,7 +30,7 @@ import torch
 from grpolab import jsonio
 from grpolab.config import Config, ConfigError, SFTConfig, dump_config
 from grpolab.data import DataError, PromptOrder, check_prompt_chars, split_eval, tokenize_prompts
-from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
+from grpolab.distributed.host import give_back_before_first_step, giving_back_freed_memory
 from grpolab.eval.runner import greedy_decode
 from grpolab.models.loading import load_tokenizer, resolve_autocast, resolve_device
 from grpolab.progress import Progress
@@ -133,7 +133,7 @@ def sft_loss_step(
         loss_sum += float(loss.detach())
     params = grads_to_clip(model, optimizer)  # the fp32 master weights of a bf16 / fp16 model
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
-    give_back_freed_memory()
+    give_back_before_first_step(optimizer)
     optimizer.step()
     return loss_sum, float(norm)
 

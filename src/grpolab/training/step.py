@@ -25,7 +25,7 @@ from grpolab.algo.entropy_control import AdaptiveEntropy
 from grpolab.algo.losses import Aggregation, batch_row_norms
 from grpolab.algo.selection import entropy_threshold, high_entropy_mask, off_policy_sequence_mask
 from grpolab.distributed import dist
-from grpolab.distributed.host import give_back_freed_memory, giving_back_freed_memory
+from grpolab.distributed.host import give_back_before_first_step, giving_back_freed_memory
 from grpolab.distributed.parallel import clip_grad_norm, gradient_sync
 from grpolab.training.activations import offloaded
 from grpolab.training.master import backward, grads_to_clip, scale_backed_off
@@ -203,7 +203,7 @@ def update_policy(
                     sums[k] += v
             counts["tokens"] += total_tokens
             finite = not dist.any_rank(not finite)  # every rank skips, or none
-            give_back_freed_memory()  # before AdamW's states and the step's temporaries (distributed/host.py)
+            give_back_before_first_step(optimizer)  # before AdamW's states are allocated (distributed/host.py)
             _optimizer_step(model, optimizer, scheduler, spec.max_grad_norm, sums, counts, loss_finite=finite)
             if entropy_control is not None:  # TRL: the window's token-weighted mean over every rank
                 entropy_control.observe(dist.all_reduce_sum(counted[0]) / max(dist.all_reduce_sum(counted[1]), 1.0))

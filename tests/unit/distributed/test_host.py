@@ -45,6 +45,7 @@ def test_each_backward_gives_memory_back_before_the_embedding_gradient_and_only_
     calls = []
     monkeypatch.setattr(host, "_glibc", lambda: object())  # any C library: the hook is what is tested
     monkeypatch.setattr(host, "give_back_freed_memory", lambda: calls.append(len(calls)) or True)
+    monkeypatch.setattr(host, "FRESH_MAPPING_BYTES", 84)  # the 7 x 3 fp32 gradient counts as a fresh mapping here
     emb = torch.nn.Embedding(7, 3)
     head = torch.nn.Linear(3, 2)
     ids = torch.tensor([[1, 2, 5]])
@@ -64,6 +65,28 @@ def test_each_backward_gives_memory_back_before_the_embedding_gradient_and_only_
     assert calls == [0, 1]  # the hook is gone after the block
     for g in got:
         torch.testing.assert_close(g, want, rtol=0, atol=0)  # the gradient passes unchanged
+
+
+def test_a_gradient_that_the_heap_serves_gets_no_trim(monkeypatch):
+    calls = []
+    monkeypatch.setattr(host, "_glibc", lambda: object())
+    monkeypatch.setattr(host, "give_back_freed_memory", lambda: calls.append(1) or True)
+    emb = torch.nn.Embedding(7, 3)  # 84 bytes of gradient, far under glibc's largest mmap threshold (32 MiB)
+    with host.freed_memory_given_back_before(emb):
+        emb(torch.tensor([[1, 2]])).sum().backward()
+    assert calls == []
+
+
+def test_only_the_step_that_allocates_the_optimizer_states_is_trimmed(monkeypatch):
+    calls = []
+    monkeypatch.setattr(host, "give_back_freed_memory", lambda: calls.append(1) or True)
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    p.grad = torch.ones(3)
+    assert host.give_back_before_first_step(opt) and calls == [1]  # no state yet: AdamW allocates it next
+    opt.step()
+    assert not host.give_back_before_first_step(opt) and calls == [1]  # the states exist: nothing big follows
+    assert host.give_back_before_first_step(object()) and calls == [1, 1]  # no state to read: as before
 
 
 def test_the_step_decorator_finds_the_input_embeddings(monkeypatch):
