@@ -167,6 +167,11 @@ class EngineRecord:
     a ConfigError with the fix."""
     requires: tuple[str, str] | None = None
     """An optional engine: (the package it imports, the command that installs it); None = always available."""
+    onlooker: SamplerBuilder | None = None
+    """The sampler of a rank that never samples (the other ranks of a sequence-parallel group: distributed/
+    sequence.py ``samples``): no engine, only the collectives of ``sample`` (``take_part``). None: the engine's
+    own sampler is built there too, because building the engine is itself a collective (colocated vLLM under
+    torchrun: docs/distributed.md, "Long sequences")."""
 
 
 def check_sampling(

@@ -15,7 +15,7 @@ import importlib.util
 import torch
 
 from grpolab.config import Config, ConfigError
-from grpolab.distributed import parallel
+from grpolab.distributed import parallel, sequence
 from grpolab.rollout.base import EngineRecord, Sampler
 from grpolab.rollout.hf import sampler_from_config
 from grpolab.rollout.vllm.record import VLLM
@@ -93,7 +93,50 @@ def build_hf_sampler(
     return UnshardedSampler(sampler, wrapped) if sharded else sampler
 
 
-HF = EngineRecord(build=build_hf_sampler)
+class Onlooker(Sampler):
+    """The sampler of a rank that never samples: the other ranks of a sequence-parallel group, whose first rank
+    samples for them (training/sampling.py, eval/runner.py). It builds no engine and holds nothing (no
+    inference copy of the weights, no KV cache); ``take_part`` runs what a ``sample`` of the hf engine runs
+    with the other ranks: under FSDP2 the layers' gathers (``UnshardedSampler``), nothing otherwise."""
+
+    takes_examples = False
+    streams_groups = False
+
+    def __init__(self, pad_token_id: int, wrapped: torch.nn.Module | None = None):
+        self.pad_token_id = pad_token_id
+        self.wrapped = wrapped if wrapped is not None and parallel.is_sharded(wrapped) else None
+        """The FSDP2 policy whose layers a ``sample`` gathers on the sampling rank; None: no gathers."""
+
+    def sample(self, *args, **kwargs):
+        raise RuntimeError("this rank does not sample (distributed/sequence.py samples): call take_part")
+
+    def take_part(self) -> None:
+        if self.wrapped is not None:
+            with parallel.gathered(self.wrapped):
+                pass
+
+    def update_weights(self, model: torch.nn.Module) -> None:
+        """Nothing: the hf engine reads the live policy, no sync to line up."""
+
+    def close(self) -> None:
+        """Nothing held."""
+
+
+def build_hf_onlooker(
+    cfg: Config,
+    *,
+    policy: torch.nn.Module,
+    tokenizer,
+    autocast_dtype: torch.dtype | None,
+    wrapped: torch.nn.Module | None = None,
+    temperature: float | None = None,
+) -> Sampler:
+    """The hf engine's ``Onlooker`` (``EngineRecord.onlooker``)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return Onlooker(pad, wrapped)
+
+
+HF = EngineRecord(build=build_hf_sampler, onlooker=build_hf_onlooker)
 """``rollout.engine=hf``: grpolab's own decoder, colocated only; its settings are rollout.*."""
 
 ENGINES: dict[str, EngineRecord] = {"hf": HF, "vllm": VLLM}
@@ -131,11 +174,14 @@ def build_sampler(
     """The sampler of ``cfg.rollout.engine`` (``SamplerBuilder`` in rollout/base.py says what the arguments
     are). rollout.mode=server and a training policy (``wrapped``): the record's ``build_server``, the client
     of the engine's server; an evaluation (no ``wrapped``) runs the colocated engine, so it never changes the
-    weights a server serves."""
+    weights a server serves. On a rank that never samples (sequence parallelism's other ranks) the record's
+    ``onlooker`` where it has one: no engine is built there."""
     check_engine(cfg.rollout.engine)
     record = ENGINES[cfg.rollout.engine]
     server = cfg.rollout.mode == "server" and wrapped is not None
     builder = record.build_server if server else record.build
+    if not server and not sequence.samples() and record.onlooker is not None:
+        builder = record.onlooker  # another rank of its sequence-parallel group samples for this one
     if builder is None:
         raise _no_server_mode(cfg.rollout.engine)
     return builder(

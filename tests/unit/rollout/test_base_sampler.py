@@ -12,7 +12,7 @@ import pytest
 import grpolab.rollout
 from grpolab.envs import ToolLimits, build_environment
 from grpolab.rollout.base import Sampler
-from grpolab.rollout.engines import UnshardedSampler
+from grpolab.rollout.engines import Onlooker, UnshardedSampler
 from grpolab.rollout.hf import HFSampler
 from grpolab.rollout.multiturn import MultiTurnSampler
 from grpolab.rollout.vllm.client import ServerSampler
@@ -36,7 +36,9 @@ def sampler_classes() -> dict[str, type]:
 
 
 def test_the_scan_finds_every_sampler_of_the_engines():
-    assert set(sampler_classes()) == {"HFSampler", "UnshardedSampler", "VLLMSampler", "ServerSampler", "MultiTurnSampler"}
+    assert set(sampler_classes()) == {
+        "HFSampler", "UnshardedSampler", "VLLMSampler", "ServerSampler", "MultiTurnSampler", "Onlooker"
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(sampler_classes()))
@@ -69,6 +71,7 @@ def test_every_sampler_built_has_every_member_of_the_contract(model, chat_tok):
         "vllm": VLLMSampler(None, tok, max_completion_length=4, eos_token_ids=eos),
         "server": server,
         "multiturn": MultiTurnSampler(server, tok, calc_env(), max_turns=2, max_episode_tokens=16),
+        "onlooker": Onlooker(tok.pad_token_id),
     }
     for name, s in samplers.items():
         assert isinstance(s, Sampler), name  # runtime_checkable: every member is there

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 
 from grpolab.config import Config, ConfigError, load_config
+from grpolab.distributed import sequence
 from grpolab.rollout.base import EngineRecord
-from grpolab.rollout.engines import ENGINES, build_sampler, check_engine
+from grpolab.rollout.engines import ENGINES, Onlooker, build_hf_onlooker, build_sampler, check_engine
 from grpolab.rollout.hf import HFSampler
 from grpolab.rollout.vllm.server_setup import build_server_sampler
 from grpolab.rollout.vllm.setup import build_vllm_sampler, check_vllm_config
@@ -72,3 +73,25 @@ def test_the_hf_record_builds_the_hf_sampler(model, tok):
     cfg = load_config(None, ["rollout.max_completion_length=3"])
     sampler = build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=None)
     assert isinstance(sampler, HFSampler) and sampler.max_completion_length == 3
+
+
+def test_a_rank_that_never_samples_gets_the_records_onlooker_and_no_engine(monkeypatch, model, tok):
+    """Rank 1 of a sequence-parallel group (distributed/sequence.py ``samples``): the hf engine's ``Onlooker``, its
+    sampler never built (no inference copy of the weights); an engine without an onlooker (colocated vLLM, whose
+    construction is a collective of every torchrun rank) and a server's client are built as on the first rank."""
+    assert ENGINES["hf"].onlooker is build_hf_onlooker and ENGINES["vllm"].onlooker is None
+    calls: list = []
+    monkeypatch.setattr(sequence, "_LAYOUT", sequence.Layout(2, 1, None))
+    monkeypatch.setitem(ENGINES, "hf", dataclasses.replace(ENGINES["hf"], build=_recording(calls, "hf")))
+    onlooker = build_sampler(load_config(None, []), policy=model, tokenizer=tok, autocast_dtype=None, wrapped=model)
+    assert isinstance(onlooker, Onlooker) and onlooker.wrapped is None and calls == []  # not sharded: no gathers
+    onlooker.take_part()
+    with pytest.raises(RuntimeError, match="does not sample"):
+        onlooker.sample([[5]], num_generations=1)
+    record = EngineRecord(build=_recording(calls, "colocated"), build_server=_recording(calls, "server"))
+    monkeypatch.setitem(ENGINES, "vllm", record)
+    for mode in ("colocated", "server"):
+        cfg = load_config(None, ["rollout.engine=vllm", f"rollout.mode={mode}", "vllm.dtype=float32"])
+        assert build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=None, wrapped=model) == mode
+    monkeypatch.setattr(sequence, "_LAYOUT", sequence.Layout(2, 0, None))  # the group's first rank
+    assert build_sampler(load_config(None, []), policy=model, tokenizer=tok, autocast_dtype=None) == "hf"

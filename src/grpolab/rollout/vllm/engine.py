@@ -104,11 +104,16 @@ class VLLMSampler(Sampler):
         device: torch.device | str = "cpu",
         sleep_mode: bool = False,
         timeout_s: float | None = None,
+        idle: bool = False,
     ) -> None:
         """``engine``: a vLLM ``LLM`` (``start_engine``). ``weights_from``: the policy whose weights the
         engine takes before the first ``sample`` (None: the engine's weights as they are). ``sleep_mode``:
         put the engine to sleep after each ``sample`` (CUDA only). ``timeout_s``: the most a ``sample`` or a
-        weight sync may take (vllm.timeout_s); None = unbounded."""
+        weight sync may take (vllm.timeout_s); None = unbounded. ``idle``: this rank never samples (the other
+        ranks of a sequence-parallel group, distributed/sequence.py ``samples``): the engine had to be built
+        (under torchrun that is a collective of every rank) but never takes weights: a sync only runs its
+        gathers, and with sleep mode the engine sleeps at level 2 from the start (its weights and KV cache
+        freed) and is never woken."""
         check_sampling(
             max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k,
             min_p=min_p, repetition_penalty=repetition_penalty,
@@ -129,6 +134,9 @@ class VLLMSampler(Sampler):
         self.sleep_mode = sleep_mode
         self.timeout_s = timeout_s
         self._pending = weights_from
+        self.idle = idle
+        if idle and sleep_mode and not engine.llm_engine.is_sleeping():
+            engine.sleep(level=2)  # its dummy weights are never read: nothing to keep
         self._held_awake = False
         self.last_sync_s = 0.0
         """Seconds the last weight sync took (gather, merge, load, cache reset)."""
@@ -144,6 +152,9 @@ class VLLMSampler(Sampler):
         With sleep mode the order is TRL's and verl's: free the trainer's cached blocks, wake the weights
         only, load them, and leave the KV cache asleep until ``sample`` needs it, so the weights never
         share the GPU with both the KV cache and the trainer's leftovers."""
+        if self.idle:
+            self._drain(model)
+            return
         t0 = time.perf_counter()
         if self.sleep_mode and self.engine.llm_engine.is_sleeping():
             if torch.cuda.is_available():
@@ -161,6 +172,14 @@ class VLLMSampler(Sampler):
         self.last_sync_s = time.perf_counter() - t0
         self.last_sync_bytes = weights.bytes
         log.debug("vllm: weights synced (%d bytes) in %.3f s", self.last_sync_bytes, self.last_sync_s)
+
+    def _drain(self, model: torch.nn.Module) -> None:
+        """An idle sampler's sync: the gathers of ``policy_weights`` (collectives under FSDP2) into no engine, and
+        the engine's state moved as the sampling rank's moves (``_sync_if_due`` re-syncs when it does)."""
+        for _ in policy_weights(model):
+            pass
+        _ENGINE_STATE[id(self.engine)] = {"source": model, "discarded": False}
+        self._pending = None
 
     @functools.cached_property
     def engine_dtypes(self) -> EngineDtypes:
@@ -185,6 +204,8 @@ class VLLMSampler(Sampler):
         generator: torch.Generator | None = None,
     ) -> Completions:
         """G completions for each prompt, prompt-major (row p*G + g is sample g of prompt p)."""
+        if self.idle:
+            raise RuntimeError("this rank does not sample (distributed/sequence.py samples): call take_part")
         check_prompts(prompt_ids, num_generations)
         self._check_fits(prompt_ids)
         self._sync_if_due()
@@ -220,8 +241,11 @@ class VLLMSampler(Sampler):
     def take_part(self) -> None:
         """``sample``'s syncs (under FSDP2 their gathers are collectives) and its sleep afterwards, without the
         generation: this rank's engine then goes through the sampling rank's states, so the next ``sample``
-        or ``take_part`` (a DAPO round, an evaluation on every rank) syncs here exactly when it syncs there."""
+        or ``take_part`` (a DAPO round, an evaluation on every rank) syncs here exactly when it syncs there. An
+        idle sampler's engine stays asleep: it only records that the sampling rank's engine is awake now."""
         self._sync_if_due()
+        if self.idle:
+            _IDLE_AWAKE[id(self.engine)] = True
         if self.sleep_mode and not self._held_awake:
             self._sleep()
 
@@ -236,8 +260,14 @@ class VLLMSampler(Sampler):
             yield
         finally:
             self._held_awake = held
-            if not held and self.sleep_mode and not self.engine.llm_engine.is_sleeping():
+            if not held and self.sleep_mode and not self._sleeping():
                 self._sleep()
+
+    def _sleeping(self) -> bool:
+        """Whether the engine sleeps; for an idle sampler, whether the sampling rank's engine does."""
+        if self.idle:
+            return not _IDLE_AWAKE.get(id(self.engine), False)
+        return self.engine.llm_engine.is_sleeping()
 
     def close(self) -> None:
         """Nothing to release: the engine stays for the next sampler of this process (``shutdown_engines``)."""
@@ -274,7 +304,10 @@ class VLLMSampler(Sampler):
         only when a source to reload from is known; the flag makes the next ``sample`` sync first."""
         state = _ENGINE_STATE.get(id(self.engine))
         level = 2 if state is not None else 1
-        self.engine.sleep(level=level)
+        if self.idle:  # asleep since it was built: only the state moves, as the sampling rank's
+            _IDLE_AWAKE[id(self.engine)] = False
+        else:
+            self.engine.sleep(level=level)
         if state is not None:
             state["discarded"] = True
 
@@ -363,6 +396,8 @@ _ENGINES: dict[str, Any] = {}
 _ENGINE_STATE: dict[int, dict[str, Any]] = {}
 """By engine (id): the model its weights were last synced from, and whether a level-2 sleep discarded
 them since. Per engine, not per sampler: an evaluation's sampler shares the run's engine."""
+_IDLE_AWAKE: dict[int, bool] = {}
+"""By idle engine (id): True while the sampling rank's engine is awake (after a ``take_part``, until a sleep)."""
 
 
 def start_engine(**kwargs):
@@ -390,6 +425,7 @@ def shutdown_engines() -> None:
     while _ENGINES:
         _, engine = _ENGINES.popitem()
         _ENGINE_STATE.pop(id(engine), None)
+        _IDLE_AWAKE.pop(id(engine), None)
         with contextlib.suppress(AttributeError):
             engine.llm_engine.engine_core.shutdown()
         del engine

@@ -10,7 +10,7 @@ import torch
 
 from grpolab.config import Config, ConfigError
 from grpolab.config.server_checks import check_trainer_transport
-from grpolab.distributed import dist
+from grpolab.distributed import dist, sequence
 from grpolab.models.loading import is_peft, resolve_device
 from grpolab.models.sources import local_source
 from grpolab.rollout.base import resolve_eos, sampling_settings
@@ -224,7 +224,9 @@ def build_vllm_sampler(
     temperature: float | None = None,
 ):
     """``rollout.engine=vllm``: the process's engine for these settings, taking ``wrapped`` (or ``policy``)'s
-    weights before its first sample. Errors from vLLM about memory become a ConfigError with the fix."""
+    weights before its first sample. Built on a rank that never samples too (sequence parallelism): under
+    torchrun vLLM makes its process groups and sizes the KV cache with collectives of every rank; that
+    rank's sampler is ``idle`` (rollout/vllm/engine.py). Errors from vLLM about memory become a ConfigError with the fix."""
 
     device = next(policy.parameters()).device
     check_vllm(cfg, device_type=device.type)
@@ -250,4 +252,5 @@ def build_vllm_sampler(
         device=device,
         sleep_mode=cfg.vllm.sleep_mode and device.type != "cpu",
         timeout_s=cfg.vllm.timeout_s,
+        idle=not sequence.samples(),  # another rank of its sequence-parallel group samples for this one
     )

@@ -15,6 +15,7 @@ pytest.importorskip("vllm", reason="SamplingParams comes from vLLM (pip install 
 
 from grpolab.rollout.vllm import engine as vllm_module  # noqa: E402
 from grpolab.rollout.vllm.engine import VLLMSampler  # noqa: E402
+from grpolab.rollout.vllm.sync import policy_weights as real_policy_weights  # noqa: E402
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model  # noqa: E402
 
 
@@ -162,3 +163,79 @@ def test_a_rank_that_takes_part_syncs_where_the_sampling_rank_does_and_never_gen
         "wake:weights", "reload", "sleep2",
         "wake:weights", "reload", "sleep2",  # synced again, as the sampling rank does: the weights were discarded
     ]  # fmt: skip
+
+
+class AwakeEngine(RecordingEngine):
+    """An engine without sleep mode: it loads weights while its KV cache is allocated."""
+
+    def collective_rpc(self, name, kwargs):
+        list(kwargs["weights_iterator"])
+        self.calls.append("reload")
+
+
+def _training_and_evaluation(engine, policy, log: list, *, idle: bool, sleep_mode: bool = True) -> None:
+    """A run's calls on one rank: the pending sync, an update, a round with no update, a multi-turn batch held
+    awake, then an evaluation's sampler on the same engine; ``idle``: a rank that only takes part."""
+    tok = build_char_tokenizer()
+
+    def sampler_of():
+        return VLLMSampler(engine, tok, max_completion_length=4, eos_token_ids=[2], weights_from=policy,
+                           sleep_mode=sleep_mode, idle=idle)  # fmt: skip
+
+    def act(sampler):
+        log.append("call")
+        sampler.take_part() if idle else sampler.sample([[5, 6]], num_generations=2)
+
+    train = sampler_of()
+    act(train)
+    train.update_weights(policy)
+    act(train)
+    act(train)
+    with train.awake():
+        act(train)
+        act(train)
+    act(train)  # after the held batch's sleep
+    evaluation = sampler_of()
+    act(evaluation)
+    act(evaluation)
+
+
+@pytest.mark.parametrize("sleep_mode", [True, False])
+def test_an_idle_rank_gathers_where_the_sampling_rank_syncs_and_its_engine_never_takes_weights(monkeypatch, sleep_mode):
+    """The other ranks of a sequence-parallel group have an idle sampler (rollout/vllm/setup.py): their engine was
+    built (a collective of every torchrun rank) but never loads weights, wakes or generates, and with sleep mode
+    sleeps at level 2 from the start (weights and KV cache freed). Each sync of the sampling rank is a pass over
+    ``policy_weights`` there (under FSDP2 its gathers are collectives): in the same calls, as many."""
+    policy = build_tiny_model(build_char_tokenizer(), hidden_size=16, num_layers=1, num_heads=2)
+    logs: dict = {}
+    for idle in (False, True):
+        log, engine = logs.setdefault(idle, []), (RecordingEngine if sleep_mode else AwakeEngine)()
+        engine.calls.append("init")
+
+        def drained(model, *args, log=log, **kwargs):
+            log.append("gather")
+            yield from real_policy_weights(model, *args, **kwargs)
+
+        monkeypatch.setattr(vllm_module, "policy_weights", drained)
+        try:
+            _training_and_evaluation(engine, policy, log, idle=idle, sleep_mode=sleep_mode)
+        finally:
+            vllm_module._ENGINE_STATE.pop(id(engine), None)
+            vllm_module._IDLE_AWAKE.pop(id(engine), None)
+        if idle:
+            assert engine.calls == (["init", "sleep2"] if sleep_mode else ["init"])
+            with pytest.raises(RuntimeError, match="does not sample"):
+                VLLMSampler(engine, build_char_tokenizer(), max_completion_length=4, eos_token_ids=[2], idle=True).sample(
+                    [[5]], num_generations=1
+                )
+        else:
+            assert engine.calls.count("generate") == 8
+    assert logs[True] == logs[False]
+    # the pending sync, the update, the round after a level-2 sleep, the held batch's first call, the call after
+    # it, the evaluation's pending weights and its second call after a sleep; without sleep mode only the
+    # pending weights (of each sampler) and the update
+    want = ["call", "gather", "gather", "call", "call", "gather", "call", "gather", "call", "call", "gather",
+            "call", "gather", "call", "gather"]  # fmt: skip
+    if not sleep_mode:
+        want = ["call", "gather", "gather", "call", "call", "call", "call", "call", "call", "gather", "call"]
+    assert logs[True] == want
