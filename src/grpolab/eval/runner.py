@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from grpolab.config import ConfigError
-from grpolab.distributed import dist
+from grpolab.distributed import dist, sequence
 from grpolab.eval.metrics import blind_vote_keys, curve_means, format_errors, pass_maj_per_problem
 from grpolab.eval.results import ModelEval
 from grpolab.progress import Progress
@@ -65,7 +65,8 @@ class EvalSpec:
     greedy: bool
     """eval.greedy: also decode each prompt greedily and report its accuracy."""
     seed: int
-    """The run's seed: rank r samples from a generator seeded seed + r."""
+    """The run's seed: data-parallel rank r samples from a generator seeded seed + r (a sequence-parallel group
+    is one data-parallel rank: its first rank samples for it, eval/runner.py ``evaluate_model``)."""
     blind_grader: str | None = None
     """eval.blind_grader's name, recorded in the result (the grader itself is the ``Grader``'s)."""
 
@@ -192,7 +193,11 @@ def vote_keys(
     ]
 
 
-def greedy_decode(sampler, prompt_ids, examples, grader: Grader, *, batch: int = 256) -> Graded:
+GREEDY_BATCH = 256
+"""Prompts decoded greedily together."""
+
+
+def greedy_decode(sampler, prompt_ids, examples, grader: Grader, *, batch: int = GREEDY_BATCH) -> Graded:
     """The greedy completion of every prompt ([P] each), by a sampler at temperature 0, graded."""
     parts = []
     for start in range(0, len(prompt_ids), batch):
@@ -206,12 +211,23 @@ def evaluate_model(
     progress: bool,
 ) -> ModelEval:
     """Pass@K and Maj@K (under the rewards and, with one, eval.blind_grader), greedy accuracy and mean length
-    of one loaded model, sampled by the samplers ``make_sampler`` builds over it."""
+    of one loaded model, sampled by the samplers ``make_sampler`` builds over it.
+
+    Under torchrun each data-parallel rank samples and grades its share of the prompts (``dist.my_range``) and
+    the shares are gathered over the data-parallel ranks. Under sequence parallelism (train.sequence_parallel)
+    the N ranks of a group are one data-parallel rank: the group's first rank samples and grades its share,
+    the others only take part in the sampler's collectives (``Sampler.take_part``: FSDP2's gathers) and get
+    its results (distributed/sequence.py ``shared``), so the share is evaluated once, as one process would."""
     t0 = time.perf_counter()
     n, ks = spec.num_samples, list(spec.ks)
-    mine = dist.my_range(len(examples))  # under torchrun each rank samples its share of the prompts
+    mine = dist.my_range(len(examples))
     device = next(model.parameters()).device
-    graded, lengths, gold = _sample_graded(make_sampler, device, prompt_ids, examples, grader, spec, mine, label, path, progress)
+    sampled = None
+    if sequence.samples():
+        sampled = _sample_graded(make_sampler, device, prompt_ids, examples, grader, spec, mine, label, path, progress)
+    else:
+        _take_part(make_sampler, spec.temperature, len(range(mine.start, mine.stop, spec.prompts_per_batch)))
+    graded, lengths, gold = sequence.shared(sampled)
     strict, blind = graded.votes(examples[mine.start : mine.stop], n)
     per_problem, blind_problem, texts, lengths, totals, errors = dist.gather_lists(
         strict, blind, graded.texts, lengths, graded.totals, graded.format_errors
@@ -222,11 +238,8 @@ def evaluate_model(
     curves = curve_means(values)
     blind_values = pass_maj_per_problem(blind_problem, ks) if grader.blind is not None else {}
     blind_curves = curve_means(blind_values) if blind_values else {"pass": {}, "maj": {}}
-    greedy = None
-    if spec.greedy:
-        sampler = make_sampler(0.0)
-        greedy = greedy_decode(sampler, prompt_ids[mine.start : mine.stop], examples[mine.start : mine.stop], grader)
-        sampler.close()
+    greedy = _greedy(make_sampler, prompt_ids[mine.start : mine.stop], examples[mine.start : mine.stop], grader) if spec.greedy else None
+    if greedy is not None:
         greedy_ok, greedy_texts, greedy_blind, greedy_errors = dist.gather_lists(
             greedy.correct, greedy.texts, greedy.blind or [], greedy.format_errors
         )
@@ -255,6 +268,27 @@ def evaluate_model(
     )
 
 
+def _greedy(make_sampler: MakeSampler, prompt_ids, examples, grader: Grader) -> Graded:
+    """This rank's share decoded greedily and graded: by the group's first rank under sequence parallelism,
+    handed to the others (``evaluate_model``)."""
+    graded = None
+    if sequence.samples():
+        sampler = make_sampler(0.0)
+        graded = greedy_decode(sampler, prompt_ids, examples, grader)
+        sampler.close()
+    else:
+        _take_part(make_sampler, 0.0, len(range(0, len(prompt_ids), GREEDY_BATCH)))
+    return sequence.shared(graded)
+
+
+def _take_part(make_sampler: MakeSampler, temperature: float, calls: int) -> None:
+    """A rank that does not sample: the sampler's collectives of ``calls`` samples, none of the sampling."""
+    sampler = make_sampler(temperature)
+    for _ in range(calls):
+        sampler.take_part()
+    sampler.close()
+
+
 def _sample_graded(
     make_sampler: MakeSampler, device: torch.device, prompt_ids, examples, grader: Grader, spec: EvalSpec, mine: range,
     label: str, path: str, progress: bool,
@@ -263,7 +297,8 @@ def _sample_graded(
     gold reward name -> [N] scores)."""
     n, chunk = spec.num_samples, spec.prompts_per_batch
     sampler = make_sampler(spec.temperature)
-    generator = torch.Generator(device=device).manual_seed(spec.seed + dist.world().rank)
+    # seeded by the data-parallel rank: a D x N sequence-parallel job samples what D processes do
+    generator = torch.Generator(device=device).manual_seed(spec.seed + dist.data_world().rank)
     parts, lengths, gold = [], [], {}
     log.info("eval %s: rank %d samples prompts %d..%d of %d", label, dist.world().rank, mine.start, mine.stop - 1, len(examples))
     bar = Progress(total=len(examples), enabled=progress and dist.is_main(), title=f"eval {label}", unit="prompt")
