@@ -121,3 +121,33 @@ def test_eval_samples_with_the_engine(model_dir, addition_jsonl, tmp_path, monke
     assert [s["greedy"] for s in results["vllm"].samples] == [s["greedy"] for s in results["hf"].samples]
     assert results["vllm"].num_prompts == 4 and results["vllm"].greedy_accuracy is not None
     assert set(temperatures) == {0.0, 1.0}  # sampled (eval.temperature) and greedy, both on the engine
+
+
+def test_torchrun_sequence_parallel_idle_rank_builds_its_engine_but_never_loads_weights(model_dir, addition_jsonl, tmp_path):
+    """train.sequence_parallel=2 on 2 ranks under FSDP2: rank 0 samples, rank 1's engine is built (vLLM's start-up
+    is a collective of every rank) and idle (rollout/vllm/engine.py): it never loads weights, while its syncs'
+    FSDP2 gathers line up with rank 0's, whose engine follows every update (the mismatch stays at fp32 noise)."""
+    import re
+
+    from test_torchrun import free_port
+
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        "--master_port", str(free_port()), "--tee", "3", "-m", "grpolab", "--log-level", "DEBUG", "train",
+        *overrides(model_dir, addition_jsonl(16), tmp_path, "sp", 2), "train.parallel=fsdp",
+        "train.sequence_parallel=2", "train.dist_timeout_s=300",
+    ]  # fmt: skip
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(tmp_path / "sp")
+    assert [r["step"] for r in rows] == [1, 2] and all(mismatch(r) < SYNCED for r in rows)
+    lines = (done.stdout + done.stderr).splitlines()
+
+    def said(rank: int, text: str) -> int:
+        return sum(1 for line in lines if re.match(rf"\[(default|rank){rank}\]:", line) and text in line)
+
+    assert said(0, "vllm: engine started") == said(1, "vllm: engine started") == 1
+    # rank 0: the first sample's pending weights, then after each of the 2 updates; rank 1: only the gathers
+    assert said(0, "vllm: weights synced") == 3 and said(1, "vllm: weights synced") == 0
