@@ -243,6 +243,15 @@ def check_prompts(prompt_ids: list[list[int]], num_generations: int) -> None:
         raise ValueError(f"prompts {empty} have no tokens: start every prompt with at least one token (e.g. BOS)")
 
 
+def engine_eos(tokenizer, eos_token_ids: Sequence[int]) -> tuple[list[int], int]:
+    """(the EOS ids, the pad id) of a sampler over an engine that is given its EOS ids (vLLM colocated and a
+    server's client): a ValueError when there are none; the pad id is the tokenizer's, else the first EOS id."""
+    if not eos_token_ids:
+        raise ValueError("eos_token_ids is empty: pass the ids that end a completion")
+    ids = [int(i) for i in eos_token_ids]
+    return ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ids[0]
+
+
 def resolve_eos(model, tokenizer, eos_token_ids: Sequence[int] | None) -> list[int]:
     """The EOS token ids a sampler stops at: ``eos_token_ids`` when given, else the tokenizer's EOS and the
     model's ``generation_config.eos_token_id`` (one id or a list), without repeats. Every engine stops at

@@ -21,12 +21,11 @@ from grpolab.config import ConfigError
 from grpolab.config.server_checks import weight_transport
 from grpolab.distributed import dist
 from grpolab.models.loading import resolve_autocast, resolve_device
-from grpolab.rollout.base import resolve_eos, sampling_settings
 from grpolab.rollout.vllm import batch, shm
 from grpolab.rollout.vllm.client import ServerSampler
 from grpolab.rollout.vllm.server import RolloutServerError, VLLMServer
 from grpolab.rollout.vllm.server_client import ServerClient
-from grpolab.rollout.vllm.setup import VLLMSpec, check_vllm, engine_kwargs, model_config
+from grpolab.rollout.vllm.setup import VLLMSpec, check_vllm, engine_kwargs, model_config, sampler_kwargs
 from grpolab.rollout.vllm.weights import MODEL_NAME
 
 
@@ -122,10 +121,7 @@ def build_server_sampler(
     return ServerSampler(
         client,
         tokenizer,
-        **sampling_settings(r, temperature),
-        eos_token_ids=resolve_eos(policy, tokenizer, None),
-        weights_from=wrapped if wrapped is not None else policy,
-        device=device,
+        **sampler_kwargs(spec, policy, tokenizer, wrapped, temperature),
         transport=weight_transport(r),
         bucket_bytes=int(r.sync_bucket_mb * 2**20),
         dtype=getattr(torch, dtype),

@@ -218,6 +218,20 @@ def _vllm_version() -> str:
     return import_vllm().__version__
 
 
+def sampler_kwargs(
+    spec: VLLMSpec, policy: torch.nn.Module, tokenizer, wrapped: torch.nn.Module | None, temperature: float | None
+) -> dict[str, Any]:
+    """What both vLLM samplers (colocated, and a server's client) take alike: rollout.*'s sampling settings
+    (``temperature`` overrides its own), the policy's EOS ids, the policy whose weights go to the engine before
+    its first sample (``wrapped``, else ``policy``), and the policy's device, where the samples land."""
+    return {
+        **sampling_settings(spec.rollout, temperature),
+        "eos_token_ids": resolve_eos(policy, tokenizer, None),
+        "weights_from": wrapped if wrapped is not None else policy,
+        "device": next(policy.parameters()).device,
+    }
+
+
 def build_vllm_sampler(
     spec: VLLMSpec,
     *,
@@ -248,10 +262,7 @@ def build_vllm_sampler(
     return VLLMSampler(
         engine,
         tokenizer,
-        **sampling_settings(spec.rollout, temperature),
-        eos_token_ids=resolve_eos(policy, tokenizer, None),
-        weights_from=wrapped if wrapped is not None else policy,
-        device=device,
+        **sampler_kwargs(spec, policy, tokenizer, wrapped, temperature),
         sleep_mode=spec.section.sleep_mode and device.type != "cpu",
         timeout_s=spec.section.timeout_s,
     )
