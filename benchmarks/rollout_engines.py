@@ -79,13 +79,14 @@ def child_sample(a) -> dict:
 
     from grpolab.models.loading import load_policy, resolve_autocast, resolve_device
     from grpolab.rollout.engines import build_sampler
+    from grpolab.runtime.engine_spec import engine_spec
     from grpolab.tasks.arithmetic import arithmetic_examples
 
     cfg = run_config(a.model, a.engine, a, tempfile.mkdtemp())
     model, tok = load_policy(cfg.model)
     amp = resolve_autocast(cfg.model, resolve_device(cfg.model))
     t0 = time.perf_counter()
-    sampler = build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=amp)
+    sampler = build_sampler(engine_spec(cfg), policy=model, tokenizer=tok, autocast_dtype=amp)
     start_s = time.perf_counter() - t0
     prompts = [tok.encode(e.prompt) for e in arithmetic_examples(size=a.prompts, seed=0, digits=3)]
     sampler.sample(prompts[:1], num_generations=2, generator=torch.Generator().manual_seed(1))  # warm-up

@@ -31,6 +31,7 @@ from grpolab.models.loading import resolve_autocast
 from grpolab.rewards import WeightedReward, score_batch
 from grpolab.rollout.base import without_failures
 from grpolab.rollout.engines import build_sampler
+from grpolab.runtime.engine_spec import engine_spec
 from grpolab.runtime.step_spec import batch_spec, logprob_context, policy_loss_spec
 from grpolab.training.batch import outcome_estimator, reward_parts, rewards_tensor
 from grpolab.training.ppo import rollout_batch_builder
@@ -62,7 +63,7 @@ def evaluate_policy(
     model.eval()
     device = next(model.parameters()).device
     amp = resolve_autocast(cfg.model, device)
-    sampler = build_sampler(cfg, policy=model, tokenizer=tokenizer, autocast_dtype=amp)
+    sampler = build_sampler(engine_spec(cfg), policy=model, tokenizer=tokenizer, autocast_dtype=amp)
     loss_of = _loss_of_batch(cfg, model, tokenizer, rewards, (reference, device, amp), entropy_coef)
     losses: list[tuple[float, int]] = []
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # every evaluation draws the same stream

@@ -44,7 +44,7 @@ VERB_MODULES = {
     "import-gguf": "grpolab.models.sources",
     "convert-trl": "grpolab.trl.convert",
     "checkpoint": "grpolab.runtime.checkpoint",
-    "serve": "grpolab.rollout.vllm.server_setup",
+    "serve": "grpolab.commands.serve",
     "preflight": "grpolab.runtime.preflight",
 }
 """What each verb runs: the module, imported when the verb runs (``_module``), so that ``grpolab --help``

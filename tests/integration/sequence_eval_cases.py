@@ -57,6 +57,7 @@ def run_eval(model_dir: str, data: str, n: int, mode: str = "none") -> dict:
     from grpolab.eval.runner import evaluate_model
     from grpolab.rollout.engines import build_sampler
     from grpolab.runtime.assemble import load_model
+    from grpolab.runtime.engine_spec import engine_spec
     from grpolab.runtime.eval_spec import build_grader, eval_spec
 
     cfg = load_config(None, [*overrides(model_dir, data), f"train.sequence_parallel={n}"])
@@ -67,7 +68,7 @@ def run_eval(model_dir: str, data: str, n: int, mode: str = "none") -> dict:
     calls: dict = {}
 
     def make(temperature: float) -> Sampler:
-        inner = build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=None, wrapped=wrapped, temperature=temperature)
+        inner = build_sampler(engine_spec(cfg), policy=model, tokenizer=tok, autocast_dtype=None, wrapped=wrapped, temperature=temperature)
         return Recorded(inner, calls)
 
     result = evaluate_model(

@@ -21,6 +21,7 @@ from grpolab.rollout.base import Sampler
 from grpolab.rollout.multiturn import MultiTurnSampler, episode_prompt_ids  # noqa: E402
 from grpolab.rollout.vllm.engine import VLLMSampler, shutdown_engines, start_engine  # noqa: E402
 from grpolab.rollout.vllm.setup import engine_kwargs  # noqa: E402
+from grpolab.runtime.engine_spec import engine_spec  # noqa: E402
 from grpolab.runtime.logging import read_metrics  # noqa: E402
 from grpolab.training.logprobs import completion_logprobs  # noqa: E402
 from grpolab.types import Example  # noqa: E402
@@ -82,7 +83,7 @@ def engine(model_dir):
 
     context = AutoConfig.from_pretrained(model_dir).max_position_embeddings
     cfg = load_config(None, overrides(model_dir))
-    yield start_engine(**engine_kwargs(cfg, device_type="cpu", autocast_dtype=None, context=context))
+    yield start_engine(**engine_kwargs(engine_spec(cfg), device_type="cpu", autocast_dtype=None, context=context))
     shutdown_engines()
 
 

@@ -23,6 +23,7 @@ from grpolab.eval.runner import Grader, evaluate_model
 from grpolab.models.loading import load_tokenizer, resolve_device
 from grpolab.rollout.engines import check_engine
 from grpolab.runtime.assemble import load_model, split_examples
+from grpolab.runtime.engine_spec import engine_spec
 from grpolab.runtime.eval_spec import build_grader, eval_spec, sampler_maker
 from grpolab.runtime.judges import judges_served
 from grpolab.runtime.preflight import check_model_source
@@ -78,7 +79,7 @@ def _model_configs(cfg: Config, paths: list, examples: list[Example]) -> list:
 def _evaluate(cfg: Config, paths: list, names: list, out: Path, show: bool) -> list[ModelEval]:
     grader = build_grader(cfg)
     examples = held_out_examples(cfg)
-    check_engine(cfg.rollout.engine, cfg)  # before any model loads (vllm: the architecture, the KV cache)
+    check_engine(cfg.rollout.engine, engine_spec(cfg))  # before any model loads (vllm: the architecture, the KV cache)
     configs = _model_configs(cfg, paths, examples)
     with judges_served(cfg, [*grader.rewards, *grader.gold]):  # a judge with serve: its server, for the grading
         return _evaluate_all(cfg, paths, names, out, show, grader, examples, configs)

@@ -37,6 +37,7 @@ from grpolab.progress import Progress
 from grpolab.rollout.engines import check_engine
 from grpolab.runtime import checkpoint as ckpt
 from grpolab.runtime.assemble import load_model, training_examples
+from grpolab.runtime.engine_spec import engine_spec
 from grpolab.runtime.eval_spec import build_grader, sampler_maker
 from grpolab.runtime.guards import GracefulStop
 from grpolab.runtime.lock import hold_run_dir
@@ -182,7 +183,7 @@ def _sft(cfg: Config, *, progress: bool | None, resume: bool, stop: GracefulStop
         raise DataError(f"SFT needs a reference answer; example {missing[0]} has none (data.answer_field)")
     has_target = s.target_accuracy is not None or s.target_format_errors is not None
     if has_target:
-        check_engine(cfg.rollout.engine, cfg)  # the dev checks decode with it
+        check_engine(cfg.rollout.engine, engine_spec(cfg))  # the dev checks decode with it
         build_grader(cfg)  # and grade with it: a bad reward or eval.blind_grader before any model loads
     check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)
     with hold_run_dir(cfg.sft_dir, setting="sft.output_dir"):  # one writer, as train's run dir (runtime/lock.py)

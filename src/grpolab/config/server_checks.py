@@ -13,6 +13,7 @@ from grpolab.errors import ConfigError
 
 if TYPE_CHECKING:
     from grpolab.config.root import Config
+    from grpolab.config.sections import ModelConfig, RolloutConfig
 
 
 def field_default(cls, name: str):
@@ -43,9 +44,8 @@ def weight_transport(r, *, serving: bool = False) -> str:
     return "shm" if host in LOOPBACK else "nccl"
 
 
-def check_trainer_transport(cfg: Config) -> None:
+def check_trainer_transport(r: RolloutConfig, model: ModelConfig) -> None:
     """A trainer's rollout.mode=server transport that cannot reach its server, one line before any model loads."""
-    r = cfg.rollout
     if r.weight_transport == "nccl" and not r.server_url:
         raise ConfigError(
             "rollout.weight_transport=nccl needs a server on GPUs of its own, named by rollout.server_url (start it "
@@ -58,7 +58,7 @@ def check_trainer_transport(cfg: Config) -> None:
             f"rollout.weight_transport=shm writes the weights to files in this machine's /dev/shm, which the "
             f"server at {r.server_url} cannot read: set rollout.weight_transport=nccl (or auto)"
         )
-    if remote and cfg.model.lora.enabled:
+    if remote and model.lora.enabled:
         raise ConfigError(
             f"model.lora in rollout.mode=server loads each adapter version from a folder in this machine's "
             f"/dev/shm, which the server at {r.server_url} cannot read: run the server on this machine (a "

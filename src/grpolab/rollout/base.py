@@ -1,5 +1,5 @@
-"""The sampler contract: prompt token ids in, a prompt-major group of completions out; and the record of
-an engine that builds samplers (``EngineRecord``).
+"""The sampler contract: prompt token ids in, a prompt-major group of completions out; the record of an
+engine that builds samplers (``EngineRecord``), and what its builders read of a run (``EngineSpec``).
 
 The engines that implement it, and how one is chosen (``rollout.engine``), are in rollout/engines.py.
 """
@@ -10,11 +10,11 @@ import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
-from grpolab.config import Config, RolloutConfig
+from grpolab.config import ModelConfig, RolloutConfig
 from grpolab.errors import GrpolabError, TrainingError
 from grpolab.types import Completions, FinishReason
 
@@ -131,9 +131,39 @@ class Sampler(Protocol):
         ...
 
 
+Section = TypeVar("Section")
+
+
+@dataclass(frozen=True)
+class EngineSpec(Generic[Section]):
+    """What an engine's builders and checks read of a run (``EngineRecord``), read from the config once, at
+    assembly (runtime/engine_spec.py): typed, frozen sections and plain values, never the whole ``Config``."""
+
+    model: ModelConfig
+    """model.*: the source the engine loads (name_or_path, tokenizer, revision, trust_remote_code), its dtype,
+    the device and autocast it resolves to, and LoRA's settings."""
+    rollout: RolloutConfig
+    """rollout.*: the engine's name and mode, the sampling settings (``sampling_settings``), server mode's."""
+    section: Section
+    """The engine's own settings, the config section its record names (``EngineRecord.section``; vllm: a
+    ``VLLMConfig``); None for an engine without one (hf)."""
+    seed: int
+    """The run's seed (vLLM seeds its engine with it)."""
+    max_prompt_length: int
+    """data.max_prompt_length: the longest prompt, in tokens."""
+    max_episode_tokens: int
+    """env.max_episode_tokens when an environment runs (a turn's prompt is the episode so far), else 0."""
+
+    @property
+    def longest_sequence(self) -> int:
+        """The most tokens one engine call holds: the longest prompt, the episode so far and a whole completion."""
+        return self.max_prompt_length + self.max_episode_tokens + self.rollout.max_completion_length
+
+
 class SamplerBuilder(Protocol):
     """How an engine builds its sampler; ``ENGINES`` (rollout/engines.py) calls every builder so.
 
+    * ``spec``: the run's ``EngineSpec`` (its ``section``: the engine's own settings);
     * ``policy``: the plain (unwrapped) policy, a transformers model or its PEFT wrapper;
     * ``wrapped``: the same policy as the trainer holds it (DDP / FSDP2), or None outside training;
     * ``temperature``: None = ``rollout.temperature``; evaluation passes its own (0 = greedy).
@@ -141,7 +171,7 @@ class SamplerBuilder(Protocol):
 
     def __call__(
         self,
-        cfg: Config,
+        spec: EngineSpec,
         *,
         policy: torch.nn.Module,
         tokenizer,
@@ -161,8 +191,9 @@ class EngineRecord:
     build_server: SamplerBuilder | None = None
     """The client of the engine's server (``rollout.mode=server``, a training policy); None = no server mode."""
     section: str | None = None
-    """The Config section of the engine's own settings (``vllm``: config/engine.py); None = rollout.* only."""
-    check: Callable[[Config], None] | None = None
+    """The Config section of the engine's own settings (``vllm``: config/engine.py), which its ``EngineSpec``
+    carries; None = rollout.* only."""
+    check: Callable[[EngineSpec], None] | None = None
     """Checks of its settings against the model's config.json (architecture, memory), before any model loads:
     a ConfigError with the fix."""
     requires: tuple[str, str] | None = None
@@ -215,6 +246,15 @@ def check_prompts(prompt_ids: list[list[int]], num_generations: int) -> None:
     empty = [i for i, p in enumerate(prompt_ids) if len(p) == 0]
     if empty:
         raise ValueError(f"prompts {empty} have no tokens: start every prompt with at least one token (e.g. BOS)")
+
+
+def engine_eos(tokenizer, eos_token_ids: Sequence[int]) -> tuple[list[int], int]:
+    """(the EOS ids, the pad id) of a sampler over an engine that is given its EOS ids (vLLM colocated and a
+    server's client): a ValueError when there are none; the pad id is the tokenizer's, else the first EOS id."""
+    if not eos_token_ids:
+        raise ValueError("eos_token_ids is empty: pass the ids that end a completion")
+    ids = [int(i) for i in eos_token_ids]
+    return ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ids[0]
 
 
 def resolve_eos(model, tokenizer, eos_token_ids: Sequence[int] | None) -> list[int]:

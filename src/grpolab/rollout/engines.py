@@ -2,7 +2,8 @@
 
 ``ENGINES`` maps an engine name to its ``EngineRecord`` (rollout/base.py): the builder of its sampler, the
 builder of its server's client (``rollout.mode=server``), its config section, its checks before any model
-loads, and the package it needs. Every builder has one signature (``SamplerBuilder``, rollout/base.py).
+loads, and the package it needs. Every builder has one signature (``SamplerBuilder``, rollout/base.py) and
+reads the run through an ``EngineSpec`` (rollout/base.py; runtime/engine_spec.py builds it from the config).
 An engine whose package is optional names it in ``requires``: ``check_engine`` then fails on a missing
 engine with one line, before any model loads. docs/layout.md says what a new engine provides.
 """
@@ -14,9 +15,9 @@ import importlib.util
 
 import torch
 
-from grpolab.config import Config, ConfigError
+from grpolab.config import ConfigError
 from grpolab.distributed import parallel, sequence
-from grpolab.rollout.base import EngineRecord, Sampler
+from grpolab.rollout.base import EngineRecord, EngineSpec, Sampler
 from grpolab.rollout.hf import sampler_from_config
 from grpolab.rollout.vllm.record import VLLM
 
@@ -69,7 +70,7 @@ class UnshardedSampler(Sampler):
 
 
 def build_hf_sampler(
-    cfg: Config,
+    spec: EngineSpec[None],
     *,
     policy: torch.nn.Module,
     tokenizer,
@@ -85,7 +86,7 @@ def build_hf_sampler(
     sampler = sampler_from_config(
         policy,
         tokenizer,
-        cfg.rollout,
+        spec.rollout,
         autocast_dtype=autocast_dtype,
         temperature=temperature,
         cast_weights=False if sharded else None,
@@ -123,7 +124,7 @@ class Onlooker(Sampler):
 
 
 def build_hf_onlooker(
-    cfg: Config,
+    spec: EngineSpec,
     *,
     policy: torch.nn.Module,
     tokenizer,
@@ -143,9 +144,9 @@ ENGINES: dict[str, EngineRecord] = {"hf": HF, "vllm": VLLM}
 """rollout.engine -> its record. A new engine: its package (with its record) and one entry here."""
 
 
-def check_engine(name: str, cfg: Config | None = None) -> None:
-    """A ConfigError (one line, with the fix) when engine ``name`` cannot be built here, or (given ``cfg``)
-    cannot run ``cfg``'s model with its settings; call it before any model loads."""
+def check_engine(name: str, spec: EngineSpec | None = None) -> None:
+    """A ConfigError (one line, with the fix) when engine ``name`` cannot be built here, or (given ``spec``)
+    cannot run ``spec``'s model with its settings; call it before any model loads."""
     record = ENGINES.get(name)
     requires = record.requires if record is not None else None
     if record is None or (requires is not None and importlib.util.find_spec(requires[0]) is None):
@@ -154,16 +155,16 @@ def check_engine(name: str, cfg: Config | None = None) -> None:
             f"rollout.engine={name} is not available in this installation: {how} "
             "(or set rollout.engine=hf, grpolab's own decoder)"
         )
-    if cfg is None:
+    if spec is None:
         return
-    if cfg.rollout.mode == "server" and record.build_server is None:
+    if spec.rollout.mode == "server" and record.build_server is None:
         raise _no_server_mode(name)
     if record.check is not None:
-        record.check(cfg)
+        record.check(spec)
 
 
 def build_sampler(
-    cfg: Config,
+    spec: EngineSpec,
     *,
     policy: torch.nn.Module,
     tokenizer,
@@ -171,21 +172,21 @@ def build_sampler(
     wrapped: torch.nn.Module | None = None,
     temperature: float | None = None,
 ) -> Sampler:
-    """The sampler of ``cfg.rollout.engine`` (``SamplerBuilder`` in rollout/base.py says what the arguments
+    """The sampler of ``spec.rollout.engine`` (``SamplerBuilder`` in rollout/base.py says what the arguments
     are). rollout.mode=server and a training policy (``wrapped``): the record's ``build_server``, the client
     of the engine's server; an evaluation (no ``wrapped``) runs the colocated engine, so it never changes the
     weights a server serves. On a rank that never samples (sequence parallelism's other ranks) the record's
     ``onlooker`` where it has one: no engine is built there."""
-    check_engine(cfg.rollout.engine)
-    record = ENGINES[cfg.rollout.engine]
-    server = cfg.rollout.mode == "server" and wrapped is not None
+    check_engine(spec.rollout.engine)
+    record = ENGINES[spec.rollout.engine]
+    server = spec.rollout.mode == "server" and wrapped is not None
     builder = record.build_server if server else record.build
     if not server and not sequence.samples() and record.onlooker is not None:
         builder = record.onlooker  # another rank of its sequence-parallel group samples for this one
     if builder is None:
-        raise _no_server_mode(cfg.rollout.engine)
+        raise _no_server_mode(spec.rollout.engine)
     return builder(
-        cfg,
+        spec,
         policy=policy,
         tokenizer=tokenizer,
         autocast_dtype=autocast_dtype,

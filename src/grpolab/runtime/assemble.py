@@ -16,7 +16,7 @@ order so that bad input fails before the model loads and nothing is deleted befo
 
 ``sft`` and ``eval`` (and so ``compare`` and the demo, which run train, sft and eval) use the same pieces:
 ``training_examples`` / ``split_examples``, ``load_model``, ``build_rewards``, ``build_gold_rewards`` and
-``build_sampler``.
+``build_sampler`` (over ``engine_spec``).
 
 For the Python API, ``rewards`` (a list like ``build_rewards`` returns) and ``examples`` (``Example``
 objects, in place of what ``cfg.data`` loads; ``data.eval_size`` still holds out the last ones) may be
@@ -56,9 +56,10 @@ from grpolab.models.loading import (
 from grpolab.models.ulysses_attention import install as install_ulysses
 from grpolab.rewards import WeightedReward, build_rewards, dry_run, start_workers
 from grpolab.rewards.trl_hooks import TrlHooks, attach_hooks
-from grpolab.rollout.base import Sampler
+from grpolab.rollout.base import EngineSpec, Sampler
 from grpolab.rollout.engines import build_sampler, check_engine
 from grpolab.rollout.multiturn import episode_prompt_ids, episode_sampler
+from grpolab.runtime.engine_spec import engine_spec
 from grpolab.runtime.guards import BadSteps, NoSignal
 from grpolab.runtime.judges import close_judges, prepare_judges
 from grpolab.runtime.lock import hold_run_dir_for_job
@@ -216,13 +217,14 @@ def assemble(
     ``models`` replace what ``cfg.reward.functions`` / ``cfg.data`` / ``cfg.model`` would build."""
     if models is not None and dist.launched():
         raise ConfigError("assemble: models loaded beforehand are for one process; under torchrun let assemble load them")
-    mode, point, rewards, gold_rewards, examples, make_env, hooks = _check_inputs(cfg, resume, rewards, examples)
+    engine = engine_spec(cfg)  # what the generation engine reads of the run, checked and built from it
+    mode, point, rewards, gold_rewards, examples, make_env, hooks = _check_inputs(cfg, engine, resume, rewards, examples)
     try:
         _seed(cfg)
         device = resolve_device(cfg.model)
         baseline_mem_mb = memory_before_models_mb(device) if models is None else models.baseline_mem_mb
         start_workers([*rewards, *gold_rewards], cfg.reward.timeout_s)  # forked while the process is small
-        run = _build(cfg, mode, rewards, gold_rewards, examples, make_env, models, hooks)
+        run = _build(cfg, engine, mode, rewards, gold_rewards, examples, make_env, models, hooks)
     except BaseException:
         close_judges([*rewards, *gold_rewards])
         raise
@@ -247,7 +249,9 @@ def assemble(
     return run
 
 
-def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, models: Models | None, hooks: TrlHooks) -> Run:
+def _build(
+    cfg: Config, engine: EngineSpec, mode: str, rewards, gold_rewards, examples, make_env, models: Models | None, hooks: TrlHooks
+) -> Run:
     """The models, then the parts of a step, at step 0 (``_start`` restores a checkpoint into them)."""
     from_rank0 = parallel.loads_on_rank0(mode)  # FSDP2: no GPU holds the whole model
     device = resolve_device(cfg.model)
@@ -277,7 +281,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     prompt_ids = tokenize_prompts(examples, tok, cfg.data, encode)  # with an env: its first messages and tools
     check_context(cfg, prompt_ids, plain.config)
     process = process_supervision(cfg, tok, examples)  # None unless algo.supervision=process
-    sampler = build_sampler(cfg, policy=plain, tokenizer=tok, autocast_dtype=amp, wrapped=policy)
+    sampler = build_sampler(engine, policy=plain, tokenizer=tok, autocast_dtype=amp, wrapped=policy)
     sampler = episode_sampler(sampler, tok, make_env, cfg.env, template_kwargs)  # env.name set: multi-turn episodes over it
     optimizer, scheduler = run_optimizer(cfg, policy)
     ctx = logprob_context(cfg, pad_id=tok.pad_token_id, autocast_dtype=amp, device_type=device.type)
@@ -308,7 +312,7 @@ def _build(cfg: Config, mode: str, rewards, gold_rewards, examples, make_env, mo
     )  # fmt: skip
 
 
-def _check_inputs(cfg: Config, resume: bool, rewards, examples):
+def _check_inputs(cfg: Config, engine: EngineSpec, resume: bool, rewards, examples):
     """(parallel mode, resume point, rewards, gold rewards, training examples, make_env or None, the TRL rewards'
     hooks): every check that needs no model, in the order a user meets them. Nothing is deleted here."""
     mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
@@ -318,7 +322,7 @@ def _check_inputs(cfg: Config, resume: bool, rewards, examples):
     check_model_source(cfg.model)
     rewards = build_rewards(cfg.reward.functions) if rewards is None else list(rewards)
     check_trackers(cfg.log.trackers)
-    check_engine(cfg.rollout.engine, cfg)  # vllm: installed, the architecture, the KV cache's size
+    check_engine(cfg.rollout.engine, engine)  # vllm: installed, the architecture, the KV cache's size
     make_env = environment_from_config(cfg.env)  # None: one completion per prompt (docs/multiturn.md)
     gold_rewards = build_gold_rewards(cfg.reward.gold)  # logged, never in the advantages (training/gold.py)
     # TRL's trainer_state / log_extra / log_metric (and environments), from the dry run on

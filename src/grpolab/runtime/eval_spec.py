@@ -2,7 +2,7 @@
 
 ``build_grader`` builds the rewards that grade (with the same checks and messages as train), ``eval_spec`` reads the
 eval section, and ``sampler_maker`` / ``kl_sampler`` build a model's samplers with the engine of
-rollout.engine, as training builds it.
+rollout.engine, from its ``engine_spec`` (runtime/engine_spec.py), as training builds it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from grpolab.config import Config
 from grpolab.eval.runner import EvalSpec, Grader, MakeSampler, blind_grader, default_ks
 from grpolab.models.loading import resolve_autocast
 from grpolab.rewards import build_rewards
-from grpolab.rollout.base import Sampler
+from grpolab.rollout.base import EngineSpec, Sampler
 from grpolab.rollout.engines import build_sampler
+from grpolab.runtime.engine_spec import engine_spec
 from grpolab.training.gold import build_gold_rewards
 
 __all__ = ["build_grader", "eval_spec", "kl_sampler", "sampler_maker"]
@@ -45,16 +46,17 @@ def eval_spec(cfg: Config) -> EvalSpec:
 def sampler_maker(cfg: Config, model: torch.nn.Module, tokenizer) -> MakeSampler:
     """temperature -> the sampler of rollout.engine over ``model``, under model.autocast resolved for its device."""
     amp = resolve_autocast(cfg.model, next(model.parameters()).device)
-    return functools.partial(_sampler, cfg, model, tokenizer, amp)
+    return functools.partial(_sampler, engine_spec(cfg), model, tokenizer, amp)
 
 
-def _sampler(cfg: Config, model, tokenizer, amp: torch.dtype | None, temperature: float) -> Sampler:
-    return build_sampler(cfg, policy=model, tokenizer=tokenizer, autocast_dtype=amp, temperature=temperature)
+def _sampler(spec: EngineSpec, model, tokenizer, amp: torch.dtype | None, temperature: float) -> Sampler:
+    return build_sampler(spec, policy=model, tokenizer=tokenizer, autocast_dtype=amp, temperature=temperature)
 
 
 def kl_sampler(cfg: Config, policy: torch.nn.Module, tokenizer) -> Sampler:
     """The sampler of eval/kl.py ``measure_kl``: rollout.engine over ``policy`` sampling it exactly (T=1, no top-p,
     top-k, min-p or repetition penalty, full precision), whatever the config's rollout settings."""
-    rollout = dataclasses.replace(cfg.rollout, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0)
-    exact = dataclasses.replace(cfg, rollout=rollout)
+    spec = engine_spec(cfg)
+    rollout = dataclasses.replace(spec.rollout, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0)
+    exact = dataclasses.replace(spec, rollout=rollout)
     return build_sampler(exact, policy=policy, tokenizer=tokenizer, autocast_dtype=None, temperature=1.0)

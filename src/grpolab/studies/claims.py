@@ -59,6 +59,7 @@ from grpolab.rollout.base import without_failures
 from grpolab.rollout.engines import build_sampler
 from grpolab.runtime.assemble import load_model, split_examples
 from grpolab.runtime.checkpoint import latest_checkpoint, weights_id
+from grpolab.runtime.engine_spec import engine_spec
 from grpolab.runtime.eval_spec import build_grader, kl_sampler
 from grpolab.runtime.logging import read_metrics
 from grpolab.runtime.preflight import check_model_source
@@ -402,7 +403,7 @@ def preference_pairs(cfg: Config, model_path: str) -> tuple[list[PreferencePair]
     torch.manual_seed(cfg.seed)
     model, tok = load_model(dataclasses.replace(cfg.model, name_or_path=model_path))
     grader = build_grader(cfg)
-    sampler = build_sampler(cfg, policy=model.eval(), tokenizer=tok, autocast_dtype=None)
+    sampler = build_sampler(engine_spec(cfg), policy=model.eval(), tokenizer=tok, autocast_dtype=None)
     g = cfg.rollout.num_generations
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
     prompt_ids = tokenize_prompts(examples, tok, cfg.data)

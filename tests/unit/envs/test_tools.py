@@ -151,6 +151,7 @@ def test_an_episode_budget_sets_the_length_limits():
     from grpolab.config import load_config
     from grpolab.data import DataError
     from grpolab.rollout.vllm.setup import max_model_len
+    from grpolab.runtime.engine_spec import engine_spec
     from grpolab.runtime.preflight import check_context
     from grpolab.runtime.step_spec import policy_loss_spec
 
@@ -159,7 +160,10 @@ def test_an_episode_budget_sets_the_length_limits():
     episodes = load_config(None, [*base, "env.name=calculator", "env.max_episode_tokens=40"])
     assert policy_loss_spec(single).aggregate.norm_len == 8
     assert policy_loss_spec(episodes).aggregate.norm_len == 40
-    assert max_model_len(single) == 16 + 8 and max_model_len(episodes) == 16 + 40 + 8
+    vllm = [*base, "rollout.engine=vllm"]  # the engine whose section sets max_model_len
+    single_vllm = engine_spec(load_config(None, vllm))
+    episodes_vllm = engine_spec(load_config(None, [*vllm, "env.name=calculator", "env.max_episode_tokens=40"]))
+    assert max_model_len(single_vllm) == 16 + 8 and max_model_len(episodes_vllm) == 16 + 40 + 8
     learned_positions = SimpleNamespace(max_position_embeddings=48)  # no rope: past it is an error
     check_context(single, [[1] * 16], learned_positions)  # 16 + 8 fit
     with pytest.raises(DataError, match=r"\+ env.max_episode_tokens=40 = 56 tokens"):

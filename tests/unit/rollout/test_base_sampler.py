@@ -6,12 +6,13 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+from types import SimpleNamespace
 
 import pytest
 
 import grpolab.rollout
 from grpolab.envs import ToolLimits, build_environment
-from grpolab.rollout.base import Sampler
+from grpolab.rollout.base import Sampler, engine_eos
 from grpolab.rollout.engines import Onlooker, UnshardedSampler
 from grpolab.rollout.hf import HFSampler
 from grpolab.rollout.multiturn import MultiTurnSampler
@@ -148,3 +149,14 @@ def test_a_rank_that_takes_part_runs_the_collectives_of_one_batch(model, chat_to
     MultiTurnSampler(unsharded, chat_tok, calc_env(), max_turns=2, max_episode_tokens=16).take_part()
     Inner().take_part()
     assert calls == ["gather", "send_pending", "reshard"] * 2 + ["send_pending"]
+
+
+def test_an_engine_samplers_eos_and_pad_ids():
+    """engine_eos: the ids as ints; the tokenizer's pad id, else the first EOS id; none at all is one ValueError."""
+    assert engine_eos(SimpleNamespace(pad_token_id=0), [5.0, 7]) == ([5, 7], 0)  # a pad id of 0 is kept
+    assert engine_eos(SimpleNamespace(pad_token_id=None), (7, 5)) == ([7, 5], 7)
+    with pytest.raises(ValueError, match="^eos_token_ids is empty: pass the ids that end a completion$"):
+        engine_eos(SimpleNamespace(pad_token_id=0), [])
+    for sampler in (VLLMSampler, ServerSampler):  # both take their EOS and pad ids from it
+        with pytest.raises(ValueError, match="eos_token_ids is empty"):
+            sampler(None, SimpleNamespace(pad_token_id=0), max_completion_length=4, eos_token_ids=[])

@@ -13,6 +13,7 @@ from grpolab.rollout.engines import ENGINES, Onlooker, build_hf_onlooker, build_
 from grpolab.rollout.hf import HFSampler
 from grpolab.rollout.vllm.server_setup import build_server_sampler
 from grpolab.rollout.vllm.setup import build_vllm_sampler, check_vllm_config
+from grpolab.runtime.engine_spec import engine_spec
 
 
 def test_every_record_is_whole():
@@ -29,7 +30,7 @@ def test_every_record_is_whole():
 
 
 def _recording(calls: list, label: str):
-    def build(cfg, **kwargs):
+    def build(spec, **kwargs):
         calls.append((label, kwargs["wrapped"], kwargs["temperature"]))
         return label
 
@@ -40,28 +41,28 @@ def test_server_mode_builds_the_records_server_client_and_evaluation_its_colocat
     calls: list = []
     record = EngineRecord(build=_recording(calls, "colocated"), build_server=_recording(calls, "server"))
     monkeypatch.setitem(ENGINES, "vllm", record)
-    cfg = load_config(None, ["rollout.engine=vllm", "rollout.mode=server", "vllm.dtype=float32"])
-    assert build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=None, wrapped=model) == "server"
-    assert build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=None, temperature=0.0) == "colocated"
+    spec = engine_spec(load_config(None, ["rollout.engine=vllm", "rollout.mode=server", "vllm.dtype=float32"]))
+    assert build_sampler(spec, policy=model, tokenizer=tok, autocast_dtype=None, wrapped=model) == "server"
+    assert build_sampler(spec, policy=model, tokenizer=tok, autocast_dtype=None, temperature=0.0) == "colocated"
     assert calls == [("server", model, None), ("colocated", None, 0.0)]
 
 
 def test_an_engine_without_a_server_builder_refuses_server_mode_in_one_line(monkeypatch, model, tok):
     monkeypatch.setitem(ENGINES, "vllm", EngineRecord(build=_recording([], "colocated")))
-    cfg = load_config(None, ["rollout.engine=vllm", "rollout.mode=server", "vllm.dtype=float32"])
+    spec = engine_spec(load_config(None, ["rollout.engine=vllm", "rollout.mode=server", "vllm.dtype=float32"]))
     with pytest.raises(ConfigError, match=r"^rollout.engine=vllm has no server mode \(rollout.mode=server\): set rollout.mode=colocated$"):
-        check_engine("vllm", cfg)
+        check_engine("vllm", spec)
     with pytest.raises(ConfigError, match="has no server mode"):
-        build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=None, wrapped=model)
+        build_sampler(spec, policy=model, tokenizer=tok, autocast_dtype=None, wrapped=model)
 
 
-def test_the_records_checks_run_with_the_config(monkeypatch):
+def test_the_records_checks_run_with_the_spec(monkeypatch):
     seen = []
     monkeypatch.setitem(ENGINES, "vllm", dataclasses.replace(ENGINES["hf"], check=seen.append, requires=None))
-    cfg = load_config(None, ["rollout.engine=vllm"])
-    check_engine("vllm")  # no config: only whether it can be built here
-    check_engine("vllm", cfg)
-    assert seen == [cfg]
+    spec = engine_spec(load_config(None, ["rollout.engine=vllm"]))
+    check_engine("vllm")  # no spec: only whether it can be built here
+    check_engine("vllm", spec)
+    assert seen == [spec]
 
 
 def test_an_unknown_engine_names_the_registered_ones():
@@ -70,8 +71,8 @@ def test_an_unknown_engine_names_the_registered_ones():
 
 
 def test_the_hf_record_builds_the_hf_sampler(model, tok):
-    cfg = load_config(None, ["rollout.max_completion_length=3"])
-    sampler = build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=None)
+    spec = engine_spec(load_config(None, ["rollout.max_completion_length=3"]))
+    sampler = build_sampler(spec, policy=model, tokenizer=tok, autocast_dtype=None)
     assert isinstance(sampler, HFSampler) and sampler.max_completion_length == 3
 
 
@@ -83,7 +84,7 @@ def test_a_rank_that_never_samples_gets_the_records_onlooker_and_no_engine(monke
     calls: list = []
     monkeypatch.setattr(sequence, "_LAYOUT", sequence.Layout(2, 1, None))
     monkeypatch.setitem(ENGINES, "hf", dataclasses.replace(ENGINES["hf"], build=_recording(calls, "hf")))
-    onlooker = build_sampler(load_config(None, []), policy=model, tokenizer=tok, autocast_dtype=None, wrapped=model)
+    onlooker = build_sampler(engine_spec(load_config(None, [])), policy=model, tokenizer=tok, autocast_dtype=None, wrapped=model)
     assert isinstance(onlooker, Onlooker) and onlooker.wrapped is None and calls == []  # not sharded: no gathers
     onlooker.take_part()
     with pytest.raises(RuntimeError, match="does not sample"):
@@ -91,7 +92,7 @@ def test_a_rank_that_never_samples_gets_the_records_onlooker_and_no_engine(monke
     record = EngineRecord(build=_recording(calls, "colocated"), build_server=_recording(calls, "server"))
     monkeypatch.setitem(ENGINES, "vllm", record)
     for mode in ("colocated", "server"):
-        cfg = load_config(None, ["rollout.engine=vllm", f"rollout.mode={mode}", "vllm.dtype=float32"])
-        assert build_sampler(cfg, policy=model, tokenizer=tok, autocast_dtype=None, wrapped=model) == mode
+        spec = engine_spec(load_config(None, ["rollout.engine=vllm", f"rollout.mode={mode}", "vllm.dtype=float32"]))
+        assert build_sampler(spec, policy=model, tokenizer=tok, autocast_dtype=None, wrapped=model) == mode
     monkeypatch.setattr(sequence, "_LAYOUT", sequence.Layout(2, 0, None))  # the group's first rank
-    assert build_sampler(load_config(None, []), policy=model, tokenizer=tok, autocast_dtype=None) == "hf"
+    assert build_sampler(engine_spec(load_config(None, [])), policy=model, tokenizer=tok, autocast_dtype=None) == "hf"

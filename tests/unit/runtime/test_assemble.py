@@ -143,9 +143,9 @@ def test_the_sampler_takes_the_weights_after_each_update_and_after_a_resume(
     calls: list = []
     policies: list = []
 
-    def recording(cfg, **kwargs):
+    def recording(spec, **kwargs):
         policies.append(kwargs["wrapped"])
-        return RecordingSampler(build_hf_sampler(cfg, **kwargs), calls)
+        return RecordingSampler(build_hf_sampler(spec, **kwargs), calls)
 
     monkeypatch.setitem(ENGINES, "hf", EngineRecord(build=recording))
     data = addition_jsonl(16)

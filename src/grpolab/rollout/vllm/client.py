@@ -52,7 +52,7 @@ import torch
 
 from grpolab.distributed import dist
 from grpolab.errors import one_line
-from grpolab.rollout.base import Sampler, check_prompts, check_sampling, package_completions
+from grpolab.rollout.base import Sampler, check_prompts, check_sampling, engine_eos, package_completions
 from grpolab.rollout.vllm import batch, server_protocol
 from grpolab.rollout.vllm.engine import SEED_MODULUS, draw_seed
 from grpolab.rollout.vllm.server import RolloutServerError
@@ -103,8 +103,7 @@ class ServerSampler(Sampler):
             max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k,
             min_p=min_p, repetition_penalty=repetition_penalty,
         )  # fmt: skip
-        if not eos_token_ids:
-            raise ValueError("eos_token_ids is empty: pass the ids that end a completion")
+        self.eos_token_ids, self.pad_token_id = engine_eos(tokenizer, eos_token_ids)
         if transport not in ("shm", "nccl"):
             raise ValueError(f"transport must be shm or nccl, got {transport!r}")
         self.client = client
@@ -114,8 +113,6 @@ class ServerSampler(Sampler):
         """Token ids the server sends must be below it (the model's embedding rows)."""
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.min_p, self.repetition_penalty = min_p, repetition_penalty
-        self.eos_token_ids = [int(i) for i in eos_token_ids]
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.device = torch.device(device)
         self.weights = WeightSender(client, transport=transport, bucket_bytes=bucket_bytes, dtype=dtype, lora=lora)
         self.version: int | None = None

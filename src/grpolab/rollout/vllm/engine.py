@@ -44,7 +44,14 @@ import torch
 
 from grpolab.config import ConfigError
 from grpolab.rewards.timeouts import TimedOut, bounded_in_main
-from grpolab.rollout.base import EngineDied, Sampler, check_prompts, check_sampling, package_completions
+from grpolab.rollout.base import (
+    EngineDied,
+    Sampler,
+    check_prompts,
+    check_sampling,
+    engine_eos,
+    package_completions,
+)
 from grpolab.rollout.vllm.sync import EngineDtypes, Tally, held_dtypes, policy_weights
 from grpolab.types import Completions
 
@@ -118,8 +125,7 @@ class VLLMSampler(Sampler):
             max_completion_length=max_completion_length, temperature=temperature, top_p=top_p, top_k=top_k,
             min_p=min_p, repetition_penalty=repetition_penalty,
         )  # fmt: skip
-        if not eos_token_ids:
-            raise ValueError("eos_token_ids is empty: pass the ids that end a completion")
+        self.eos_token_ids, self.pad_token_id = engine_eos(tokenizer, eos_token_ids)
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_completion_length = max_completion_length
@@ -128,8 +134,6 @@ class VLLMSampler(Sampler):
         self.top_k = top_k
         self.min_p = min_p
         self.repetition_penalty = repetition_penalty
-        self.eos_token_ids = [int(i) for i in eos_token_ids]
-        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
         self.device = torch.device(device)
         self.sleep_mode = sleep_mode
         self.timeout_s = timeout_s

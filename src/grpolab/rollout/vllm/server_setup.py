@@ -1,4 +1,5 @@
-"""From a config to a vLLM server and its client sampler (rollout.mode=server; docs/server_mode.md).
+"""From a run's ``EngineSpec`` (rollout/base.py) to a vLLM server and its client sampler (rollout.mode=server;
+docs/server_mode.md).
 
 ``server_args`` turns the run's engine settings (rollout/vllm/setup.py ``engine_kwargs``, the colocated
 engine's own) into the server's command line, so both modes run the same engine; ``start_server``
@@ -16,22 +17,20 @@ import threading
 
 import torch
 
-from grpolab.config import Config, ConfigError
+from grpolab.config import ConfigError
 from grpolab.config.server_checks import weight_transport
 from grpolab.distributed import dist
 from grpolab.models.loading import resolve_autocast, resolve_device
-from grpolab.models.sources import local_source
-from grpolab.rollout.base import resolve_eos, sampling_settings
 from grpolab.rollout.vllm import batch, shm
 from grpolab.rollout.vllm.client import ServerSampler
 from grpolab.rollout.vllm.server import RolloutServerError, VLLMServer
 from grpolab.rollout.vllm.server_client import ServerClient
-from grpolab.rollout.vllm.setup import check_vllm, engine_kwargs
+from grpolab.rollout.vllm.setup import VLLMSpec, check_vllm, engine_kwargs, model_config, sampler_kwargs
 from grpolab.rollout.vllm.weights import MODEL_NAME
 
 
 def server_args(
-    cfg: Config,
+    spec: VLLMSpec,
     *,
     device_type: str,
     autocast_dtype: torch.dtype | None,
@@ -39,7 +38,7 @@ def server_args(
     serving: bool = False,
 ):
     """(vLLM server arguments, environment) for the run's engine settings (``serving``: for grpolab serve)."""
-    kw = engine_kwargs(cfg, device_type=device_type, autocast_dtype=autocast_dtype, context=context, serving=serving)
+    kw = engine_kwargs(spec, device_type=device_type, autocast_dtype=autocast_dtype, context=context, serving=serving)
     args = [
         "--model", kw["model"], "--tokenizer", kw["tokenizer"], "--served-model-name", MODEL_NAME,
         "--dtype", kw["dtype"], "--max-model-len", str(kw["max_model_len"]),
@@ -47,7 +46,7 @@ def server_args(
         "--logprobs-mode", kw["logprobs_mode"], "--seed", str(kw["seed"]),
         "--enable-prefix-caching" if kw["enable_prefix_caching"] else "--no-enable-prefix-caching",
         "--worker-extension-cls", batch.EXTENSION,
-        "--weight-transfer-config", json.dumps({"backend": shm.BACKEND if weight_transport(cfg.rollout, serving=serving) == "shm" else "nccl"}),
+        "--weight-transfer-config", json.dumps({"backend": shm.BACKEND if weight_transport(spec.rollout, serving=serving) == "shm" else "nccl"}),
     ]  # fmt: skip
     if kw.get("revision"):
         args += ["--revision", kw["revision"]]
@@ -58,8 +57,8 @@ def server_args(
     if "max_num_seqs" in kw:
         args += ["--max-num-seqs", str(kw["max_num_seqs"])]
     env = {}
-    if cfg.model.lora.enabled:  # the adapter goes to the server per version (rollout/vllm/client.py)
-        rank = next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= cfg.model.lora.r)  # vLLM's allowed ranks
+    if spec.model.lora.enabled:  # the adapter goes to the server per version (rollout/vllm/client.py)
+        rank = next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= spec.model.lora.r)  # vLLM's allowed ranks
         args += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", "2"]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if "kv_cache_memory_bytes" in kw:
@@ -70,21 +69,12 @@ def server_args(
     return args, env
 
 
-def api_key(cfg: Config) -> str | None:
-    return os.environ.get(cfg.rollout.api_key_env) or None
-
-
-def model_context(cfg: Config) -> int | None:
-    """max_position_embeddings of the model's config.json."""
-    from transformers import AutoConfig
-
-    m = cfg.model
-    hf = AutoConfig.from_pretrained(local_source(m.name_or_path), revision=m.revision, trust_remote_code=m.trust_remote_code)
-    return getattr(hf, "max_position_embeddings", None)
+def api_key(spec: VLLMSpec) -> str | None:
+    return os.environ.get(spec.rollout.api_key_env) or None
 
 
 def start_server(
-    cfg: Config,
+    spec: VLLMSpec,
     *,
     device_type: str,
     autocast_dtype: torch.dtype | None,
@@ -93,20 +83,20 @@ def start_server(
 ):
     """A healthy server for the run (bound to rollout.server_host:server_port), or one RolloutServerError line;
     ``serving``: the server of grpolab serve, for trainers that may be elsewhere."""
-    check_vllm(cfg, device_type=device_type)
+    check_vllm(spec, device_type=device_type)
     if context is None:  # grpolab serve: the model's context caps the default max_model_len, as in a run
-        context = model_context(cfg)
-    args, env = server_args(cfg, device_type=device_type, autocast_dtype=autocast_dtype, context=context, serving=serving)
-    r = cfg.rollout
+        context = getattr(model_config(spec.model), "max_position_embeddings", None)
+    args, env = server_args(spec, device_type=device_type, autocast_dtype=autocast_dtype, context=context, serving=serving)
+    r = spec.rollout
     server = VLLMServer.start(
-        args, host=r.server_host, port=r.server_port, api_key=api_key(cfg), allow_remote=r.allow_remote, env=env
+        args, host=r.server_host, port=r.server_port, api_key=api_key(spec), allow_remote=r.allow_remote, env=env
     )
     server.wait_healthy(r.server_start_timeout_s)
     return server
 
 
 def build_server_sampler(
-    cfg: Config,
+    spec: VLLMSpec,
     *,
     policy: torch.nn.Module,
     tokenizer,
@@ -120,36 +110,33 @@ def build_server_sampler(
     sends the weights, gathered once; each rank samples its own groups."""
     device = next(policy.parameters()).device
     context = getattr(policy.config, "max_position_embeddings", None)
-    r = cfg.rollout
+    r = spec.rollout
     server, url = None, r.server_url
     if not url:  # under torchrun rank 0 starts the one server every rank samples from
         if dist.is_main():
-            server = start_server(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context)
+            server = start_server(spec, device_type=device.type, autocast_dtype=autocast_dtype, context=context)
         url = dist.broadcast_object(server.url if server is not None else None)
-    client = ServerClient(url, timeout_s=r.sync_timeout_s, api_key=api_key(cfg), server=server)
-    dtype = engine_kwargs(cfg, device_type=device.type, autocast_dtype=autocast_dtype, context=context)["dtype"]
+    client = ServerClient(url, timeout_s=r.sync_timeout_s, api_key=api_key(spec), server=server)
+    dtype = engine_kwargs(spec, device_type=device.type, autocast_dtype=autocast_dtype, context=context)["dtype"]
     return ServerSampler(
         client,
         tokenizer,
-        **sampling_settings(r, temperature),
-        eos_token_ids=resolve_eos(policy, tokenizer, None),
-        weights_from=wrapped if wrapped is not None else policy,
-        device=device,
+        **sampler_kwargs(spec, policy, tokenizer, wrapped, temperature),
         transport=weight_transport(r),
         bucket_bytes=int(r.sync_bucket_mb * 2**20),
         dtype=getattr(torch, dtype),
-        lora=cfg.model.lora.enabled,
+        lora=spec.model.lora.enabled,
         vocab_size=getattr(policy.config, "vocab_size", None),  # the embedding's rows: ids the trainer can index
     )
 
 
-def serve(cfg: Config, *, announce=lambda line: print(line, flush=True)) -> int:
+def serve(spec: VLLMSpec, *, announce=lambda line: print(line, flush=True)) -> int:
     """``grpolab serve``: the run's server on rollout.server_host:server_port until SIGINT / SIGTERM / SIGHUP, then stopped
     with everything it started. A trainer reaches it with rollout.mode=server rollout.server_url=<the URL>."""
-    if cfg.rollout.mode != "server":
+    if spec.rollout.mode != "server":
         raise ConfigError("grpolab serve starts the server of rollout.mode=server: set rollout.mode=server (and rollout.engine=vllm)")
-    device = resolve_device(cfg.model)
-    server = start_server(cfg, device_type=device.type, autocast_dtype=resolve_autocast(cfg.model, device), serving=True)
+    device = resolve_device(spec.model)
+    server = start_server(spec, device_type=device.type, autocast_dtype=resolve_autocast(spec.model, device), serving=True)
     done = threading.Event()
     previous = {s: signal.signal(s, lambda *_: done.set()) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:

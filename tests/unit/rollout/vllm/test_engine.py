@@ -21,21 +21,24 @@ from grpolab.rollout.hf import HFSampler  # noqa: E402
 from grpolab.rollout.vllm.engine import VLLMSampler, shutdown_engines, start_engine  # noqa: E402
 from grpolab.rollout.vllm.setup import check_vllm, engine_kwargs  # noqa: E402
 from grpolab.rollout.vllm.sync import EngineDtypes, policy_weights  # noqa: E402
+from grpolab.runtime.engine_spec import engine_spec  # noqa: E402
 from grpolab.training.logprobs import completion_logprobs  # noqa: E402
 
 G = 4
 MAX_NEW = 10
 
 
-def run_config(path, **vllm):
-    return config_from_dict(
+def run_spec(path, **vllm):
+    """The engine spec of a run of the tiny model in ``path`` with these vllm.* settings."""
+    cfg = config_from_dict(
         {
             "model": {"name_or_path": str(path), "autocast": "none"},
-            "rollout": {"num_generations": G, "max_completion_length": MAX_NEW},
+            "rollout": {"engine": "vllm", "num_generations": G, "max_completion_length": MAX_NEW},
             "data": {"max_prompt_length": 32},
             "vllm": {"dtype": "float32", "kv_cache_space_gb": 0.0625, **vllm},
         }
     )
+    return engine_spec(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,7 @@ def policy(model_dir):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    llm = start_engine(**engine_kwargs(run_config(model_dir), device_type="cpu", autocast_dtype=None))
+    llm = start_engine(**engine_kwargs(run_spec(model_dir), device_type="cpu", autocast_dtype=None))
     yield llm
     shutdown_engines()
 
@@ -72,7 +75,7 @@ def chunked_engine(model_dir):
     """A second engine, bf16 as a CPU run's under autocast, whose steps hold 16 tokens: a longer prompt's
     prefill is split over steps and the token sampled after a partial chunk is discarded, which crashed
     vLLM 0.32 on CPU for a request with a seed of its own ("CPU Generator does not use offset")."""
-    kwargs = engine_kwargs(run_config(model_dir, dtype="bfloat16"), device_type="cpu", autocast_dtype=None, colocated=True)
+    kwargs = engine_kwargs(run_spec(model_dir, dtype="bfloat16"), device_type="cpu", autocast_dtype=None, colocated=True)
     assert kwargs["load_format"] == "dummy"  # the sync before the first sample sends every weight
     lines = _VLLMLines()
     logging.getLogger("vllm").addHandler(lines)
@@ -327,12 +330,13 @@ def test_the_reloads_false_alarm_about_rotary_embeddings_is_dropped_and_others_s
 
 
 def test_engine_settings_from_the_config(model_dir):
-    cfg = config_from_dict({"model": {"name_or_path": model_dir}, "rollout": {"max_completion_length": 7}})
-    cpu = engine_kwargs(cfg, device_type="cpu", autocast_dtype=torch.bfloat16)
+    cfg = config_from_dict({"model": {"name_or_path": model_dir}, "rollout": {"engine": "vllm", "max_completion_length": 7}})
+    spec = engine_spec(cfg)
+    cpu = engine_kwargs(spec, device_type="cpu", autocast_dtype=torch.bfloat16)
     assert cpu["dtype"] == "bfloat16" and cpu["enforce_eager"] is True and cpu["kv_cache_memory_bytes"] == 2**30
     assert cpu["max_model_len"] == 1024 + 7 and cpu["enable_prefix_caching"] is True
     assert cpu["logprobs_mode"] == "processed_logprobs"
-    cuda = engine_kwargs(cfg, device_type="cuda", autocast_dtype=None)
+    cuda = engine_kwargs(spec, device_type="cuda", autocast_dtype=None)
     assert cuda["dtype"] == "float32" and cuda["enforce_eager"] is False and "kv_cache_memory_bytes" not in cuda
 
 
@@ -342,19 +346,19 @@ def test_checks_before_any_model_loads(model_dir, tmp_path, monkeypatch):
 
     from grpolab.tasks.tiny import save_tiny
 
-    check_vllm(run_config(model_dir), device_type="cpu")  # the module's model passes
+    check_vllm(run_spec(model_dir), device_type="cpu")  # the module's model passes
     with pytest.raises(ConfigError, match="head size 16"):
-        check_vllm(run_config(save_tiny(tmp_path / "h16", hidden_size=64, num_layers=1, num_heads=4)), device_type="cpu")
+        check_vllm(run_spec(save_tiny(tmp_path / "h16", hidden_size=64, num_layers=1, num_heads=4)), device_type="cpu")
     alien = tmp_path / "alien"
     shutil.copytree(model_dir, alien)
     config = json.loads((alien / "config.json").read_text())
     (alien / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchForCausalLM"]}))
     with pytest.raises(ConfigError, match="architecture"):
-        check_vllm(run_config(alien), device_type="cpu")
+        check_vllm(run_spec(alien), device_type="cpu")
     with pytest.raises(ConfigError, match="kv_cache_space_gb=1e-05 GiB cannot hold one sequence"):
-        check_vllm(run_config(model_dir, kv_cache_space_gb=1e-5), device_type="cpu")
+        check_vllm(run_spec(model_dir, kv_cache_space_gb=1e-5), device_type="cpu")
     with pytest.raises(ConfigError, match="more than this machine's free memory"):
-        check_vllm(run_config(model_dir, kv_cache_space_gb=10_000), device_type="cpu")
+        check_vllm(run_spec(model_dir, kv_cache_space_gb=10_000), device_type="cpu")
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"pip install 'grpolab\[vllm\]'"):
-        check_vllm(run_config(model_dir), device_type="cpu")
+        check_vllm(run_spec(model_dir), device_type="cpu")

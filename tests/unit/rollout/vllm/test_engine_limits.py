@@ -20,43 +20,44 @@ from grpolab.rollout.vllm.setup import (  # noqa: E402
     engine_kwargs,
     lora_on_tied_head,
 )
+from grpolab.runtime.engine_spec import engine_spec  # noqa: E402
 
 
-def _cfg(model="m", **vllm):
-    return config_from_dict({
+def _spec(model="m", **vllm):
+    return engine_spec(config_from_dict({
         "model": {"name_or_path": str(model), "autocast": "none"},
-        "rollout": {"num_generations": 2, "max_completion_length": 8},
+        "rollout": {"engine": "vllm", "num_generations": 2, "max_completion_length": 8},
         "data": {"max_prompt_length": 32},
         "vllm": {"dtype": "float32", "kv_cache_space_gb": 0.0625, **vllm},
-    })  # fmt: skip
+    }))  # fmt: skip
 
 
 @pytest.mark.parametrize("length", [39, 20])  # below prompt + completion (32 + 8), below the prompt
 def test_a_max_model_len_that_cuts_completions_is_refused(length):
     with pytest.raises(ConfigError, match=rf"vllm.max_model_len={length} is below data.max_prompt_length=32 \+ "
                                           r"rollout.max_completion_length=8 = 40: completions would be cut"):
-        check_max_model_len(_cfg(max_model_len=length))
-    check_max_model_len(_cfg(max_model_len=40))
-    check_max_model_len(_cfg())  # null: derived
+        check_max_model_len(_spec(max_model_len=length))
+    check_max_model_len(_spec(max_model_len=40))
+    check_max_model_len(_spec())  # null: derived
 
 
 def test_with_an_environment_the_episode_counts():
     cfg = config_from_dict({
         "model": {"name_or_path": "m"}, "vllm": {"max_model_len": 100}, "data": {"max_prompt_length": 32},
-        "rollout": {"max_completion_length": 8}, "env": {"name": "calculator", "max_episode_tokens": 64},
+        "rollout": {"engine": "vllm", "max_completion_length": 8}, "env": {"name": "calculator", "max_episode_tokens": 64},
     })  # fmt: skip
     with pytest.raises(ConfigError, match=r"\+ env.max_episode_tokens=64 \+ .* = 104"):
-        check_max_model_len(cfg)
+        check_max_model_len(engine_spec(cfg))
 
 
 def test_the_kv_block_size_reaches_the_engine_and_a_bad_one_is_one_line(tiny_model_dir):
     """vLLM's CPU default (128) caches no block of a shorter prompt: each of its G samples computes it again."""
-    assert engine_kwargs(_cfg(block_size=32), device_type="cpu", autocast_dtype=None)["block_size"] == 32
-    assert "block_size" not in engine_kwargs(_cfg(), device_type="cpu", autocast_dtype=None)  # vLLM's default
+    assert engine_kwargs(_spec(block_size=32), device_type="cpu", autocast_dtype=None)["block_size"] == 32
+    assert "block_size" not in engine_kwargs(_spec(), device_type="cpu", autocast_dtype=None)  # vLLM's default
     with pytest.raises(ConfigError, match="vllm.block_size=48: vLLM's CPU attention needs a multiple of 32"):
-        check_vllm(_cfg(tiny_model_dir, block_size=48), device_type="cpu")
+        check_vllm(_spec(tiny_model_dir, block_size=48), device_type="cpu")
     with pytest.raises(ConfigError, match="vllm.block_size must be a multiple of 16"):
-        _cfg(block_size=20)
+        _spec(block_size=20)
 
 
 class _Engine:
@@ -112,7 +113,7 @@ def _lora(model_dir, targets):
 def test_lora_on_a_tied_head_is_detected(model_dir):
     assert lora_on_tied_head(_lora(model_dir, ["q_proj", "lm_head"]))
     assert not lora_on_tied_head(_lora(model_dir, ["q_proj"]))
-    kwargs = engine_kwargs(_cfg(model_dir), device_type="cpu", autocast_dtype=None, untie_head=True)
+    kwargs = engine_kwargs(_spec(model_dir), device_type="cpu", autocast_dtype=None, untie_head=True)
     assert kwargs["hf_overrides"] == {"tie_word_embeddings": False} and kwargs["load_format"] == "dummy"
 
 
@@ -121,7 +122,7 @@ def test_the_head_s_update_reaches_the_engine(model_dir):
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     peft = _lora(model_dir, ["q_proj", "lm_head"])
-    engine = start_engine(**engine_kwargs(_cfg(model_dir), device_type="cpu", autocast_dtype=None, untie_head=True))
+    engine = start_engine(**engine_kwargs(_spec(model_dir), device_type="cpu", autocast_dtype=None, untie_head=True))
     sampler = VLLMSampler(engine, tok, max_completion_length=6, eos_token_ids=[tok.eos_token_id], weights_from=peft)
     prompts = [tok.encode("1+2="), tok.encode("ab")]
     out = sampler.sample(prompts, num_generations=2, generator=torch.Generator().manual_seed(0))

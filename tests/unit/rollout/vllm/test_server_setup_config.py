@@ -95,18 +95,20 @@ def test_a_trainers_transport_that_cannot_reach_its_server_is_one_line(monkeypat
     c = config_from_dict({"model": {"name_or_path": "unused", "lora": {"enabled": lora}},
                           "rollout": {"mode": "server", "engine": "vllm", "allow_remote": True, **settings}})  # fmt: skip
     with pytest.raises(ConfigError, match=re.escape(says)) as err:
-        check_trainer_transport(c)
+        check_trainer_transport(c.rollout, c.model)
     assert "\n" not in str(err.value)
-    check_trainer_transport(cfg(mode="server", engine="vllm"))  # a server this run starts: shm, fine
+    fine = cfg(mode="server", engine="vllm")
+    check_trainer_transport(fine.rollout, fine.model)  # a server this run starts: shm, fine
 
 
 def test_grpolab_serves_server_takes_most_of_its_gpus_and_one_the_run_starts_shares_the_trainers():
     """vllm.gpu_memory_utilization null: 0.3 beside the trainer (TRL colocate's), 0.9 for grpolab serve's
     server on GPUs of its own (vLLM's and TRL vllm-serve's); a value set is kept for both."""
     from grpolab.rollout.vllm.server_setup import server_args
+    from grpolab.runtime.engine_spec import engine_spec
 
     def share(c, serving):
-        args, _ = server_args(c, device_type="cuda", autocast_dtype=None, context=512, serving=serving)
+        args, _ = server_args(engine_spec(c), device_type="cuda", autocast_dtype=None, context=512, serving=serving)
         return float(args[args.index("--gpu-memory-utilization") + 1])
 
     c = cfg(mode="server", engine="vllm")
