@@ -152,6 +152,15 @@ class _OneGroup:
         return getattr(self._module, name)
 
 
+def plainly_causal(position_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
+    """Whether causal attention alone masks this micro-batch: one packed row (one position 0, first), or
+    padded rows without a pad."""
+    if attention_mask is None:
+        starts = position_ids == 0
+        return position_ids.shape[0] == 1 and int(starts.sum()) == 1 and bool(starts[0, 0])
+    return bool(attention_mask.bool().all())
+
+
 def full_mask(position_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """bool [n, 1, S, S] mask of the whole (padded) micro-batch, or None where it is plainly causal.
 
@@ -159,19 +168,15 @@ def full_mask(position_ids: torch.Tensor, attention_mask: torch.Tensor | None) -
     where the position id is 0 (transformers' find_packed_sequence_indices reads them so). Padded rows: to
     the earlier real tokens; a pad query attends to itself (a row with no key would give NaNs; nothing reads
     a pad position's output)."""
+    if plainly_causal(position_ids, attention_mask):
+        return None  # no [S, S] tensor at all: at 32K one would be 1 GiB, and sdpa would make it 4 GiB of fp32
     n, s = position_ids.shape
     causal = torch.ones((s, s), dtype=torch.bool, device=position_ids.device).tril()
     if attention_mask is None:
-        starts = position_ids == 0
-        if n == 1 and int(starts.sum()) == 1 and bool(starts[0, 0]):
-            return None
-        row = starts.cumsum(-1)
+        row = (position_ids == 0).cumsum(-1)
         return (causal & (row[:, :, None] == row[:, None, :]))[:, None]
-    valid = attention_mask.bool()
-    if bool(valid.all()):
-        return None
     eye = torch.eye(s, dtype=torch.bool, device=position_ids.device)
-    return ((causal & valid[:, None, :]) | eye)[:, None]
+    return ((causal & attention_mask.bool()[:, None, :]) | eye)[:, None]
 
 
 @dataclass(frozen=True)
@@ -194,6 +199,9 @@ def split(input_ids, position_ids, attention_mask, keep: torch.Tensor) -> Local:
     lay = sequence.layout()
     n, length = input_ids.shape
     pad = sequence.padded_length(length) - length
+    # The end pad comes after every real position, so causal attention alone keeps it out of their outputs
+    # (nobody reads a pad's): a micro-batch that was plainly causal stays so, with no [S, S] mask.
+    causal_only = plainly_causal(position_ids, attention_mask)
     if pad:
         extra = torch.arange(pad, device=input_ids.device).expand(n, pad)
         # packed: the pad is a row of its own (positions from 0); padded: masked out, positions going on
@@ -204,7 +212,7 @@ def split(input_ids, position_ids, attention_mask, keep: torch.Tensor) -> Local:
             attention_mask = torch.cat([attention_mask, attention_mask.new_zeros((n, pad))], dim=1)
     start, stop = sequence.bounds(length + pad, lay)
     mine = (keep >= start) & (keep < stop)
-    shard = SequenceShard(lay, full_mask(position_ids, attention_mask))
+    shard = SequenceShard(lay, None if causal_only else full_mask(position_ids, attention_mask))
     return Local(input_ids[:, start:stop], position_ids[:, start:stop], keep[mine] - start, mine, shard)
 
 

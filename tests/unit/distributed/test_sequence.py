@@ -138,6 +138,22 @@ def test_the_padded_mask_hides_pads_and_lets_a_pad_see_itself():
     assert torch.equal(got, want)
 
 
+def test_the_end_pad_of_a_plainly_causal_micro_batch_builds_no_mask(monkeypatch):
+    """An odd length padded to a multiple of N: the pad comes last, so causal attention alone keeps it out
+    and no [S, S] mask is made (at 32K it cost 1 GiB of bool and 4 GiB of sdpa's float per layer); a packed
+    micro-batch of two rows still gets its whole mask over the padded length."""
+    monkeypatch.setattr(sequence, "_LAYOUT", sequence.Layout(2, 1, None))
+    ids, keep = torch.arange(7)[None], torch.arange(3, 7)
+    for attention_mask in (None, torch.ones(1, 7, dtype=torch.long)):
+        local = ua.split(ids, torch.arange(7)[None], attention_mask, keep)
+        assert local.shard.mask is None and local.input_ids.tolist() == [[4, 5, 6, 0]]
+        assert local.keep.tolist() == [0, 1, 2] and local.mine.tolist() == [False, True, True, True]
+    packed = ua.split(ids, torch.tensor([[0, 1, 2, 0, 1, 2, 3]]), None, keep)
+    assert packed.shard.mask.shape == (1, 1, 8, 8) and not bool(packed.shard.mask[0, 0, 3, 2])
+    padded = ua.split(ids, torch.arange(7)[None], torch.tensor([[0, 1, 1, 1, 1, 1, 1]]), keep)
+    assert padded.shard.mask.shape == (1, 1, 8, 8) and not bool(padded.shard.mask[0, 0, 7, 0])
+
+
 def test_the_config_refuses_a_background_sampler_beside_sequence_parallelism():
     from grpolab.config import load_config
 
