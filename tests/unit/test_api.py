@@ -56,8 +56,10 @@ def test_the_config_records_what_the_call_gave(make_trainer, tiny_model_dir):
         (f"{__name__}:exact", 2.0, "auto"),
         ("r1_format", 0.5, "auto"),
     ]
-    assert [r.name for r in trainer.reward_funcs] == ["reward_num_unique_chars", "exact", "r1_format"]
-    assert isinstance(trainer.reward_funcs[0].reward, TrlReward)
+    assert [r.name for r in trainer.rewards] == ["reward_num_unique_chars", "exact", "r1_format"]
+    assert isinstance(trainer.rewards[0].reward, TrlReward)
+    # TRL's trainer.reward_funcs: the functions as given; a grpolab name (TRL has none): grpolab's reward object
+    assert trainer.reward_funcs == [reward_num_unique_chars, exact, trainer.rewards[2].reward]
     assert cfg.data.answer_field is None  # the rows have no "answer" column, as TRL's datasets
     assert [e.prompt for e in trainer.train_dataset] == ["1+1=", "2+2="]
     assert trainer.train_dataset[0].meta["row"] == {"prompt": "1+1=", "solution": "2"}
@@ -70,7 +72,7 @@ def test_a_trl_reward_is_called_with_the_rows_columns(make_trainer):
     trainer = make_trainer(reward_funcs=matches)
     from grpolab.types import Completion
 
-    reward = trainer.reward_funcs[0].reward
+    reward = trainer.rewards[0].reward
     assert reward([Completion(text="2", num_tokens=1), Completion(text="5", num_tokens=1)], trainer.train_dataset) == [1.0, 0.0]
 
 
