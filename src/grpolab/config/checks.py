@@ -159,8 +159,8 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         ),
         (a.entropy_adaptive and a.entropy_coef_delta <= 0, "algo.entropy_coef_delta must be > 0 (TRL: 0.005)"),
         (
-            a.policy_loss == "cispo" and (a.importance_level != "token" or a.dual_clip is not None),
-            "algo.policy_loss=cispo clips a per-token IS weight: set algo.importance_level=token and algo.dual_clip=null",
+            a.policy_loss == "cispo" and a.dual_clip is not None,
+            "algo.policy_loss=cispo clips an IS weight and has no PPO min for a dual clip to cap: set algo.dual_clip=null",
         ),
         (
             a.advantage == "gdpo" and a.kl_in == "reward",
