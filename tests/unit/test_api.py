@@ -212,11 +212,13 @@ def test_a_trl_grpo_config_is_converted_with_its_reward_weights_and_the_datasets
     args = trl.GRPOConfig(
         output_dir="runs/trl-out", use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2,
         num_train_epochs=3, reward_weights=[2.0], learning_rate=5e-6, beta=0.04,
+        generation_kwargs={"do_sample": True, "top_k": 5},
     )
     trainer = make_trainer(args=args)  # 2 rows, 2 prompts per generation batch, 3 epochs: 3 steps
     cfg = trainer.args
     assert (cfg.train.num_steps, cfg.train.prompts_per_step, cfg.optim.lr, cfg.algo.beta) == (3, 2, 5e-6, 0.04)
     assert [s.weight for s in cfg.reward.functions] == [2.0]
+    assert cfg.rollout.top_k == 5  # generation_kwargs' draw-only keys (grpolab.trl.generation)
     assert cfg.train.max_no_signal_steps == 0  # TRL has no such stop
     assert (cfg.log.output_dir, cfg.log.run_name) == ("runs", "trl-out")
 
