@@ -275,10 +275,30 @@ def check_cross_fields(cfg: Config) -> None:
     if a.advantage == "gae" and a.name != "ppo":
         raise ConfigError("algo.advantage='gae' needs a value model: set algo.name=ppo.")
     _check_attention(cfg)
+    _check_lora_parameters(cfg)
     check_env_kwargs(cfg.env.name, cfg.env.kwargs)
     check_server(cfg)
     if a.supervision == "process":
         _check_process(cfg)
+
+
+def _check_lora_parameters(cfg: Config) -> None:
+    """model.lora.target_parameters (peft's ParamWrapper): what adapts something, and where it is supported."""
+    lora = cfg.model.lora
+    if lora.enabled and not lora.target_modules and not lora.target_parameters:
+        raise ConfigError("model.lora adapts nothing: give model.lora.target_modules (or target_parameters)")
+    if not (lora.enabled and lora.target_parameters):
+        return
+    if cfg.rollout.engine != "hf":
+        raise ConfigError(
+            f"model.lora.target_parameters={list(lora.target_parameters)} needs rollout.engine=hf: vLLM's LoRA "
+            "adapts modules, so it would not sample the adapted policy"
+        )
+    if cfg.train.parallel == "fsdp":
+        raise ConfigError(
+            "model.lora.target_parameters with train.parallel=fsdp: grpolab's FSDP2 sharding of a LoRA policy covers "
+            "module adapters only (peft's ParamWrapper parametrizes the stacked weight itself); use train.parallel=ddp"
+        )
 
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
