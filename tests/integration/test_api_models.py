@@ -185,5 +185,5 @@ def test_a_lora_on_parameters_trains_as_given_and_from_a_peft_config(tmp_path):
     made = GRPOTrainer(str(tmp_path / "base"), reward_len, _args(tmp_path), ROWS, peft_config=lora)
     assert made.args.model.lora.target_parameters == ("mlp.experts.down_proj",)
     assert type(made.model.get_base_model().model.layers[0].mlp.experts).__name__ == "ParamWrapper"
-    with pytest.raises(ConfigError, match=r"target_parameters=\['mlp.experts.down_proj'\] needs rollout.engine=hf: vLLM's"):
+    with pytest.raises(ConfigError, match=r"target_parameters=\['mlp.experts.down_proj'\] needs rollout.engine=hf: grpolab hands"):
         GRPOTrainer(str(tmp_path / "base"), reward_len, {**_args(tmp_path), "rollout.engine": "vllm"}, ROWS, peft_config=lora)

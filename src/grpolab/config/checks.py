@@ -291,13 +291,14 @@ def _check_lora_parameters(cfg: Config) -> None:
         return
     if cfg.rollout.engine != "hf":
         raise ConfigError(
-            f"model.lora.target_parameters={list(lora.target_parameters)} needs rollout.engine=hf: vLLM's LoRA "
-            "adapts modules, so it would not sample the adapted policy"
+            f"model.lora.target_parameters={list(lora.target_parameters)} needs rollout.engine=hf: grpolab hands "
+            "vLLM module adapters (or merges them into the weights it syncs), which an adapter on parameters is not"
         )
     if cfg.train.parallel == "fsdp":
         raise ConfigError(
-            "model.lora.target_parameters with train.parallel=fsdp: grpolab's FSDP2 sharding of a LoRA policy covers "
-            "module adapters only (peft's ParamWrapper parametrizes the stacked weight itself); use train.parallel=ddp"
+            "model.lora.target_parameters with train.parallel=fsdp is not supported: grpolab's FSDP2 sharding of a "
+            "LoRA policy is built for module adapters, and peft's ParamWrapper parametrizes the stacked expert weight "
+            "that FSDP2 would shard; use train.parallel=ddp"
         )
 
 

@@ -146,8 +146,11 @@ def test_cispo_at_sequence_level_runs_and_is_warned_as_trl_warns():
         (["algo.loss_agg=batch-token-mean"], "needs algo.loss_agg_batch_rows >= 1"),
         (["algo.entropy_adaptive=true", "algo.entropy_coef=2"], "algo.entropy_coef <= algo.entropy_coef_max"),
         (["algo.entropy_adaptive=true", "algo.entropy_coef_delta=0"], "algo.entropy_coef_delta must be > 0"),
+        (["model.lora.enabled=true", "model.lora.target_modules=[]"], "model.lora adapts nothing"),
+        (["model.lora.enabled=true", "model.lora.target_parameters=[mlp.experts.down_proj]", "train.parallel=fsdp"],
+         "model.lora.target_parameters with train.parallel=fsdp is not supported"),
     ],
-)
+)  # fmt: skip
 def test_new_fields_are_checked(overrides, message):
     with pytest.raises(Exception, match=message):
         _load(*overrides)
