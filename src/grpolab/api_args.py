@@ -193,8 +193,8 @@ def model_source(obj: Any, arg: str) -> str:
 
 
 def lora_targets(lora: Any) -> dict[str, Any]:
-    """A peft LoraConfig's targets as model.lora's: the modules (None: "all-linear", as peft's default when
-    nothing else is targeted, as grpolab has always read it; none beside parameters alone) and peft's target_parameters."""
+    """A peft LoraConfig's targets as model.lora's: the modules (None: "all-linear", as grpolab has always read
+    it; none where parameters alone are targeted, as peft reads it) and peft's target_parameters."""
     params = sorted(getattr(lora, "target_parameters", None) or ())
     targets = lora.target_modules
     if targets is None:

@@ -84,11 +84,9 @@ def trl_reward_funcs(given: Sequence[RewardFunc], sources: Sequence[RewardFunc],
     """TRL's ``trainer.reward_funcs``: what the user gave, in order, then the rewards an environment adds (``sources``
     is ``given`` with a loaded model written to a folder, then those). TRL holds each entry as given, a reward
     model's id loaded (here the model grpolab's reward loaded); a grpolab name or config entry, which TRL has not,
-    is grpolab's reward object. With the rewards in the config (no ``reward_funcs``), those objects."""
+    is grpolab's reward object. Empty with the rewards in the config (no ``reward_funcs``: built in ``train()``)."""
     if rewards is None:
         return []
-    if not sources:
-        return [r.reward for r in rewards]
     out: list[Any] = []
     for i, (source, built) in enumerate(zip(sources, rewards, strict=True)):
         if i < len(given) and not isinstance(given[i], str | Mapping):  # a callable or a loaded model: the object
