@@ -77,7 +77,14 @@ from grpolab.api_models import (
     train_summary,
     unlogged_by_trl,
 )
-from grpolab.api_rewards import RewardFunc, as_list, build_reward_funcs, named_reward, recorded_spec
+from grpolab.api_rewards import (
+    RewardFunc,
+    as_list,
+    build_reward_funcs,
+    named_reward,
+    recorded_spec,
+    trl_reward_funcs,
+)
 from grpolab.commands.train import train as train_loop
 from grpolab.config import Config, DataConfig, config_from_dict
 from grpolab.data import examples_from_rows
@@ -132,6 +139,7 @@ class GRPOTrainer:
         environment_factory: Any = None,
     ) -> None:
         self._callbacks = Callbacks(callbacks, args)
+        given = as_list(reward_funcs) if reward_funcs is not None else []
         reward_funcs = reward_model_folders(reward_funcs, self)  # a loaded reward model: written to a folder
         with config_warnings_logged():
             tokenizers = self._reward_tokenizers(reward_funcs, reward_processing_classes)
@@ -140,13 +148,16 @@ class GRPOTrainer:
             self.eval_dataset = eval_dataset
             """The eval_dataset as given (TRL's attribute)."""
             self._eval_sets = eval_sets(eval_dataset, self.args)
+        self.reward_funcs = trl_reward_funcs(given, self._reward_sources, self.rewards)
+        """TRL's attribute: the rewards as given, in order (a reward model's id: the loaded model, as TRL loads
+        it; a grpolab name: its reward object), then each environment's reward; grpolab scores with ``rewards``."""
         self.trl_logging_steps = trl_logging_steps(args)
         """TRL's logging_steps (optimizer steps) when ``args`` is its GRPOConfig, else None (grpolab logs every step)."""
         self.num_generations_eval = eval_generations(args, self.args)
         """Completions sampled per eval prompt: TRL's num_generations_eval (eval.num_samples), else num_generations."""
-        self.reward_func_names = [r.name for r in self.reward_funcs or ()]
+        self.reward_func_names = [r.name for r in self.rewards or ()]
         """The rewards' names, as logged (rewards/<name>/mean); TRL's attribute."""
-        self.reward_weights = torch.tensor([r.weight for r in self.reward_funcs or ()], dtype=torch.float32)
+        self.reward_weights = torch.tensor([r.weight for r in self.rewards or ()], dtype=torch.float32)
         """One weight per reward, a float32 tensor as in TRL."""
         given = reward_processing_classes if isinstance(reward_processing_classes, list | tuple) else [reward_processing_classes]
         self.reward_processing_classes = [*given, *[None] * (len(self.reward_func_names) - len(given))]
@@ -199,7 +210,9 @@ class GRPOTrainer:
                 set_key(raw, "model", key, value)
         if peft_config is not None:
             set_key(raw, "model", "lora", lora_section(peft_config))
-        self.args, self.reward_funcs, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset, tokenizers)
+        self._reward_sources = as_list(reward_funcs) if reward_funcs is not None else []
+        self.args, self.rewards, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset, tokenizers)
+        """rewards: grpolab's weighted rewards, one per reward_funcs entry (None: the config's reward.functions)."""
 
     def _reward_tokenizers(self, reward_funcs, classes) -> list[str | None] | None:
         """TRL's reward_processing_classes: one per reward (a single one for a single reward), each a folder or
@@ -236,7 +249,7 @@ class GRPOTrainer:
             done = self.state.global_step if resume_from_checkpoint else 0
             self._callbacks.train_begin(self.args.train.num_steps, done, self.model, self.processing_class)
         self._result = _train_with(
-            self.args, self.reward_funcs, self.train_dataset, resume=resume_from_checkpoint, models=self._models,
+            self.args, self.rewards, self.train_dataset, resume=resume_from_checkpoint, models=self._models,
             after_step=self._after_step if self._callbacks or self._evaluates_every else None,
         )  # fmt: skip
         rows = read_metrics(self.args.run_dir)
@@ -274,12 +287,12 @@ class GRPOTrainer:
             raise ConfigError("evaluate() needs an eval_dataset: give it to GRPOTrainer(eval_dataset=...) or to evaluate()")
         if self.model is None:
             raise ConfigError("evaluate() under torchrun is not supported: the models load in train(); run grpolab eval")
-        if not self.reward_funcs:
+        if not self.rewards:
             raise ConfigError("evaluate() scores with reward_funcs: give them to GRPOTrainer (reward.functions in a config is not read here)")
         metrics: dict[str, float] = {}
         for name, examples in sets.items():  # a dict of datasets: each under eval_<name>_, as transformers does
             metrics |= evaluate_policy(
-                self.args, self.model, self.processing_class, self.reward_funcs, examples, self.num_generations_eval,
+                self.args, self.model, self.processing_class, self.rewards, examples, self.num_generations_eval,
                 prefix=metric_key_prefix if name is None else f"{metric_key_prefix}_{name}",
                 reference=self._models.reference, entropy_coef=self._entropy_coef_applied(),
             )  # fmt: skip

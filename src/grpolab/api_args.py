@@ -192,33 +192,28 @@ def model_source(obj: Any, arg: str) -> str:
     raise ConfigError(f"{arg} is a {type(obj).__name__}: give a tokenizer object, its folder or hub id")
 
 
-def refuse_target_parameters(lora: Any, arg: str) -> None:
-    """A LoRA on parameters (peft's target_parameters: a Mixture-of-Experts' stacked expert weights) is one line:
-    grpolab's model.lora adapts modules (target_modules)."""
-    params = getattr(lora, "target_parameters", None)
-    if params:
-        raise ConfigError(
-            f"{arg}'s LoRA targets parameters (target_parameters={sorted(params)}, e.g. a Mixture-of-Experts' expert "
-            "weights): grpolab's model.lora adapts modules only; give target_modules"
-        )
+def lora_targets(lora: Any) -> dict[str, Any]:
+    """A peft LoraConfig's targets as model.lora's: the modules (None: "all-linear", as grpolab has always read
+    it; none where parameters alone are targeted, as peft reads it) and peft's target_parameters."""
+    params = sorted(getattr(lora, "target_parameters", None) or ())
+    targets = lora.target_modules
+    if targets is None:
+        targets = [] if params else "all-linear"
+    elif not isinstance(targets, str):
+        targets = sorted(targets)
+    return {"target_modules": targets, "target_parameters": params}
 
 
 def lora_section(peft_config: Any) -> dict[str, Any]:
     """A peft.LoraConfig as the model.lora section."""
     if not all(hasattr(peft_config, a) for a in ("r", "lora_alpha", "lora_dropout", "target_modules")):
         raise ConfigError(f"peft_config is a {type(peft_config).__name__}: grpolab trains LoRA adapters; give a peft.LoraConfig")
-    refuse_target_parameters(peft_config, "peft_config")
-    targets = peft_config.target_modules
-    if targets is None:
-        targets = "all-linear"
-    elif not isinstance(targets, str):
-        targets = sorted(targets)
     return {
         "enabled": True,
         "r": peft_config.r,
         "alpha": peft_config.lora_alpha,
         "dropout": peft_config.lora_dropout,
-        "target_modules": targets,
+        **lora_targets(peft_config),
     }
 
 

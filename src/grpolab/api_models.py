@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpolab.api_args import refuse_target_parameters
+from grpolab.api_args import lora_targets
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.runtime.checkpoint import checkpoint_root, latest_intact
 from grpolab.runtime.sharded import export
@@ -161,10 +161,7 @@ def _lora_of(model: Any) -> dict[str, Any]:
             f"model's LoRA adapter also trains whole modules ({sorted(pc.modules_to_save)}, modules_to_save): grpolab "
             "trains the adapter's LoRA weights only"
         )
-    refuse_target_parameters(pc, "model")
-    targets = pc.target_modules
-    targets = targets if isinstance(targets, str) else sorted(targets)
-    return {"enabled": True, "r": pc.r, "alpha": pc.lora_alpha, "dropout": pc.lora_dropout, "target_modules": targets}
+    return {"enabled": True, "r": pc.r, "alpha": pc.lora_alpha, "dropout": pc.lora_dropout, **lora_targets(pc)}
 
 
 def _tokenizer_source(tokenizer: Any, base: Any) -> str | None:

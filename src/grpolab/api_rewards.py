@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
+
 from grpolab.errors import ConfigError, GrpolabError
 from grpolab.rewards import REWARDS, TrlReward, WeightedReward, build_reward, reward_from_object
 
@@ -76,3 +78,22 @@ def as_list(reward_funcs: RewardFunc | Sequence[RewardFunc]) -> list[RewardFunc]
     if isinstance(reward_funcs, str | Mapping) or callable(reward_funcs):
         return [reward_funcs]
     return list(reward_funcs)
+
+
+def trl_reward_funcs(given: Sequence[RewardFunc], sources: Sequence[RewardFunc], rewards: Sequence[WeightedReward] | None) -> list[Any]:
+    """TRL's ``trainer.reward_funcs``: what the user gave, in order, then the rewards an environment adds (``sources``
+    is ``given`` with a loaded model written to a folder, then those). TRL holds each entry as given, a reward
+    model's id loaded (here the model grpolab's reward loaded); a grpolab name or config entry, which TRL has not,
+    is grpolab's reward object. Empty with the rewards in the config (no ``reward_funcs``: built in ``train()``)."""
+    if rewards is None:
+        return []
+    out: list[Any] = []
+    for i, (source, built) in enumerate(zip(sources, rewards, strict=True)):
+        if i < len(given) and not isinstance(given[i], str | Mapping):  # a callable or a loaded model: the object
+            out.append(given[i])
+        elif isinstance(source, str | Mapping):
+            model = getattr(built.reward, "model", None)  # a reward model (behind its alias): its loaded classifier
+            out.append(model if isinstance(model, torch.nn.Module) else built.reward)
+        else:
+            out.append(source)  # an environment's reward: TRL's function of ``environments``
+    return out

@@ -156,9 +156,10 @@ def test_a_model_whose_config_carries_a_quantization_config_is_refused_when_the_
         GRPOTrainer(model, reward_funcs=reward_len, train_dataset=ROWS)
 
 
-def test_a_lora_on_parameters_is_refused_in_one_line(tmp_path):
-    """peft's target_parameters (LoRA on a Mixture-of-Experts' stacked expert weights, TRL's MoE PEFT test): grpolab's
-    model.lora adapts modules, so both a PeftModel carrying one and a peft_config asking for one are one line."""
+def test_a_lora_on_parameters_trains_as_given_and_from_a_peft_config(tmp_path):
+    """peft's target_parameters (LoRA on a Mixture-of-Experts' stacked expert weights, TRL's MoE PEFT test): a
+    PeftModel carrying one trains its adapter, the base weights untouched; a peft_config asking for one is
+    model.lora.target_parameters; vLLM, whose LoRA adapts modules, is refused in one line."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
@@ -169,11 +170,20 @@ def test_a_lora_on_parameters_is_refused_in_one_line(tmp_path):
                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
                             num_experts=2, num_experts_per_tok=1)  # fmt: skip
     lora = LoraConfig(target_modules=[], target_parameters=["mlp.experts.down_proj"])
+    torch.manual_seed(0)
     model = get_peft_model(AutoModelForCausalLM.from_config(config), lora)
-    message = r"LoRA targets parameters \(target_parameters=\['mlp.experts.down_proj'\].*modules only; give target_modules"
-    with pytest.raises(ConfigError, match="model's " + message):
-        GRPOTrainer(model, reward_len, train_dataset=ROWS, processing_class=tok)
-    tok.save_pretrained(tmp_path)
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    with pytest.raises(ConfigError, match="peft_config's " + message):
-        GRPOTrainer(str(tmp_path), reward_len, train_dataset=ROWS, peft_config=lora)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = GRPOTrainer(model, reward_chars, _args(tmp_path), ROWS, processing_class=tok)
+    assert (trainer.args.model.lora.target_modules, trainer.args.model.lora.target_parameters) == ((), ("mlp.experts.down_proj",))
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    adapter = [n for n in before if "lora_" in n]
+    assert adapter and any(not torch.equal(before[n], after[n]) for n in adapter if "lora_B" in n)
+    assert all(torch.equal(before[n], after[n]) for n in before if "lora_" not in n)  # the base is the reference
+    tok.save_pretrained(tmp_path / "base")
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "base")
+    made = GRPOTrainer(str(tmp_path / "base"), reward_len, _args(tmp_path), ROWS, peft_config=lora)
+    assert made.args.model.lora.target_parameters == ("mlp.experts.down_proj",)
+    assert type(made.model.get_base_model().model.layers[0].mlp.experts).__name__ == "ParamWrapper"
+    with pytest.raises(ConfigError, match=r"target_parameters=\['mlp.experts.down_proj'\] needs rollout.engine=hf: grpolab hands"):
+        GRPOTrainer(str(tmp_path / "base"), reward_len, {**_args(tmp_path), "rollout.engine": "vllm"}, ROWS, peft_config=lora)

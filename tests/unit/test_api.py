@@ -56,8 +56,10 @@ def test_the_config_records_what_the_call_gave(make_trainer, tiny_model_dir):
         (f"{__name__}:exact", 2.0, "auto"),
         ("r1_format", 0.5, "auto"),
     ]
-    assert [r.name for r in trainer.reward_funcs] == ["reward_num_unique_chars", "exact", "r1_format"]
-    assert isinstance(trainer.reward_funcs[0].reward, TrlReward)
+    assert [r.name for r in trainer.rewards] == ["reward_num_unique_chars", "exact", "r1_format"]
+    assert isinstance(trainer.rewards[0].reward, TrlReward)
+    # TRL's trainer.reward_funcs: the functions as given; a grpolab name (TRL has none): grpolab's reward object
+    assert trainer.reward_funcs == [reward_num_unique_chars, exact, trainer.rewards[2].reward]
     assert cfg.data.answer_field is None  # the rows have no "answer" column, as TRL's datasets
     assert [e.prompt for e in trainer.train_dataset] == ["1+1=", "2+2="]
     assert trainer.train_dataset[0].meta["row"] == {"prompt": "1+1=", "solution": "2"}
@@ -70,7 +72,7 @@ def test_a_trl_reward_is_called_with_the_rows_columns(make_trainer):
     trainer = make_trainer(reward_funcs=matches)
     from grpolab.types import Completion
 
-    reward = trainer.reward_funcs[0].reward
+    reward = trainer.rewards[0].reward
     assert reward([Completion(text="2", num_tokens=1), Completion(text="5", num_tokens=1)], trainer.train_dataset) == [1.0, 0.0]
 
 
@@ -210,11 +212,13 @@ def test_a_trl_grpo_config_is_converted_with_its_reward_weights_and_the_datasets
     args = trl.GRPOConfig(
         output_dir="runs/trl-out", use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2,
         num_train_epochs=3, reward_weights=[2.0], learning_rate=5e-6, beta=0.04,
+        generation_kwargs={"do_sample": True, "top_k": 5},
     )
     trainer = make_trainer(args=args)  # 2 rows, 2 prompts per generation batch, 3 epochs: 3 steps
     cfg = trainer.args
     assert (cfg.train.num_steps, cfg.train.prompts_per_step, cfg.optim.lr, cfg.algo.beta) == (3, 2, 5e-6, 0.04)
     assert [s.weight for s in cfg.reward.functions] == [2.0]
+    assert cfg.rollout.top_k == 5  # generation_kwargs' draw-only keys (grpolab.trl.generation)
     assert cfg.train.max_no_signal_steps == 0  # TRL has no such stop
     assert (cfg.log.output_dir, cfg.log.run_name) == ("runs", "trl-out")
 

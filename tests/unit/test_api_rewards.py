@@ -24,12 +24,13 @@ def bare_rm_dir(tiny_model_dir, tmp_path_factory) -> str:
 
 def test_a_reward_models_tokenizer_is_given_as_an_object(tiny_model_dir, bare_rm_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    without = GRPOTrainer(tiny_model_dir, bare_rm_dir, train_dataset=ROWS).reward_funcs[0].reward
+    without = GRPOTrainer(tiny_model_dir, bare_rm_dir, train_dataset=ROWS).rewards[0].reward
     assert without.tokenizer.get_vocab() != tokenizer.get_vocab()  # the folder's (transformers makes an empty one)
     trainer = GRPOTrainer(tiny_model_dir, bare_rm_dir, train_dataset=ROWS, reward_processing_classes=tokenizer)
-    scorer = trainer.reward_funcs[0].reward
+    scorer = trainer.rewards[0].reward
     assert scorer.tokenizer.get_vocab() == tokenizer.get_vocab()
     assert trainer.reward_processing_classes == [tokenizer]  # TRL's attribute: the object given
+    assert trainer.reward_funcs == [scorer.model]  # TRL's attribute: a reward model's id, loaded
     (spec,) = trainer.args.reward.functions
     assert spec.name == "reward_model" and spec.kwargs["path"] == bare_rm_dir  # config.yaml says what ran
     assert AutoTokenizer.from_pretrained(spec.kwargs["tokenizer"]).get_vocab() == tokenizer.get_vocab()
@@ -45,6 +46,7 @@ def test_a_folder_goes_into_the_config_and_a_functions_entry_is_not_read(tiny_mo
     )  # fmt: skip
     assert [s.kwargs.get("tokenizer") for s in trainer.args.reward.functions] == [None, tiny_model_dir]
     assert trainer.reward_processing_classes == ["not read, as in TRL", tiny_model_dir]
+    assert trainer.reward_funcs[0] is constant and trainer.reward_funcs[1] is trainer.rewards[1].reward.model
     assert GRPOTrainer(tiny_model_dir, [constant, "r1_format"], train_dataset=ROWS).reward_processing_classes == [None, None]
 
 
@@ -63,8 +65,9 @@ def test_a_loaded_reward_model_is_a_reward_model_as_in_trl(tiny_model_dir, bare_
     trainer = GRPOTrainer(tiny_model_dir, model, train_dataset=ROWS, reward_processing_classes=tokenizer)
     (spec,) = trainer.args.reward.functions
     assert spec.name == "reward_model" and spec.kwargs["path"] != bare_rm_dir  # the trainer's copy
-    scorer = trainer.reward_funcs[0].reward
+    scorer = trainer.rewards[0].reward
     assert scorer.tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert trainer.reward_funcs[0] is model  # TRL's attribute: the object given; grpolab scores with its copy
     for name, weight in model.named_parameters():  # the very weights given
         torch.testing.assert_close(scorer.model.get_parameter(name), weight, rtol=0, atol=0)
 

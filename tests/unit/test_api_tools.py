@@ -170,6 +170,12 @@ def test_get_reward_is_a_reward_of_weight_one_and_no_reward_at_all_is_one_line(c
     assert trainer.reward_weights.tolist() == [0.5, 1.0]
     assert trainer.args.reward.functions[1].name == "test_api_tools:Counter.get_reward"  # config.yaml: what it calls
     assert [t.__name__ for t in trainer.tools] == ["increment"]  # TRL's trainer.tools: no reset, no get_reward
+    # TRL's trainer.reward_funcs: the function given, then the environment's reward, a function of environments
+    assert trainer.reward_funcs[0] is one_per_char and len(trainer.reward_funcs) == 2
+    counted, other = Counter(), Counter()
+    counted.reset(), other.reset()
+    counted.increment(3)
+    assert trainer.reward_funcs[-1](environments=[counted, other, Echo()]) == [3.0, 0.0, None]  # not a Counter: None
     assert GRPOTrainer(chat_model, None, _args(tmp_path), ROWS, environment_factory=Counter).reward_func_names == ["Counter"]
     # two classes own a reward: one column per class, as in TRL (a class under two names: one), and both classes' tools
     class Other(Counter):

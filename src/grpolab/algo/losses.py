@@ -125,7 +125,10 @@ def cispo_loss(
     ``loss = -sg(clip(ratio, 1 - clip_low, 1 + clip_high)) * A * logprobs``: the IS weight is clipped,
     not the update, so every token keeps its gradient ``-w * A * grad log pi``. The paper sets no lower
     bound (``clip_low = 1`` gives a floor of 0) and tunes only ``clip_high``. The value is not the
-    PPO surrogate's (it carries ``log pi``); its gradient is.
+    PPO surrogate's (it carries ``log pi``); its gradient is. ``level="sequence"`` is what TRL 1.16 runs for
+    ``loss_type="cispo"`` with ``importance_sampling_level="sequence"`` (it warns, and runs it): every token of
+    row i takes the one weight ``clip(exp(masked mean_t (logprobs - old_logprobs)))``, GSPO's ratio, still
+    multiplying each token's own ``log pi``; it needs ``mask``.
 
     Args:
         logprobs: ``[N, T]`` under the current policy (with grad).
@@ -133,7 +136,7 @@ def cispo_loss(
         advantages: ``[N]`` or ``[N, T]``.
         clip_low, clip_high: the IS weight is clipped to ``[1 - clip_low, 1 + clip_high]``.
         dual_clip: must be None (CISPO has no PPO min to cap).
-        level: must be "token" (the paper's weight is per token).
+        level: ``"token"`` (the paper's weight per token) or ``"sequence"`` (one weight per row, as TRL's).
         mask: ``[N, T]`` bool, True = token counts.
 
     Returns:
@@ -144,9 +147,16 @@ def cispo_loss(
         raise ValueError(
             f"clip_low must be >= 0 and clip_high > -1 with 1 - clip_low <= 1 + clip_high, got {clip_low} and {clip_high}"
         )
-    if dual_clip is not None or level != "token":
-        raise ValueError("CISPO clips a per-token IS weight: use level='token' and no dual_clip")
-    log_ratio = (logprobs - old_logprobs).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if dual_clip is not None:
+        raise ValueError("CISPO clips an IS weight, with no PPO min for a dual clip to cap: use no dual_clip")
+    log_ratio = (logprobs - old_logprobs).detach()
+    if level == "sequence":
+        if mask is None:
+            raise ValueError('level="sequence" needs mask to average the log-ratio over each sequence')
+        log_ratio = masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1).expand_as(logprobs)  # TRL's (B, 1) weight
+    elif level != "token":
+        raise ValueError(f'level must be "token" or "sequence", got {level!r}')
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     weight = ratio.clamp(max(1 - clip_low, 0.0), 1 + clip_high)
     loss = -weight * adv * logprobs

@@ -159,8 +159,8 @@ def range_table(cfg: Config) -> list[tuple[bool, str]]:
         ),
         (a.entropy_adaptive and a.entropy_coef_delta <= 0, "algo.entropy_coef_delta must be > 0 (TRL: 0.005)"),
         (
-            a.policy_loss == "cispo" and (a.importance_level != "token" or a.dual_clip is not None),
-            "algo.policy_loss=cispo clips a per-token IS weight: set algo.importance_level=token and algo.dual_clip=null",
+            a.policy_loss == "cispo" and a.dual_clip is not None,
+            "algo.policy_loss=cispo clips an IS weight and has no PPO min for a dual clip to cap: set algo.dual_clip=null",
         ),
         (
             a.advantage == "gdpo" and a.kl_in == "reward",
@@ -275,10 +275,31 @@ def check_cross_fields(cfg: Config) -> None:
     if a.advantage == "gae" and a.name != "ppo":
         raise ConfigError("algo.advantage='gae' needs a value model: set algo.name=ppo.")
     _check_attention(cfg)
+    _check_lora_parameters(cfg)
     check_env_kwargs(cfg.env.name, cfg.env.kwargs)
     check_server(cfg)
     if a.supervision == "process":
         _check_process(cfg)
+
+
+def _check_lora_parameters(cfg: Config) -> None:
+    """model.lora.target_parameters (peft's ParamWrapper): what adapts something, and where it is supported."""
+    lora = cfg.model.lora
+    if lora.enabled and not lora.target_modules and not lora.target_parameters:
+        raise ConfigError("model.lora adapts nothing: give model.lora.target_modules (or target_parameters)")
+    if not (lora.enabled and lora.target_parameters):
+        return
+    if cfg.rollout.engine != "hf":
+        raise ConfigError(
+            f"model.lora.target_parameters={list(lora.target_parameters)} needs rollout.engine=hf: grpolab hands "
+            "vLLM module adapters (or merges them into the weights it syncs), which an adapter on parameters is not"
+        )
+    if cfg.train.parallel == "fsdp":
+        raise ConfigError(
+            "model.lora.target_parameters with train.parallel=fsdp is not supported: grpolab's FSDP2 sharding of a "
+            "LoRA policy is built for module adapters, and peft's ParamWrapper parametrizes the stacked expert weight "
+            "that FSDP2 would shard; use train.parallel=ddp"
+        )
 
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")

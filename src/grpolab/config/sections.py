@@ -25,7 +25,11 @@ class LoraConfig:
     dropout: float = 0.0
     """Dropout on the LoRA branch."""
     target_modules: str | tuple[str, ...] = "all-linear"
-    """Module names to adapt, or "all-linear"."""
+    """Module names to adapt, or "all-linear"; () with target_parameters alone."""
+    target_parameters: tuple[str, ...] = ()
+    """Parameters to adapt beside the modules (peft's target_parameters, >= 0.17: a Mixture-of-Experts' stacked
+    expert weights, e.g. mlp.experts.down_proj, which no Linear holds); rollout.engine=hf only (grpolab hands
+    vLLM module adapters), not with train.parallel=fsdp."""
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ TRL_NAMES: dict[str, str] = {
     "epsilon": "the ratio clip: algo.clip_low (epsilon_high: algo.clip_high); with loss_type=cispo the weight has "
     "no lower bound; algo.eps is the small number added to the reward std",
     "importance_sampling_level": "algo.importance_level (sequence = GSPO; sequence_token, "
-    "trl.experimental.gspo_token's, = sequence)",
+    "trl.experimental.gspo_token's, = sequence); with loss_type=cispo, as TRL, one clipped weight exp(mean "
+    "log-ratio) per sequence on each token's log-prob, with TRL's warning that it weights each sequence by its length",
     "mask_truncated_completions": "algo.mask_truncated",
     "sync_ref_model": "algo.ref_reset_every, with ref_model_mixup_alpha as algo.ref_mixup_alpha (TR-DPO)",
     "entropy_coef": "algo.entropy_coef",

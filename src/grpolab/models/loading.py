@@ -256,6 +256,7 @@ def _wrap_lora(cfg: ModelConfig, model: PreTrainedModel) -> PreTrainedModel:
         lora_alpha=cfg.lora.alpha,
         lora_dropout=cfg.lora.dropout,
         target_modules=target if isinstance(target, str) else list(target),
+        target_parameters=list(cfg.lora.target_parameters) or None,
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, lora)

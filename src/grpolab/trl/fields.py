@@ -9,6 +9,7 @@ gives it that table's words; the words written here are those of the fields conv
 
 from __future__ import annotations
 
+from grpolab.trl.generation import generation_kwargs
 from grpolab.trl.kinds import TrlField, mapped, named, not_applicable, read_by, refused, to_key, worded
 from grpolab.trl.rules import (
     adaptive_entropy,
@@ -70,8 +71,10 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "top_k": named(to_key("rollout.top_k")),
     "min_p": named(lambda v, t: {"rollout.min_p": 0.0 if v is None else v}),
     "repetition_penalty": named(to_key("rollout.repetition_penalty")),
-    "generation_kwargs": refused(
-        "grpolab's sampler takes rollout.temperature / top_p / top_k / min_p / repetition_penalty only"
+    "generation_kwargs": mapped(
+        "top_k / top_p / min_p / repetition_penalty as rollout.* (over TRL's fields, as TRL); do_sample=True, and "
+        "temperature / max_new_tokens equal to TRL's own, taken; beam search and other generate options refused",
+        generation_kwargs,
     ),
     "chat_template_kwargs": named(lambda v, t: {"data.chat_template_kwargs": dict(v or {})}),
     "cache_implementation": not_applicable(_SPEED),

@@ -65,6 +65,10 @@ def _lora(v: Any, t: TrlView) -> dict[str, Any]:
     out["model.lora.dropout"] = t["lora_dropout"]
     if t["lora_target_modules"]:
         out["model.lora.target_modules"] = t["lora_target_modules"]
+    if t["lora_target_parameters"]:  # peft's ParamWrapper: a Mixture-of-Experts' stacked expert weights
+        out["model.lora.target_parameters"] = list(t["lora_target_parameters"])
+        if not t["lora_target_modules"]:  # peft then adapts the parameters alone
+            out["model.lora.target_modules"] = []
     return out
 
 
@@ -74,7 +78,6 @@ def _script_key(key: str, skip: Any = None):
 
 _PLAIN_LORA = "grpolab trains plain LoRA adapters on lora_target_modules (model.lora)"
 _MODEL_CONFIG_REST: dict[str, TrlField] = {
-    "lora_target_parameters": refused(f"{_PLAIN_LORA}, not adapters on parameters"),
     "lora_modules_to_save": refused(f"{_PLAIN_LORA}: no module is trained in full beside them"),
     "lora_task_type": refused(f"{_PLAIN_LORA} of a causal LM (CAUSAL_LM)"),
     "use_rslora": refused(f"{_PLAIN_LORA}, scaled by alpha / r (rsLoRA scales by alpha / sqrt(r))"),
@@ -97,6 +100,7 @@ SCRIPT_FIELDS: dict[str, TrlField] = worded({
     "lora_alpha": TrlField("mapped", "read with use_peft", lambda v, t: {}),
     "lora_dropout": TrlField("mapped", "read with use_peft", lambda v, t: {}),
     "lora_target_modules": TrlField("mapped", "read with use_peft", lambda v, t: {}),
+    "lora_target_parameters": TrlField("mapped", "read with use_peft (model.lora.target_parameters)", lambda v, t: {}),
     **_MODEL_CONFIG_REST,
     "dataset_name": named(_dataset),
     "dataset_config": TrlField("mapped", "data.name", _script_key("data.name")),

@@ -31,10 +31,31 @@ def test_cispo_clips_the_weight_not_the_gradient():
     assert grad == pytest.approx(-2.4) and not (low or high)
 
 
-def test_cispo_refuses_sequence_level_and_dual_clip():
+def test_cispo_at_sequence_level_weights_every_token_by_its_rows_clipped_mean_ratio():
+    # TRL 1.16, loss_type="cispo" with importance_sampling_level="sequence": -sg(clamp(exp(mean_t log r))) * A * log pi.
+    # row 0: ratios 0.6/0.3 = 2 and 0.3/0.3 = 1 (the third token is masked out: its ratio 90 must not count);
+    #        mean log-ratio log(2)/2, ratio sqrt(2) = 1.414 > cap 1.2, so both tokens weigh 1.2
+    # row 1: ratios 0.4/0.5 = 0.8 twice: weight 0.8 (inside [0, 1.2]); A = -2
+    logp = torch.log(torch.tensor([[0.6, 0.3, 0.9], [0.4, 0.4, 0.5]])).requires_grad_(True)
+    old = torch.log(torch.tensor([[0.3, 0.3, 0.01], [0.5, 0.5, 0.5]]))
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    out = cispo_loss(logp, old, torch.tensor([1.0, -2.0]), clip_low=1.0, clip_high=0.2, level="sequence", mask=mask)
+    out.loss.sum().backward()
+    expected = [[-1.2 * math.log(0.6), -1.2 * math.log(0.3), 0.0], [1.6 * math.log(0.4), 1.6 * math.log(0.4), 0.0]]
+    torch.testing.assert_close(out.loss.detach(), torch.tensor(expected))
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.2, -1.2, 0.0], [1.6, 1.6, 0.0]]))
+    assert out.clipped_high.tolist() == [[True, True, False], [False, False, False]]
+    assert not out.clipped_low.any()
+    # per token, row 0's second token (ratio 1) weighs 1: the sequence weight is not the token one
+    token = torch.log(torch.tensor([[0.6, 0.3, 0.9], [0.4, 0.4, 0.5]])).requires_grad_(True)
+    cispo_loss(token, old, torch.tensor([1.0, -2.0]), clip_low=1.0, clip_high=0.2, mask=mask).loss.sum().backward()
+    torch.testing.assert_close(token.grad[0], torch.tensor([-1.2, -1.0, 0.0]))
+
+
+def test_cispo_refuses_a_dual_clip_and_a_sequence_level_without_mask():
     x = torch.zeros(1, 2)
-    with pytest.raises(ValueError, match="per-token IS weight"):
-        cispo_loss(x, x, torch.ones(1), level="sequence", mask=torch.ones(1, 2, dtype=torch.bool))
-    with pytest.raises(ValueError, match="per-token IS weight"):
+    with pytest.raises(ValueError, match="needs mask"):
+        cispo_loss(x, x, torch.ones(1), level="sequence")
+    with pytest.raises(ValueError, match="no dual_clip"):
         cispo_loss(x, x, torch.ones(1), dual_clip=3.0)
     assert {"clip", "cispo"} <= set(POLICY_LOSSES)

@@ -120,6 +120,12 @@ def test_gspo_with_a_loss_that_sums_tokens_is_warned_in_trls_words(agg, warned):
         assert f"algo.loss_agg={agg}" in said[0] and "set algo.loss_agg=seq-mean-token-mean" in said[0]
 
 
+def test_cispo_at_sequence_level_runs_and_is_warned_as_trl_warns():
+    """TRL's loss_type=cispo with importance_sampling_level='sequence': a warning, and it runs (algo/losses.py)."""
+    messages = inert_settings(_load("algo.name=cispo", "algo.importance_level=sequence", "algo.num_minibatches=2"))
+    assert any("weights each sequence by its completion length" in m for m in messages)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -127,7 +133,7 @@ def test_gspo_with_a_loss_that_sums_tokens_is_warned_in_trls_words(agg, warned):
         (["algo.max_sampling_rounds=0"], "algo.max_sampling_rounds must be >= 1"),
         (["algo.rollout_correction=tis", "algo.rollout_correction_cap=0"], "rollout_correction_cap must be > 0"),
         (["algo.entropy_coef=-0.1"], "algo.entropy_coef must be >= 0"),
-        (["algo.name=cispo", "algo.importance_level=sequence"], "algo.importance_level=token"),
+        (["algo.name=cispo", "algo.dual_clip=3"], "algo.policy_loss=cispo clips an IS weight"),
         (["algo.off_policy_mask_threshold=-0.1"], r"algo.off_policy_mask_threshold must be >= 0"),
         (["algo.top_entropy_quantile=1.5"], r"algo.top_entropy_quantile must be in \[0, 1\]"),
         (["algo.policy_loss=sapo", "algo.sapo_temperature_neg=0"], "algo.sapo_temperature_neg must be > 0"),
@@ -140,8 +146,11 @@ def test_gspo_with_a_loss_that_sums_tokens_is_warned_in_trls_words(agg, warned):
         (["algo.loss_agg=batch-token-mean"], "needs algo.loss_agg_batch_rows >= 1"),
         (["algo.entropy_adaptive=true", "algo.entropy_coef=2"], "algo.entropy_coef <= algo.entropy_coef_max"),
         (["algo.entropy_adaptive=true", "algo.entropy_coef_delta=0"], "algo.entropy_coef_delta must be > 0"),
+        (["model.lora.enabled=true", "model.lora.target_modules=[]"], "model.lora adapts nothing"),
+        (["model.lora.enabled=true", "model.lora.target_parameters=[mlp.experts.down_proj]", "train.parallel=fsdp"],
+         "model.lora.target_parameters with train.parallel=fsdp is not supported"),
     ],
-)
+)  # fmt: skip
 def test_new_fields_are_checked(overrides, message):
     with pytest.raises(Exception, match=message):
         _load(*overrides)

@@ -471,6 +471,11 @@ def test_script_fields_give_model_data_lora_and_trls_own_reward_functions():
         {"name": "trl.rewards:accuracy_reward", "kind": "trl", "weight": 1.0},
         {"name": "my_pkg.rewards:brevity", "kind": "trl", "weight": 0.5},
     ]
+    # a LoRA on a Mixture-of-Experts' stacked expert weights (peft's target_parameters): those alone, as peft does
+    k = keys(use_peft=True, lora_target_parameters=["mlp.experts.down_proj"])
+    assert (k["model.lora.target_parameters"], k["model.lora.target_modules"]) == (["mlp.experts.down_proj"], [])
+    assert config_from_dict(convert_trl({"use_peft": True, "lora_target_parameters": ["mlp.experts.down_proj"],
+                                         "use_cpu": True, "bf16": False}).config_dict()).model.lora.target_modules == ()
 
 
 def test_trl_cli_args_and_yaml(tmp_path):
