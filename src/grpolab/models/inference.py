@@ -91,11 +91,14 @@ class WeightCopy:
             pack = packs_linear(next(model.parameters()).device, dtype)
         # packing frees the plain weight, so a head whose weight is the input embedding's (tied) keeps it
         tied = None if head is not None else getattr(self.model, "get_output_embeddings", lambda: None)()
-        self._packed = [
-            _PackedLinear(m, rows_hint)
-            for m in self.model.modules()
+        packable = [
+            m for m in self.model.modules()
             if pack and isinstance(m, torch.nn.Linear) and m.weight.dtype == dtype and m is not tied
-        ]
+        ]  # fmt: skip
+        groups = _sibling_groups(self.model, packable)
+        grouped = {id(m) for group in groups for m in group}
+        self._packed = [_PackedGroup(group, rows_hint) for group in groups]
+        self._packed += [_PackedLinear(m, rows_hint) for m in packable if id(m) not in grouped]
         self.release()
 
     @torch.no_grad()
@@ -165,6 +168,97 @@ class _PackedLinear:
         if self.weight is None:
             return type(self.module).forward(self.module, x)
         return torch.ops.mkldnn._linear_pointwise(x.to(self.weight.dtype), self.weight, self.module.bias, "none", [], "")
+
+
+SIBLING_LINEARS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Names of a module's Linears that read the same input (attention's q/k/v, a gated MLP's gate/up): multiplied
+as one product (``_PackedGroup``)."""
+
+
+def _sibling_groups(model: torch.nn.Module, packable: list[torch.nn.Module]) -> list[list[torch.nn.Linear]]:
+    """The ``SIBLING_LINEARS`` of each module of ``model`` whose members are all packable, of one input width,
+    and all with or all without a bias."""
+    ok = {id(m) for m in packable}
+    groups = []
+    for module in model.modules():
+        for names in SIBLING_LINEARS:
+            members = [getattr(module, name, None) for name in names]
+            if not all(id(m) in ok for m in members):
+                continue
+            if len({m.in_features for m in members}) == 1 and len({m.bias is None for m in members}) == 1:
+                groups.append(members)
+    return groups
+
+
+class _PackedGroup:
+    """Sibling Linears of an inference copy (``SIBLING_LINEARS``), multiplied as one oneDNN product while packed.
+
+    Each member's ``forward`` becomes a ``_GroupMember``. The first member called with an input computes the
+    whole group's product for it and keeps it; each sibling then called with the same tensor (identity) takes
+    its slice of it, so q, k and v cost one product instead of three. A member called with another input, or
+    twice with one, computes afresh: any call order gives each member its own product. (Inference tensors carry
+    no version counter, so an input changed in place between two sibling calls would be served stale; the
+    modules these names come from read it unchanged.) Unpacked the members are plain ``nn.Linear``s."""
+
+    def __init__(self, members: list[torch.nn.Linear], rows_hint: int):
+        self.members = members
+        self.rows_hint = rows_hint
+        bounds = [0]
+        for m in members:
+            bounds.append(bounds[-1] + m.out_features)
+        self.slices = [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+        self.weight: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        self._kept: tuple[torch.Tensor, torch.Tensor, set[int]] | None = None
+        for i, m in enumerate(members):
+            m.forward = _GroupMember(self, i)
+
+    def pack(self) -> None:
+        weights = [m.weight for m in self.members]
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(torch.cat([w.data for w in weights]), self.rows_hint)
+        biases = [m.bias for m in self.members]
+        self.bias = None if biases[0] is None else torch.cat([b.data for b in biases])
+        for w in weights:
+            w.data = torch.empty(0, dtype=w.dtype, device=w.device)
+
+    def unpack(self) -> None:
+        self.weight, self.bias, self._kept = None, None, None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The group's product: every member's output, side by side on the last axis."""
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.weight.dtype), self.weight, self.bias, "none", [], "")
+
+    def member(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        kept = self._kept
+        if kept is None or kept[0] is not x or i in kept[2]:
+            kept = self._kept = (x, self(x), set())
+        kept[2].add(i)
+        if len(kept[2]) == len(self.members):
+            self._kept = None  # every sibling served: hold neither tensor longer
+        return kept[1][..., self.slices[i]]
+
+
+class _GroupMember:
+    """A grouped Linear's ``forward``: its slice of the group's product while packed, else ``nn.Linear.forward``."""
+
+    def __init__(self, group: _PackedGroup, index: int):
+        self.group = group
+        self.index = index
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group.weight is None:
+            module = self.group.members[self.index]
+            return type(module).forward(module, x)
+        return self.group.member(self.index, x)
+
+
+def linear_group(*modules: torch.nn.Module):
+    """The packed product of ``modules`` side by side (a callable: input -> their outputs concatenated on the last
+    axis) where they are exactly one packed ``SIBLING_LINEARS`` group, in that order; else None."""
+    group = getattr(getattr(modules[0], "forward", None), "group", None)
+    if not isinstance(group, _PackedGroup) or group.weight is None or list(modules) != group.members:
+        return None
+    return group
 
 
 def use_eager_attention(

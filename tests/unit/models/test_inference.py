@@ -79,7 +79,7 @@ def test_packed_copy_computes_what_the_plain_copy_computes_and_frees_its_bf16_we
         want = plain.refresh()(input_ids=_ids()).logits
         net = packed.refresh()
         q = net.model.layers[0].self_attn.q_proj
-        assert q.weight.numel() == 0 and q.forward.weight.is_mkldnn  # the packed weight replaces the bf16 one
+        assert q.weight.numel() == 0 and q.forward.group.weight.is_mkldnn  # q/k/v's packed weight replaces theirs
         torch.testing.assert_close(net(input_ids=_ids()).logits, want, atol=1e-5, rtol=0)
         with torch.no_grad():
             source.model.layers[0].mlp.up_proj.weight.mul_(-1.0)  # the next refresh packs the new weights
@@ -87,7 +87,38 @@ def test_packed_copy_computes_what_the_plain_copy_computes_and_frees_its_bf16_we
         torch.testing.assert_close(packed.refresh()(input_ids=_ids()).logits, moved, atol=1e-5, rtol=0)
         assert (moved - want).abs().max() > 1e-2
     packed.release()
-    assert q.forward.weight is None and q.weight.numel() == 0
+    assert q.forward.group.weight is None and q.weight.numel() == 0
+
+
+@pytest.mark.skipif(not packs_linear(torch.device("cpu"), BF16), reason="this CPU's oneDNN has no native bf16")
+def test_sibling_linears_share_one_product_and_each_input_gets_its_own():
+    source = build_tiny_model(build_char_tokenizer(), hidden_size=64, num_layers=1, num_heads=4, seed=8)
+    copy = WeightCopy(source, BF16)
+    attn, mlp = copy.refresh().model.layers[0].self_attn, copy.model.model.layers[0].mlp
+    group = attn.q_proj.forward.group
+    assert mlp.gate_proj.forward.group is mlp.up_proj.forward.group and group is attn.v_proj.forward.group
+    assert group.weight.is_mkldnn and group.bias.shape == (3 * 64,)  # Qwen2's q/k/v have biases
+    src = source.model.layers[0].self_attn
+    x, y = torch.randn(3, 64), torch.randn(3, 64)
+
+    def want(linear, inp):
+        return torch.nn.functional.linear(inp.to(BF16), linear.weight.to(BF16), linear.bias.to(BF16)).float()
+
+    calls = []
+    real = type(group).__call__
+    type(group).__call__ = lambda self, inp: calls.append(1) or real(self, inp)
+    try:
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        assert len(calls) == 1 and group._kept is None  # one product; nothing held once all three took theirs
+        k_other, k_again = attn.k_proj(y), attn.k_proj(y)  # another input, then the same member twice
+        assert len(calls) == 3
+    finally:
+        type(group).__call__ = real
+    for got, linear, inp in [(q, src.q_proj, x), (k, src.k_proj, x), (v, src.v_proj, x), (k_other, src.k_proj, y)]:
+        torch.testing.assert_close(got.float(), want(linear, inp), atol=2e-2, rtol=2e-2)
+    assert torch.equal(k_again, k_other)
+    copy.release()
+    assert group.weight is None and group._kept is None
 
 
 @pytest.mark.skipif(not packs_linear(torch.device("cpu"), BF16), reason="this CPU's oneDNN has no native bf16")
