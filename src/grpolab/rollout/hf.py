@@ -51,6 +51,7 @@ from grpolab.rollout.base import (
 )
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.rollout.filters import draw_tokens, filter_logits, penalise_repeats, seen_tokens
+from grpolab.rollout.hf_decode import DirectDecoder, direct_decoder
 from grpolab.types import Completions, FinishReason
 
 # transformers' layer of Mamba / gated-delta states (5.x); () where it has none, so no layer is one
@@ -192,8 +193,10 @@ class HFSampler(Sampler):
         capacity = attention.shape[1] + self.max_completion_length
         shape = {"rows": stop - start, "q_len": 1, "kv_len": capacity}
         reserved = wants_eager_attention(self._net, logits.device, self.autocast_dtype, **shape)
+        step = None
         if reserved:
             _reserve(cache, rows, capacity, self.autocast_dtype)  # measured: pays off with the plain attention only
+            step = _direct_step(self._net, cache, attention[rows])
         else:
             select_rows(cache, rows)
         padded = len({len(p) for p in prompt_ids[first : last + 1]}) > 1
@@ -201,7 +204,7 @@ class HFSampler(Sampler):
         repeats = None
         if self.repetition_penalty != 1.0:  # the prompt's own tokens, then each sampled one
             repeats = seen_tokens(prompt_ids[first : last + 1], rows, logits.shape[-1])
-        return self._decode(logits[rows], cache, attention[rows], generator, mode, repeats)
+        return self._decode(logits[rows], cache, attention[rows], generator, mode, repeats, step)
 
     def _prefill(self, prompts: list[list[int]]):
         """Left-padded forward of the prompts; returns the cache, last logits [P, V], mask [P, S]."""
@@ -230,10 +233,11 @@ class HFSampler(Sampler):
             **extra,
         )
 
-    def _decode(self, logits, cache, prompt_attention, generator, mask_mode: str = "2d", repeats=None):
+    def _decode(self, logits, cache, prompt_attention, generator, mask_mode: str = "2d", repeats=None, step=None):
         """One token per step for n rows until every row emitted EOS or the length limit; ``mask_mode`` is
         how each step passes the attention mask (``decode_mask_mode``); ``repeats`` [n, V] bool, the tokens the
-        repetition penalty applies to (None without one), grows in place."""
+        repetition penalty applies to (None without one), grows in place; ``step`` a ``DirectDecoder`` over
+        ``cache`` that replaces the model's forward (None: the forward)."""
         n, steps, device = logits.shape[0], self.max_completion_length, logits.device
         ids = torch.full((n, steps), self.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device)
@@ -261,9 +265,11 @@ class HFSampler(Sampler):
                 # queue stays full (the extra steps' tokens are masked out and trimmed below)
                 if t + 1 == steps or ((t + 1) % check_every == 0 and bool(finished.all())):
                     break
+                if step is not None:
+                    logits = step(ids[:, t : t + 1], next_position + t)
+                    continue
                 seen = None if mask_mode == "none" else attention[..., : prompt_width + t + 1]
-                out = self._forward(ids[:, t : t + 1], seen, next_position + t, cache)
-                logits = out.logits[:, -1]
+                logits = self._forward(ids[:, t : t + 1], seen, next_position + t, cache).logits[:, -1]
         width = t + 1 if check_every == 1 else int(mask.any(0).nonzero().max()) + 1  # nonzero: row 0 always samples
         return ids[:, :width], mask[:, :width], logprobs[:, :width]
 
@@ -394,6 +400,14 @@ def _reserve(cache, rows: torch.Tensor, capacity: int, dtype: torch.dtype | None
         return
     for i, layer in enumerate(layers):
         layers[i] = _ReservedLayer(layer.keys[rows], layer.values[rows], capacity, dtype or layer.keys.dtype)
+
+
+def _direct_step(model: torch.nn.Module, cache, prompt_attention: torch.Tensor) -> DirectDecoder | None:
+    """A ``DirectDecoder`` over a cache whose every layer is reserved, where the model is one it runs."""
+    layers = getattr(cache, "layers", None) or []
+    if not layers or not all(isinstance(layer, _ReservedLayer) for layer in layers):
+        return None
+    return direct_decoder(model, [(layer.keys, layer.values) for layer in layers], prompt_attention)
 
 
 def _concat_right_padded(parts, pad_token_id: int):

@@ -1,0 +1,124 @@
+"""One decode step of a Llama or Qwen2 causal LM run straight from its modules, over reserved cache buffers.
+
+At 32 rows of a small model a decode step's products take ~13 ms and transformers' forward around them
+another ~10: the attention mask rebuilt at every token, the cache's update calls, the rotary embedding's
+``rotate_half`` per tensor, ``repeat_kv`` (a copy of the whole cache per layer where keys are shared by
+several heads), the attention output's transpose copy, ~110 module calls and the output records
+(benchmarks/README.md has the profile). ``DirectDecoder`` runs the same modules and the same operations in
+the same dtypes, minus that bookkeeping: the additive mask is made once per batch and one slot is opened per
+token, the new key and value are written into the reserved buffers (``hf._ReservedLayer``), and the
+query heads that share a key head multiply with it as one [heads/kv-heads, head_dim] block instead of
+against a repeated copy. It exists only for the layer classes whose forward it follows
+(``DIRECT_LAYERS``); every other model takes transformers' forward.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from grpolab.models.inference import linear_group
+
+DIRECT_LAYERS = {
+    "LlamaDecoderLayer": ("LlamaAttention", "LlamaMLP"),
+    "Qwen2DecoderLayer": ("Qwen2Attention", "Qwen2MLP"),
+}
+"""Decoder-layer classes (by name, transformers 4.5x-5.x) whose decode step ``DirectDecoder`` reproduces, with
+the attention and MLP classes each must hold."""
+
+
+def direct_decoder(model: torch.nn.Module, buffers, prompt_attention: torch.Tensor) -> DirectDecoder | None:
+    """A ``DirectDecoder`` for ``model`` over ``buffers`` (one (keys, values) pair per layer, [n, kv_heads,
+    capacity, head_dim], the prompts written), or None where ``model`` is not a plain stack of ``DIRECT_LAYERS``
+    with full attention in every layer. The buffers exist only where the plain attention decodes
+    (grpolab.models.inference.wants_eager_attention), which this step computes."""
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    config = getattr(model, "config", None)
+    if layers is None or config is None or len(layers) != len(buffers) or model.training:
+        return None
+    # sdpa or eager: the plain attention replaces either for decoding (grpolab.models.inference); a flash,
+    # flex or custom kernel is kept by the sampler, so it is not this module's to replace
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager") or not hasattr(base, "rotary_emb"):
+        return None
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return None
+    for layer in layers:
+        parts = DIRECT_LAYERS.get(type(layer).__name__)
+        if parts is None or (type(layer.self_attn).__name__, type(layer.mlp).__name__) != parts:
+            return None
+    return DirectDecoder(model, buffers, prompt_attention)
+
+
+class DirectDecoder:
+    """Feeds one token per row through ``model`` (see the module docstring), writing the next cache slot.
+
+    Numerics: each operation is transformers' own, in its dtype under autocast (norms, rotary, residuals and the
+    softmax in fp32; the products in the Linears' and the cache's dtype), with the same additive mask
+    (0 or the mask dtype's minimum); tests/unit/rollout/test_hf_decode.py compares the log-probs."""
+
+    def __init__(self, model: torch.nn.Module, buffers, prompt_attention: torch.Tensor):
+        self.model = model
+        self.base = model.model
+        self.buffers = list(buffers)
+        n, width = prompt_attention.shape
+        capacity = self.buffers[0][0].shape[2]
+        dtype = self.base.embed_tokens.weight.dtype  # transformers builds the mask in the embeddings' dtype
+        self.mask = torch.full((n, 1, 1, capacity), torch.finfo(dtype).min, dtype=dtype, device=prompt_attention.device)
+        self.mask[:, 0, 0, :width].masked_fill_(prompt_attention.bool(), 0.0)
+        self.filled = width
+        self.products = [_products(layer) for layer in self.base.layers]
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[n, 1] token ids at [n, 1] positions -> the next-token logits [n, V]."""
+        slot = self.filled
+        if slot >= self.mask.shape[-1]:
+            raise RuntimeError(f"the reserved cache holds {slot} tokens: no slot is left for another")
+        self.mask[..., slot] = 0.0
+        hidden = self.base.embed_tokens(input_ids)  # a new tensor: the residual stream is added to in place
+        cos, sin = self.base.rotary_emb(hidden, positions)  # [n, 1, head_dim] in the embeddings' dtype
+        half = sin.shape[-1] // 2
+        # rotate_half(x) * sin == swap_halves(x) * [-sin_1, sin_2]: the same products, one sign moved
+        rotary = cos[:, None], torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, None]
+        for layer, products, (keys, values) in zip(self.base.layers, self.products, self.buffers, strict=True):
+            hidden = self._layer(layer, products, hidden, rotary, keys, values, slot)
+        self.filled = slot + 1
+        return self.model.lm_head(self.base.norm(hidden))[:, -1]
+
+    def _layer(self, layer, products, hidden, rotary, keys, values, slot: int) -> torch.Tensor:
+        attn, (qkv, gate_up) = layer.self_attn, products
+        n, kv_heads, capacity, head_dim = keys.shape
+        x = qkv(layer.input_layernorm(hidden))  # [n, 1, (heads + 2 kv_heads) * head_dim]
+        heads = x.shape[-1] // head_dim - 2 * kv_heads
+        qk = _rotate(x[..., : (heads + kv_heads) * head_dim].view(n, -1, 1, head_dim), *rotary)
+        keys[:, :, slot] = qk[:, heads:, 0]
+        values[:, :, slot] = x[..., (heads + kv_heads) * head_dim :].view(n, kv_heads, head_dim)
+        group = heads // kv_heads  # query heads per key head: one block each, no repeated keys
+        q = qk[:, :heads].to(keys.dtype).view(n, kv_heads, group, head_dim)
+        scores = (torch.matmul(q, keys.transpose(2, 3)) * attn.scaling).view(n, heads, 1, capacity) + self.mask
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(qk.dtype)
+        out = torch.matmul(probs.to(values.dtype).view(n, kv_heads, group, capacity), values)
+        hidden = hidden.add_(attn.o_proj(out.view(n, 1, -1)))  # [n, kv, group, d] is [n, 1, heads * d] in memory
+        x = gate_up(layer.post_attention_layernorm(hidden))
+        gate, up = x.chunk(2, dim=-1)
+        return hidden.add_(layer.mlp.down_proj(layer.mlp.act_fn(gate).mul_(up)))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """transformers' ``x * cos + rotate_half(x) * sin`` for [n, heads, 1, d] ``x``, the product in ``cos``'s dtype
+    (as type promotion makes it from a bf16 ``x``)."""
+    x = x.to(cos.dtype)
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return x * cos + swapped * signed_sin
+
+
+def _products(layer):
+    """The layer's (q|k|v, gate|up) products: the packed groups where the copy has them, else concatenations."""
+    attn, mlp = layer.self_attn, layer.mlp
+    parts = ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj))
+    return tuple(linear_group(*p) or functools.partial(_side_by_side, p) for p in parts)
+
+
+def _side_by_side(modules, x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([m(x) for m in modules], dim=-1)
