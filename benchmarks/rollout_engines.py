@@ -1,12 +1,17 @@
 """Generation engines side by side: grpolab's own decoder (``rollout.engine=hf``) against vLLM
 (``rollout.engine=vllm``), and TRL's GRPOTrainer with ``use_vllm=True, vllm_mode="colocate"``.
 
-The work: the SmolLM2-135M shape (LlamaForCausalLM, hidden 576, 30 layers, 9 heads, 3 KV heads,
-intermediate 1536, vocabulary 49152, tied embeddings), randomly initialised in code and saved to a
-temporary folder with the character tokenizer; ``--prompts`` 3-digit additions x G = ``--generations``
-completions of up to ``--max-tokens`` tokens at temperature 1 (a random model almost never emits the
-EOS, so nearly every completion runs to the limit). Measured, each in its own process, one after the
-other on the same CPU with the same threads:
+The work, ``--shape``: ``smollm2`` (the default), the SmolLM2-135M shape (LlamaForCausalLM, hidden 576, 30
+layers, 9 heads, 3 KV heads, intermediate 1536, vocabulary 49152, tied embeddings), randomly initialised in
+code and saved to a temporary folder with the character tokenizer; or ``bench``, the bench model of
+vs_trl.py and sampler_vs_generate.py (common.save_bench_model: Qwen2, hidden 512, 8 layers, 8 heads, MLP
+2048, character tokenizer, 33.6M parameters, random weights), whose defaults are its work: 4 prompts x 8
+completions x 64 tokens. vLLM refuses a stop token outside the vocabulary, which is how the bench model makes
+every completion run to the limit, so here the EOS is the tokenizer's own: the random model emits it about
+once in 80 tokens, and each engine's token count (printed) is what it sampled.
+``--prompts`` 3-digit additions x G = ``--generations`` completions of up to ``--max-tokens`` tokens at
+temperature 1 (a random SmolLM2-shape model almost never emits the EOS, so nearly every completion runs to
+the limit). Measured, each in its own process, one after the other on the same CPU with the same threads:
 
 * sampling: tokens/s of one ``sample`` call (after a short warm-up call), hf then vllm (engine start-up
   reported apart);
@@ -15,8 +20,9 @@ other on the same CPU with the same threads:
   hf then vllm (vllm's includes the weight sync after the update);
 * TRL's GRPOTrainer, colocated vLLM, the same work and the last step's time, or the error it stops with.
 
-    .venv/bin/python benchmarks/rollout_engines.py [--prompts 1] [--generations 16] [--max-tokens 256]
-                                                   [--steps 2] [--threads N] [--skip-trl]
+    .venv/bin/python benchmarks/rollout_engines.py [--shape smollm2|bench] [--prompts 1] [--generations 16]
+                                                   [--max-tokens 256] [--steps 2] [--threads N] [--skip-trl]
+                                                   [--sample-only]
 
 The ratios printed are vllm / hf. On a shared machine every figure is contaminated by the other load.
 """
@@ -40,9 +46,21 @@ SMOLLM2_135M = {
 }  # fmt: skip
 
 
-def save_model(path: Path) -> str:
-    """The SmolLM2-135M shape with random weights (std 0.02), and the character tokenizer."""
+SHAPE_WORK = {"smollm2": (1, 16, 256), "bench": (4, 8, 64)}
+"""Default (prompts, generations, max tokens) of each --shape."""
+
+
+def save_model(path: Path, shape: str = "smollm2") -> str:
+    """The SmolLM2-135M shape with random weights (std 0.02), and the character tokenizer; or the bench model."""
     import torch
+
+    if shape == "bench":  # common.save_bench_model's model, with the tokenizer's own EOS (see the docstring)
+        from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
+
+        tok = build_char_tokenizer()
+        build_tiny_model(tok, hidden_size=512, num_layers=8, num_heads=8, seed=0).save_pretrained(path)
+        tok.save_pretrained(path)
+        return str(path)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from grpolab.tasks.tiny import build_char_tokenizer
@@ -162,12 +180,14 @@ def run_child(part: str, engine: str, model: str, a) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--prompts", type=int, default=1)
-    p.add_argument("--generations", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--shape", choices=sorted(SHAPE_WORK), default="smollm2", help="the model (see the docstring)")
+    p.add_argument("--prompts", type=int, default=None, help="default: 1 (smollm2), 4 (bench)")
+    p.add_argument("--generations", type=int, default=None, help="default: 16 (smollm2), 8 (bench)")
+    p.add_argument("--max-tokens", type=int, default=None, help="default: 256 (smollm2), 64 (bench)")
     p.add_argument("--steps", type=int, default=2, help="GRPO steps per engine; the last one is reported")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: every core)")
     p.add_argument("--skip-trl", action="store_true")
+    p.add_argument("--sample-only", action="store_true", help="only the sampling part (no GRPO steps, no TRL)")
     p.add_argument("--bf16", action="store_true", help="TRL: bf16 autocast")
     p.add_argument("--child", choices=["sample", "step", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--engine", default="hf", help=argparse.SUPPRESS)
@@ -177,15 +197,20 @@ def main() -> None:
         print(json.dumps({"sample": child_sample, "step": child_step, "trl": child_trl}[a.child](a)))
         return
     a.threads = a.threads or len(os.sched_getaffinity(0))
+    work = dict(zip(["prompts", "generations", "max_tokens"], SHAPE_WORK[a.shape], strict=True))
+    for key, default in work.items():
+        setattr(a, key, default if getattr(a, key) is None else getattr(a, key))
+    name = {"smollm2": "SmolLM2-135M shape", "bench": "bench model (33.6M, Qwen2)"}[a.shape]
     with tempfile.TemporaryDirectory() as tmp:
-        model = save_model(Path(tmp) / "smollm2_135m_shape")
-        print(f"work: SmolLM2-135M shape, {a.prompts} prompt(s) x G={a.generations}, <= {a.max_tokens} tokens, "
+        model = save_model(Path(tmp) / f"{a.shape}_shape", a.shape)
+        print(f"work: {name}, {a.prompts} prompt(s) x G={a.generations}, <= {a.max_tokens} tokens, "
               f"{a.threads} thread(s); load average {os.getloadavg()[0]:.1f} (a shared CPU skews every figure)")  # fmt: skip
         results = {}
-        for part, engine in [("sample", "hf"), ("sample", "vllm"), ("step", "hf"), ("step", "vllm")]:
+        parts = [("sample", "hf"), ("sample", "vllm")] + ([] if a.sample_only else [("step", "hf"), ("step", "vllm")])
+        for part, engine in parts:
             results[part, engine] = r = run_child(part, engine, model, a)
             print(f"{part:6} {engine:4}: {json.dumps(r)}", flush=True)
-        if not a.skip_trl:
+        if not a.skip_trl and not a.sample_only:
             r = run_child("trl", "trl", model, a)
             print(f"step   TRL GRPOTrainer use_vllm colocate: {json.dumps(r)}", flush=True)
     _ratios(results)
@@ -196,7 +221,7 @@ def _ratios(results: dict) -> None:
     if "tokens_per_s" in hf and "tokens_per_s" in vllm:
         ratio = vllm["tokens_per_s"] / hf["tokens_per_s"]
         print(f"sampling: hf {hf['tokens_per_s']:.1f} tok/s, vllm {vllm['tokens_per_s']:.1f} tok/s: x{ratio:.2f} (target >= 5)")
-    hf, vllm = results["step", "hf"], results["step", "vllm"]
+    hf, vllm = results.get(("step", "hf"), {}), results.get(("step", "vllm"), {})
     if "step_s" in hf and "step_s" in vllm:
         ratio = hf["step_s"][-1] / vllm["step_s"][-1]
         print(f"GRPO step: hf {hf['step_s'][-1]:.1f} s, vllm {vllm['step_s'][-1]:.1f} s: x{ratio:.2f} faster (target >= 2)")
