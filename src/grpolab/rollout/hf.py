@@ -194,9 +194,10 @@ class HFSampler(Sampler):
         shape = {"rows": stop - start, "q_len": 1, "kv_len": capacity}
         reserved = wants_eager_attention(self._net, logits.device, self.autocast_dtype, **shape)
         step = None
-        if reserved:
-            _reserve(cache, rows, capacity, self.autocast_dtype)  # measured: pays off with the plain attention only
-            step = _direct_step(self._net, cache, attention[rows])
+        if reserved:  # measured: pays off with the plain attention only
+            step = _direct_step(self._net, cache, rows, attention[rows], capacity, self.autocast_dtype)
+            if step is None:
+                _reserve(cache, rows, capacity, self.autocast_dtype)
         else:
             select_rows(cache, rows)
         padded = len({len(p) for p in prompt_ids[first : last + 1]}) > 1
@@ -402,12 +403,14 @@ def _reserve(cache, rows: torch.Tensor, capacity: int, dtype: torch.dtype | None
         layers[i] = _ReservedLayer(layer.keys[rows], layer.values[rows], capacity, dtype or layer.keys.dtype)
 
 
-def _direct_step(model: torch.nn.Module, cache, prompt_attention: torch.Tensor) -> DirectDecoder | None:
-    """A ``DirectDecoder`` over a cache whose every layer is reserved, where the model is one it runs."""
-    layers = getattr(cache, "layers", None) or []
-    if not layers or not all(isinstance(layer, _ReservedLayer) for layer in layers):
+def _direct_step(model, cache, rows: torch.Tensor, prompt_attention, capacity: int, dtype) -> DirectDecoder | None:
+    """A ``DirectDecoder`` from the prefill's cache (rows ``rows`` of it), where every layer is a plain one and the
+    model is one it runs; it then holds the decode's cache itself."""
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
         return None
-    return direct_decoder(model, [(layer.keys, layer.values) for layer in layers], prompt_attention)
+    prompt_cache = [(layer.keys[rows], layer.values[rows]) for layer in layers]
+    return direct_decoder(model, prompt_cache, prompt_attention, capacity, dtype or layers[0].keys.dtype)
 
 
 def _concat_right_padded(parts, pad_token_id: int):

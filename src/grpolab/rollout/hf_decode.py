@@ -1,4 +1,4 @@
-"""One decode step of a Llama or Qwen2 causal LM run straight from its modules, over reserved cache buffers.
+"""One decode step of a Llama or Qwen2 causal LM run straight from its modules, over a cache of its own.
 
 At 32 rows of a small model a decode step's products take ~13 ms and transformers' forward around them
 another ~10: the attention mask rebuilt at every token, the cache's update calls, the rotary embedding's
@@ -6,9 +6,14 @@ another ~10: the attention mask rebuilt at every token, the cache's update calls
 several heads), the attention output's transpose copy, ~110 module calls and the output records
 (benchmarks/README.md has the profile). ``DirectDecoder`` runs the same modules and the same operations in
 the same dtypes, minus that bookkeeping: the additive mask is made once per batch and one slot is opened per
-token, the new key and value are written into the reserved buffers (``hf._ReservedLayer``), and the
-query heads that share a key head multiply with it as one [heads/kv-heads, head_dim] block instead of
-against a repeated copy. It exists only for the layer classes whose forward it follows
+token, the new key and value are written in place, and the query heads that share a key head multiply with
+it as one [heads/kv-heads, head_dim] block instead of against a repeated copy.
+
+Its cache grows by ``WINDOW_BLOCK`` slots at a time instead of being reserved for the whole completion: the
+attention's products read every slot of the buffers they are given (unwritten ones are masked), and on a CPU
+the keys and values of all layers do not stay in cache, so a buffer sized to the tokens so far is read
+faster (one decode's attention 3.6 -> 2.4 ms per step on the bench model; a view of a longer bf16 buffer would
+be copied by the matmul at every call). It exists only for the layer classes whose forward it follows
 (``DIRECT_LAYERS``); every other model takes transformers' forward.
 """
 
@@ -20,6 +25,9 @@ import torch
 
 from grpolab.models.inference import linear_group
 
+WINDOW_BLOCK = 16
+"""Slots by which the direct decoder's cache grows (each growth copies the cache once)."""
+
 DIRECT_LAYERS = {
     "LlamaDecoderLayer": ("LlamaAttention", "LlamaMLP"),
     "Qwen2DecoderLayer": ("Qwen2Attention", "Qwen2MLP"),
@@ -28,15 +36,18 @@ DIRECT_LAYERS = {
 the attention and MLP classes each must hold."""
 
 
-def direct_decoder(model: torch.nn.Module, buffers, prompt_attention: torch.Tensor) -> DirectDecoder | None:
-    """A ``DirectDecoder`` for ``model`` over ``buffers`` (one (keys, values) pair per layer, [n, kv_heads,
-    capacity, head_dim], the prompts written), or None where ``model`` is not a plain stack of ``DIRECT_LAYERS``
-    with full attention in every layer. The buffers exist only where the plain attention decodes
-    (grpolab.models.inference.wants_eager_attention), which this step computes."""
+def direct_decoder(
+    model: torch.nn.Module, prompt_cache, prompt_attention: torch.Tensor, capacity: int, dtype: torch.dtype
+) -> DirectDecoder | None:
+    """A ``DirectDecoder`` for ``model`` starting from ``prompt_cache`` (one (keys, values) pair per layer,
+    [n, kv_heads, prompt width, head_dim]) with room for ``capacity`` tokens in all, its cache in ``dtype``; or
+    None where ``model`` is not a plain stack of ``DIRECT_LAYERS`` with full attention in every layer. It
+    computes the plain attention, which the sampler decodes with wherever it reserves a cache
+    (grpolab.models.inference.wants_eager_attention)."""
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
     config = getattr(model, "config", None)
-    if layers is None or config is None or len(layers) != len(buffers) or model.training:
+    if layers is None or config is None or len(layers) != len(prompt_cache) or model.training:
         return None
     # sdpa or eager: the plain attention replaces either for decoding (grpolab.models.inference); a flash,
     # flex or custom kernel is kept by the sampler, so it is not this module's to replace
@@ -48,7 +59,7 @@ def direct_decoder(model: torch.nn.Module, buffers, prompt_attention: torch.Tens
         parts = DIRECT_LAYERS.get(type(layer).__name__)
         if parts is None or (type(layer.self_attn).__name__, type(layer.mlp).__name__) != parts:
             return None
-    return DirectDecoder(model, buffers, prompt_attention)
+    return DirectDecoder(model, prompt_cache, prompt_attention, capacity, dtype)
 
 
 class DirectDecoder:
@@ -58,35 +69,52 @@ class DirectDecoder:
     softmax in fp32; the products in the Linears' and the cache's dtype), with the same additive mask
     (0 or the mask dtype's minimum); tests/unit/rollout/test_hf_decode.py compares the log-probs."""
 
-    def __init__(self, model: torch.nn.Module, buffers, prompt_attention: torch.Tensor):
+    def __init__(self, model: torch.nn.Module, prompt_cache, prompt_attention: torch.Tensor, capacity: int, dtype):
         self.model = model
         self.base = model.model
-        self.buffers = list(buffers)
         n, width = prompt_attention.shape
-        capacity = self.buffers[0][0].shape[2]
-        dtype = self.base.embed_tokens.weight.dtype  # transformers builds the mask in the embeddings' dtype
-        self.mask = torch.full((n, 1, 1, capacity), torch.finfo(dtype).min, dtype=dtype, device=prompt_attention.device)
+        mask_dtype = self.base.embed_tokens.weight.dtype  # transformers builds the mask in the embeddings' dtype
+        self.mask = torch.full((n, 1, 1, capacity), torch.finfo(mask_dtype).min, dtype=mask_dtype,
+                               device=prompt_attention.device)  # fmt: skip
         self.mask[:, 0, 0, :width].masked_fill_(prompt_attention.bool(), 0.0)
         self.filled = width
+        self.cache = [(keys.to(dtype), values.to(dtype)) for keys, values in prompt_cache]  # grown at the first step
         self.products = [_products(layer) for layer in self.base.layers]
+
+    def _grow(self) -> None:
+        """Widen every layer's buffers to the next ``WINDOW_BLOCK`` multiple past the filled slots (zeros: a
+        masked slot still enters the products, and 0 x NaN would be NaN)."""
+        capacity = self.mask.shape[-1]
+        if self.filled >= capacity:
+            raise RuntimeError(f"the decode cache holds {self.filled} tokens: no slot is left for another")
+        width = min(capacity, (self.filled // WINDOW_BLOCK + 1) * WINDOW_BLOCK)
+        grown = []
+        for keys, values in self.cache:
+            shape = (*keys.shape[:2], width, keys.shape[3])
+            bigger = keys.new_zeros(shape), values.new_zeros(shape)
+            bigger[0][:, :, : self.filled] = keys[:, :, : self.filled]
+            bigger[1][:, :, : self.filled] = values[:, :, : self.filled]
+            grown.append(bigger)
+        self.cache = grown
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[n, 1] token ids at [n, 1] positions -> the next-token logits [n, V]."""
         slot = self.filled
-        if slot >= self.mask.shape[-1]:
-            raise RuntimeError(f"the reserved cache holds {slot} tokens: no slot is left for another")
+        if slot >= self.cache[0][0].shape[2]:
+            self._grow()
         self.mask[..., slot] = 0.0
+        mask = self.mask[..., : self.cache[0][0].shape[2]]
         hidden = self.base.embed_tokens(input_ids)  # a new tensor: the residual stream is added to in place
         cos, sin = self.base.rotary_emb(hidden, positions)  # [n, 1, head_dim] in the embeddings' dtype
         half = sin.shape[-1] // 2
         # rotate_half(x) * sin == swap_halves(x) * [-sin_1, sin_2]: the same products, one sign moved
         rotary = cos[:, None], torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, None]
-        for layer, products, (keys, values) in zip(self.base.layers, self.products, self.buffers, strict=True):
-            hidden = self._layer(layer, products, hidden, rotary, keys, values, slot)
+        for layer, products, (keys, values) in zip(self.base.layers, self.products, self.cache, strict=True):
+            hidden = self._layer(layer, products, hidden, rotary, mask, keys, values, slot)
         self.filled = slot + 1
         return self.model.lm_head(self.base.norm(hidden))[:, -1]
 
-    def _layer(self, layer, products, hidden, rotary, keys, values, slot: int) -> torch.Tensor:
+    def _layer(self, layer, products, hidden, rotary, mask, keys, values, slot: int) -> torch.Tensor:
         attn, (qkv, gate_up) = layer.self_attn, products
         n, kv_heads, capacity, head_dim = keys.shape
         x = qkv(layer.input_layernorm(hidden))  # [n, 1, (heads + 2 kv_heads) * head_dim]
@@ -96,7 +124,7 @@ class DirectDecoder:
         values[:, :, slot] = x[..., (heads + kv_heads) * head_dim :].view(n, kv_heads, head_dim)
         group = heads // kv_heads  # query heads per key head: one block each, no repeated keys
         q = qk[:, :heads].to(keys.dtype).view(n, kv_heads, group, head_dim)
-        scores = (torch.matmul(q, keys.transpose(2, 3)) * attn.scaling).view(n, heads, 1, capacity) + self.mask
+        scores = (torch.matmul(q, keys.transpose(2, 3)) * attn.scaling).view(n, heads, 1, capacity) + mask
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(qk.dtype)
         out = torch.matmul(probs.to(values.dtype).view(n, kv_heads, group, capacity), values)
         hidden = hidden.add_(attn.o_proj(out.view(n, 1, -1)))  # [n, kv, group, d] is [n, 1, heads * d] in memory

@@ -74,10 +74,10 @@ def test_direct_step_stops_at_eos_like_the_forward(eos_model, tok, prompts):
     torch.testing.assert_close(fast.logprobs, slow.logprobs, atol=1e-5, rtol=0)
 
 
-def _buffers(model, rows=2, capacity=8):
+def _prompt_cache(model, rows=2, width=3):
     c = model.config
-    shape = (rows, c.num_key_value_heads, capacity, c.hidden_size // c.num_attention_heads)
-    return [(torch.zeros(shape, dtype=BF16), torch.zeros(shape, dtype=BF16)) for _ in range(c.num_hidden_layers)]
+    shape = (rows, c.num_key_value_heads, width, c.hidden_size // c.num_attention_heads)
+    return [(torch.randn(shape), torch.randn(shape).to(BF16)) for _ in range(c.num_hidden_layers)]
 
 
 def test_direct_step_is_only_for_the_layers_it_follows(tok):
@@ -85,30 +85,39 @@ def test_direct_step_is_only_for_the_layers_it_follows(tok):
 
     attention = torch.ones(2, 3, dtype=torch.long)
     plain = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=2).eval()
-    assert isinstance(direct_decoder(plain, _buffers(plain), attention), DirectDecoder)
-    assert direct_decoder(plain.train(), _buffers(plain), attention) is None  # dropout would apply
+    assert isinstance(direct_decoder(plain, _prompt_cache(plain), attention, 8, BF16), DirectDecoder)
+    assert direct_decoder(plain.train(), _prompt_cache(plain), attention, 8, BF16) is None  # dropout would apply
     plain.eval()
-    assert direct_decoder(plain, _buffers(plain)[:1], attention) is None  # a buffer per layer
+    assert direct_decoder(plain, _prompt_cache(plain)[:1], attention, 8, BF16) is None  # a cache per layer
     plain.config.layer_types = ["full_attention", "sliding_attention"]
-    assert direct_decoder(plain, _buffers(plain), attention) is None
+    assert direct_decoder(plain, _prompt_cache(plain), attention, 8, BF16) is None
     plain.config.layer_types = ["full_attention"] * 2
     plain.config._attn_implementation = "flex_attention"
-    assert direct_decoder(plain, _buffers(plain), attention) is None
+    assert direct_decoder(plain, _prompt_cache(plain), attention, 8, BF16) is None
 
 
-def test_direct_step_opens_one_slot_per_token_and_stops_when_full(tok):
+def test_direct_step_opens_one_slot_per_token_and_grows_its_cache_by_blocks(tok, monkeypatch):
+    from grpolab.rollout import hf_decode
     from grpolab.tasks.tiny import build_tiny_model
 
+    monkeypatch.setattr(hf_decode, "WINDOW_BLOCK", 4)
     model = build_tiny_model(tok, hidden_size=64, num_layers=2, seed=2).eval()
     attention = torch.tensor([[0, 1, 1], [1, 1, 1]])  # row 0 left-padded
-    buffers = _buffers(model, capacity=5)
-    step = direct_decoder(model, buffers, attention)
+    prompt = _prompt_cache(model)
+    step = direct_decoder(model, prompt, attention, 6, BF16)
     low = torch.finfo(torch.float32).min
-    assert step.mask[:, 0, 0].tolist() == [[low, 0, 0, low, low], [0, 0, 0, low, low]]
+    assert step.mask[:, 0, 0].tolist() == [[low, 0, 0, low, low, low], [0, 0, 0, low, low, low]]
+    ids = torch.tensor([[5], [6]])
     with torch.inference_mode(), torch.autocast("cpu", dtype=BF16):
-        logits = step(torch.tensor([[5], [6]]), torch.tensor([[2], [3]]))
-        assert logits.shape == (2, model.config.vocab_size) and step.filled == 4
-        assert step.mask[:, 0, 0, 3].tolist() == [0, 0] and (buffers[0][0][:, :, 3] != 0).all()
-        step(torch.tensor([[5], [6]]), torch.tensor([[3], [4]]))
+        logits = step(ids, torch.tensor([[2], [3]]))  # slot 3: the cache grows from 3 to 4 slots
+        keys, values = step.cache[1]
+        assert logits.shape == (2, model.config.vocab_size) and step.filled == 4 and keys.shape[2] == 4
+        assert keys.dtype == BF16 and torch.equal(keys[:, :, :3], prompt[1][0].to(BF16))
+        assert torch.equal(values[:, :, :3], prompt[1][1]) and (keys[:, :, 3] != 0).all()
+        assert step.mask[:, 0, 0, 3].tolist() == [0, 0]
+        step(ids, torch.tensor([[3], [4]]))  # slot 4: grows to 6 (the capacity), not 8
+        grown = step.cache[1][0]
+        assert grown.shape[2] == 6 and torch.equal(grown[:, :, :4], keys) and (grown[:, :, 5] == 0).all()
+        step(ids, torch.tensor([[4], [5]]))
         with pytest.raises(RuntimeError, match="no slot is left"):
-            step(torch.tensor([[5], [6]]), torch.tensor([[4], [5]]))
+            step(ids, torch.tensor([[5], [6]]))
