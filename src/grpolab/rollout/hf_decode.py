@@ -89,12 +89,12 @@ class DirectDecoder:
             raise RuntimeError(f"the decode cache holds {self.filled} tokens: no slot is left for another")
         width = min(capacity, (self.filled // WINDOW_BLOCK + 1) * WINDOW_BLOCK)
         grown = []
-        for keys, values in self.cache:
-            shape = (*keys.shape[:2], width, keys.shape[3])
-            bigger = keys.new_zeros(shape), values.new_zeros(shape)
-            bigger[0][:, :, : self.filled] = keys[:, :, : self.filled]
-            bigger[1][:, :, : self.filled] = values[:, :, : self.filled]
-            grown.append(bigger)
+        for old in self.cache:
+            pair = tuple(x.new_empty((*x.shape[:2], width, x.shape[3])) for x in old)
+            for new, x in zip(pair, old, strict=True):
+                new[:, :, : self.filled] = x[:, :, : self.filled]
+                new[:, :, self.filled :].zero_()
+            grown.append(pair)
         self.cache = grown
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
