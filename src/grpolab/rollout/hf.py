@@ -23,8 +23,10 @@ sampler decodes from a copy of the model whose Linear weights are stored in bf16
 ``sample`` call (autocast would re-cast every weight at every token), with the plain attention
 (SDPA's bf16 CPU kernels are slow), and after the prefill each layer's cache moves into buffers
 reserved for the whole completion, written in place (``DynamicCache`` concatenates, copying the
-whole cache at every token). All three compute what autocast computes. Elsewhere (fp32, CUDA) the
-plain ``DynamicCache`` / SDPA path runs. On CUDA no decode step waits for the host: "has every row
+whole cache at every token). For Llama and Qwen2 models the decode steps skip transformers' forward
+(grpolab.rollout.hf_decode: the same modules and operations without the per-token bookkeeping, q/k/v
+and gate/up as one product each, a cache grown by blocks). All of them compute what autocast computes.
+Elsewhere (fp32, CUDA) the plain ``DynamicCache`` / SDPA path runs. On CUDA no decode step waits for the host: "has every row
 stopped?" is asked every ``FINISHED_CHECK_EVERY_CUDA`` tokens, and the attention mask goes in a form
 transformers does not inspect (``decode_mask_mode``).
 """
