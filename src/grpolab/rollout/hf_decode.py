@@ -116,7 +116,7 @@ class DirectDecoder:
 
     def _layer(self, layer, products, hidden, rotary, mask, keys, values, slot: int) -> torch.Tensor:
         attn, (qkv, gate_up) = layer.self_attn, products
-        n, kv_heads, capacity, head_dim = keys.shape
+        n, kv_heads, width, head_dim = keys.shape  # width: the cache's slots so far (``_grow``)
         x = qkv(layer.input_layernorm(hidden))  # [n, 1, (heads + 2 kv_heads) * head_dim]
         heads = x.shape[-1] // head_dim - 2 * kv_heads
         qk = _rotate(x[..., : (heads + kv_heads) * head_dim].view(n, -1, 1, head_dim), *rotary)
@@ -124,9 +124,9 @@ class DirectDecoder:
         values[:, :, slot] = x[..., (heads + kv_heads) * head_dim :].view(n, kv_heads, head_dim)
         group = heads // kv_heads  # query heads per key head: one block each, no repeated keys
         q = qk[:, :heads].to(keys.dtype).view(n, kv_heads, group, head_dim)
-        scores = (torch.matmul(q, keys.transpose(2, 3)) * attn.scaling).view(n, heads, 1, capacity) + mask
+        scores = (torch.matmul(q, keys.transpose(2, 3)) * attn.scaling).view(n, heads, 1, width) + mask
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(qk.dtype)
-        out = torch.matmul(probs.to(values.dtype).view(n, kv_heads, group, capacity), values)
+        out = torch.matmul(probs.to(values.dtype).view(n, kv_heads, group, width), values)
         hidden = hidden.add_(attn.o_proj(out.view(n, 1, -1)))  # [n, kv, group, d] is [n, 1, heads * d] in memory
         x = gate_up(layer.post_attention_layernorm(hidden))
         gate, up = x.chunk(2, dim=-1)
