@@ -22,7 +22,7 @@ Speed on a CPU under bf16 autocast (grpolab.models.inference; measured in benchm
 sampler decodes from a copy of the model whose Linear weights are stored in bf16, refreshed at every
 ``sample`` call (autocast would re-cast every weight at every token), with the plain attention
 (SDPA's bf16 CPU kernels are slow), and after the prefill each layer's cache moves into buffers
-reserved for the whole completion, written in place (``DynamicCache`` concatenates, copying the
+reserved for the whole completion, written in place (grpolab.rollout.hf_cache) (``DynamicCache`` concatenates, copying the
 whole cache at every token). For Llama and Qwen2 models the decode steps skip transformers' forward
 (grpolab.rollout.hf_decode: the same modules and operations without the per-token bookkeeping, q/k/v
 and gate/up as one product each, a cache grown by blocks). All of them compute what autocast computes.
@@ -38,8 +38,7 @@ import inspect
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache, cache_utils
-from transformers.cache_utils import DynamicLayer
+from transformers import DynamicCache
 
 from grpolab.models.inference import WeightCopy, attention_for, wants_eager_attention
 from grpolab.models.loading import is_peft
@@ -53,11 +52,8 @@ from grpolab.rollout.base import (
 )
 from grpolab.rollout.budget import sequences_per_block
 from grpolab.rollout.filters import draw_tokens, filter_logits, penalise_repeats, seen_tokens
-from grpolab.rollout.hf_decode import DirectDecoder, direct_decoder
+from grpolab.rollout.hf_cache import direct_step, reserve, select_rows
 from grpolab.types import Completions, FinishReason
-
-# transformers' layer of Mamba / gated-delta states (5.x); () where it has none, so no layer is one
-_LINEAR_ATTENTION = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
 
 FINISHED_CHECK_EVERY_CUDA = 16
 """Decode steps between two host syncs that ask whether every row has stopped, on CUDA (1 on a CPU,
@@ -197,9 +193,9 @@ class HFSampler(Sampler):
         reserved = wants_eager_attention(self._net, logits.device, self.autocast_dtype, **shape)
         step = None
         if reserved:  # measured: pays off with the plain attention only
-            step = _direct_step(self._net, cache, rows, attention[rows], capacity, self.autocast_dtype)
+            step = direct_step(self._net, cache, rows, attention[rows], capacity, self.autocast_dtype)
             if step is None:
-                _reserve(cache, rows, capacity, self.autocast_dtype)
+                reserve(cache, rows, capacity, self.autocast_dtype)
         else:
             select_rows(cache, rows)
         padded = len({len(p) for p in prompt_ids[first : last + 1]}) > 1
@@ -343,78 +339,6 @@ def _check_inputs(prompt_ids, num_generations: int, generator, device: torch.dev
         )
 
 
-class _ReservedLayer(DynamicLayer):
-    """A cache layer with zeroed buffers reserved for the whole completion, written in place.
-
-    ``DynamicLayer.update`` concatenates, copying the whole cache at every decoded token; returning
-    views of a longer buffer instead makes the attention matmuls copy them. So, as transformers'
-    ``StaticLayer`` does, the full buffers are returned and the attention mask (padded with zeros to
-    ``capacity`` by transformers) hides the slots not yet written. The buffers hold the compute dtype
-    (what autocast would cast the keys and values to before the attention anyway).
-    """
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int, dtype: torch.dtype):
-        super().__init__()
-        self.device = keys.device
-        self.capacity = capacity
-        self.filled = 0
-        self.keys = keys.new_zeros((*keys.shape[:2], capacity, keys.shape[3]), dtype=dtype)
-        self.values = values.new_zeros((*values.shape[:2], capacity, values.shape[3]), dtype=dtype)
-        self.is_initialized = True
-        self.update(keys, values)
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        stop = self.filled + key_states.shape[2]
-        self.keys[:, :, self.filled : stop] = key_states
-        self.values[:, :, self.filled : stop] = value_states
-        self.filled = stop
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.filled
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.capacity, 0
-
-    def get_max_length(self) -> int:
-        return self.capacity
-
-
-def select_rows(cache, rows: torch.Tensor) -> None:
-    """Keep cache rows ``rows`` (a prompt's row repeated for its samples). A linear-attention layer (the Mamba or
-    gated-delta states of NemotronH, Qwen3.5) has no batch_select_indices, or inherits one that selects only the
-    keys and values beside its states; its reorder_cache selects every state."""
-    layers = getattr(cache, "layers", None)
-    if layers is None:
-        cache.batch_select_indices(rows)
-        return
-    for layer in layers:
-        if isinstance(layer, _LINEAR_ATTENTION) or not hasattr(layer, "batch_select_indices"):
-            layer.reorder_cache(rows)
-        else:
-            layer.batch_select_indices(rows)
-
-
-def _reserve(cache, rows: torch.Tensor, capacity: int, dtype: torch.dtype | None) -> None:
-    """Keep cache rows ``rows`` (each prompt's row repeated for its samples), with room for ``capacity``."""
-    layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
-        select_rows(cache, rows)  # sliding-window or other layer types: the plain path
-        return
-    for i, layer in enumerate(layers):
-        layers[i] = _ReservedLayer(layer.keys[rows], layer.values[rows], capacity, dtype or layer.keys.dtype)
-
-
-def _direct_step(model, cache, rows: torch.Tensor, prompt_attention, capacity: int, dtype) -> DirectDecoder | None:
-    """A ``DirectDecoder`` from the prefill's cache (rows ``rows`` of it), where every layer is a plain one and the
-    model is one it runs; it then holds the decode's cache itself."""
-    layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
-        return None
-    prompt_cache = [(layer.keys[rows], layer.values[rows]) for layer in layers]
-    return direct_decoder(model, prompt_cache, prompt_attention, capacity, dtype or layers[0].keys.dtype)
-
-
 def _concat_right_padded(parts, pad_token_id: int):
     """Concatenate (ids, mask, logprobs) blocks along rows, right-padding to the longest T."""
     width = max(ids.shape[1] for ids, _, _ in parts)
@@ -437,7 +361,7 @@ def decode_mask_mode(device: torch.device, config, *, padded: bool, reserved: bo
     CPU, a stall of the launch queue on CUDA. So on CUDA, where no prompt row is padded, "none" (every key
     is attended: no mask at all), and where rows are padded under SDPA, "4d": SDPA's own boolean
     [n, 1, 1, kv] mask, made once per batch and sliced per token, which transformers passes through as it
-    is. The reserved cache (grpolab.rollout.hf._ReservedLayer, CPU only) needs the 2-D mask to hide its
+    is. The reserved cache (grpolab.rollout.hf_cache.ReservedLayer, CPU only) needs the 2-D mask to hide its
     unwritten slots; flash-attention unpads a padded batch by itself (its own sync) and takes 2-D masks.
     """
     if device.type != "cuda" or reserved:

@@ -307,7 +307,7 @@ def test_min_p_and_the_penalty_shape_the_draw_not_the_logprobs(model, tok, promp
 
 def test_a_hybrid_mamba_model_samples_each_prompts_rows_from_its_own_states(tok, prompts):
     """NemotronH's cache holds Mamba conv / recurrent states in layers without batch_select_indices: each prompt's
-    prefilled row is repeated for its samples with reorder_cache (rollout.hf.select_rows). Wrong states for a row
+    prefilled row is repeated for its samples with reorder_cache (rollout.hf_cache.select_rows). Wrong states for a row
     would show as log-probs unlike the teacher-forced forward's."""
     from transformers import NemotronHConfig, NemotronHForCausalLM
 

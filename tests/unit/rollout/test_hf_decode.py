@@ -29,23 +29,23 @@ def _llama_gqa(tok):
 def _both(model, tok, prompts, **kw):
     """(direct step, transformers' forward) samples of the same seed; asserts the direct one ran."""
     steps = []
-    original = hf._direct_step
+    original = hf.direct_step
 
     def spy(*args):
         steps.append(original(*args))
         return steps[-1]
 
     try:
-        hf._direct_step = spy
+        hf.direct_step = spy
         fast = HFSampler(model, tok, max_completion_length=10, autocast_dtype=BF16, **kw).sample(
             prompts, num_generations=G, generator=torch.Generator().manual_seed(0)
         )
-        hf._direct_step = lambda *args: None
+        hf.direct_step = lambda *args: None
         slow = HFSampler(model, tok, max_completion_length=10, autocast_dtype=BF16, **kw).sample(
             prompts, num_generations=G, generator=torch.Generator().manual_seed(0)
         )
     finally:
-        hf._direct_step = original
+        hf.direct_step = original
     assert steps and all(isinstance(s, DirectDecoder) for s in steps), "the direct step did not run"
     return fast, slow
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grpolab.rollout.hf import HFSampler, _ReservedLayer
+from grpolab.rollout.hf import HFSampler
 
 BF16 = torch.bfloat16
 G = 3
@@ -43,7 +43,7 @@ def test_reserved_cache_matches_the_plain_cache(model, tok, prompts):
     import grpolab.rollout.hf as hf
 
     calls = []
-    original = hf._reserve
+    original = hf.reserve
 
     def spy(*args):
         calls.append(1)
@@ -52,25 +52,16 @@ def test_reserved_cache_matches_the_plain_cache(model, tok, prompts):
     def plain(cache, rows, capacity, dtype):
         cache.batch_select_indices(rows)
 
-    hf._reserve = spy
-    direct = hf._direct_step
-    hf._direct_step = lambda *args: None  # the reserved cache serves models the direct step does not run
+    hf.reserve = spy
+    direct = hf.direct_step
+    hf.direct_step = lambda *args: None  # the reserved cache serves models the direct step does not run
     try:
         fast = _sample(HFSampler(model, tok, max_completion_length=10, autocast_dtype=BF16), prompts)
         assert calls, "the reserved cache was not used"
-        hf._reserve = plain
+        hf.reserve = plain
         slow = _sample(HFSampler(model, tok, max_completion_length=10, autocast_dtype=BF16), prompts)
     finally:
-        hf._reserve, hf._direct_step = original, direct
+        hf.reserve, hf.direct_step = original, direct
     assert torch.equal(fast.completion_ids, slow.completion_ids)
     torch.testing.assert_close(fast.logprobs, slow.logprobs, atol=1e-4, rtol=0)
 
-
-def test_reserved_layer_writes_in_place():
-    keys, values = torch.randn(2, 4, 3, 8), torch.randn(2, 4, 3, 8)
-    layer = _ReservedLayer(keys, values, capacity=6, dtype=BF16)
-    buffer = layer.keys.data_ptr()
-    k, v = layer.update(torch.ones(2, 4, 1, 8), torch.ones(2, 4, 1, 8))
-    assert k.shape == (2, 4, 6, 8) and k.dtype == BF16 and k.data_ptr() == buffer
-    assert layer.get_seq_length() == 4 and layer.get_mask_sizes(1) == (6, 0)
-    assert torch.equal(k[:, :, :3], keys.to(BF16)) and (k[:, :, 3] == 1).all() and (k[:, :, 4:] == 0).all()
