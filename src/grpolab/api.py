@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from grpolab.api_args import (
-    check_data_named,
+    assemble,
     config_warnings_logged,
     environment_rows,
     eval_generations,
@@ -65,7 +65,7 @@ from grpolab.api_args import (
     with_environment,
 )
 from grpolab.api_callbacks import Callbacks
-from grpolab.api_data import dataset_rows, eval_sets, stream_limit
+from grpolab.api_data import dataset_rows, eval_sets
 from grpolab.api_eval import evaluate_policy
 from grpolab.api_models import (
     ModelFolder,
@@ -77,30 +77,21 @@ from grpolab.api_models import (
     train_summary,
     unlogged_by_trl,
 )
-from grpolab.api_rewards import (
-    RewardFunc,
-    as_list,
-    build_reward_funcs,
-    named_reward,
-    recorded_spec,
-    trl_reward_funcs,
-)
+from grpolab.api_rewards import RewardFunc, as_list, build_reward_funcs, named_reward, trl_reward_funcs
 from grpolab.commands.train import train as train_loop
-from grpolab.config import Config, DataConfig, config_from_dict
-from grpolab.data import examples_from_rows
+from grpolab.config import Config
 from grpolab.distributed import dist
 from grpolab.errors import ConfigError
-from grpolab.rewards import TrlReward, WeightedReward
-from grpolab.rewards.trl_style import check_columns
 from grpolab.runtime.assemble import Models, load_models
 from grpolab.runtime.logging import read_metrics
-from grpolab.types import Example
 
 if TYPE_CHECKING:
     from grpolab.commands.train import TrainResult
 
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # as ``grpolab`` (cli.py) writes its log
 
+__all__ = ["LOG_FORMAT", "GRPOTrainer", "build_reward_funcs", "dataset_rows", "show_progress_logs", "train"]
+"""The API, and the reward and dataset readers (api_rewards.py, api_data.py) under the names callers import from here."""
 
 
 class GRPOTrainer:
@@ -211,7 +202,7 @@ class GRPOTrainer:
         if peft_config is not None:
             set_key(raw, "model", "lora", lora_section(peft_config))
         self._reward_sources = as_list(reward_funcs) if reward_funcs is not None else []
-        self.args, self.rewards, self.train_dataset = _assemble(raw, reward_funcs, reward_weights, train_dataset, tokenizers)
+        self.args, self.rewards, self.train_dataset = assemble(raw, reward_funcs, reward_weights, train_dataset, tokenizers)
         """rewards: grpolab's weighted rewards, one per reward_funcs entry (None: the config's reward.functions)."""
 
     def _reward_tokenizers(self, reward_funcs, classes) -> list[str | None] | None:
@@ -355,7 +346,7 @@ def train(
     """
     with config_warnings_logged():
         raw, reward_weights, _ = raw_args(config, train_dataset, reward_weights)
-        cfg, rewards, examples = _assemble(raw, reward_funcs, reward_weights, train_dataset)
+        cfg, rewards, examples = assemble(raw, reward_funcs, reward_weights, train_dataset)
     return _train_with(cfg, rewards, examples, resume=resume)
 
 
@@ -378,36 +369,3 @@ def show_progress_logs() -> None:
     package.addHandler(handler)
     if package.level == logging.NOTSET:
         package.setLevel(logging.INFO)
-
-
-def _assemble(
-    raw: dict[str, Any], reward_funcs, reward_weights, train_dataset, tokenizers=None
-) -> tuple[Config, list[WeightedReward] | None, list[Example] | None]:
-    """The config, with the rewards and examples that replace its reward and data sections (None: keep them)."""
-    rewards = None
-    if reward_funcs is not None:
-        if raw.get("reward", {}).get("functions"):
-            raise ConfigError(
-                "the rewards are given twice, as reward_funcs and in the config's reward.functions: keep one"
-            )
-        rewards = build_reward_funcs(reward_funcs, reward_weights, tokenizers)
-        tokenizers = tokenizers or [None] * len(rewards)
-        specs = [recorded_spec(f, r, t) for f, r, t in zip(as_list(reward_funcs), rewards, tokenizers, strict=True)]
-        set_key(raw, "reward", "functions", specs)
-    elif reward_weights is not None:
-        raise ConfigError("reward_weights needs reward_funcs (in a config, give each reward.functions entry a weight)")
-    rows = None
-    if train_dataset is None:
-        check_data_named(raw.get("data", {}))
-    else:
-        if raw.get("data", {}).get("path"):
-            raise ConfigError("the data is given twice, as train_dataset and in the config's data.path: keep one")
-        rows = dataset_rows(train_dataset, limit=stream_limit(raw, train_dataset))
-        default = DataConfig.answer_field
-        if raw.get("data", {}).get("answer_field", default) == default and not any(default in r for r in rows):
-            set_key(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
-    cfg = config_from_dict(raw)  # each setting that does less than it says warns (config/checks.py)
-    examples = None if rows is None else examples_from_rows(rows, cfg.data, origin="train_dataset")
-    if rows is not None and any(isinstance(r.reward, TrlReward) for r in rewards or ()):
-        check_columns(list(dict.fromkeys(k for r in rows for k in r)), "train_dataset")
-    return cfg, rewards, examples

@@ -1,7 +1,8 @@
 """What GRPOTrainer's ``args`` (and its other arguments) become: the nested dict of config sections it is
 built from, from a grpolab Config, a dict of sections or dotted keys, a YAML path or TRL's GRPOConfig
-(converted by ``grpolab convert-trl``'s rules); the defaults that differ under the TRL-shaped API; and the
-config's warnings, logged as TRL logs its own.
+(converted by ``grpolab convert-trl``'s rules); the defaults that differ under the TRL-shaped API; the
+config's warnings, logged as TRL logs its own; and the Config built from that dict with the rewards and the
+dataset given (``assemble``).
 """
 
 from __future__ import annotations
@@ -17,20 +18,24 @@ from pathlib import Path
 from typing import Any
 
 from grpolab.api_data import dataset_rows, stream_limit
-from grpolab.api_rewards import as_list
+from grpolab.api_rewards import as_list, build_reward_funcs, recorded_spec
 from grpolab.config import (
     Config,
     ConfigWarning,
     DataConfig,
     TrainConfig,
+    config_from_dict,
     config_to_dict,
     load_config,
     user_settings,
 )
-from grpolab.data import DataError
+from grpolab.data import DataError, examples_from_rows
 from grpolab.envs.trl_env import env_methods, env_reward, register, unregister
 from grpolab.errors import ConfigError
+from grpolab.rewards import TrlReward, WeightedReward
+from grpolab.rewards.trl_style import check_columns
 from grpolab.trl.convert import TrlConversion, convert_trl
+from grpolab.types import Example
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +143,39 @@ def raw_args(args: Any, train_dataset: Any, reward_weights):
     if reward_weights is None and args.reward_weights is not None:
         reward_weights = args.reward_weights
     return conversion.config_dict(), reward_weights, conversion
+
+
+def assemble(
+    raw: dict[str, Any], reward_funcs, reward_weights, train_dataset, tokenizers=None
+) -> tuple[Config, list[WeightedReward] | None, list[Example] | None]:
+    """The config, with the rewards and examples that replace its reward and data sections (None: keep them)."""
+    rewards = None
+    if reward_funcs is not None:
+        if raw.get("reward", {}).get("functions"):
+            raise ConfigError(
+                "the rewards are given twice, as reward_funcs and in the config's reward.functions: keep one"
+            )
+        rewards = build_reward_funcs(reward_funcs, reward_weights, tokenizers)
+        tokenizers = tokenizers or [None] * len(rewards)
+        specs = [recorded_spec(f, r, t) for f, r, t in zip(as_list(reward_funcs), rewards, tokenizers, strict=True)]
+        set_key(raw, "reward", "functions", specs)
+    elif reward_weights is not None:
+        raise ConfigError("reward_weights needs reward_funcs (in a config, give each reward.functions entry a weight)")
+    rows = None
+    if train_dataset is None:
+        check_data_named(raw.get("data", {}))
+    else:
+        if raw.get("data", {}).get("path"):
+            raise ConfigError("the data is given twice, as train_dataset and in the config's data.path: keep one")
+        rows = dataset_rows(train_dataset, limit=stream_limit(raw, train_dataset))
+        default = DataConfig.answer_field
+        if raw.get("data", {}).get("answer_field", default) == default and not any(default in r for r in rows):
+            set_key(raw, "data", "answer_field", None)  # TRL's datasets have no answer column
+    cfg = config_from_dict(raw)  # each setting that does less than it says warns (config/checks.py)
+    examples = None if rows is None else examples_from_rows(rows, cfg.data, origin="train_dataset")
+    if rows is not None and any(isinstance(r.reward, TrlReward) for r in rewards or ()):
+        check_columns(list(dict.fromkeys(k for r in rows for k in r)), "train_dataset")
+    return cfg, rewards, examples
 
 
 def _is_trl_config(args: Any) -> bool:
