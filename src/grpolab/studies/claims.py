@@ -29,14 +29,10 @@ continues where it stopped (``grpolab claims`` again); ``log.overwrite=true`` st
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
-import os
 import shutil
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +40,11 @@ import torch
 import yaml
 
 from grpolab import jsonio
-from grpolab.commands.eval import evaluate
 from grpolab.commands.train_rm import PreferencePair, train_reward_model, write_pairs
 from grpolab.config import Config, ConfigError, config_to_dict, derive
 from grpolab.config.view import config_view
 from grpolab.data import DataError, load_examples, split_eval, tokenize_prompts
-from grpolab.errors import GrpolabError, one_line
 from grpolab.eval.kl import measure_kl
-from grpolab.eval.results import ModelEval, load_evals
 from grpolab.eval.runner import blind_grader
 from grpolab.models.sources import local_source
 from grpolab.rewards import build_rewards
@@ -66,20 +59,13 @@ from grpolab.runtime.preflight import check_model_source
 from grpolab.studies.child import in_child
 from grpolab.studies.claims_data import ClaimsData, g_run, grpo_name, run_name, seeds
 from grpolab.studies.claims_report import write_claims_report
+from grpolab.studies.claims_stages import ClaimsError as ClaimsError  # the verb's error, importable from here
+from grpolab.studies.claims_stages import claims_advice, stage_eval, stage_text, stamp, stamped, timed
 from grpolab.studies.claims_start import check_warm_start, warm_start
 from grpolab.studies.compare import AlgoRun, algo_config, summarise, train_in_child
 from grpolab.studies.hacking import HackingResult, finished, grid_configs, hacking
 
 log = logging.getLogger(__name__)
-
-STAMP = "stage_config.yaml"
-"""Beside a stage's output: the config sections it read and the weights it loaded (weights_id); a rerun with the
-same sections and weights reads the output back (so a change to another experiment's settings does not redo
-this one, and a model retrained upstream is measured again)."""
-
-
-class ClaimsError(GrpolabError, RuntimeError):
-    """A stage failed with advice that claims cannot follow as given; the message says what to do instead."""
 
 
 def check_claims(cfg: Config) -> None:
@@ -182,20 +168,20 @@ def run_claims(cfg: Config) -> tuple[Path, ClaimsData]:
     data = ClaimsData(cfg=cfg, start_model=local_source(cfg.model.name_or_path))
     start = _starting_model(cfg, data)
     for name, run_cfg in training_configs(start, out).items():
-        with _timed(data, f"train {name}"), _claims_advice():
+        with timed(data, f"train {name}"), claims_advice():
             data.runs[name] = _summary(_train(run_cfg, out, weights_id(data.start_model)))
     for seed in seeds(cfg):
         for g in sorted(cfg.claims.group_sizes):
             name = g_run(cfg, g, seed)
-            with _timed(data, f"greedy eval {name}"):
+            with timed(data, f"greedy eval {name}"):
                 _greedy(derive(start, {"seed": seed}), data, _final(out / name), f"G{g}_s{seed}")
     grpo = _final(out / run_name("grpo", cfg.seed))
-    with _timed(data, "evaluate the GRPO model"):
+    with timed(data, "evaluate the GRPO model"):
         _evaluate_kinds(start, data, grpo, "GRPO")
     exact = derive(start, {"rollout.engine": "hf"})  # claim 3 samples exactly pi: the trainer's own decoder
-    with _timed(data, "KL of the GRPO model"):
+    with timed(data, "KL of the GRPO model"):
         data.kl["GRPO (rule reward)"] = _kl(exact, data.start_model, grpo, out / "kl" / "grpo.json")
-    with _claims_advice():
+    with claims_advice():
         _hacking(start, exact, data)
     report = write_claims_report(out, data)
     return report, data
@@ -206,12 +192,12 @@ def _starting_model(cfg: Config, data: ClaimsData) -> Config:
     config every later stage starts from (model.name_or_path the warm-started model, or cfg)."""
     start = cfg
     if cfg.claims.warm_start:
-        with _timed(data, "warm start"):
+        with timed(data, "warm start"):
             start, data.warm_start = in_child("claims' warm start", warm_start, cfg)
         data.original_model, data.start_model = data.start_model, start.model.name_or_path
-        with _timed(data, "evaluate the original model"):  # the format finding, on the task's kind only: its
+        with timed(data, "evaluate the original model"):  # the format finding, on the task's kind only: its
             _evaluate_kinds(cfg, data, data.original_model, "original", hard=False)  # long replies cost the most
-    with _timed(data, "evaluate the starting model"):
+    with timed(data, "evaluate the starting model"):
         _evaluate_kinds(start, data, data.start_model, "base")
         for seed in seeds(cfg):
             _greedy(derive(start, {"seed": seed}), data, data.start_model, f"base_s{seed}")
@@ -230,83 +216,17 @@ def _hacking(start: Config, exact: Config, data: ClaimsData) -> None:
     out, label = start.run_dir, proxy_label(start)
     rm_dir = out / "reward_model"
     if start.claims.hacking_proxy is None:
-        with _timed(data, "reward model"):
+        with timed(data, "reward model"):
             rm_dir = _reward_model(start, data)
-    with _timed(data, f"GRPO on the {label}"):
+    with timed(data, f"GRPO on the {label}"):
         result = _hacking_runs(start, data, rm_dir)
     for name, run_dir in result.run_dirs.items():
         data.hacking_runs[f"{label}, {name}"] = str(run_dir)
-        with _timed(data, f"KL of {name}"):
+        with timed(data, f"KL of {name}"):
             data.kl[f"GRPO ({label}, {name})"] = _kl(
                 exact, data.start_model, _final(run_dir), out / "kl" / f"rm_{name}.json"
             )
     data.hacking_runs["rule reward (contrast)"] = str(out / run_name("grpo", start.seed))
-
-
-SECONDS = "stage_seconds.json"
-READ_BACK_S = 2.0
-"""A stage done in less than this was read back: it keeps the seconds it took when it ran (SECONDS)."""
-
-
-@contextlib.contextmanager
-def _timed(data: ClaimsData, name: str) -> Iterator[None]:
-    """Announces the stage and records its seconds and load average in data.seconds / <run>/stage_seconds.json."""
-    print(f"grpolab: claims: {name}", flush=True)
-    path = data.cfg.run_dir / SECONDS
-    saved = json.loads(path.read_text()) if path.is_file() else {}
-    t0 = time.perf_counter()
-    yield
-    took = time.perf_counter() - t0
-    if took >= READ_BACK_S or name not in saved:
-        saved[name] = {"seconds": took, "load_average": os.getloadavg()[0]}
-    data.seconds[name] = saved[name]["seconds"]
-    data.loads[name] = saved[name]["load_average"]
-    jsonio.write_whole(path, jsonio.dumps(saved, indent=1) + "\n")
-
-
-@contextlib.contextmanager
-def _claims_advice() -> Iterator[None]:
-    """A training run's refusal may advise ``grpolab train --resume``, which claims does not take: what to do here."""
-    try:
-        yield
-    except GrpolabError as err:
-        if "--resume" not in str(err):
-            raise
-        raise ClaimsError(
-            f"{one_line(err)} [in grpolab claims, which takes no --resume: change the setting in the claims config "
-            "and run the same command again; every stage that reads it is redone, the others are read back]"
-        ) from err
-
-
-def _stage_text(cfg: Config, *extra: Any) -> str:
-    """What an evaluation-like stage reads: the sections ``grpolab eval`` reads, and ``extra``."""
-    return yaml.safe_dump({"config": config_view(cfg, "eval"), "extra": [str(x) for x in extra]}, sort_keys=False)
-
-
-def _stamped(folder: Path, text: str) -> bool:
-    stamp = folder / STAMP
-    return stamp.is_file() and stamp.read_text() == text
-
-
-def _stamp(folder: Path, text: str) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    jsonio.write_whole(folder / STAMP, text)
-
-
-def _eval(cfg: Config, model: str, label: str, folder: Path) -> ModelEval:
-    """evaluate() of one model into ``folder``, or its eval.json read back when made with this config."""
-    text = _stage_text(cfg, weights_id(model), label)
-    if _stamped(folder, text) and (folder / "eval.json").is_file():
-        [result] = load_evals(folder / "eval.json")
-        return result
-    in_child(f"claims' evaluation of {label}", _evaluate_into, cfg, model, label, folder)  # its memory returned
-    [result] = load_evals(folder / "eval.json")
-    _stamp(folder, text)
-    return result
-
-
-def _evaluate_into(cfg: Config, model: str, label: str, folder: Path) -> None:
-    evaluate(cfg, [model], labels=[label], out_dir=folder, progress=False)
 
 
 def _evaluate_kinds(cfg: Config, data: ClaimsData, model: str, label: str, *, hard: bool = True) -> None:
@@ -317,13 +237,13 @@ def _evaluate_kinds(cfg: Config, data: ClaimsData, model: str, label: str, *, ha
     if cfg.claims.hard_params and hard:
         kinds["B"] = derive(cfg, {**ev, "data.params": dict(cfg.claims.hard_params)})
     for kind, kind_cfg in kinds.items():
-        data.evals[f"{kind}/{label}"] = _eval(kind_cfg, model, label, cfg.run_dir / "eval" / f"{kind}_{label}")
+        data.evals[f"{kind}/{label}"] = stage_eval(kind_cfg, model, label, cfg.run_dir / "eval" / f"{kind}_{label}")
 
 
 def _greedy(cfg: Config, data: ClaimsData, model: str, label: str) -> None:
     """Claim 2: greedy accuracy on every held-out prompt of the task (one sample each, for the record)."""
     ev = {"eval.num_samples": 1, "eval.ks": [1], "eval.greedy": True, "eval.max_prompts": 0}
-    data.evals[f"greedy/{label}"] = _eval(derive(cfg, ev), model, label, cfg.run_dir / "eval" / f"greedy_{label}")
+    data.evals[f"greedy/{label}"] = stage_eval(derive(cfg, ev), model, label, cfg.run_dir / "eval" / f"greedy_{label}")
 
 
 def _train(run_cfg: Config, out: Path, start: str) -> AlgoRun:
@@ -332,12 +252,12 @@ def _train(run_cfg: Config, out: Path, start: str) -> AlgoRun:
     run_cfg = derive(run_cfg, {"log.overwrite": True})
     wall_file = out / f"{run_cfg.log.run_name}.wall_s"
     done = finished(run_cfg) and wall_file.is_file() and latest_checkpoint(run_cfg.run_dir) is not None
-    if done and _stamped(run_cfg.run_dir, start):
+    if done and stamped(run_cfg.run_dir, start):
         info = json.loads((run_cfg.run_dir / "run_info.json").read_text())
         return AlgoRun(run_cfg.log.run_name, run_cfg.run_dir, float(wall_file.read_text()), info, read_metrics(run_cfg.run_dir))
     run = train_in_child(run_cfg, out)
     wall_file.write_text(f"{run.wall_s}\n")
-    _stamp(run_cfg.run_dir, start)
+    stamp(run_cfg.run_dir, start)
     return run
 
 
@@ -347,14 +267,14 @@ def _hacking_runs(cfg: Config, data: ClaimsData, rm_dir: Path) -> HackingResult:
     hack = hacking_config(cfg, rm_dir)
     proxy = config_to_dict(cfg.claims.hacking_proxy) if cfg.claims.hacking_proxy else weights_id(str(rm_dir))
     text = yaml.safe_dump({"start": weights_id(data.start_model), "reward_model": proxy})
-    if not _stamped(hack.run_dir, text):
+    if not stamped(hack.run_dir, text):
         for run_cfg in grid_configs(hack, cfg.claims.hacking_betas, [cfg.seed]).values():
             (run_cfg.run_dir / "config.yaml").unlink(missing_ok=True)  # so not finished, not resumed: trained again
     title = f"claims: GRPO on a reward model made from {data.start_model}"
     if cfg.claims.hacking_proxy is not None:
         title = f"claims: GRPO from {data.start_model} on the proxy {proxy_label(cfg)}"
     result = hacking(hack, cfg.claims.hacking_betas, [cfg.seed], title=title)
-    _stamp(hack.run_dir, text)
+    stamp(hack.run_dir, text)
     return result
 
 
@@ -373,13 +293,13 @@ def _final(run_dir: Path) -> str:
 def _kl(cfg: Config, start: str, policy_path: str, path: Path) -> dict[str, float]:
     """Claim 3 on one trained policy: k1, k3 and the exact KL against the starting model."""
     c = cfg.claims
-    text = _stage_text(cfg, weights_id(start), weights_id(policy_path), c.kl_prompts, c.kl_samples, "exact moments")
-    if _stamped(path.parent / path.stem, text) and path.is_file():
+    text = stage_text(cfg, weights_id(start), weights_id(policy_path), c.kl_prompts, c.kl_samples, "exact moments")
+    if stamped(path.parent / path.stem, text) and path.is_file():
         return json.loads(path.read_text())
     measured = in_child(f"claims' KL of {policy_path}", _measure_kl, cfg, start, policy_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     jsonio.write_whole(path, jsonio.dumps(measured, indent=1) + "\n")
-    _stamp(path.parent / path.stem, text)
+    stamp(path.parent / path.stem, text)
     return measured
 
 
@@ -444,8 +364,8 @@ def _reward_model(cfg: Config, data: ClaimsData) -> Path:
     )
     stats_path = cfg.run_dir / "rm_pairs.json"
     c = cfg.claims
-    text = _stage_text(cfg, config_view(rm_full, "train-rm"), weights_id(data.start_model), c.rm_prompts, c.rm_pairs_per_prompt)
-    if _stamped(cfg.run_dir / "rm_stamp", text) and (folder / "eval.json").is_file() and stats_path.is_file():
+    text = stage_text(cfg, config_view(rm_full, "train-rm"), weights_id(data.start_model), c.rm_prompts, c.rm_pairs_per_prompt)
+    if stamped(cfg.run_dir / "rm_stamp", text) and (folder / "eval.json").is_file() and stats_path.is_file():
         data.reward_model = json.loads(stats_path.read_text())
         return folder
     pairs, stats = in_child("claims' preference pairs", preference_pairs, cfg, data.start_model)
@@ -458,6 +378,6 @@ def _reward_model(cfg: Config, data: ClaimsData) -> Path:
     result = in_child("claims' reward model", train_reward_model, rm_full)
     stats |= {"history": result.history, "path": str(folder)}
     jsonio.write_whole(stats_path, jsonio.dumps(stats, indent=1) + "\n")
-    _stamp(cfg.run_dir / "rm_stamp", text)
+    stamp(cfg.run_dir / "rm_stamp", text)
     data.reward_model = stats
     return folder

@@ -134,7 +134,7 @@ def _retrained(folder):
 def test_a_model_retrained_upstream_is_evaluated_again_not_read_back(cfg, tmp_path, monkeypatch):
     """After optim.lr changed, the GRPO model was retrained into the same checkpoints/step_N, and its evaluations
     and KL were read back from the old one: the stamp now records the weights read."""
-    from grpolab.studies import claims
+    from grpolab.studies import claims_stages
 
     measured = []
 
@@ -144,17 +144,17 @@ def test_a_model_retrained_upstream_is_evaluated_again_not_read_back(cfg, tmp_pa
         (out_dir / "eval.json").write_text("[]")
         return ["measured"]
 
-    monkeypatch.setattr(claims, "evaluate", evaluate)
-    monkeypatch.setattr(claims, "in_child", lambda what, fn, *args: fn(*args))  # the patch reaches no spawned child
-    monkeypatch.setattr(claims, "load_evals", lambda path: [f"eval.json after {len(measured)} evaluations"])
+    monkeypatch.setattr(claims_stages, "evaluate", evaluate)
+    monkeypatch.setattr(claims_stages, "in_child", lambda what, fn, *args: fn(*args))  # the patch reaches no spawned child
+    monkeypatch.setattr(claims_stages, "load_evals", lambda path: [f"eval.json after {len(measured)} evaluations"])
     model = tmp_path / "grpo" / "checkpoints" / "step_2"
     model.mkdir(parents=True)
     (model / "model.safetensors").write_bytes(b"trained")
     folder = tmp_path / "eval" / "A_GRPO"
-    assert claims._eval(cfg, str(model), "GRPO", folder) == "eval.json after 1 evaluations"
-    assert claims._eval(cfg, str(model), "GRPO", folder) == "eval.json after 1 evaluations"  # the same weights
+    assert claims_stages.stage_eval(cfg, str(model), "GRPO", folder) == "eval.json after 1 evaluations"
+    assert claims_stages.stage_eval(cfg, str(model), "GRPO", folder) == "eval.json after 1 evaluations"  # the same weights
     _retrained(model)
-    assert claims._eval(cfg, str(model), "GRPO", folder) == "eval.json after 2 evaluations"
+    assert claims_stages.stage_eval(cfg, str(model), "GRPO", folder) == "eval.json after 2 evaluations"
     assert measured == [str(model), str(model)]
 
 
@@ -189,12 +189,12 @@ def test_the_runs_on_a_retrained_reward_model_are_trained_again(cfg, tmp_path, m
 
 def test_advice_to_resume_becomes_advice_claims_takes():
     from grpolab.errors import TrainingError
-    from grpolab.studies.claims import ClaimsError, _claims_advice
+    from grpolab.studies.claims_stages import ClaimsError, claims_advice
 
     advice = r"--resume optim.lr=<lower> \[in grpolab claims, which takes no --resume: change the setting in the claims"
-    with pytest.raises(ClaimsError, match=advice), _claims_advice():
+    with pytest.raises(ClaimsError, match=advice), claims_advice():
         raise TrainingError("weights became NaN; resume with grpolab train --resume optim.lr=<lower>")
-    with pytest.raises(ConfigError, match="^other$"), _claims_advice():
+    with pytest.raises(ConfigError, match="^other$"), claims_advice():
         raise ConfigError("other")
 
 
