@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("commands",),
     ("studies",),
     ("trl",),
-    ("cli", "api", "api_args", "api_models", "api_eval", "api_callbacks", "api_rewards", "api_data", "__main__", "__init__"),
+    ("cli", "cli_args", "api", "api_args", "api_models", "api_eval", "api_callbacks", "api_rewards", "api_data", "__main__", "__init__"),
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 
