@@ -34,18 +34,15 @@ from grpolab.config.loading import (  # noqa: F401
     user_settings,
 )
 from grpolab.config.root import Config  # noqa: F401
+from grpolab.config.run_sections import EvalConfig, LogConfig, OptimConfig, TrainConfig  # noqa: F401 - re-exported
 from grpolab.config.sections import (  # noqa: F401 - re-exported
     DataConfig,
-    EvalConfig,
-    LogConfig,
     LoraConfig,
     ModelConfig,
-    OptimConfig,
     ProcessRewardSpec,
     RewardConfig,
     RewardSpec,
     RolloutConfig,
-    TrainConfig,
 )
 from grpolab.config.stages import ClaimsConfig, IterativeConfig, RewardModelConfig, SFTConfig  # noqa: F401
 from grpolab.errors import ConfigError  # noqa: F401

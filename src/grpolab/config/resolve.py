@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from grpolab.config.presets import ALGO_PRESETS
-from grpolab.config.sections import TrainConfig
+from grpolab.config.run_sections import TrainConfig
 
 NOT_A_KEY = {"config_key": False}
 """Field metadata: a field that is not a config key (the loader refuses it, config_to_dict leaves it out)."""

@@ -12,17 +12,8 @@ from grpolab.config.checks import check_cross_fields, check_ranges
 from grpolab.config.engine import VLLMConfig
 from grpolab.config.inert import warn_config
 from grpolab.config.resolve import NOT_A_KEY, from_preset
-from grpolab.config.sections import (
-    DataConfig,
-    EnvConfig,
-    EvalConfig,
-    LogConfig,
-    ModelConfig,
-    OptimConfig,
-    RewardConfig,
-    RolloutConfig,
-    TrainConfig,
-)
+from grpolab.config.run_sections import EvalConfig, LogConfig, OptimConfig, TrainConfig
+from grpolab.config.sections import DataConfig, EnvConfig, ModelConfig, RewardConfig, RolloutConfig
 from grpolab.config.stages import ClaimsConfig, IterativeConfig, RewardModelConfig, SFTConfig
 
 
