@@ -3,9 +3,9 @@
 ``assemble(cfg)`` returns a ``Run``, everything the training loop (commands/train.py) needs, built in this
 order so that bad input fails before the model loads and nothing is deleted before every check passed:
 
-1. checks that need no model: the parallel mode, the run directory (resume point and config changes,
-   rank 0), the model path, the rewards, the trackers, the generation engine, the data, and each reward
-   tried on a few examples;
+1. checks that need no model (runtime/run_inputs.py): the parallel mode, the run directory (resume point and
+   config changes, rank 0), the model path, the rewards, the trackers, the generation engine, the data, and each
+   reward tried on a few examples;
 2. the models: policy and tokenizer, the reference, the DDP / FSDP2 wrapping, the prompts tokenized and
    checked against the context length;
 3. the parts of a step: process supervision, the sampler (``rollout.engine``: one line, rollout/engines.py),
@@ -40,39 +40,33 @@ import torch
 
 from grpolab.algo.entropy_control import AdaptiveEntropy
 from grpolab.config import Config, ConfigError, ModelConfig, config_to_dict, dump_config
-from grpolab.data import PromptOrder, check_prompt_chars, load_examples, split_eval, tokenize_prompts
+from grpolab.data import PromptOrder, tokenize_prompts
 from grpolab.distributed import dist, parallel, sequence
-from grpolab.envs.setup import environment_from_config, offers_environments
 from grpolab.models.inference import limit_cpu_threads
 from grpolab.models.loading import (
     Reference,
     count_parameters,
     load_policy,
-    load_tokenizer,
     resolve_autocast,
     resolve_device,
     use_deterministic_kernels,
 )
 from grpolab.models.ulysses_attention import install as install_ulysses
-from grpolab.rewards import WeightedReward, build_rewards, dry_run, start_workers
-from grpolab.rewards.trl_hooks import TrlHooks, attach_hooks
+from grpolab.rewards import WeightedReward, start_workers
+from grpolab.rewards.trl_hooks import TrlHooks
 from grpolab.rollout.base import EngineSpec, Sampler
-from grpolab.rollout.engines import build_sampler, check_engine
+from grpolab.rollout.engines import build_sampler
 from grpolab.rollout.multiturn import episode_prompt_ids, episode_sampler
 from grpolab.runtime.engine_spec import engine_spec
 from grpolab.runtime.guards import BadSteps, NoSignal
-from grpolab.runtime.judges import close_judges, prepare_judges
+from grpolab.runtime.judges import close_judges
 from grpolab.runtime.lock import hold_run_dir_for_job
 from grpolab.runtime.logging import RunLogger, memory_before_models_mb
-from grpolab.runtime.preflight import (
-    check_context,
-    check_model_source,
-    clear_previous_run,
-    prepare_run_dir,
-)
+from grpolab.runtime.preflight import check_context, check_model_source, clear_previous_run
 from grpolab.runtime.resumable import Resumable
 from grpolab.runtime.resume import ResumePoint, record_resume
 from grpolab.runtime.run_info import write_run_info
+from grpolab.runtime.run_inputs import check_inputs, split_examples, training_examples
 from grpolab.runtime.step_spec import (
     batch_builder,
     build_critic,
@@ -83,14 +77,13 @@ from grpolab.runtime.step_spec import (
     sampling_spec,
     update_spec,
 )
-from grpolab.runtime.trackers import check_trackers
 from grpolab.training.batch import BatchBuilder
-from grpolab.training.gold import GoldMonitor, build_gold_rewards
+from grpolab.training.gold import GoldMonitor
 from grpolab.training.master import MasterWeightOptimizer
 from grpolab.training.ppo import Critic
 from grpolab.training.reasoning_steps import ProcessSupervision, TurnSupervision
 from grpolab.training.spec import SamplingSpec, UpdateSpec
-from grpolab.types import Completion, Episode, Example
+from grpolab.types import Example
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +211,7 @@ def assemble(
     if models is not None and dist.launched():
         raise ConfigError("assemble: models loaded beforehand are for one process; under torchrun let assemble load them")
     engine = engine_spec(cfg)  # what the generation engine reads of the run, checked and built from it
-    mode, point, rewards, gold_rewards, examples, make_env, hooks = _check_inputs(cfg, engine, resume, rewards, examples)
+    mode, point, rewards, gold_rewards, examples, make_env, hooks = check_inputs(cfg, engine, resume, rewards, examples)
     try:
         _seed(cfg)
         device = resolve_device(cfg.model)
@@ -312,48 +305,6 @@ def _build(
     )  # fmt: skip
 
 
-def _check_inputs(cfg: Config, engine: EngineSpec, resume: bool, rewards, examples):
-    """(parallel mode, resume point, rewards, gold rewards, training examples, make_env or None, the TRL rewards'
-    hooks): every check that needs no model, in the order a user meets them. Nothing is deleted here."""
-    mode = parallel.resolve_parallel(cfg.train.parallel, dist.world().size)
-    dist.check_divisible(cfg.train.prompts_per_step)
-    # rank 0 checks the run dir (checkpoint verified, config changes checked) and tells the others
-    point = dist.broadcast_object(prepare_run_dir(cfg, resume=resume) if dist.is_main() else None)
-    check_model_source(cfg.model)
-    rewards = build_rewards(cfg.reward.functions) if rewards is None else list(rewards)
-    check_trackers(cfg.log.trackers)
-    check_engine(cfg.rollout.engine, engine)  # vllm: installed, the architecture, the KV cache's size
-    make_env = environment_from_config(cfg.env)  # None: one completion per prompt (docs/multiturn.md)
-    gold_rewards = build_gold_rewards(cfg.reward.gold)  # logged, never in the advantages (training/gold.py)
-    # TRL's trainer_state / log_extra / log_metric (and environments), from the dry run on
-    hooks = TrlHooks(cfg.train.num_steps, environments=offers_environments(make_env))
-    attach_hooks([*rewards, *gold_rewards], hooks)
-    examples = training_examples(cfg, examples)
-    prepare_judges(cfg, [*rewards, *gold_rewards])  # a judge with serve: its server, before the dry run asks it
-    try:
-        _dry_run(cfg, rewards, examples, make_env if hooks.environments else None)
-        _dry_run(cfg, gold_rewards, examples, make_env if hooks.environments else None)
-        check_prompt_chars(examples, load_tokenizer(cfg.model), cfg.data)  # a 30 MB prompt: an error, before the model
-    except BaseException:
-        close_judges([*rewards, *gold_rewards])
-        raise
-    return mode, point, rewards, gold_rewards, examples, make_env, hooks
-
-
-def split_examples(
-    cfg: Config, examples: Sequence[Example] | None = None
-) -> tuple[list[Example], list[Example]]:
-    """(training, held out): the examples of ``cfg.data`` (or ``examples``), the last ``data.eval_size``
-    held out for evaluation and never drawn for training."""
-    loaded = load_examples(cfg.data, seed=cfg.seed) if examples is None else list(examples)
-    return split_eval(loaded, cfg.data.eval_size)
-
-
-def training_examples(cfg: Config, examples: Sequence[Example] | None = None) -> list[Example]:
-    """The examples of ``cfg.data`` (or ``examples``) less the ``data.eval_size`` held out at the end."""
-    return split_examples(cfg, examples)[0]
-
-
 def _full_states(plain, reference) -> tuple[dict, dict]:
     """Rank 0's unsharded (host) weights of the policy and the frozen reference, for the broadcast."""
     frozen = None if reference is None else reference.frozen_model
@@ -384,29 +335,6 @@ def _start(cfg: Config, point: ResumePoint | None, resumable: Resumable, sampler
     if dist.is_main():
         (cfg.run_dir / "config.yaml").write_text(dump_config(cfg))
     return start
-
-
-def _dry_run(cfg: Config, rewards, examples, make_env=None) -> None:
-    """Check every reward on a few examples (reference answers and an empty completion) before training; with
-    ``make_env`` (episodes that keep environment objects) each answer is a one-turn episode of a fresh environment
-    reset with its example, as a reward reading TRL's ``environments`` meets them."""
-    k = min(cfg.reward.dry_run_examples, len(examples))
-    if k == 0:
-        return
-    picked = [*examples[:k], examples[0]]
-    texts = [e.answer or "" for e in examples[:k]] + [""]
-    comps = [
-        Completion(text=t, num_tokens=max(len(t), 1), episode=None if make_env is None else _answered(make_env, e, t))
-        for t, e in zip(texts, picked, strict=True)
-    ]
-    dry_run(rewards, comps, picked, timeout_s=cfg.reward.timeout_s)
-
-
-def _answered(make_env, example: Example, text: str) -> Episode:
-    """A one-turn episode answering ``example`` with ``text`` (no tool called) in a fresh environment."""
-    env = make_env()
-    messages = [*env.reset(example), {"role": "assistant", "content": text}]
-    return Episode(tuple(messages), env_reward=None, turns=1, environment=getattr(env, "environment", None))
 
 
 def _announce(cfg: Config, model, reference, gold: GoldMonitor, start: int) -> None:
