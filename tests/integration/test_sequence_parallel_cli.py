@@ -68,5 +68,9 @@ def test_torchrun_two_ranks_splitting_each_sequence_train_as_one_process(tiny_mo
     start = _weights(Path(tiny_model_dir))
     assert one.keys() == two.keys()
     assert max(float((one[k] - start[k]).abs().max()) for k in start) > 1e-4
+    # AdamW moves each element by about lr per step whatever its gradient's size, so where a gradient is a
+    # near-cancellation its fp32 rounding (another summation order on 2 ranks) moves the update by a part
+    # in a thousand of lr: 2.6e-6 seen in 1 of 4,096 o_proj elements on a Xeon with AMX (lr 1e-3, 2 steps).
+    # 1e-5 is 0.5% of the 2e-3 the weights moved; the metrics above pin the gradients themselves to 1e-5.
     for k, v in one.items():
-        torch.testing.assert_close(two[k], v, atol=2e-6, rtol=1e-5, msg=k)
+        torch.testing.assert_close(two[k], v, atol=1e-5, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")

@@ -6,10 +6,11 @@ import logging
 import signal
 
 import pytest
+import torch
 
 from grpolab.config import load_config
 from grpolab.errors import TrainingError
-from grpolab.runtime.guards import GracefulStop, NoSignal, sampling_guard
+from grpolab.runtime.guards import GracefulStop, NoSignal, sampling_guard, weights_finite
 from grpolab.training.failures import FailedGroups
 
 FLAT = {"train/reward_valid_frac": 1.0, "frac_reward_zero_std": 1.0, "reward_std": 0.0}
@@ -120,3 +121,23 @@ def test_too_many_failed_groups_name_the_step_and_the_last_good_checkpoint(tmp_p
         "step 7: 5 of 8 groups (62%) were dropped for failed samples (env_error 5; the first: x); nothing of this "
         "step was logged or saved, and no checkpoint was written yet"
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_weights_finite_finds_one_nan_or_infinity_and_not_an_overflowing_sum(dtype):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to(dtype)
+    assert weights_finite(model)
+    big = torch.finfo(dtype).max
+    with torch.no_grad():
+        model[1].weight.fill_(big)  # every element finite, the sum beyond the dtype's (fp16: and fp32's) range
+        assert weights_finite(model)
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            model[0].weight[2, 1] = bad
+            assert not weights_finite(model)
+            model[0].weight[2, 1] = 0.5
+        model[1].weight[0, 0] = float("nan")  # beside the huge finite values
+        assert not weights_finite(model)
+        model[1].weight[0, 0] = 1.0
+        model[1].weight.requires_grad_(False)  # only trainable parameters are checked
+        model[1].weight[0, 0] = float("nan")
+        assert weights_finite(model)

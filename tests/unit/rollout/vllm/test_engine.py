@@ -20,7 +20,7 @@ from grpolab.rollout.base import Sampler  # noqa: E402
 from grpolab.rollout.hf import HFSampler  # noqa: E402
 from grpolab.rollout.vllm.engine import VLLMSampler, shutdown_engines, start_engine  # noqa: E402
 from grpolab.rollout.vllm.setup import check_vllm, engine_kwargs  # noqa: E402
-from grpolab.rollout.vllm.sync import EngineDtypes, policy_weights  # noqa: E402
+from grpolab.rollout.vllm.sync import policy_weights  # noqa: E402
 from grpolab.runtime.engine_spec import engine_spec  # noqa: E402
 from grpolab.training.logprobs import completion_logprobs  # noqa: E402
 
@@ -210,12 +210,12 @@ def test_an_fp32_policy_is_sent_to_a_bf16_engine_in_bf16(chunked_engine, tok, po
     is checked directly (vLLM's warnings may already have been shown once by an earlier test in the run)."""
     from grpolab.rollout.vllm import engine as module
 
-    sent: list[torch.dtype] = []
+    sent: dict[str, torch.dtype] = {}
     real = module.policy_weights
 
     def recording(model, dtype=None, **kwargs):
         for name, tensor in real(model, dtype, **kwargs):
-            sent.append(tensor.dtype)
+            sent[name] = tensor.dtype
             yield name, tensor
 
     monkeypatch.setattr(module, "policy_weights", recording)
@@ -228,9 +228,18 @@ def test_an_fp32_policy_is_sent_to_a_bf16_engine_in_bf16(chunked_engine, tok, po
     finally:
         vllm_log.removeHandler(lines)
     assert next(policy.parameters()).dtype == torch.float32 and sent
-    assert set(sent) == {torch.bfloat16}
-    assert sampler.engine_dtypes == EngineDtypes(torch.bfloat16, {})  # read off the engine's model: all bf16
-    assert sampler.last_sync_bytes == 2 * elements(policy)  # half the fp32 engine's (the test after this one)
+    # read off the engine's model: bf16, except that on a CPU with AMX vLLM's CPU engine keeps the q/k/v biases
+    # in fp32 (its fused qkv_proj's bias; seen on a Xeon with AMX, not on a Zen 4 with AVX512-BF16)
+    dtypes = sampler.engine_dtypes
+    engine_held = {p.dtype for p in chunked_engine.apply_model(lambda m: list(m.parameters()))[0]}
+    assert dtypes.default == torch.bfloat16 and engine_held == {torch.bfloat16, *dtypes.held.values()}
+    assert all(n.endswith("_proj.bias") and d == torch.float32 for n, d in dtypes.held.items()), dtypes.held
+    # every tensor goes in the dtype the engine holds it in: every weight matrix in bf16
+    assert sent == {n: dtypes.held.get(n, torch.bfloat16) for n, _ in policy.named_parameters(remove_duplicate=False)}
+    assert {d for n, d in sent.items() if n.endswith(".weight")} == {torch.bfloat16}
+    sizes = {n: p.numel() for n, p in policy.named_parameters(remove_duplicate=False)}
+    assert sampler.last_sync_bytes == sum(sizes[n] * (2 if d == torch.bfloat16 else 4) for n, d in sent.items())
+    assert sampler.last_sync_bytes < 0.51 * 4 * elements(policy)  # about half the fp32 engine's (the next test)
     assert [line for line in lines.lines if "Attempted to load weight" in line] == []
     # nor at the engine's start: it does not read the fp32 checkpoint into its bf16 weights (dummy load)
     assert [line for line in chunked_engine.start_lines if "Attempted to load weight" in line] == []
