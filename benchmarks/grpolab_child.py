@@ -42,6 +42,7 @@ def bench_config(model: str, data: Path, out: Path, a: argparse.Namespace):
             "log.samples_every=0",
             "log.checkpoint_every=0",
             "data.shuffle=false",
+            *(["model.compile=true"] if a.compile else []),
         ],
     )
 
@@ -57,6 +58,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--compile", action="store_true", help="model.compile=true (its compiling falls in the warm-up)")
     a = p.parse_args()
     threads = set_threads(a.threads)
     warnings.filterwarnings("ignore")
@@ -73,7 +75,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "name": f"grpolab (autocast={a.autocast}, micro-batch {a.micro_batch})",
+                "name": f"grpolab (autocast={a.autocast}, micro-batch {a.micro_batch}{', compiled' if a.compile else ''})",
                 "threads": threads,
                 "step_s": [r["sys/step_time_s"] for r in timed],
                 "generation_s": [r["sys/time_generation_s"] for r in timed],

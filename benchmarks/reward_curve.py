@@ -1,10 +1,11 @@
 """The demo task's GRPO reward curve before and after the speed-ups, at the same number of samples.
 
-1. The demo's tiny model (hidden 128, 2 layers) is SFT-trained briefly from scratch on reversed
+1. The demo's tiny model (hidden 128, 2 layers) is SFT-trained briefly from scratch on
    3-digit addition until greedy dev accuracy reaches --sft-accuracy: a mediocre policy, as RL needs.
 2. From that one model folder, the same short GRPO config and seed run in separate processes:
    ``after`` (this tree, bf16 fast path), ``fp32`` (this tree, model.autocast=none) and, with
-   --before-rev, ``before`` (the code of that git revision, exported to a temporary folder).
+   --before-rev, ``before`` (the code of that git revision, exported to a temporary folder); with --compile,
+   ``compiled`` (this tree, bf16, model.compile=true: its compiling counts in its first step's time).
 3. Prints reward per block of steps for each, and the samples seen.
 
     .venv/bin/python benchmarks/reward_curve.py --before-rev c66d413
@@ -42,7 +43,7 @@ def grpo_overrides(model: str, out: Path, name: str, a: argparse.Namespace) -> l
         f"model.name_or_path={model}",
         "data.source=arithmetic",
         "data.size=4000",
-        "data.params={digits: 3, reverse: true}",
+        "data.params={digits: 3, reverse: false}",  # the demo SFT's task (src/grpolab/configs/demo.yaml)
         "rollout.num_generations=8",
         "rollout.max_completion_length=5",
         "algo.name=grpo",
@@ -103,12 +104,15 @@ def main() -> None:
     p.add_argument("--sft-accuracy", type=float, default=0.3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--sft-model", default=None, help="start GRPO from this folder instead of a fresh SFT")
+    p.add_argument("--compile", action="store_true", help="also this tree with model.compile=true (bf16 fast path)")
     a = p.parse_args()
     set_threads(a.threads)
     out = Path(tempfile.mkdtemp(prefix="grpolab-curve-"))
     model = a.sft_model or sft_model(out, a.sft_accuracy)
     runs = {"after (bf16 fast path)": (ROOT / "src", [])}
     runs["fp32 (autocast none)"] = (ROOT / "src", ["model.autocast=none"])
+    if a.compile:
+        runs["compiled (model.compile)"] = (ROOT / "src", ["model.compile=true"])
     if a.before_rev:
         runs[f"before ({a.before_rev})"] = (export(a.before_rev, out / "before"), [])
     curves = {}

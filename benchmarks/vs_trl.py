@@ -12,6 +12,9 @@ bf16 runs ~20x slower than fp32 there: hours for the TRL bf16 run).
 
     .venv/bin/python benchmarks/vs_trl.py [--threads N] [--rounds R] [--before-rev REV [--no-trl]]
 
+--compile runs today's grpolab with model.compile=true (the compiling falls in the warm-up step); with --before-rev
+HEAD that is compiled against uncompiled in one run.
+
 --before-rev REV also times grpolab as it was at commit REV (a temporary git worktree: its own
 grpolab_child.py against its own src/), interleaved with today's in every round, and prints today's ratio to it by phase: a
 speed regression is one command away (docs/speed.md keeps the dated table per CPU kind).
@@ -144,6 +147,7 @@ def main() -> None:
     p.add_argument("--no-trl-fp32", action="store_true", help="skip TRL's fp32 run where TRL also runs bf16")
     p.add_argument("--before-rev", help="also time grpolab at this git commit (a worktree), in the same run")
     p.add_argument("--no-trl", action="store_true", help="skip TRL (with --before-rev: grpolab against itself)")
+    p.add_argument("--compile", action="store_true", help="today's grpolab with model.compile=true (--before-rev's without)")
     a = p.parse_args()
     with checkout_of(a.before_rev) as before:
         run_all(a, before)
@@ -171,7 +175,7 @@ def run_all(a: argparse.Namespace, before: Path | None) -> None:
         str(a.warmup),
     ]
     ours = ["--micro-batch", str(a.micro_batch)]
-    runners: list[tuple[str, list[str], Path | None]] = [("grpolab_child.py", ours, None)]
+    runners: list[tuple[str, list[str], Path | None]] = [("grpolab_child.py", ours + ["--compile"] * a.compile, None)]
     runners += [] if before is None else [("grpolab_child.py", ours, before)]
     bf16 = dtype == torch.bfloat16
     if not a.no_trl:

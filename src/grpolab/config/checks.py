@@ -276,6 +276,7 @@ def check_cross_fields(cfg: Config) -> None:
         raise ConfigError("algo.advantage='gae' needs a value model: set algo.name=ppo.")
     _check_attention(cfg)
     _check_lora_parameters(cfg)
+    _check_compile(cfg)
     check_env_kwargs(cfg.env.name, cfg.env.kwargs)
     check_server(cfg)
     if a.supervision == "process":
@@ -299,6 +300,20 @@ def _check_lora_parameters(cfg: Config) -> None:
             "model.lora.target_parameters with train.parallel=fsdp is not supported: grpolab's FSDP2 sharding of a "
             "LoRA policy is built for module adapters, and peft's ParamWrapper parametrizes the stacked expert weight "
             "that FSDP2 would shard; use train.parallel=ddp"
+        )
+
+
+def _check_compile(cfg: Config) -> None:
+    """model.compile compiles the decoder layers in place: not yet checked under FSDP2's per-layer hooks or with
+    the sequence-parallel attention's all-to-alls inside a compiled layer."""
+    if not cfg.model.compile:
+        return
+    if cfg.train.parallel == "fsdp":
+        raise ConfigError("model.compile=true with train.parallel=fsdp is not supported yet: use train.parallel=ddp, or model.compile=false")
+    if cfg.train.sequence_parallel > 1:
+        raise ConfigError(
+            f"model.compile=true with train.sequence_parallel={cfg.train.sequence_parallel} is not supported yet: "
+            "set model.compile=false"
         )
 
 

@@ -48,6 +48,7 @@ TRL_NAMES: dict[str, str] = {
     "chat_template_kwargs": "data.chat_template_kwargs (the prompts' and an environment's messages' rendering)",
     "use_adaptive_entropy": "algo.entropy_adaptive, with entropy_target, entropy_coef_delta, _min and _max",
     "cast_lm_head_to_fp32": "model.lm_head_fp32",
+    "torch_compile": "model.compile",
     "reward_weights": "reward.functions[i].weight",
     "gradient_checkpointing": "model.gradient_checkpointing",
     "bf16": "model.autocast: bf16 or none (fp16 is refused)",

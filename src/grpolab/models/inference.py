@@ -68,6 +68,20 @@ def inference_copy(model: torch.nn.Module, dtype: torch.dtype | None = None) -> 
     return frozen
 
 
+@contextlib.contextmanager
+def eager_calls(model: torch.nn.Module) -> Iterator[None]:
+    """Inside, every module of ``model`` compiled by model.compile runs its plain call: the hf sampler's
+    forwards (a decode step's shapes and cache would each be another compiled graph)."""
+    stash = [(m, m._compiled_call_impl) for m in model.modules() if m._compiled_call_impl is not None]
+    for module, _ in stash:
+        module._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        for module, compiled in stash:
+            module._compiled_call_impl = compiled
+
+
 class WeightCopy:
     """A low-precision inference copy of a model that holds memory only between refresh and release.
 
@@ -80,7 +94,7 @@ class WeightCopy:
         """``pack``: multiply with oneDNN's pre-packed weights (None: where ``packs_linear``); ``rows_hint``: the
         rows a Linear's input usually has (a decode step's), for oneDNN's choice of layout; any other count
         computes the same."""
-        self.model = inference_copy(model, dtype)
+        self.model = inference_copy(model, dtype)  # uncompiled: copy.deepcopy drops a module's compiled call
         copies = dict(self.model.named_parameters())
         self._pairs = [(copies[name], p) for name, p in model.named_parameters()]
         head = _low_precision_head(self.model, dtype)

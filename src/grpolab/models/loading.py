@@ -166,7 +166,33 @@ def load_policy(
     if cfg.checkpointing_on(device.type, longest_sequence):
         enable_checkpointing(model)  # backward recomputes each layer with its forward's attention (inference.py)
         model.config.use_cache = False  # training forward only; the sampler passes use_cache=True itself
+    if cfg.compile:
+        compile_layers(model)
     return model, tok
+
+
+def compile_layers(model: torch.nn.Module) -> int:
+    """torch.compile each decoder layer of ``model`` in place (model.compile): transformers' layers
+    (``GradientCheckpointingLayer``), each compiled with dynamic shapes, so a new sequence length reuses the
+    compiled code. ``copy.deepcopy`` drops a module's compiled call: the reference compiles its copy's layers
+    itself (``Reference``), the sampler's copy runs uncompiled, as the sampler runs the policy itself
+    (``inference.eager_calls``). Returns the number of layers compiled."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ModelLoadError(
+            f"model.compile=true: {type(model).__name__} has no transformers decoder layers to compile; set model.compile=false"
+        )
+    # one compiled graph per layer and kind of forward: a forward with a KV cache (the shared prompt's) indexes the
+    # cache by the layer's number, so each layer compiles its own; the reference's copy, with and without grad,
+    # with and without a cache make more. torch's default (8 per code object) would leave all but 8 eager.
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 8 * len(layers))
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 16 * len(layers))
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
 
 
 def _install_head(cfg: ModelConfig, model: PreTrainedModel) -> None:
@@ -282,6 +308,8 @@ class Reference:
             None if is_peft(policy) else inference_copy(policy, compute_dtype)
         )
         """The frozen copy (full fine-tuning), or None under LoRA."""
+        if self.frozen_model is not None and any(m._compiled_call_impl is not None for m in policy.modules()):
+            compile_layers(self.frozen_model)  # model.compile: the copy's layers as the policy's
 
     @contextlib.contextmanager
     def model(self) -> Iterator[PreTrainedModel]:

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from grpolab.models.inference import WeightCopy, attention_for, wants_eager_attention
+from grpolab.models.inference import WeightCopy, attention_for, eager_calls, wants_eager_attention
 from grpolab.models.loading import is_peft
 from grpolab.rollout.base import (
     NonFiniteLogits,
@@ -143,7 +143,7 @@ class HFSampler(Sampler):
         self._net = self._weights.refresh() if self._weights is not None else self.model
         self._nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # set by _pick, read once below
         try:
-            with torch.inference_mode(), self._autocast(device):
+            with torch.inference_mode(), self._autocast(device), eager_calls(self._net):
                 parts = [
                     self._sample_rows(prompt_ids, start, min(start + block, n), num_generations, generator)
                     for start in range(0, n, block)

@@ -225,7 +225,7 @@ TRL_FIELDS: dict[str, TrlField] = worded({
     "average_tokens_across_devices": not_applicable("GRPO's loss computes its own normaliser (loss_type)"),
     "auto_find_batch_size": not_applicable("TRL's GRPO rejects it"),
     "debug": not_applicable(_SPEED),
-    "torch_compile": not_applicable(_SPEED),
+    "torch_compile": named(to_key("model.compile")),
     "torch_compile_backend": not_applicable(_SPEED),
     "torch_compile_mode": not_applicable(_SPEED),
     "use_liger_kernel": not_applicable(_SPEED),

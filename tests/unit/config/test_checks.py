@@ -149,6 +149,9 @@ def test_cispo_at_sequence_level_runs_and_is_warned_as_trl_warns():
         (["model.lora.enabled=true", "model.lora.target_modules=[]"], "model.lora adapts nothing"),
         (["model.lora.enabled=true", "model.lora.target_parameters=[mlp.experts.down_proj]", "train.parallel=fsdp"],
          "model.lora.target_parameters with train.parallel=fsdp is not supported"),
+        (["model.compile=true", "train.parallel=fsdp"], "model.compile=true with train.parallel=fsdp is not supported yet"),
+        (["model.compile=true", "train.sequence_parallel=2"],
+         "model.compile=true with train.sequence_parallel=2 is not supported yet: set model.compile=false"),
     ],
 )  # fmt: skip
 def test_new_fields_are_checked(overrides, message):
