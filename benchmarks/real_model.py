@@ -69,11 +69,12 @@ def run_seed(cfg, folder: str, seed: int, a: argparse.Namespace, threads: int, b
     prompts = out / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in step_prompts(cfg, a.steps)))
     r, o = cfg.rollout, cfg.algo
-    overrides = [
+    same = [
         f"model.name_or_path={folder}", "data.source=jsonl", f"data.path={prompts}", "data.shuffle=false",
         "data.eval_size=0", "data.params={}", f"train.num_steps={a.steps}", f"seed={seed}",
-        f"log.output_dir={out}", "log.run_name=grpolab", "log.progress=false",
+        f"log.output_dir={out}", "log.progress=false",
     ]  # fmt: skip
+    overrides = [*same, "log.run_name=grpolab", *a.grpolab_overrides]
     shared = {
         "prompts": cfg.train.prompts_per_step, "generations": r.num_generations, "max_tokens": r.max_completion_length,
         "temperature": r.temperature, "beta": o.beta, "lr": cfg.optim.lr, "steps": a.steps,
@@ -85,7 +86,7 @@ def run_seed(cfg, folder: str, seed: int, a: argparse.Namespace, threads: int, b
         runs["grpolab"] = run_child(["grpolab", "--config", str(RECIPE), "--overrides", json.dumps(overrides), *common])
         (out / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")  # each run kept as soon as it ends
     if before is not None:  # the same work by an older commit's grpolab, its own recipe file, its own folder
-        old = [*overrides[:-2], "log.run_name=grpolab_before", "log.progress=false"]
+        old = [*same, "log.run_name=grpolab_before"]
         recipe = before.parent / "configs" / RECIPE.name
         runs[f"grpolab @{a.before_rev}"] = run_child(
             ["grpolab", "--config", str(recipe), "--overrides", json.dumps(old), *common], before
@@ -156,6 +157,7 @@ def main() -> None:
     p.add_argument("--threads", default="auto", help="intra-op threads for every run, or auto")
     p.add_argument("--out", default="runs/real_model_bench")
     p.add_argument("--before-rev", help="also train with grpolab at this git commit (a worktree), same work")
+    p.add_argument("--grpolab-overrides", nargs="*", default=[], help="dotted keys for today's grpolab run only, e.g. train.micro_batch_size=16")
     a = p.parse_args()
     with checkout_of(a.before_rev) as before:
         run_all(a, before)

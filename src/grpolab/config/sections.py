@@ -66,8 +66,8 @@ class ModelConfig:
     """torch.compile (inductor, dynamic shapes) each decoder layer of the policy and of its reference copy, for
     the training and reference forwards: fuses the elementwise work around the products (norms, rotary, the
     gated MLP's activation, casts): x1.16 per step on the 33.6M bench model on a Xeon with AMX (reference x1.36,
-    training x1.22; docs/speed.md), for a minute or more of compiling in the first step on 2 CPU cores. The
-    sampler runs uncompiled. TRL's torch_compile. Not with train.parallel=fsdp or train.sequence_parallel > 1."""
+    training x1.22; docs/speed.md), ~x1.1 on SmolLM2-135M, for compiling in the first step that grows with the
+    depth (75 s for 8 layers, 7 min for SmolLM2's 30 on 2 CPU cores): for long runs. The sampler runs uncompiled. TRL's torch_compile. Not with train.parallel=fsdp or train.sequence_parallel > 1."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA settings."""
 
