@@ -56,6 +56,15 @@ CHUNK_LOGITS_BYTES_CUDA = 2**30
 once per that many tokens, not once per 110."""
 
 
+SOFTMAX_ROWS = 32
+"""Tokens of a chunk whose log-sum-exp and entropy are computed together: their temporaries are this many rows of
+[V] (6 MB at SmolLM2's 49,152 in fp32), not the chunk's 64 MiB."""
+WEIGHT_GRAD_ROWS = 8192
+"""Vocabulary rows of the head's weight gradient computed per product in the compute dtype before being added
+into the fp32 gradient: the product's result is a transient of this many rows (9 MB at H = 576 in bf16), not of
+the whole [V, H] (56 MB for SmolLM2, 272 MB for Qwen2.5-0.5B)."""
+
+
 def chunk_tokens(vocab_size: int, device_type: str = "cpu") -> int:
     """Tokens per chunk for a vocabulary of ``vocab_size`` on ``device_type``: about CHUNK_LOGITS_BYTES
     (CHUNK_LOGITS_BYTES_CUDA on CUDA) of fp32 logits."""
@@ -169,13 +178,19 @@ class ChunkedLogprobs(torch.autograd.Function):
         logz = torch.empty_like(logprobs)
         for s in range(0, targets.numel(), chunk):
             z = _chunk_logits(hidden[s : s + chunk], w32, b32, temperature)
-            lz = torch.logsumexp(z, dim=-1)
-            logz[s : s + chunk] = lz
-            logprobs[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lz
-            logp = z.sub_(lz[:, None])  # in place: z is not needed again
-            # H = -sum p log p on the log-probs: lz - sum p z subtracts two large numbers (8.5e-5 nats off
-            # in fp32 at logit std 10, against 2e-6 this way)
-            entropy[s : s + chunk] = -torch.linalg.vecdot(logp.exp(), logp)
+            # the softmax statistics a few rows at a time: logsumexp and exp each make a temporary of their
+            # input's size, which for the whole chunk would double its memory (each row's numbers are the same)
+            end = min(s + chunk, targets.numel())
+            for r in range(s, end, SOFTMAX_ROWS):
+                rows = slice(r, min(r + SOFTMAX_ROWS, end))
+                zr = z[r - s : rows.stop - s]
+                lz = torch.logsumexp(zr, dim=-1)
+                logz[rows] = lz
+                logprobs[rows] = zr.gather(-1, targets[rows, None]).squeeze(-1) - lz
+                logp = zr.sub_(lz[:, None])  # in place: z is not needed again
+                # H = -sum p log p on the log-probs: lz - sum p z subtracts two large numbers (8.5e-5 nats off
+                # in fp32 at logit std 10, against 2e-6 this way)
+                entropy[rows] = -torch.linalg.vecdot(logp.exp(), logp)
         ctx.save_for_backward(hidden, weight, bias, targets, logz, entropy)
         ctx.temperature, ctx.chunk, ctx.gemm = temperature, chunk, gemm
         ctx.param = weight if into_grad else None
@@ -207,12 +222,16 @@ class ChunkedLogprobs(torch.autograd.Function):
             dz.scatter_add_(-1, targets[c, None], g)
             if ctx.temperature != 1.0:
                 dz.div_(ctx.temperature)
+            dzc = dz.to(w32.dtype)  # the GEMMs' operand, cast once (no copy in fp32)
             if need_h:
-                grad_h[c] = (dz.to(w32.dtype) @ w32).to(hidden.dtype)
+                grad_h[c] = (dzc @ w32).to(hidden.dtype)
             if need_w and ctx.gemm is None:
                 grad_w.addmm_(dz.t(), h.to(dz.dtype))
             elif need_w:  # the GEMM in the compute dtype (fp32 accumulation inside it), summed over chunks in fp32
-                grad_w.add_(dz.t().to(ctx.gemm) @ h.to(ctx.gemm))
+                hc = h.to(ctx.gemm)
+                for v in range(0, dzc.shape[1], WEIGHT_GRAD_ROWS):  # a [rows, H] product at a time, not a [V, H] one
+                    grad_w[v : v + WEIGHT_GRAD_ROWS].add_(dzc[:, v : v + WEIGHT_GRAD_ROWS].t() @ hc)
+            del dzc
             if need_b:
                 grad_b += dz.sum(0)
         if into is not None:

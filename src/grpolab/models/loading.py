@@ -24,6 +24,7 @@ from grpolab.errors import ConfigError, GrpolabError
 from grpolab.models.chunked_head import install_chunked_head, keep_head_in_fp32
 from grpolab.models.hub import hub_load_kwargs
 from grpolab.models.inference import enable_checkpointing, inference_copy
+from grpolab.models.lean_ops import install_lean_ops
 from grpolab.models.sources import local_source
 
 log = logging.getLogger(__name__)
@@ -149,16 +150,16 @@ def load_policy(
 
         base = _adapter_base(adapter_config)
         model = _from_pretrained(cfg, base).to(device)
-        _install_head(cfg, model)
+        _install_training_ops(cfg, model)
         model = PeftModel.from_pretrained(model, source, is_trainable=cfg.lora.enabled)
     elif placement == "meta":
         model = _on_meta(cfg, source)
-        _install_head(cfg, model)
+        _install_training_ops(cfg, model)
         if cfg.lora.enabled:  # PEFT wraps a meta model as it does a loaded one: the adapter's shapes, no values
             model = _wrap_lora(cfg, model)
     else:
         model = _from_pretrained(cfg, source).to(device if placement == "device" else torch.device("cpu"))
-        _install_head(cfg, model)
+        _install_training_ops(cfg, model)
         if cfg.lora.enabled:
             model = _wrap_lora(cfg, model)
     if placement != "meta":  # a meta model has no values yet: rank 0 checks the ones it broadcasts
@@ -195,8 +196,10 @@ def compile_layers(model: torch.nn.Module) -> int:
     return len(layers)
 
 
-def _install_head(cfg: ModelConfig, model: PreTrainedModel) -> None:
-    """The chunked LM head (model.lm_head_fp32: in fp32), before any wrapping (PEFT here; DDP / FSDP2 by the caller)."""
+def _install_training_ops(cfg: ModelConfig, model: PreTrainedModel) -> None:
+    """The chunked LM head (model.lm_head_fp32: in fp32) and the lean RMSNorm / SwiGLU (models/lean_ops.py), before
+    any wrapping (PEFT here; DDP / FSDP2 by the caller)."""
+    install_lean_ops(model)
     if not install_chunked_head(model) and cfg.lm_head_fp32:
         raise ModelLoadError(
             f"model.lm_head_fp32: {cfg.name_or_path}'s output head is not a plain Linear layer, so it cannot be kept "

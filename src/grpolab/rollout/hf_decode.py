@@ -24,6 +24,7 @@ import functools
 import torch
 
 from grpolab.models.inference import linear_group
+from grpolab.models.lean_ops import LEAN_EAGER
 
 WINDOW_BLOCK = 16
 """Slots by which the direct decoder's cache grows (each growth copies the cache once)."""
@@ -49,9 +50,9 @@ def direct_decoder(
     config = getattr(model, "config", None)
     if layers is None or config is None or len(layers) != len(prompt_cache) or model.training:
         return None
-    # sdpa or eager: the plain attention replaces either for decoding (grpolab.models.inference); a flash,
-    # flex or custom kernel is kept by the sampler, so it is not this module's to replace
-    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager") or not hasattr(base, "rotary_emb"):
+    # sdpa or eager (or its lean form): the plain attention replaces either for decoding (grpolab.models.inference);
+    # a flash, flex or custom kernel is kept by the sampler, so it is not this module's to replace
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", LEAN_EAGER) or not hasattr(base, "rotary_emb"):
         return None
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
         return None

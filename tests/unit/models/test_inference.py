@@ -14,6 +14,7 @@ from grpolab.models.inference import (
     packs_linear,
     use_eager_attention,
 )
+from grpolab.models.lean_ops import LEAN_EAGER
 from grpolab.tasks.tiny import build_char_tokenizer, build_tiny_model
 
 BF16 = torch.bfloat16
@@ -163,11 +164,11 @@ def test_eager_attention_is_chosen_for_small_bf16_work_on_cpu_only():
 
 def test_attention_switch_restores_and_keeps_other_kernels(model):
     assert model.config._attn_implementation == "sdpa"
-    with attention_implementation(model, "eager"):
-        assert model.config._attn_implementation == "eager"
+    with attention_implementation(model, "eager"):  # transformers' eager attention, in its lean form
+        assert model.config._attn_implementation == LEAN_EAGER
     assert model.config._attn_implementation == "sdpa"
     with attention_for(model, torch.device("cpu"), BF16, rows=2, q_len=7, kv_len=7):
-        assert model.config._attn_implementation == "eager"
+        assert model.config._attn_implementation == LEAN_EAGER
     with attention_for(model, torch.device("cpu"), None, rows=2, q_len=7, kv_len=7):
         assert model.config._attn_implementation == "sdpa"
     model.config._attn_implementation = "flex_attention"
@@ -197,7 +198,7 @@ def test_checkpointed_backward_recomputes_with_the_forwards_attention():
     for net in (plain, checkpointed):
         net.train()
         with torch.autocast("cpu", dtype=BF16), attention_for(net, torch.device("cpu"), BF16, rows=2, q_len=7, kv_len=7):
-            assert net.config._attn_implementation == "eager"
+            assert net.config._attn_implementation == LEAN_EAGER
             loss = net(input_ids=_ids()).logits.float().logsumexp(-1).mean()
         assert net.config._attn_implementation == "sdpa"  # backward runs after the switch is undone
         loss.backward()
