@@ -16,9 +16,10 @@ Two measured facts about CPUs with native bf16 (AVX512-BF16 / AMX), torch 2.13 (
   head's product in bf16 anyway, but cast the fp32 weight again at every decoded token.
 - PyTorch's SDPA kernels are slow in bf16 on these CPUs: ~5x the plain matmul-softmax attention for
   one-token decoding, and ~5x for forward + backward at a few hundred tokens. The plain ("eager")
-  attention materialises the [rows, heads, q, kv] scores, so it is used only while those stay small. It runs
-  as ``grpolab_eager`` (models/lean_ops.py): transformers' eager attention with the grouped key / value heads
-  read in place rather than repeated, and, in a training forward, less kept for the backward.
+  attention materialises the [rows, heads, q, kv] scores, so it is used only while those stay small. For Llama,
+  Qwen2, Qwen3 and Mistral models it runs as ``grpolab_eager`` (models/lean_ops.py): transformers' eager attention
+  with the grouped key / value heads read in place rather than repeated, and, in a training forward, less kept
+  for the backward.
 
 The switch is made around each forward. Under gradient checkpointing the backward pass runs each layer's
 forward again, after that switch was undone: ``enable_checkpointing`` makes that recomputation run
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from grpolab.models.lean_ops import LEAN_EAGER, register_lean_eager
+from grpolab.models.lean_ops import LEAN_EAGER, LEAN_MODEL_TYPES, register_lean_eager
 
 EAGER_SCORES_BUDGET_BYTES = 64 * 2**20
 """Largest fp32 attention-score tensor of one layer for which the plain attention is chosen."""
@@ -289,15 +290,15 @@ def use_eager_attention(
 
 @contextlib.contextmanager
 def attention_implementation(model: torch.nn.Module, name: str | None) -> Iterator[None]:
-    """Run ``model``'s forward passes with another attention implementation ("eager" or "sdpa"; "eager" runs as
-    ``LEAN_EAGER``, models/lean_ops.py).
+    """Run ``model``'s forward passes with another attention implementation ("eager" or "sdpa"; for a Llama,
+    Qwen2, Qwen3 or Mistral model "eager" runs as ``LEAN_EAGER``, models/lean_ops.py).
 
     transformers looks the implementation up in the config at every forward, so switching it is
     cheap. Only a switch between "sdpa" and eager is made; flash / flex / custom kernels are kept.
     """
     config = getattr(model, "config", None)
     kept = getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", LEAN_EAGER)
-    if name == "eager":
+    if name == "eager" and getattr(config, "model_type", None) in LEAN_MODEL_TYPES:
         name = register_lean_eager()
     with _implementation(config, None if kept else name):
         yield

@@ -228,6 +228,8 @@ LEAN_EAGER = "grpolab_eager"
 """The name ``lean_eager_attention`` is registered under in transformers' attention and mask registries."""
 LEAN_ATTENTIONS = frozenset({"LlamaAttention", "Qwen2Attention", "Qwen3Attention", "MistralAttention"})
 """Attention classes whose eager attention is transformers' plain one (repeat_kv, scale, mask, fp32 softmax)."""
+LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+"""config.model_type of the models built from those classes: the eager attention of any other model stays its own."""
 
 
 class GroupedAttentionFn(torch.autograd.Function):
@@ -291,7 +293,9 @@ def lean_eager_attention(module, query, key, value, attention_mask, scaling: flo
         and query.shape[1] % key.shape[1] == 0
     )
     if not plain:
-        own = sys.modules[type(module).__module__].eager_attention_forward
+        own = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if own is None:
+            raise ValueError(f"{type(module).__name__} has no eager attention of its own to run as {LEAN_EAGER}")
         return own(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     if _records(query, key, value):
         out = GroupedAttentionFn.apply(query, key, value, attention_mask, scaling)

@@ -268,3 +268,13 @@ def test_attention_for_switches_eager_to_the_lean_eager():
     with attention_for(model, torch.device("cpu"), BF16, rows=2, q_len=4, kv_len=4):
         seen.append(model.config._attn_implementation)
     assert seen == [LEAN_EAGER] and model.config._attn_implementation == "sdpa"
+
+
+def test_other_models_keep_transformers_eager_attention():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=16))
+    model.config._attn_implementation = "sdpa"
+    with attention_for(model, torch.device("cpu"), BF16, rows=2, q_len=4, kv_len=4):
+        assert model.config._attn_implementation == "eager"
+        model(torch.tensor([[1, 2, 3, 4]]))
