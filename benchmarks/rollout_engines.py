@@ -13,8 +13,9 @@ once in 80 tokens, and each engine's token count (printed) is what it sampled.
 temperature 1 (a random SmolLM2-shape model almost never emits the EOS, so nearly every completion runs to
 the limit). Measured, each in its own process, one after the other on the same CPU with the same threads:
 
-* sampling: tokens/s of one ``sample`` call (after a short warm-up call), hf then vllm (engine start-up
-  reported apart);
+* sampling: tokens/s of ``--repeats`` timed ``sample`` calls (seeds 0, 1, ...; after a short warm-up call) in
+  one process per engine, hf then vllm, ``--rounds`` times alternating (engine start-up reported apart); the
+  figure is every timed call's tokens over their seconds, with the median call beside it;
 * a whole GRPO step (``grpolab train``, beta 0.04, mu 1, the trainer under bf16 autocast where the CPU
   has bf16, as ``model.autocast=auto`` chooses): ``sys/step_time_s`` of the last of ``--steps`` steps,
   hf then vllm (vllm's includes the weight sync after the update);
@@ -22,9 +23,9 @@ the limit). Measured, each in its own process, one after the other on the same C
 
     .venv/bin/python benchmarks/rollout_engines.py [--shape smollm2|bench] [--prompts 1] [--generations 16]
                                                    [--max-tokens 256] [--steps 2] [--threads N] [--skip-trl]
-                                                   [--sample-only]
+                                                   [--sample-only] [--repeats 1] [--rounds 1]
 
-The ratios printed are vllm / hf. On a shared machine every figure is contaminated by the other load.
+The sampling ratio printed is hf / vllm, the step ratio hf's time over vllm's. On a shared machine every figure is contaminated by the other load.
 """
 
 from __future__ import annotations
@@ -108,12 +109,14 @@ def child_sample(a) -> dict:
     start_s = time.perf_counter() - t0
     prompts = [tok.encode(e.prompt) for e in arithmetic_examples(size=a.prompts, seed=0, digits=3)]
     sampler.sample(prompts[:1], num_generations=2, generator=torch.Generator().manual_seed(1))  # warm-up
-    t0 = time.perf_counter()
-    out = sampler.sample(prompts, num_generations=a.generations, generator=torch.Generator().manual_seed(0))
-    seconds = time.perf_counter() - t0
-    tokens = int(out.lengths.sum())
+    calls = []
+    for seed in range(a.repeats):  # the same seeds for each engine (their streams differ: other samples)
+        t0 = time.perf_counter()
+        out = sampler.sample(prompts, num_generations=a.generations, generator=torch.Generator().manual_seed(seed))
+        calls.append((int(out.lengths.sum()), time.perf_counter() - t0))
+    tokens, seconds = (sum(c[i] for c in calls) for i in (0, 1))
     return {"engine": a.engine, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-            "start_s": start_s, "autocast": str(amp)}  # fmt: skip
+            "per_call": [round(n / s) for n, s in calls], "start_s": start_s, "autocast": str(amp)}  # fmt: skip
 
 
 def child_step(a) -> dict:
@@ -168,7 +171,7 @@ def child_trl(a) -> dict:
 def run_child(part: str, engine: str, model: str, a) -> dict:
     args = [sys.executable, __file__, "--child", part, "--engine", engine, "--model", model,
             "--prompts", str(a.prompts), "--generations", str(a.generations), "--max-tokens", str(a.max_tokens),
-            "--steps", str(a.steps)] + (["--bf16"] if a.bf16 else [])  # fmt: skip
+            "--steps", str(a.steps), "--repeats", str(a.repeats)] + (["--bf16"] if a.bf16 else [])  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, env=env)
@@ -188,6 +191,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: every core)")
     p.add_argument("--skip-trl", action="store_true")
     p.add_argument("--sample-only", action="store_true", help="only the sampling part (no GRPO steps, no TRL)")
+    p.add_argument("--repeats", type=int, default=1, help="timed sample calls per engine process (seeds 0, 1, ...)")
+    p.add_argument("--rounds", type=int, default=1, help="sampling: hf and vllm processes this many times, alternating")
     p.add_argument("--bf16", action="store_true", help="TRL: bf16 autocast")
     p.add_argument("--child", choices=["sample", "step", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--engine", default="hf", help=argparse.SUPPRESS)
@@ -205,9 +210,14 @@ def main() -> None:
         model = save_model(Path(tmp) / f"{a.shape}_shape", a.shape)
         print(f"work: {name}, {a.prompts} prompt(s) x G={a.generations}, <= {a.max_tokens} tokens, "
               f"{a.threads} thread(s); load average {os.getloadavg()[0]:.1f} (a shared CPU skews every figure)")  # fmt: skip
-        results = {}
-        parts = [("sample", "hf"), ("sample", "vllm")] + ([] if a.sample_only else [("step", "hf"), ("step", "vllm")])
-        for part, engine in parts:
+        results, rounds = {}, []
+        for _ in range(a.rounds):  # alternating, so a drift of the machine hits both engines alike
+            rounds.append({engine: run_child("sample", engine, model, a) for engine in ("hf", "vllm")})
+            for engine, r in rounds[-1].items():
+                print(f"sample {engine:4}: {json.dumps(r)}", flush=True)
+        for engine in ("hf", "vllm"):
+            results["sample", engine] = _pooled([r[engine] for r in rounds])
+        for part, engine in [] if a.sample_only else [("step", "hf"), ("step", "vllm")]:
             results[part, engine] = r = run_child(part, engine, model, a)
             print(f"{part:6} {engine:4}: {json.dumps(r)}", flush=True)
         if not a.skip_trl and not a.sample_only:
@@ -216,11 +226,24 @@ def main() -> None:
     _ratios(results)
 
 
+def _pooled(runs: list[dict]) -> dict:
+    """One engine's rounds together: tokens over seconds of every timed call, and the median call; the first
+    failed round instead, if any."""
+    failed = [r for r in runs if "tokens_per_s" not in r]
+    if failed:
+        return failed[0]
+    per_call = sorted(x for r in runs for x in r["per_call"])
+    tokens, seconds = (sum(r[k] for r in runs) for k in ("tokens", "seconds"))
+    return {"tokens_per_s": tokens / seconds, "median_call": per_call[len(per_call) // 2], "calls": len(per_call)}
+
+
 def _ratios(results: dict) -> None:
     hf, vllm = results["sample", "hf"], results["sample", "vllm"]
     if "tokens_per_s" in hf and "tokens_per_s" in vllm:
-        ratio = vllm["tokens_per_s"] / hf["tokens_per_s"]
-        print(f"sampling: hf {hf['tokens_per_s']:.1f} tok/s, vllm {vllm['tokens_per_s']:.1f} tok/s: x{ratio:.2f} (target >= 5)")
+        ratio = hf["tokens_per_s"] / vllm["tokens_per_s"]
+        print(f"sampling: hf {hf['tokens_per_s']:.1f} tok/s, vllm {vllm['tokens_per_s']:.1f} tok/s over every timed "
+              f"call (median call {hf['median_call']} against {vllm['median_call']}, {hf['calls']} calls each): "
+              f"hf x{ratio:.2f} vllm's")  # fmt: skip
     hf, vllm = results.get(("step", "hf"), {}), results.get(("step", "vllm"), {})
     if "step_s" in hf and "step_s" in vllm:
         ratio = hf["step_s"][-1] / vllm["step_s"][-1]

@@ -340,6 +340,17 @@ def wants_eager_attention(
     return heads is not None and use_eager_attention(device, dtype, heads=heads, **shape)
 
 
+def fused_decode_attention(device: torch.device, dtype: torch.dtype | None) -> bool:
+    """Whether the sampler's one-token decode attention runs as SDPA (PyTorch's flash kernel) rather than as
+    two batched products around a softmax: in bf16 on a CPU with AMX, whose tiles that kernel multiplies with
+    (measured on a Xeon with AMX, 32 rows x 8 heads over 80 keys: 219 against 478 us). Without AMX its bf16
+    kernel was the slower one (a Zen 4: 1.9 ms a layer against ~0.3, benchmarks/README.md)."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return False
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(amx is not None and amx())
+
+
 def attention_for(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None, **shape: int):
     """``attention_implementation(model, "eager")`` when ``wants_eager_attention``, else a null context."""
     eager = wants_eager_attention(model, device, dtype, **shape)

@@ -25,7 +25,9 @@ sampler decodes from a copy of the model whose Linear weights are stored in bf16
 reserved for the whole completion, written in place (grpolab.rollout.hf_cache) (``DynamicCache`` concatenates, copying the
 whole cache at every token). For Llama and Qwen2 models the decode steps skip transformers' forward
 (grpolab.rollout.hf_decode: the same modules and operations without the per-token bookkeeping, q/k/v
-and gate/up as one product each, a cache grown by blocks). All of them compute what autocast computes.
+and gate/up as one product each, a cache grown by blocks, finished rows dropped from the decode, and on CPUs
+with AMX the one-token attention as SDPA, whose scores stay in fp32). All of them compute what autocast
+computes, but for that attention's rounding.
 Elsewhere (fp32, CUDA) the plain ``DynamicCache`` / SDPA path runs. On CUDA no decode step waits for the host: "has every row
 stopped?" is asked every ``FINISHED_CHECK_EVERY_CUDA`` tokens, and the attention mask goes in a form
 transformers does not inspect (``decode_mask_mode``).
@@ -250,45 +252,53 @@ class HFSampler(Sampler):
         finished = torch.zeros(n, dtype=torch.bool, device=device)
         kv_len = prompt_width + steps
         check_every = finished_check_every(device)
+        live = None  # the rows still decoded, where the direct step drops finished ones (None: all n)
         with attention_for(self._net, device, self.autocast_dtype, rows=n, q_len=1, kv_len=kv_len):
             for t in range(steps):
-                token, token_logprob = self._pick(logits, generator, repeats)
+                token, token_logprob = self._pick(logits, generator, repeats, live, n)
                 if repeats is not None:
                     repeats.scatter_(1, token[:, None], True)
-                active = ~finished
-                ids[:, t] = torch.where(active, token, self.pad_token_id)
-                logprobs[:, t] = torch.where(active, token_logprob, 0.0)
-                mask[:, t] = active
-                finished = finished | torch.isin(token, eos)
+                at = slice(None) if live is None else live
+                active = ~finished[at]
+                ids[at, t] = torch.where(active, token, self.pad_token_id)
+                logprobs[at, t] = torch.where(active, token_logprob, 0.0)
+                mask[at, t] = active
+                finished[at] = ~active | torch.isin(token, eos)
                 # "has every row stopped?" is a host sync: on CUDA asked every few tokens, so the launch
                 # queue stays full (the extra steps' tokens are masked out and trimmed below)
                 if t + 1 == steps or ((t + 1) % check_every == 0 and bool(finished.all())):
                     break
                 if step is not None:
-                    logits = step(ids[:, t : t + 1], next_position + t)
+                    if check_every == 1:  # a CPU, where the host reads ``finished`` anyway: drop finished rows
+                        keep = step.drop_finished(finished[at])
+                        if keep is not None:
+                            live = keep if live is None else live[keep]
+                            at, repeats = live, None if repeats is None else repeats[keep]
+                    logits = step(ids[at, t : t + 1], next_position[at] + t)
                     continue
                 seen = None if mask_mode == "none" else attention[..., : prompt_width + t + 1]
                 logits = self._forward(ids[:, t : t + 1], seen, next_position + t, cache).logits[:, -1]
         width = t + 1 if check_every == 1 else int(mask.any(0).nonzero().max()) + 1  # nonzero: row 0 always samples
         return ids[:, :width], mask[:, :width], logprobs[:, :width]
 
-    def _pick(self, logits: torch.Tensor, generator, repeats: torch.Tensor | None = None):
+    def _pick(self, logits: torch.Tensor, generator, repeats: torch.Tensor | None = None, live=None, total: int = 0):
         """[n, V] logits -> sampled token [n] and its log-prob [n] under softmax(logits / T). The repetition
-        penalty (on the raw logits, before T) and the top-k / top-p / min-p filters shape only the draw."""
+        penalty (on the raw logits, before T) and the top-k / top-p / min-p filters shape only the draw.
+        ``live``: which of ``total`` rows the logits' rows are (``filters.draw_tokens``; None: all)."""
         logits = logits.float()
         drawn = logits if repeats is None else penalise_repeats(logits, repeats, self.repetition_penalty)
         if self.temperature == 0:
             token = drawn.argmax(-1)
             logprobs = torch.log_softmax(logits, dim=-1)
         else:
-            scaled = logits / self.temperature
+            scaled = logits / self.temperature if self.temperature != 1 else logits  # x / 1 is x: one pass less
             logprobs = torch.log_softmax(scaled, dim=-1)
             draw = scaled if repeats is None else drawn / self.temperature
             filtered = filter_logits(draw, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
             probs = logprobs.exp() if filtered is scaled else torch.softmax(filtered, dim=-1)
             # a row whose logits hold NaN or +inf (or are all -inf) is NaN throughout: drawn uniformly here
             # (a NaN distribution has no CDF), and sample() raises after the loop
-            token = draw_tokens(probs.nan_to_num_(nan=1.0), generator)
+            token = draw_tokens(probs.nan_to_num_(nan=1.0), generator, live, total)
         self._nonfinite |= logprobs[:, 0].isnan().any()  # O(rows), no host sync
         return token, logprobs.gather(-1, token[:, None]).squeeze(-1)
 

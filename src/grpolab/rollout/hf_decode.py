@@ -15,6 +15,13 @@ the keys and values of all layers do not stay in cache, so a buffer sized to the
 faster (one decode's attention 3.6 -> 2.4 ms per step on the bench model; a view of a longer bf16 buffer would
 be copied by the matmul at every call). It exists only for the layer classes whose forward it follows
 (``DIRECT_LAYERS``); every other model takes transformers' forward.
+
+On a CPU with AMX the one-token attention is PyTorch's SDPA (its flash kernel multiplies with AMX tiles: about
+half the time of the batched products at 32 rows; ``grpolab.models.inference.fused_decode_attention``), with
+the scores kept in fp32 where the eager attention rounds them to bf16. And rows that emitted their EOS leave
+the decode (``drop_finished``) once they are ``DROP_FRACTION`` of its rows: the sampler feeds only the others,
+so a batch whose completions end early stops paying for the finished ones (the Linears read their weights
+once a step whatever the rows, but the attention, norms, rotary and sampling scale with them).
 """
 
 from __future__ import annotations
@@ -22,12 +29,16 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
-from grpolab.models.inference import linear_group
+from grpolab.models.inference import fused_decode_attention, linear_group
 from grpolab.models.lean_ops import LEAN_EAGER
 
 WINDOW_BLOCK = 16
 """Slots by which the direct decoder's cache grows (each growth copies the cache once)."""
+
+DROP_FRACTION = 0.125
+"""Finished rows are dropped from the decode once they are this fraction of its rows (``drop_finished``)."""
 
 DIRECT_LAYERS = {
     "LlamaDecoderLayer": ("LlamaAttention", "LlamaMLP"),
@@ -68,13 +79,17 @@ class DirectDecoder:
 
     Numerics: each operation is transformers' own, in its dtype under autocast (norms, rotary, residuals and the
     softmax in fp32; the products in the Linears' and the cache's dtype), with the same additive mask
-    (0 or the mask dtype's minimum); tests/unit/rollout/test_hf_decode.py compares the log-probs."""
+    (0 or the mask dtype's minimum); with SDPA (AMX) the attention's scores stay in fp32 instead of being
+    rounded to bf16. tests/unit/rollout/test_hf_decode.py compares the log-probs with transformers' forward
+    (the batched products: the same to 1e-5) and with float64 (SDPA: as close as transformers' bf16 forward)."""
 
     def __init__(self, model: torch.nn.Module, prompt_cache, prompt_attention: torch.Tensor, capacity: int, dtype):
         self.model = model
         self.base = model.model
         n, width = prompt_attention.shape
-        mask_dtype = self.base.embed_tokens.weight.dtype  # transformers builds the mask in the embeddings' dtype
+        self.fused = fused_decode_attention(prompt_attention.device, dtype)
+        # the batched products add the mask as transformers does, in the embeddings' dtype; SDPA takes the query's
+        mask_dtype = dtype if self.fused else self.base.embed_tokens.weight.dtype
         self.mask = torch.full((n, 1, 1, capacity), torch.finfo(mask_dtype).min, dtype=mask_dtype,
                                device=prompt_attention.device)  # fmt: skip
         self.mask[:, 0, 0, :width].masked_fill_(prompt_attention.bool(), 0.0)
@@ -97,6 +112,18 @@ class DirectDecoder:
                 new[:, :, self.filled :].zero_()
             grown.append(pair)
         self.cache = grown
+
+    def drop_finished(self, finished: torch.Tensor) -> torch.Tensor | None:
+        """Drop the rows where ``finished`` [n] is True once they are at least ``DROP_FRACTION`` of the rows (a
+        copy of the rest of the cache, repaid by the steps that no longer compute them); returns the kept
+        rows' indices [m], or None where nothing was dropped. The caller then feeds the kept rows only."""
+        done = int(finished.sum())
+        if done == 0 or done < DROP_FRACTION * finished.numel():
+            return None
+        keep = (~finished).nonzero().squeeze(-1)
+        self.cache = [(keys[keep], values[keep]) for keys, values in self.cache]
+        self.mask = self.mask[keep]
+        return keep
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[n, 1] token ids at [n, 1] positions -> the next-token logits [n, V]."""
@@ -123,12 +150,18 @@ class DirectDecoder:
         qk = _rotate(x[..., : (heads + kv_heads) * head_dim].view(n, -1, 1, head_dim), *rotary)
         keys[:, :, slot] = qk[:, heads:, 0]
         values[:, :, slot] = x[..., (heads + kv_heads) * head_dim :].view(n, kv_heads, head_dim)
-        group = heads // kv_heads  # query heads per key head: one block each, no repeated keys
-        q = qk[:, :heads].to(keys.dtype).view(n, kv_heads, group, head_dim)
-        scores = (torch.matmul(q, keys.transpose(2, 3)) * attn.scaling).view(n, heads, 1, width) + mask
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(qk.dtype)
-        out = torch.matmul(probs.to(values.dtype).view(n, kv_heads, group, width), values)
-        hidden = hidden.add_(attn.o_proj(out.view(n, 1, -1)))  # [n, kv, group, d] is [n, 1, heads * d] in memory
+        q = qk[:, :heads].to(keys.dtype)  # [n, heads, 1, d]
+        if self.fused:
+            gqa = heads != kv_heads
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)
+        else:  # the query heads that share a key head multiply with it as one [group, d] block: no repeated keys
+            group = heads // kv_heads
+            scores = torch.matmul(q.view(n, kv_heads, group, head_dim), keys.transpose(2, 3)) * attn.scaling
+            scores = scores.view(n, heads, 1, width) + mask
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(qk.dtype)
+            out = torch.matmul(probs.to(values.dtype).view(n, kv_heads, group, width), values)
+        # [n, heads, 1, d] and [n, kv, group, d] are both [n, 1, heads * d] in memory
+        hidden = hidden.add_(attn.o_proj(out.view(n, 1, -1)))
         x = gate_up(layer.post_attention_layernorm(hidden))
         gate, up = x.chunk(2, dim=-1)
         return hidden.add_(layer.mlp.down_proj(layer.mlp.act_fn(gate).mul_(up)))

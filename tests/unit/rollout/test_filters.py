@@ -6,6 +6,7 @@ import torch
 from transformers.generation.logits_process import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
 
 from grpolab.rollout.filters import (
+    block_size,
     draw_tokens,
     filter_logits,
     mass_before,
@@ -78,6 +79,33 @@ def test_tokens_at_inverts_the_cdf_by_hand():
     assert at(0.0, 0.0) == [1, 0]  # u = 0: the first token with mass, never one of probability 0
     assert at(0.2499, 0.4999) == [1, 0] and at(0.25, 0.5) == [3, 2]  # the CDF's steps: 0.25 | 1.0, 2 | 4
     assert at(1 - 2**-53, 1 - 2**-53) == [3, 2]  # the largest uniform stays on the last token with mass
+
+
+def test_tokens_at_over_blocks_is_the_whole_row_inverse_cdf():
+    """Two levels (fp32 block sums, float64 CDFs) draw what one float64 CDF over the row draws, away from a step
+    by more than the block sums' rounding; never a token of probability 0 (zeros at blocks' ends and starts)."""
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(64, 3 * 1024, generator=gen), -1)
+    probs[:, 1000:1100] = 0.0  # the end of block 0 and the start of block 1
+    probs[:, -7:] = 0.0
+    u = torch.rand(64, 1, dtype=torch.float64, generator=gen)
+    cdf = probs.double().cumsum(-1)
+    exact = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
+    assert block_size(probs.shape[1]) == 1024 and torch.equal(tokens_at(probs, u), exact)
+    top = torch.full((64, 1), 1 - 2**-53, dtype=torch.float64)
+    assert torch.equal(tokens_at(probs, top), torch.full((64,), 3 * 1024 - 8))  # the last token with mass
+
+
+def test_tokens_at_when_a_block_sums_above_its_float64_mass():
+    """fp32 rounds 1 + (2^-24 + 2^-47) up to 1 + 2^-23, above the float64 sum: a point past the block's float64
+    CDF takes its last token with mass, not the zero after it (nor an index past the vocabulary)."""
+    probs = torch.tensor([[1.0, 2**-24 + 2**-47, 0.0]])
+    assert probs.sum(-1).item() == 1 + 2**-23 and probs.double().sum() < 1 + 2**-23
+    assert tokens_at(probs, torch.tensor([[1 - 2**-53]], dtype=torch.float64)).tolist() == [1]
+
+
+def test_block_size_divides_the_vocabulary():
+    assert [block_size(v) for v in (49_152, 151_936, 80, 50_257, 7)] == [1024, 128, 80, 29, 7]
 
 
 def test_draw_tokens_draws_the_distribution_and_never_a_zero():
