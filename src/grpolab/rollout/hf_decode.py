@@ -104,14 +104,13 @@ class DirectDecoder:
         if self.filled >= capacity:
             raise RuntimeError(f"the decode cache holds {self.filled} tokens: no slot is left for another")
         width = min(capacity, (self.filled // WINDOW_BLOCK + 1) * WINDOW_BLOCK)
-        grown = []
-        for old in self.cache:
+        for i, old in enumerate(self.cache):  # layer by layer: one layer's old buffers alive at a time
             pair = tuple(x.new_empty((*x.shape[:2], width, x.shape[3])) for x in old)
             for new, x in zip(pair, old, strict=True):
                 new[:, :, : self.filled] = x[:, :, : self.filled]
                 new[:, :, self.filled :].zero_()
-            grown.append(pair)
-        self.cache = grown
+            self.cache[i] = pair
+        del old
 
     def drop_finished(self, finished: torch.Tensor) -> torch.Tensor | None:
         """Drop the rows where ``finished`` [n] is True once they are at least ``DROP_FRACTION`` of the rows (a
@@ -121,7 +120,9 @@ class DirectDecoder:
         if done == 0 or done < DROP_FRACTION * finished.numel():
             return None
         keep = (~finished).nonzero().squeeze(-1)
-        self.cache = [(keys[keep], values[keep]) for keys, values in self.cache]
+        for i, (keys, values) in enumerate(self.cache):  # layer by layer: one layer's old rows alive at a time
+            self.cache[i] = (keys[keep], values[keep])
+        del keys, values
         self.mask = self.mask[keep]
         return keep
 
