@@ -92,6 +92,9 @@ class HeadRequest:
     into_grad: bool = False
     """Add the weight's gradient straight into ``weight.grad`` where one exists (see ChunkedLogprobs): only
     for a training step that calls ``backward()``, on a model no DDP / FSDP2 wrapper watches."""
+    entropy: bool = True
+    """Compute the entropies; False (the caller discards them: a reference forward) returns zeros in their
+    place and skips a pass over every chunk's logits."""
 
 
 class ChunkedLMHead(nn.Linear):
@@ -131,6 +134,7 @@ class ChunkedLMHead(nn.Linear):
                 chunk,
                 request.into_grad and torch.is_grad_enabled(),
                 gemm_dtype,
+                request.entropy,
             )
         return torch.stack([logprobs, entropy], dim=-1).view(n, t, 2)
 
@@ -171,10 +175,13 @@ class ChunkedLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int, into_grad: bool = False, gemm=None):
+    def forward(
+        ctx, hidden, weight, bias, targets, temperature: float, chunk: int, into_grad: bool = False, gemm=None,
+        with_entropy: bool = True,
+    ):  # fmt: skip
         w32, b32 = _operands(weight, bias, gemm)
         logprobs = hidden.new_empty(targets.shape, dtype=_wide(w32).dtype)
-        entropy = torch.empty_like(logprobs)
+        entropy = torch.empty_like(logprobs) if with_entropy else torch.zeros_like(logprobs)
         logz = torch.empty_like(logprobs)
         for s in range(0, targets.numel(), chunk):
             z = _chunk_logits(hidden[s : s + chunk], w32, b32, temperature)
@@ -187,12 +194,14 @@ class ChunkedLogprobs(torch.autograd.Function):
                 lz = torch.logsumexp(zr, dim=-1)
                 logz[rows] = lz
                 logprobs[rows] = zr.gather(-1, targets[rows, None]).squeeze(-1) - lz
+                if not with_entropy:
+                    continue
                 logp = zr.sub_(lz[:, None])  # in place: z is not needed again
                 # H = -sum p log p on the log-probs: lz - sum p z subtracts two large numbers (8.5e-5 nats off
                 # in fp32 at logit std 10, against 2e-6 this way)
                 entropy[rows] = -torch.linalg.vecdot(logp.exp(), logp)
         ctx.save_for_backward(hidden, weight, bias, targets, logz, entropy)
-        ctx.temperature, ctx.chunk, ctx.gemm = temperature, chunk, gemm
+        ctx.temperature, ctx.chunk, ctx.gemm, ctx.with_entropy = temperature, chunk, gemm, with_entropy
         ctx.param = weight if into_grad else None
         return logprobs, entropy
 
@@ -203,6 +212,8 @@ class ChunkedLogprobs(torch.autograd.Function):
         acc = _wide(weight).dtype if ctx.gemm is None else torch.promote_types(weight.dtype, torch.float32)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         with_entropy = grad_entropy is not None and bool(grad_entropy.any())
+        if with_entropy and not ctx.with_entropy:
+            raise RuntimeError("a gradient reached the entropies of a head request that did not compute them")
         grad_h = torch.empty_like(hidden) if need_h else None
         into = _accumulating_grad(ctx.param, acc) if need_w else None
         grad_w = into if into is not None else torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
@@ -239,7 +250,7 @@ class ChunkedLogprobs(torch.autograd.Function):
         elif grad_w is not None:
             grad_w = grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def _accumulating_grad(param: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

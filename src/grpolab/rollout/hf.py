@@ -23,7 +23,7 @@ sampler decodes from a copy of the model whose Linear weights are stored in bf16
 ``sample`` call (autocast would re-cast every weight at every token), with the plain attention
 (SDPA's bf16 CPU kernels are slow), and after the prefill each layer's cache moves into buffers
 reserved for the whole completion, written in place (grpolab.rollout.hf_cache) (``DynamicCache`` concatenates, copying the
-whole cache at every token). For Llama and Qwen2 models the decode steps skip transformers' forward
+whole cache at every token). For Llama, Qwen2 and Qwen3 models the decode steps skip transformers' forward
 (grpolab.rollout.hf_decode: the same modules and operations without the per-token bookkeeping, q/k/v
 and gate/up as one product each, a cache grown by blocks, finished rows dropped from the decode, and on CPUs
 with AMX the one-token attention as SDPA, whose scores stay in fp32). All of them compute what autocast

@@ -1,7 +1,7 @@
 """The sampler's decode cache after the prefill: each prompt's rows repeated for its samples, in one of three forms.
 
 - ``direct_step``: a ``DirectDecoder`` (grpolab.rollout.hf_decode) that holds the cache itself and replaces the
-  model's forward, for the Llama and Qwen2 layers it follows;
+  model's forward, for the Llama, Qwen2 and Qwen3 layers it follows;
 - ``reserve``: every layer's keys and values moved into buffers reserved for the whole completion and written in
   place (``ReservedLayer``), where the decode runs transformers' forward with the plain attention on a CPU;
 - ``select_rows``: transformers' own cache, rows selected (sliding-window, linear-attention and other layers,

@@ -1,4 +1,4 @@
-"""One decode step of a Llama or Qwen2 causal LM run straight from its modules, over a cache of its own.
+"""One decode step of a Llama, Qwen2 or Qwen3 causal LM run straight from its modules, over a cache of its own.
 
 At 32 rows of a small model a decode step's products take ~13 ms and transformers' forward around them
 another ~10: the attention mask rebuilt at every token, the cache's update calls, the rotary embedding's
@@ -43,9 +43,11 @@ DROP_FRACTION = 0.125
 DIRECT_LAYERS = {
     "LlamaDecoderLayer": ("LlamaAttention", "LlamaMLP"),
     "Qwen2DecoderLayer": ("Qwen2Attention", "Qwen2MLP"),
+    "Qwen3DecoderLayer": ("Qwen3Attention", "Qwen3MLP"),
 }
 """Decoder-layer classes (by name, transformers 4.5x-5.x) whose decode step ``DirectDecoder`` reproduces, with
-the attention and MLP classes each must hold."""
+the attention and MLP classes each must hold. Qwen3's attention is Llama's with an RMSNorm over each query and
+key head (``q_norm``, ``k_norm``) before the rotary embedding."""
 
 
 def direct_decoder(
@@ -70,6 +72,8 @@ def direct_decoder(
     for layer in layers:
         parts = DIRECT_LAYERS.get(type(layer).__name__)
         if parts is None or (type(layer.self_attn).__name__, type(layer.mlp).__name__) != parts:
+            return None
+        if getattr(layer.self_attn, "sliding_window", None) is not None:  # a window the layer types did not name
             return None
     return DirectDecoder(model, prompt_cache, prompt_attention, capacity, dtype)
 
@@ -148,7 +152,10 @@ class DirectDecoder:
         n, kv_heads, width, head_dim = keys.shape  # width: the cache's slots so far (``_grow``)
         x = qkv(layer.input_layernorm(hidden))  # [n, 1, (heads + 2 kv_heads) * head_dim]
         heads = x.shape[-1] // head_dim - 2 * kv_heads
-        qk = _rotate(x[..., : (heads + kv_heads) * head_dim].view(n, -1, 1, head_dim), *rotary)
+        qk = x[..., : (heads + kv_heads) * head_dim].view(n, -1, 1, head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3: each head normalised (fp32 out, as transformers' RMSNorm returns it)
+            qk = torch.cat([attn.q_norm(qk[:, :heads]), attn.k_norm(qk[:, heads:])], dim=1)
+        qk = _rotate(qk, *rotary)
         keys[:, :, slot] = qk[:, heads:, 0]
         values[:, :, slot] = x[..., (heads + kv_heads) * head_dim :].view(n, kv_heads, head_dim)
         q = qk[:, :heads].to(keys.dtype)  # [n, heads, 1, d]

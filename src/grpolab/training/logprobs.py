@@ -105,7 +105,7 @@ def completion_logprobs(
     temp = temperature if temperature > 0 else 1.0
     head = _chunked_head(model)
     if head is not None:
-        request = HeadRequest(ids, temp, chunk, into_grad=into_grad and not _watched(model))
+        request = HeadRequest(ids, temp, chunk, into_grad=into_grad and not _watched(model), entropy=with_entropy)
         packed = _head_logprobs(model, head, prompt_ids, pad_id, autocast_dtype, request)
         logprobs, entropy = packed[..., 0], packed[..., 1]
     else:

@@ -311,3 +311,40 @@ def test_fp32_entropy_at_logit_std_10_matches_float64():
     lz = torch.logsumexp(z32, -1)
     cancelled = lz - torch.linalg.vecdot((z32 - lz[:, None]).exp(), z32)  # the formula this replaced
     assert float((cancelled.double() - reference).abs().max()) > 5e-5  # so the test tells the two apart
+
+
+def test_a_request_without_entropies_gives_the_same_log_probs_and_no_entropy_gradient():
+    """HeadRequest.entropy=False (reference and old-policy forwards, which discard the entropies): the same
+    log-probs and gradients, zeros for the entropies, and a gradient sent to them is refused."""
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(40, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (40,), generator=g)
+    with_h = ChunkedLogprobs.apply(hidden, weight, None, targets, 0.7, 16)
+    without = ChunkedLogprobs.apply(hidden, weight, None, targets, 0.7, 16, False, None, False)
+    assert torch.equal(with_h[0], without[0]) and with_h[1].abs().min() > 0 and not without[1].any()
+    grads = [torch.autograd.grad(out[0].sum(), (hidden, weight), retain_graph=True) for out in (with_h, without)]
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(RuntimeError, match="did not compute them"):
+        without[1].sum().add(without[0].sum()).backward()
+
+
+def test_reference_log_probs_skip_the_entropies(monkeypatch):
+    """completion_logprobs asks the head for entropies only when they are returned (with_entropy)."""
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, hidden_size=32, num_layers=1, seed=0)
+    asked = []
+    original = ChunkedLogprobs.apply
+
+    def spy(*args):
+        asked.append(args[8] if len(args) > 8 else True)
+        return original(*args)
+
+    monkeypatch.setattr(ChunkedLogprobs, "apply", spy)
+    ids, mask = torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool)
+    with torch.no_grad():
+        plain, none = completion_logprobs(model, [[3, 4]], ids, mask, pad_id=0)
+        both, entropy = completion_logprobs(model, [[3, 4]], ids, mask, pad_id=0, with_entropy=True)
+    assert asked == [False, True] and none is None and entropy.abs().min() > 0
+    assert torch.equal(plain, both)

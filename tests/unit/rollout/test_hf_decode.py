@@ -28,6 +28,23 @@ def _llama_gqa(tok):
     return LlamaForCausalLM(config).eval()
 
 
+def _qwen3(tok):
+    """Qwen3: an RMSNorm over each query and key head before the rotary embedding; 4 query heads on 2 key heads."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=64, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(5)
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # norms' weights other than ones, so that a skipped norm shows
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    return model
+
+
 def _both(model, tok, prompts, **kw):
     """(direct step, transformers' forward) samples of the same seed; asserts the direct one ran."""
     steps = []
@@ -72,8 +89,10 @@ def _sharp(model, factor: float = 4.0):
     sharp = copy.deepcopy(model)
     with torch.no_grad():
         for layer in sharp.model.layers:
-            layer.self_attn.q_proj.weight.mul_(factor)
-            layer.self_attn.k_proj.weight.mul_(factor)
+            attn = layer.self_attn
+            # Qwen3 normalises each head after the products: its norms' weights set the scale
+            for module in (attn.q_norm, attn.k_norm) if hasattr(attn, "q_norm") else (attn.q_proj, attn.k_proj):
+                module.weight.mul_(factor)
     return sharp
 
 
@@ -113,6 +132,12 @@ def test_direct_step_samples_what_the_forward_samples(model, tok, prompts, packe
 
 def test_direct_step_with_heads_sharing_keys(tok, prompts, attention):
     model = _sharp(_llama_gqa(tok))
+    fast, slow = _both(model, tok, prompts)
+    _as_close_as_the_forward(model, prompts, fast, slow, attention)
+
+
+def test_direct_step_with_qwen3_head_norms(tok, prompts, attention):
+    model = _sharp(_qwen3(tok))
     fast, slow = _both(model, tok, prompts)
     _as_close_as_the_forward(model, prompts, fast, slow, attention)
 
@@ -197,6 +222,10 @@ def test_direct_step_is_only_for_the_layers_it_follows(tok):
     plain.config.layer_types = ["full_attention", "sliding_attention"]
     assert direct_decoder(plain, _prompt_cache(plain), attention, 8, BF16) is None
     plain.config.layer_types = ["full_attention"] * 2
+    plain.model.layers[1].self_attn.sliding_window = 4  # a window the layer types do not name
+    assert direct_decoder(plain, _prompt_cache(plain), attention, 8, BF16) is None
+    plain.model.layers[1].self_attn.sliding_window = None
+    assert isinstance(direct_decoder(plain, _prompt_cache(plain), attention, 8, BF16), DirectDecoder)
     plain.config._attn_implementation = "flex_attention"
     assert direct_decoder(plain, _prompt_cache(plain), attention, 8, BF16) is None
 
