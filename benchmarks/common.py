@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -127,6 +129,14 @@ def dtype_name(dtype: torch.dtype | None) -> str:
 
 def median(xs) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+def scratch_dir(prefix: str = "grpolab-bench-") -> Path:
+    """A temporary folder removed when this process exits: a benchmark's models, runs and checkpoints (hundreds of
+    MB to GB a run) would otherwise pile up in the temporary folder, run after run, until the disk is full."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 @contextlib.contextmanager

@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
-from common import bench_prompts, peak_rss_mb, set_threads
+from common import bench_prompts, peak_rss_mb, scratch_dir, set_threads
 
 
 def bench_config(model: str, data: Path, out: Path, a: argparse.Namespace):
@@ -65,7 +64,7 @@ def main() -> None:
     from grpolab.commands.train import train
     from grpolab.runtime.logging import read_metrics
 
-    out = Path(tempfile.mkdtemp())
+    out = scratch_dir("grpolab-bench-run-")
     data = out / "prompts.jsonl"
     rows = bench_prompts(a.prompts * (a.warmup + a.steps))
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))

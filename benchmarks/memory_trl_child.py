@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import warnings
 
 import torch
-from common import peak_rss_mb
+from common import peak_rss_mb, scratch_dir
 from memory_child import qwen05b_two_layers
 
 
@@ -32,7 +31,7 @@ def main() -> None:
     model.generation_config.eos_token_id = tok.eos_token_id
     data = Dataset.from_list([{"prompt": "123+456=789; 321+654=975; 11+22="}] * 2)
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(),
+        output_dir=str(scratch_dir("grpolab-memory-trl-")),
         per_device_train_batch_size=a.generations,
         gradient_accumulation_steps=1,
         num_generations=a.generations,

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 import warnings
 from pathlib import Path
 
-from common import peak_rss_mb, set_threads
+from common import peak_rss_mb, scratch_dir, set_threads
 
 
 def run_grpolab(a: argparse.Namespace) -> dict:
@@ -47,7 +46,7 @@ def run_trl(a: argparse.Namespace) -> dict:
         """grpolab's exact_match with extract=last_number, on TRL's conversational completions."""
         return [float(extract_last_number(c[0]["content"]) == ans) for c, ans in zip(completions, answer, strict=True)]
 
-    out = Path(a.out)
+    out = Path(a.out) if a.out else scratch_dir("grpolab-real-model-")
     args = GRPOConfig(
         output_dir=str(out / "trl"),
         per_device_train_batch_size=w["prompts"] * w["generations"],  # completions per step
@@ -104,7 +103,7 @@ def main() -> None:
     p.add_argument("--trl-args", default="{}", help="TRL: the shared settings as JSON")
     p.add_argument("--config", help="grpolab: the recipe config")
     p.add_argument("--overrides", default="[]", help="grpolab: dotted overrides as a JSON list")
-    p.add_argument("--out", default=tempfile.mkdtemp())
+    p.add_argument("--out", default=None, help="the run folder (default: a temporary one, removed at exit)")
     p.add_argument("--threads", type=int, default=None)
     a = p.parse_args()
     threads = set_threads(a.threads)

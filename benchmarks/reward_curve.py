@@ -18,10 +18,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from common import set_threads
+from common import scratch_dir, set_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,7 +106,7 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="also this tree with model.compile=true (bf16 fast path)")
     a = p.parse_args()
     set_threads(a.threads)
-    out = Path(tempfile.mkdtemp(prefix="grpolab-curve-"))
+    out = scratch_dir("grpolab-curve-")
     model = a.sft_model or sft_model(out, a.sft_accuracy)
     runs = {"after (bf16 fast path)": (ROOT / "src", [])}
     runs["fp32 (autocast none)"] = (ROOT / "src", ["model.autocast=none"])

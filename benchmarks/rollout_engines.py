@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import scratch_dir
+
 HERE = Path(__file__).parent
 SMOLLM2_135M = {
     "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
@@ -101,7 +103,7 @@ def child_sample(a) -> dict:
     from grpolab.runtime.engine_spec import engine_spec
     from grpolab.tasks.arithmetic import arithmetic_examples
 
-    cfg = run_config(a.model, a.engine, a, tempfile.mkdtemp())
+    cfg = run_config(a.model, a.engine, a, str(scratch_dir("grpolab-engines-")))
     model, tok = load_policy(cfg.model)
     amp = resolve_autocast(cfg.model, resolve_device(cfg.model))
     t0 = time.perf_counter()
@@ -123,7 +125,7 @@ def child_step(a) -> dict:
     from grpolab.commands.train import train
     from grpolab.runtime.logging import read_metrics
 
-    out = tempfile.mkdtemp()
+    out = str(scratch_dir("grpolab-engines-"))
     rows = read_metrics(train(run_config(a.model, a.engine, a, out)).run_dir)
     last = {k: round(v, 2) for k, v in rows[-1].items() if k.startswith("sys/time") or k == "sys/step_time_s"}
     return {"engine": a.engine, "step_s": [r["sys/step_time_s"] for r in rows], "last_step": last}
@@ -149,7 +151,7 @@ def child_trl(a) -> dict:
             steps.append(time.perf_counter() - self.t0)
 
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=a.prompts * a.generations,
+        output_dir=str(scratch_dir("grpolab-engines-trl-")), per_device_train_batch_size=a.prompts * a.generations,
         num_generations=a.generations, max_completion_length=a.max_tokens, temperature=1.0, beta=0.04,
         loss_type="grpo", learning_rate=1e-5, max_steps=a.steps, use_cpu=True, bf16=a.bf16, report_to="none",
         save_strategy="no", logging_steps=1, seed=0, use_vllm=True, vllm_mode="colocate",

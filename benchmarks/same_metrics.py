@@ -36,10 +36,9 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from common import checkout_of, child_env
+from common import checkout_of, child_env, scratch_dir
 
 HERE = Path(__file__).resolve().parent
 
@@ -163,7 +162,7 @@ def first_difference(today: list[dict], before: list[dict]) -> str:
 
 
 def run_all(a: argparse.Namespace, before_src: Path | None) -> int:
-    work = Path(tempfile.mkdtemp(prefix="grpolab-same-"))
+    work = scratch_dir("grpolab-same-")
     model, data = make_inputs(work)
     bad = 0
     for name in a.runs:

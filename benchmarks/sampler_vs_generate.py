@@ -12,13 +12,19 @@ where grpolab runs bf16 (a CPU with native bf16 instructions: common.bench_dtype
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 import warnings
-from pathlib import Path
 
 import torch
-from common import auto_threads, bench_dtype, bench_prompts, median, save_bench_model, set_threads
+from common import (
+    auto_threads,
+    bench_dtype,
+    bench_prompts,
+    median,
+    save_bench_model,
+    scratch_dir,
+    set_threads,
+)
 
 
 def main() -> None:
@@ -32,7 +38,7 @@ def main() -> None:
 
     from grpolab.rollout.hf import HFSampler
 
-    path = save_bench_model(Path(tempfile.mkdtemp(prefix="grpolab-sampler-")) / "model")
+    path = save_bench_model(scratch_dir("grpolab-sampler-") / "model")
     model, tok = AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
     prompts = [tok(r["prompt"])["input_ids"] for r in bench_prompts(4)]
     rows = torch.tensor([q for q in prompts for _ in range(8)])

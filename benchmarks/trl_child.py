@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 import warnings
 
-from common import bench_prompts, peak_rss_mb, set_threads
+from common import bench_prompts, peak_rss_mb, scratch_dir, set_threads
 
 
 def exact_reward(completions, answer, **_):
@@ -81,7 +80,7 @@ def main() -> None:
     total = a.warmup + a.steps
     data = Dataset.from_list(bench_prompts(a.prompts * total))
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(),
+        output_dir=str(scratch_dir("grpolab-bench-trl-")),
         per_device_train_batch_size=a.prompts * a.generations,
         gradient_accumulation_steps=1,
         num_generations=a.generations,

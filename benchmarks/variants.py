@@ -17,11 +17,10 @@
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 
-from common import set_threads
+from common import scratch_dir, set_threads
 
 PRESETS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
 G = 16
@@ -114,7 +113,7 @@ def main() -> None:
     set_threads(a.threads)
     from grpolab.commands.eval import evaluate
 
-    out = Path(tempfile.mkdtemp(prefix="grpolab-variants-"))
+    out = scratch_dir("grpolab-variants-")
     model = a.sft_model or sft_start(out, a.sft_accuracy)
     cfg0 = grpo_config(model, out, "grpo", a, a.steps)
     start = evaluate(cfg0, [model], labels=["SFT"], out_dir=out / "eval_sft", progress=False)[0]

@@ -32,7 +32,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -48,6 +47,7 @@ from common import (
     median,
     peak_gflops,
     save_bench_model,
+    scratch_dir,
     set_threads,
 )
 
@@ -162,7 +162,7 @@ def run_all(a: argparse.Namespace, before: Path | None) -> None:
     if (dtype == torch.bfloat16) != (ratio > 0.5):
         print("note: the CPU flags and the timed probe disagree about native bf16", flush=True)
     peak = peak_gflops(dtype)
-    folder = Path(tempfile.mkdtemp(prefix="grpolab-bench-"))
+    folder = scratch_dir("grpolab-bench-")
     model = save_bench_model(folder / "model")
     common_args = [
         "--model",
