@@ -152,10 +152,40 @@ def _operands(weight, bias, gemm: torch.dtype | None):
     return weight.to(gemm), None if bias is None else bias.to(gemm)
 
 
-def _chunk_logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, temperature: float):
-    """fp32 (or wider) logits of one chunk; the GEMM runs in ``w``'s dtype."""
-    logits = nn.functional.linear(h.to(w.dtype), w, b)
-    logits = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+class _ChunkBuffers:
+    """One call's [chunk, V] buffers on a CPU, reused by each of its chunks: the GEMM's result in its dtype, and
+    its fp32 copy where the GEMM is narrower. Fresh ones would be allocated per chunk, and a CPU allocator hands
+    buffers this large (64 MiB at SmolLM2's vocabulary) back to the kernel when they are freed, so every chunk
+    faults its pages in again and the kernel zeroes them (a third of a training step's CPU time went to page
+    faults, docs/speed.md). CUDA's caching allocator reuses its blocks itself: no buffers there (None)."""
+
+    def __init__(self, rows: int, w: torch.Tensor):
+        self.gemm = w.new_empty(rows, w.shape[0])
+        self.wide = None if _is_wide(w.dtype) else self.gemm.new_empty(self.gemm.shape, dtype=torch.float32)
+
+    @staticmethod
+    def of(rows: int, w: torch.Tensor) -> _ChunkBuffers | None:
+        return _ChunkBuffers(rows, w) if w.device.type == "cpu" and rows > 0 else None
+
+
+def _is_wide(dtype: torch.dtype) -> bool:
+    return dtype in (torch.float32, torch.float64)
+
+
+def _chunk_logits(
+    h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, temperature: float, buffers: _ChunkBuffers | None = None
+):
+    """fp32 (or wider) logits of one chunk; the GEMM runs in ``w``'s dtype (into ``buffers`` where given)."""
+    if buffers is None:
+        logits = nn.functional.linear(h.to(w.dtype), w, b)
+        logits = logits if _is_wide(logits.dtype) else logits.float()
+    else:
+        out = buffers.gemm[: h.shape[0]]
+        if b is None:
+            torch.mm(h.to(w.dtype), w.t(), out=out)
+        else:
+            torch.addmm(b, h.to(w.dtype), w.t(), out=out)
+        logits = out if buffers.wide is None else buffers.wide[: h.shape[0]].copy_(out)
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
@@ -183,8 +213,9 @@ class ChunkedLogprobs(torch.autograd.Function):
         logprobs = hidden.new_empty(targets.shape, dtype=_wide(w32).dtype)
         entropy = torch.empty_like(logprobs) if with_entropy else torch.zeros_like(logprobs)
         logz = torch.empty_like(logprobs)
+        buffers = _ChunkBuffers.of(min(chunk, targets.numel()), w32)
         for s in range(0, targets.numel(), chunk):
-            z = _chunk_logits(hidden[s : s + chunk], w32, b32, temperature)
+            z = _chunk_logits(hidden[s : s + chunk], w32, b32, temperature, buffers)
             # the softmax statistics a few rows at a time: logsumexp and exp each make a temporary of their
             # input's size, which for the whole chunk would double its memory (each row's numbers are the same)
             end = min(s + chunk, targets.numel())
@@ -218,10 +249,11 @@ class ChunkedLogprobs(torch.autograd.Function):
         into = _accumulating_grad(ctx.param, acc) if need_w else None
         grad_w = into if into is not None else torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
+        buffers = _ChunkBuffers.of(min(ctx.chunk, targets.numel()), w32)
         for s in range(0, targets.numel(), ctx.chunk):
             c = slice(s, s + ctx.chunk)
             h = hidden[c]
-            z = _chunk_logits(h, w32, b32, ctx.temperature)
+            z = _chunk_logits(h, w32, b32, ctx.temperature, buffers)
             g = grad_logprobs[c, None].to(z.dtype)
             if with_entropy:  # dz = onehot * g - p * (g + (z - E[z]) * g_H)
                 p = torch.sub(z, logz[c, None]).exp_()
@@ -233,7 +265,8 @@ class ChunkedLogprobs(torch.autograd.Function):
             dz.scatter_add_(-1, targets[c, None], g)
             if ctx.temperature != 1.0:
                 dz.div_(ctx.temperature)
-            dzc = dz.to(w32.dtype)  # the GEMMs' operand, cast once (no copy in fp32)
+            # the GEMMs' operand, cast once (no copy in fp32), into the GEMM's buffer (its logits are spent)
+            dzc = dz.to(w32.dtype) if buffers is None or buffers.wide is None else buffers.gemm[: dz.shape[0]].copy_(dz)
             if need_h:
                 grad_h[c] = (dzc @ w32).to(hidden.dtype)
             if need_w and ctx.gemm is None:

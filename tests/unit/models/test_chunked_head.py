@@ -143,7 +143,7 @@ class _recording_mm(TorchDispatchMode):
         self.seen = seen
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.mm.out, torch.ops.aten.addmm.out):
             self.seen.append(args[-1].dtype)
         return func(*args, **(kwargs or {}))
 
@@ -348,3 +348,40 @@ def test_reference_log_probs_skip_the_entropies(monkeypatch):
         both, entropy = completion_logprobs(model, [[3, 4]], ids, mask, pad_id=0, with_entropy=True)
     assert asked == [False, True] and none is None and entropy.abs().min() > 0
     assert torch.equal(plain, both)
+
+
+@pytest.mark.parametrize("gemm", [torch.bfloat16, None], ids=["bf16-gemm", "fp32"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_a_cpu_call_reuses_one_set_of_chunk_buffers_with_the_same_results(monkeypatch, gemm, bias):
+    """Every chunk of a forward (and of a backward) writes its logits into the same [chunk, V] buffers, made once
+    per call, instead of fresh ones the allocator hands back to the kernel: the same log-probs, entropies and
+    gradients as fresh tensors per chunk (the path without buffers, as on CUDA)."""
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(11, 16, generator=g)
+    weight = torch.randn(23, 16, generator=g)
+    b = torch.randn(23, generator=g) if bias else None
+    targets = torch.randint(0, 23, (11,), generator=g)
+    made = []
+    real = chunked_head_module._ChunkBuffers.__init__
+
+    def counted(self, rows, w):
+        made.append((rows, w.dtype))
+        real(self, rows, w)
+
+    def run(buffered: bool):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        bb = None if b is None else b.clone().requires_grad_(True)
+        with monkeypatch.context() as m:
+            m.setattr(chunked_head_module._ChunkBuffers, "__init__", counted)
+            if not buffered:
+                m.setattr(chunked_head_module._ChunkBuffers, "of", staticmethod(lambda rows, w: None))
+            lp, ent = ChunkedLogprobs.apply(h, w, bb, targets, TEMPERATURE, 4, False, gemm, True)
+            (lp * torch.linspace(0.5, 1.5, 11)).sum().add(0.3 * ent.sum()).backward()
+        return [lp, ent, h.grad, w.grad] + ([] if bb is None else [bb.grad])
+
+    fresh = run(buffered=False)
+    assert made == []
+    reused = run(buffered=True)
+    assert made == [(4, gemm or torch.float32)] * 2  # 3 chunks: one set for the forward, one for the backward
+    for x, y in zip(reused, fresh, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-6)
