@@ -156,8 +156,8 @@ class _ChunkBuffers:
     """One call's [chunk, V] buffers on a CPU, reused by each of its chunks: the GEMM's result in its dtype, and
     its fp32 copy where the GEMM is narrower. Fresh ones would be allocated per chunk, and a CPU allocator hands
     buffers this large (64 MiB at SmolLM2's vocabulary) back to the kernel when they are freed, so every chunk
-    faults its pages in again and the kernel zeroes them (a third of a training step's CPU time went to page
-    faults, docs/speed.md). CUDA's caching allocator reuses its blocks itself: no buffers there (None)."""
+    faults its pages in again and the kernel zeroes them (on SmolLM2's shape an update spent ~30% of its time in
+    the kernel, docs/speed.md). CUDA's caching allocator reuses its blocks itself: no buffers there (None)."""
 
     def __init__(self, rows: int, w: torch.Tensor):
         self.gemm = w.new_empty(rows, w.shape[0])
